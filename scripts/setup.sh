@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs everything dsv4 needs on a fresh Debian machine (Debian packages and PyPI only)
+# and builds it twice: build/ (CUDA targets too when nvcc is found) and build-asan/ (CPU only,
+# AddressSanitizer + UndefinedBehaviorSanitizer), whose tests build/'s CTest runs as well.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+if command -v apt-get >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends \
+    build-essential cmake ninja-build pkg-config git \
+    libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libpcre2-dev \
+    clang-format python3 python3-pip >/dev/null
+fi
+
+JOBS="${DSV4_JOBS:-$(nproc)}"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DDSV4_SANITIZER_BUILD_DIR="$PWD/build-asan"
+cmake --build build -j "$JOBS"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDSV4_SANITIZE=ON
+cmake --build build-asan -j "$JOBS"
+echo "dsv4: built build/ and build-asan/; run the tests with: ctest --test-dir build --output-on-failure -j 2"

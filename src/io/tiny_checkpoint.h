@@ -1,0 +1,24 @@
+// Random tiny checkpoints in the official tensor names, dtypes and scale layouts, with the
+// geometry of the golden sets tiny-flash / tiny-pro and their conditioning (every residual
+// branch adds about 3 % of the stream RMS). For tests and first runs without a real model.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model/model_config.h"
+#include "model/quant_scheme.h"
+
+namespace dsv4 {
+
+// "flash" or "pro": the golden sets' geometry. Throws on an unknown preset.
+ModelConfig tiny_preset(const std::string& preset);
+
+// Writes config.json, generation_config.json, sharded safetensors with their index and, for
+// NVFP4, hf_quant_config.json into `dir` (created if needed). NVFP4 quantises the routed
+// experts as ModelOpt does (general E4M3 block scales, fp32 global scale amax/(6*448) shared
+// by w1/w3), not as a cast of MXFP4.
+void write_tiny_checkpoint(const ModelConfig& config, ExpertFormat format, uint64_t seed,
+                           const std::string& dir);
+
+}  // namespace dsv4

@@ -1,0 +1,48 @@
+// Mixture of experts: sqrt-softplus router with bias-for-selection top-k or hash routing,
+// SwiGLU experts (FP4) with the routing weight applied before w2, plus the shared expert.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/model_config.h"
+#include "ops/cpu/linear.h"
+
+namespace dsv4::cpu {
+
+struct ExpertWeights {
+  Linear w1, w2, w3;  // w1/w3 [inter, dim], w2 [dim, inter]
+};
+
+struct MoeWeights {
+  Linear gate;                   // kF32 [experts, dim]
+  std::vector<float> bias;       // [experts] (score routing) or empty
+  std::vector<int32_t> tid2eid;  // [vocab, top-k] (hash routing) or empty
+  std::vector<ExpertWeights> experts;
+  ExpertWeights shared;          // FP8 linears
+};
+
+struct MoeParams {
+  int top_k = 0;
+  ScoreFunc score_func = ScoreFunc::kSqrtSoftplus;
+  float route_scale = 1;
+  float swiglu_limit = 0;  // 0 = no clamp
+};
+
+// Router for one token: selected experts and their weights (normalised, times route_scale),
+// in selection order.
+void moe_route(const MoeWeights& w, const MoeParams& p, const float* x, int32_t token,
+               int32_t* experts, float* weights);
+
+// One SwiGLU expert on one row: y = w2(bf16(weight * silu(min(g, L)) * clamp(u, -L, L))).
+// weight < 0 means "no routing weight" (the shared expert).
+void expert_forward(const ExpertWeights& e, float swiglu_limit, const float* x, float weight,
+                    float* y);
+
+// Full MoE for `n` rows: routed experts summed in fp32 in expert-index order, then the shared
+// expert, rounded to BF16. Optional outputs of the routing ([n, top_k] each).
+void moe_forward(const MoeWeights& w, const MoeParams& p, const float* x, const int32_t* tokens,
+                 int n, int dim, float* y, int32_t* route_experts = nullptr,
+                 float* route_weights = nullptr);
+
+}  // namespace dsv4::cpu

@@ -1,0 +1,184 @@
+#include "support/golden.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/formats.h"
+
+namespace fs = std::filesystem;
+
+namespace dsv4::test {
+
+std::string golden_root() {
+  std::string dir;
+  if (const char* env = std::getenv("DSV4_GOLDEN_DIR"); env && *env) dir = env;
+  else dir = std::string(DSV4_SOURCE_DIR) + "/../shared/golden";
+  return fs::is_directory(dir) ? fs::canonical(dir).string() : std::string();
+}
+
+std::vector<std::string> golden_sets() {
+  std::vector<std::string> v;
+  const std::string root = golden_root();
+  if (root.empty()) return v;
+  for (const auto& e : fs::directory_iterator(root))
+    if (e.is_directory() && fs::exists(e.path() / "golden_logits.safetensors"))
+      v.push_back(e.path().filename().string());
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+GoldenSet::GoldenSet(const std::string& n) : name(n), dir(golden_root() + "/" + n) {
+  logits = std::make_unique<SafetensorsFile>(dir + "/golden_logits.safetensors");
+  layers = std::make_unique<SafetensorsFile>(dir + "/golden_layers.safetensors");
+  std::ifstream is(dir + "/manifest.json");
+  manifest = nlohmann::json::parse(is);
+  for (const auto& v : manifest["cases"]["master_prompt"]) master_prompt.push_back(v.get<int32_t>());
+  for (const auto& p : manifest["cases"]["batch_prompts"]) {
+    batch_prompts.emplace_back();
+    for (const auto& v : p) batch_prompts.back().push_back(v.get<int32_t>());
+  }
+}
+
+std::string GoldenSet::checkpoint(const std::string& fmt) const { return dir + "/hf-" + fmt; }
+
+bool GoldenSet::has(const std::string& t) const { return logits->contains(t) || layers->contains(t); }
+
+const TensorView& GoldenSet::get(const std::string& t) const {
+  if (logits->contains(t)) return logits->get(t);
+  return layers->get(t);
+}
+
+std::vector<float> to_floats(const TensorView& t) {
+  std::vector<float> v(size_t(t.numel()));
+  if (t.dtype == DType::kBF16) {
+    for (size_t i = 0; i < v.size(); ++i) {
+      bf16_t b;
+      std::memcpy(&b, t.data + 2 * i, 2);
+      v[i] = bf16_to_float(b);
+    }
+  } else if (t.dtype == DType::kF32) {
+    std::memcpy(v.data(), t.data, v.size() * 4);
+  } else {
+    throw Error(cat("to_floats: ", t.name, " is ", dtype_name(t.dtype)));
+  }
+  return v;
+}
+
+std::vector<int64_t> to_ints(const TensorView& t) {
+  std::vector<int64_t> v(size_t(t.numel()));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (t.dtype == DType::kI64) std::memcpy(&v[i], t.data + 8 * i, 8);
+    else if (t.dtype == DType::kI32) {
+      int32_t x;
+      std::memcpy(&x, t.data + 4 * i, 4);
+      v[i] = x;
+    } else {
+      throw Error(cat("to_ints: ", t.name, " is ", dtype_name(t.dtype)));
+    }
+  }
+  return v;
+}
+
+Diff compare(const float* a, const float* b, size_t n) {
+  Diff d;
+  d.n = n;
+  double num = 0, den = 0;
+  size_t eq = 0, ulp = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double x = a[i], y = b[i];
+    if (std::isinf(x) && std::isinf(y) && (x > 0) == (y > 0)) {
+      ++eq, ++ulp;
+      continue;
+    }
+    num += (x - y) * (x - y);
+    den += y * y;
+    d.max_abs = std::max(d.max_abs, std::fabs(x - y));
+    if (a[i] == b[i]) ++eq;
+    // One BF16 ulp of the reference value (2^(e-7) for |b| in [2^e, 2^(e+1))).
+    int e;
+    std::frexp(y == 0 ? 1e-30 : y, &e);
+    const double u = std::ldexp(1.0, e - 8);
+    if (std::fabs(x - y) <= u * 1.0000001) ++ulp;
+  }
+  d.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  d.frac_equal = n ? double(eq) / n : 1;
+  d.frac_1ulp = n ? double(ulp) / n : 1;
+  return d;
+}
+
+std::string to_string(const Diff& d) {
+  std::ostringstream os;
+  os << "relL2 " << d.rel_l2 << ", equal " << d.frac_equal * 100 << "%, within 1ulp "
+     << d.frac_1ulp * 100 << "%, max|d| " << d.max_abs << " (n " << d.n << ")";
+  return os.str();
+}
+
+LogitStats logit_stats(const float* a, const float* b, size_t rows, size_t V) {
+  LogitStats s;
+  s.rows = rows;
+  size_t agree = 0;
+  double sum_cos = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    const float* x = a + r * V;
+    const float* y = b + r * V;
+    double xy = 0, xx = 0, yy = 0;
+    size_t ax = 0, ay = 0;
+    for (size_t i = 0; i < V; ++i) {
+      xy += double(x[i]) * y[i];
+      xx += double(x[i]) * x[i];
+      yy += double(y[i]) * y[i];
+      s.max_abs = std::max(s.max_abs, std::fabs(double(x[i]) - y[i]));
+      if (x[i] > x[ax]) ax = i;
+      if (y[i] > y[ay]) ay = i;
+    }
+    const double c = xy / std::sqrt(xx * yy);
+    s.min_cos = std::min(s.min_cos, c);
+    sum_cos += c;
+    agree += (ax == ay);
+  }
+  s.mean_cos = rows ? sum_cos / rows : 1;
+  s.argmax_agree = rows ? double(agree) / rows : 1;
+  return s;
+}
+
+std::string to_string(const LogitStats& s) {
+  std::ostringstream os;
+  os.precision(7);
+  os << "rows " << s.rows << ", min cos " << s.min_cos << ", mean cos " << s.mean_cos
+     << ", max|d| " << s.max_abs << ", argmax " << s.argmax_agree * 100 << "%";
+  return os.str();
+}
+
+void RecordingTrace::tensor(int block, int chunk, std::string_view name, const float* data,
+                            const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  floats_[{block, chunk, std::string(name)}].assign(data, data + n);
+}
+
+void RecordingTrace::ints(int block, int chunk, std::string_view name, const int32_t* data,
+                          const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  ints_[{block, chunk, std::string(name)}].assign(data, data + n);
+}
+
+const std::vector<float>& RecordingTrace::f(int block, int chunk, const std::string& name) const {
+  auto it = floats_.find({block, chunk, name});
+  DSV4_CHECK(it != floats_.end(), "trace has no ", name, " of block ", block);
+  return it->second;
+}
+
+const std::vector<int32_t>& RecordingTrace::i(int block, int chunk, const std::string& name) const {
+  auto it = ints_.find({block, chunk, name});
+  DSV4_CHECK(it != ints_.end(), "trace has no ", name, " of block ", block);
+  return it->second;
+}
+
+}  // namespace dsv4::test
