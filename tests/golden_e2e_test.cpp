@@ -13,9 +13,36 @@
 namespace dsv4::test {
 namespace {
 
+// The golden README's suggested acceptance. A "near tie" is a row whose reference top-2 logit
+// gap is below `near_tie`: max(0.1, the reference's own largest prefill-vs-token-by-token
+// logit difference on the set, from summary.json). These tiny random models move logits by up
+// to 0.3 for a single BF16 ulp anywhere (README), so an argmax that flips at such a gap is
+// within the reference's own evaluation-order noise; argmax agreement counts those rows as
+// excused, and greedy continuations may part there. Raw agreement is printed and the raw
+// figure over all rows of a set must still reach 97 %.
 struct Tolerance {
-  double min_cos = 0.999, mean_cos = 0.9999, argmax = 0.97, max_abs = 0.7, greedy_gap = 0.1;
+  double min_cos = 0.999, mean_cos = 0.9999, argmax = 0.97, max_abs = 0.7, near_tie = 0.1;
 };
+
+// Top-2 gap of a logits row.
+double top2_gap(const float* row, int V) {
+  std::vector<float> s(row, row + V);
+  std::partial_sort(s.begin(), s.begin() + 2, s.end(), std::greater<float>());
+  return double(s[0]) - s[1];
+}
+
+// Argmax agreement over `rows`, excusing rows where the reference's top-2 gap < near_tie.
+double argmax_excusing_ties(const float* ours, const float* gold, size_t rows, int V,
+                            double near_tie) {
+  size_t ok = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    const float* a = ours + r * V;
+    const float* b = gold + r * V;
+    const bool same = std::max_element(a, a + V) - a == std::max_element(b, b + V) - b;
+    ok += same || top2_gap(b, V) < near_tie;
+  }
+  return rows ? double(ok) / rows : 1.0;
+}
 
 class GoldenE2E : public ::testing::TestWithParam<std::string> {
  protected:
@@ -58,34 +85,49 @@ std::string check_greedy(const std::vector<float>& ours, const std::vector<float
     if (mine == tokens[p + 1]) continue;
     auto it = std::find(gold_pos.begin(), gold_pos.end(), int64_t(p));
     if (it == gold_pos.end()) return "";  // no reference logits there: cannot judge further
-    const float* g = gold_rows.data() + (it - gold_pos.begin()) * V;
-    std::vector<float> s(g, g + V);
-    std::partial_sort(s.begin(), s.begin() + 2, s.end(), std::greater<float>());
-    if (s[0] - s[1] < gap_tol) return "";  // a near tie: the sequences may part here
+    const double gap = top2_gap(gold_rows.data() + (it - gold_pos.begin()) * V, V);
+    if (gap < gap_tol) return "";  // a near tie: the sequences may part here
     return cat("greedy token at position ", p + 1, ": ours ", mine, ", reference ", tokens[p + 1],
-               " (reference top-2 gap ", s[0] - s[1], ")");
+               " (reference top-2 gap ", gap, ")");
   }
   return "";
 }
 
-void expect_close(const std::string& what, const LogitStats& s, const Tolerance& t) {
-  EXPECT_GE(s.min_cos, t.min_cos) << what;
-  EXPECT_GE(s.mean_cos, t.mean_cos) << what;
-  EXPECT_GE(s.argmax_agree, t.argmax) << what;
-  EXPECT_LE(s.max_abs, t.max_abs) << what;
-}
+// Per-case checks; also accumulates the raw argmax agreement of the set.
+struct Checker {
+  Tolerance t;
+  size_t rows = 0, agree = 0;
+  void check(const std::string& what, const float* ours, const float* gold, size_t n, int V) {
+    const LogitStats s = logit_stats(ours, gold, n, V);
+    const double excused = argmax_excusing_ties(ours, gold, n, V, t.near_tie);
+    std::printf("    %-28s %s; argmax excusing near ties %.2f%%\n", what.c_str(),
+                to_string(s).c_str(), 100 * excused);
+    EXPECT_GE(s.min_cos, t.min_cos) << what;
+    EXPECT_GE(s.mean_cos, t.mean_cos) << what;
+    EXPECT_LE(s.max_abs, t.max_abs) << what;
+    EXPECT_GE(excused, t.argmax) << what;
+    rows += n;
+    agree += static_cast<size_t>(std::llround(s.argmax_agree * n));
+  }
+};
 
 TEST_P(GoldenE2E, LogitsAndGreedyTokens) {
   GoldenSet g(GetParam());
   LoadedModel lm = load_cpu_model(g.checkpoint("mxfp4"));
   const int V = lm.config.vocab_size;
-  const Tolerance tol;
   CpuRunner runner(*lm.model, CacheConfig::for_capacity(lm.config, 2, 320, 64));
   nlohmann::json summary = nlohmann::json::parse(std::ifstream(g.dir + "/summary.json"));
   const auto& self = summary["self_agreement_prefill_vs_tbt"]["per_case"];
-
-  LogitStats worst;
-  std::vector<float> all_ours, all_gold;
+  Checker chk;
+  chk.t.near_tie = std::max(0.1, summary["self_agreement_prefill_vs_tbt"]["ALL"]["max_abs_diff"].get<double>());
+  const Tolerance& tol = chk.t;
+  std::printf("[%s] near-tie gap %.3f\n", g.name.c_str(), tol.near_tie);
+  auto print_ref = [&](const nlohmann::json& ref) {
+    std::printf("    %-28s min cos %.7f, mean cos %.7f, max|d| %.4f, argmax %.2f%%\n",
+                "reference prefill-vs-tbt", ref["min_cosine"].get<double>(),
+                ref["mean_cosine"].get<double>(), ref["max_abs_diff"].get<double>(),
+                100 * ref["argmax_agree"].get<double>());
+  };
   for (int L : {1, 4, 5, 127, 129, 257, 300}) {
     char key[16];
     std::snprintf(key, sizeof key, "len%04d", L);
@@ -96,27 +138,20 @@ TEST_P(GoldenE2E, LogitsAndGreedyTokens) {
     std::vector<int64_t> pos = to_ints(g.get(k + ".prefill.positions"));
     std::vector<float> gold = to_floats(g.get(k + ".prefill.logits"));
     std::vector<float> mine = pick(ours, pos, V);
-    LogitStats s = logit_stats(mine.data(), gold.data(), pos.size(), V);
-    const auto& ref = self[k];
-    std::printf("[%s] %s prefill: ours %s\n          reference prefill-vs-tbt: min cos %.7f, mean cos %.7f, max|d| %.4f, argmax %.2f%%\n",
-                g.name.c_str(), k.c_str(), to_string(s).c_str(), ref["min_cosine"].get<double>(),
-                ref["mean_cosine"].get<double>(), ref["max_abs_diff"].get<double>(),
-                100 * ref["argmax_agree"].get<double>());
-    expect_close(k + " prefill", s, tol);
-    std::string greedy = check_greedy(ours, gold, pos, toks, L, V, tol.greedy_gap);
-    EXPECT_EQ(greedy, "") << k << " prefill";
+    std::printf("[%s] %s\n", g.name.c_str(), k.c_str());
+    chk.check("prefill mode", mine.data(), gold.data(), pos.size(), V);
+    print_ref(self[k]);
+    EXPECT_EQ(check_greedy(ours, gold, pos, toks, L, V, tol.near_tie), "") << k << " prefill";
     if (L == 300) {
       // Token-by-token mode: every position 0..314 is stored.
       std::vector<int32_t> tt = as_tokens(to_ints(g.get(k + ".tbt.tokens")));
       std::vector<float> ours_t = forced_logits(runner, tt, L);
       std::vector<float> gold_t = to_floats(g.get(k + ".tbt.logits"));
       const size_t rows = gold_t.size() / V;
-      LogitStats st = logit_stats(ours_t.data(), gold_t.data(), rows, V);
-      std::printf("[%s] %s tbt: ours %s\n", g.name.c_str(), k.c_str(), to_string(st).c_str());
-      expect_close(k + " tbt", st, tol);
+      chk.check("token-by-token mode", ours_t.data(), gold_t.data(), rows, V);
       std::vector<int64_t> all_pos(rows);
       for (size_t i = 0; i < rows; ++i) all_pos[i] = int64_t(i);
-      EXPECT_EQ(check_greedy(ours_t, gold_t, all_pos, tt, L, V, tol.greedy_gap), "") << k << " tbt";
+      EXPECT_EQ(check_greedy(ours_t, gold_t, all_pos, tt, L, V, tol.near_tie), "") << k << " tbt";
     }
   }
 
@@ -144,28 +179,27 @@ TEST_P(GoldenE2E, LogitsAndGreedyTokens) {
   }
   runner.close_sequence(s0);
   runner.close_sequence(s1);
+
   for (int b = 0; b < 2; ++b) {
     const std::string name = "batch.prefill.logits.row" + std::to_string(b);
     std::vector<float> gold = to_floats(g.get(name));
     const size_t rows = gold.size() / V;
     const std::vector<float>& ours = b ? r1 : r0;
-    LogitStats s = logit_stats(ours.data(), gold.data(), rows, V);
-    const auto& ref = self["batch"]["row" + std::to_string(b)];
-    std::printf("[%s] batch row %d: ours %s\n          reference prefill-vs-tbt: min cos %.7f, mean cos %.7f, max|d| %.4f, argmax %.2f%%\n",
-                g.name.c_str(), b, to_string(s).c_str(), ref["min_cosine"].get<double>(),
-                ref["mean_cosine"].get<double>(), ref["max_abs_diff"].get<double>(),
-                100 * ref["argmax_agree"].get<double>());
-    expect_close(name, s, tol);
+    std::printf("[%s] batch row %d\n", g.name.c_str(), b);
+    chk.check("prefill mode", ours.data(), gold.data(), rows, V);
+    print_ref(self["batch"]["row" + std::to_string(b)]);
     std::vector<int64_t> pos(rows);
     for (size_t i = 0; i < rows; ++i) pos[i] = int64_t(i);
-    EXPECT_EQ(check_greedy(ours, gold, pos, rows_tok[b], int(lens[b]), V, tol.greedy_gap), "") << name;
+    EXPECT_EQ(check_greedy(ours, gold, pos, rows_tok[b], int(lens[b]), V, tol.near_tie), "") << name;
     // Token-by-token batch logits (positions 0..60 of both rows).
     std::vector<float> gt = to_floats(g.get("batch.tbt.logits"));
     const size_t trows = gt.size() / V / 2;
-    LogitStats st = logit_stats(ours.data(), gt.data() + b * trows * V, trows, V);
-    std::printf("[%s] batch row %d tbt: ours %s\n", g.name.c_str(), b, to_string(st).c_str());
-    expect_close(name + " vs tbt", st, tol);
+    chk.check("token-by-token mode", ours.data(), gt.data() + b * trows * V, trows, V);
   }
+  const double raw = double(chk.agree) / double(chk.rows);
+  std::printf("[%s] raw argmax agreement over all %zu rows: %.2f%%\n", g.name.c_str(), chk.rows,
+              100 * raw);
+  EXPECT_GE(raw, tol.argmax);
 }
 
 INSTANTIATE_TEST_SUITE_P(Sets, GoldenE2E, ::testing::ValuesIn(golden_sets().empty()

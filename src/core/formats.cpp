@@ -43,12 +43,6 @@ int round_to_table(float a, const float* mags, int n) {
   return (lo % 2 == 0) ? lo : hi;
 }
 
-std::array<float, 127> make_e4m3_mags() {
-  std::array<float, 127> m{};
-  for (int c = 0; c < 127; ++c) m[c] = kE4m3Table[c];
-  return m;
-}
-const std::array<float, 127> kE4m3Mags = make_e4m3_mags();
 
 }  // namespace
 
@@ -56,9 +50,24 @@ float e4m3_to_float(uint8_t code) { return kE4m3Table[code]; }
 
 uint8_t float_to_e4m3(float x) {
   if (std::isnan(x)) return 0x7f;
-  uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
-  float a = std::fabs(x);
-  return static_cast<uint8_t>(sign | round_to_table(a, kE4m3Mags.data(), 127));
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80);
+  bits &= 0x7fffffffu;
+  float a;
+  std::memcpy(&a, &bits, 4);
+  if (a >= kE4m3Max) return sign | 0x7e;  // saturate (no infinities in e4m3fn)
+  if (a < 0.015625f) {
+    // Subnormal grid of 2^-9: scaling by 512 is exact; nearbyint rounds half to even.
+    return static_cast<uint8_t>(sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f)));
+  }
+  // Normal: keep 3 of 23 mantissa bits, round half to even; a carry bumps the exponent.
+  const int e = static_cast<int>(bits >> 23) - 127 + 7;
+  const uint32_t mant = bits & 0x7fffffu;
+  uint32_t m3 = (mant + 0x7ffffu + ((mant >> 20) & 1u)) >> 20;
+  int ee = e;
+  if (m3 == 8) m3 = 0, ++ee;
+  return static_cast<uint8_t>(sign | (ee << 3) | m3);
 }
 
 float e8m0_to_float(uint8_t code) {

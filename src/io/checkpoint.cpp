@@ -37,10 +37,12 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
       by_file[file].push_back(it.key());
     }
     DSV4_CHECK(!by_file.empty(), index_path.string(), ": weight_map is empty");
+    for (const auto& [file, names] : by_file)
+      DSV4_CHECK(fs::exists(fs::path(dir) / file), index_path.string(), ": shard '", file,
+                 "' (holding '", names.front(), "' and ", names.size() - 1,
+                 " more) does not exist");
     for (const auto& [file, names] : by_file) {
       const fs::path p = fs::path(dir) / file;
-      DSV4_CHECK(fs::exists(p), index_path.string(), ": shard '", file, "' (holding '",
-                 names.front(), "' and ", names.size() - 1, " more) does not exist");
       files_.push_back(std::make_unique<SafetensorsFile>(p.string()));
       const SafetensorsFile& f = *files_.back();
       std::set<std::string> listed(names.begin(), names.end());

@@ -23,13 +23,13 @@ namespace {
 // Residual-branch conditioning, as the golden sets: each branch output projection's gain is
 // rho times a coefficient measured to give a branch RMS of about rho of the stream RMS.
 constexpr double kRho = 0.03125;
-constexpr double kAttnOutCoef = 6.9, kRoutedOutCoef = 1.58, kSharedOutCoef = 1.2;
+constexpr double kAttnOutCoef = 6.9, kSharedOutCoef = 1.2;
 // Calibrated input amax of the NVFP4 experts (ModelOpt's input_scale = amax / (6*448)).
 constexpr float kNvfp4InputAmax = 8.0f;
 
 class Writer {
  public:
-  Writer(uint64_t seed, ExpertFormat fmt) : rng_(seed), fmt_(fmt) {}
+  Writer(uint64_t seed, ExpertFormat fmt, const TinyInit& init) : rng_(seed), fmt_(fmt), init_(init) {}
 
   std::vector<float> gaussian(size_t n, double std) {
     std::vector<float> v(n);
@@ -68,9 +68,9 @@ class Writer {
   }
   // One routed expert (w1, w3 [inter, dim]; w2 [dim, inter]).
   void expert(const std::string& p, int dim, int inter) {
-    std::vector<float> w1 = gaussian(size_t(inter) * dim, 1.0 / std::sqrt(dim));
-    std::vector<float> w3 = gaussian(size_t(inter) * dim, 1.0 / std::sqrt(dim));
-    std::vector<float> w2 = gaussian(size_t(dim) * inter, kRho * kRoutedOutCoef / std::sqrt(inter));
+    std::vector<float> w1 = gaussian(size_t(inter) * dim, init_.expert_in / std::sqrt(dim));
+    std::vector<float> w3 = gaussian(size_t(inter) * dim, init_.expert_in / std::sqrt(dim));
+    std::vector<float> w2 = gaussian(size_t(dim) * inter, kRho * init_.routed_out_coef / std::sqrt(inter));
     if (fmt_ == ExpertFormat::kMxfp4) {
       auto put = [&](const std::string& n, const std::vector<float>& w, int out, int in) {
         const Mxfp4Weight q = quantize_mxfp4_weight(w, out, in);
@@ -149,6 +149,7 @@ class Writer {
 
   Rng rng_;
   ExpertFormat fmt_;
+  TinyInit init_;
   std::vector<SafetensorsWriter> shards_;
   std::map<std::string, int> index_;
   std::vector<std::string> quantized_;
@@ -221,18 +222,28 @@ ModelConfig tiny_preset(const std::string& preset) {
   return c;
 }
 
+TinyInit tiny_init(const std::string& preset) {
+  TinyInit i;
+  if (preset == "pro") {
+    i.head = 4.0;
+    i.expert_in = 4.0;
+    i.routed_out_coef = 0.0625;
+  }
+  return i;
+}
+
 void write_tiny_checkpoint(const ModelConfig& config, ExpertFormat format, uint64_t seed,
-                           const std::string& dir) {
+                           const std::string& dir, const TinyInit& init) {
   ModelConfig c = config;
   c.moe_quant_algo = format == ExpertFormat::kNvfp4 ? "NVFP4" : "";
   c.validate();
   DSV4_CHECK(!fs::exists(dir) || fs::is_directory(dir), dir, ": exists and is not a directory");
   fs::create_directories(dir);
 
-  Writer w(seed, format);
+  Writer w(seed, format, init);
   const int dim = c.dim, hc_dim = c.hc_mult * c.dim, mix = c.mix_hc();
   w.bf16("embed.weight", {c.vocab_size, dim}, w.gaussian(size_t(c.vocab_size) * dim, 1.0));
-  w.bf16_linear("head.weight", c.vocab_size, dim, 3.0);
+  w.bf16_linear("head.weight", c.vocab_size, dim, init.head);
   w.norm("norm.weight", dim);
   w.hc("hc_head", c.hc_mult, hc_dim, c.hc_mult, true);
   for (int b = 0; b < c.num_blocks(); ++b) {

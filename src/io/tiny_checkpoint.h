@@ -14,11 +14,20 @@ namespace dsv4 {
 // "flash" or "pro": the golden sets' geometry. Throws on an unknown preset.
 ModelConfig tiny_preset(const std::string& preset);
 
+// Weight gains (std = gain / sqrt(fan_in)) that differ between the presets: the pro set
+// drives its routed experts into the SwiGLU clamp and scales their outputs down to match.
+struct TinyInit {
+  double head = 3.0;
+  double expert_in = 1.0;         // routed w1 / w3
+  double routed_out_coef = 1.58;  // routed w2 gain = rho * coef
+};
+TinyInit tiny_init(const std::string& preset);
+
 // Writes config.json, generation_config.json, sharded safetensors with their index and, for
 // NVFP4, hf_quant_config.json into `dir` (created if needed). NVFP4 quantises the routed
 // experts as ModelOpt does (general E4M3 block scales, fp32 global scale amax/(6*448) shared
 // by w1/w3), not as a cast of MXFP4.
 void write_tiny_checkpoint(const ModelConfig& config, ExpertFormat format, uint64_t seed,
-                           const std::string& dir);
+                           const std::string& dir, const TinyInit& init = TinyInit{});
 
 }  // namespace dsv4

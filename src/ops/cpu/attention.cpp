@@ -5,8 +5,10 @@
 #include <vector>
 
 #include "core/formats.h"
+#include "ops/cpu/simd.h"
 
 namespace dsv4::cpu {
+
 
 void sparse_attention(const SparseAttnParams& p, const float* q, const float* const* keys,
                       int num_keys, float* out) {
@@ -27,9 +29,7 @@ void sparse_attention(const SparseAttnParams& p, const float* q, const float* co
           s[j] = kNegInf;
           continue;
         }
-        double dot = 0.0;
-        for (int d = 0; d < D; ++d) dot += double(qh[d]) * double(k[d]);
-        s[j] = static_cast<float>(dot) * p.softmax_scale;
+        s[j] = static_cast<float>(dot_f64(qh, k, D)) * p.softmax_scale;
         bm = std::fmax(bm, s[j]);
       }
       if (bm == kNegInf) continue;  // nothing valid yet: the block changes nothing

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/formats.h"
+#include "ops/cpu/simd.h"
 
 namespace dsv4::cpu {
 
@@ -15,9 +16,7 @@ void indexer_scores(const float* q, const float* w, int n_heads, int dim, const 
     float total = 0.0f;
     for (int h = 0; h < n_heads; ++h) {
       const float* qh = q + size_t(h) * dim;
-      double dot = 0.0;
-      for (int d = 0; d < dim; ++d) dot += double(qh[d]) * double(k[d]);
-      const float s = std::max(round_bf16(static_cast<float>(dot)), 0.0f);
+      const float s = std::max(round_bf16(static_cast<float>(dot_f64(qh, k, dim))), 0.0f);
       total += round_bf16(s * w[h]);
     }
     scores[t] = round_bf16(total);

@@ -54,52 +54,85 @@ void moe_route(const MoeWeights& w, const MoeParams& p, const float* x, int32_t 
   }
 }
 
-void expert_forward(const ExpertWeights& e, float limit, const float* x, float weight, float* y) {
+void expert_forward(const ExpertWeights& e, float limit, const float* x, int m,
+                    const float* weights, float* y) {
   const int inter = e.w1.out;
-  std::vector<float> g(inter), u(inter), a(inter);
-  linear(e.w1, x, 1, g.data());
-  linear(e.w3, x, 1, u.data());
-  for (int i = 0; i < inter; ++i) {
-    float gi = g[i], ui = u[i];
-    if (limit > 0) {
-      ui = std::clamp(ui, -limit, limit);
-      gi = std::min(gi, limit);
+  std::vector<float> g(size_t(m) * inter), u(size_t(m) * inter);
+  linear(e.w1, x, m, g.data());
+  linear(e.w3, x, m, u.data());
+  for (int r = 0; r < m; ++r)
+    for (int i = 0; i < inter; ++i) {
+      float gi = g[size_t(r) * inter + i], ui = u[size_t(r) * inter + i];
+      if (limit > 0) {
+        ui = std::clamp(ui, -limit, limit);
+        gi = std::min(gi, limit);
+      }
+      float v = gi / (1.0f + std::exp(-gi)) * ui;
+      if (weights) v = weights[r] * v;
+      g[size_t(r) * inter + i] = round_bf16(v);
     }
-    float v = gi / (1.0f + std::exp(-gi)) * ui;
-    if (weight >= 0) v = weight * v;
-    a[i] = round_bf16(v);
-  }
-  linear(e.w2, a.data(), 1, y);
+  linear(e.w2, g.data(), m, y);
 }
 
 void moe_forward(const MoeWeights& w, const MoeParams& p, const float* x, const int32_t* tokens,
                  int n, int dim, float* y, int32_t* route_experts, float* route_weights) {
-  std::vector<int32_t> sel(p.top_k);
-  std::vector<float> wt(p.top_k), acc(dim), out(dim);
-  for (int r = 0; r < n; ++r) {
-    const float* xr = x + size_t(r) * dim;
-    moe_route(w, p, xr, tokens ? tokens[r] : 0, sel.data(), wt.data());
-    if (route_experts) std::copy(sel.begin(), sel.end(), route_experts + size_t(r) * p.top_k);
-    if (route_weights) std::copy(wt.begin(), wt.end(), route_weights + size_t(r) * p.top_k);
-    // The reference loops over experts in index order; a token listed twice under one
-    // expert (possible only with hash routing) is added once.
-    std::vector<int> order(p.top_k);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return sel[a] < sel[b]; });
-    std::fill(acc.begin(), acc.end(), 0.0f);
-    int32_t prev = -1;
-    for (int i : order) {
-      const int32_t e = sel[i];
-      DSV4_CHECK(e >= 0 && e < static_cast<int32_t>(w.experts.size()), "expert id ", e,
-                 " out of range");
-      if (e == prev) continue;
-      prev = e;
-      expert_forward(w.experts[e], p.swiglu_limit, xr, wt[i], out.data());
-      for (int d = 0; d < dim; ++d) acc[d] += out[d];
+  const int K = p.top_k, E = static_cast<int>(w.experts.size());
+  std::vector<int32_t> sel(size_t(n) * K);
+  std::vector<float> wt(size_t(n) * K);
+  for (int r = 0; r < n; ++r)
+    moe_route(w, p, x + size_t(r) * dim, tokens ? tokens[r] : 0, sel.data() + size_t(r) * K,
+              wt.data() + size_t(r) * K);
+  if (route_experts) std::copy(sel.begin(), sel.end(), route_experts);
+  if (route_weights) std::copy(wt.begin(), wt.end(), route_weights);
+  // Each expert runs once over all rows routed to it. A row listing one expert twice (only
+  // possible with hash routing) gets it once, as the reference's indexed update does.
+  std::vector<std::vector<int>> rows_of(E), slot_of(E);
+  for (int r = 0; r < n; ++r)
+    for (int i = 0; i < K; ++i) {
+      const int32_t e = sel[size_t(r) * K + i];
+      DSV4_CHECK(e >= 0 && e < E, "expert id ", e, " out of range");
+      if (!rows_of[e].empty() && rows_of[e].back() == r) continue;
+      rows_of[e].push_back(r);
+      slot_of[e].push_back(i);
     }
-    expert_forward(w.shared, p.swiglu_limit, xr, -1.0f, out.data());
+  std::vector<float> out(size_t(n) * K * dim, 0.0f);  // [row, slot, dim]
+  std::vector<char> used(size_t(n) * K, 0);
+  std::vector<float> xe, we, ye;
+  for (int e = 0; e < E; ++e) {
+    const int m = static_cast<int>(rows_of[e].size());
+    if (m == 0) continue;
+    xe.resize(size_t(m) * dim);
+    we.resize(m);
+    ye.resize(size_t(m) * dim);
+    for (int j = 0; j < m; ++j) {
+      const int r = rows_of[e][j];
+      std::copy_n(x + size_t(r) * dim, dim, xe.begin() + size_t(j) * dim);
+      we[j] = wt[size_t(r) * K + slot_of[e][j]];
+    }
+    expert_forward(w.experts[e], p.swiglu_limit, xe.data(), m, we.data(), ye.data());
+    for (int j = 0; j < m; ++j) {
+      const size_t o = size_t(rows_of[e][j]) * K + slot_of[e][j];
+      std::copy_n(ye.begin() + size_t(j) * dim, dim, out.begin() + o * dim);
+      used[o] = 1;
+    }
+  }
+  std::vector<float> shared(size_t(n) * dim), acc(dim);
+  expert_forward(w.shared, p.swiglu_limit, x, n, nullptr, shared.data());
+  // fp32 sum over the row's experts in ascending expert index (the reference's loop order),
+  // then the shared expert, rounded to BF16.
+  std::vector<int> order(K);
+  for (int r = 0; r < n; ++r) {
+    std::iota(order.begin(), order.end(), 0);
+    const int32_t* s = sel.data() + size_t(r) * K;
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return s[a] < s[b]; });
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int i : order) {
+      const size_t o = size_t(r) * K + i;
+      if (!used[o]) continue;
+      for (int d = 0; d < dim; ++d) acc[d] += out[o * dim + d];
+    }
     float* yr = y + size_t(r) * dim;
-    for (int d = 0; d < dim; ++d) yr[d] = round_bf16(acc[d] + out[d]);
+    for (int d = 0; d < dim; ++d) yr[d] = round_bf16(acc[d] + shared[size_t(r) * dim + d]);
   }
 }
 

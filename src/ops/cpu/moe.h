@@ -34,10 +34,11 @@ struct MoeParams {
 void moe_route(const MoeWeights& w, const MoeParams& p, const float* x, int32_t token,
                int32_t* experts, float* weights);
 
-// One SwiGLU expert on one row: y = w2(bf16(weight * silu(min(g, L)) * clamp(u, -L, L))).
-// weight < 0 means "no routing weight" (the shared expert).
-void expert_forward(const ExpertWeights& e, float swiglu_limit, const float* x, float weight,
-                    float* y);
+// One SwiGLU expert on `m` rows:
+// y = w2(bf16(weight * silu(min(g, L)) * clamp(u, -L, L))), g = w1(x), u = w3(x).
+// `weights` (one per row) may be null: no routing weight (the shared expert).
+void expert_forward(const ExpertWeights& e, float swiglu_limit, const float* x, int m,
+                    const float* weights, float* y);
 
 // Full MoE for `n` rows: routed experts summed in fp32 in expert-index order, then the shared
 // expert, rounded to BF16. Optional outputs of the routing ([n, top_k] each).

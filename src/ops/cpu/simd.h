@@ -1,0 +1,13 @@
+// Hot inner loops of the CPU backend, compiled for AVX2 and for the baseline ISA and chosen at
+// run time (GCC function multi-versioning). Each does the same IEEE operations in the same
+// order in every version (no FMA contraction), so results are identical on every machine.
+#pragma once
+
+namespace dsv4::cpu {
+
+// acc[i] += a * double(w[i]) for i < n.
+void axpy_f64(double* acc, double a, const float* w, int n);
+// sum of double(a[i]) * double(b[i]) with eight interleaved partial sums in a fixed order.
+double dot_f64(const float* a, const float* b, int n);
+
+}  // namespace dsv4::cpu
