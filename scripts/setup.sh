@@ -16,6 +16,11 @@ if command -v apt-get >/dev/null 2>&1; then
     clang-format python3 python3-pip >/dev/null
 fi
 
+# CUTLASS/CuTe headers for the CUDA backend, from PyPI (only where nvcc can use them).
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  scripts/fetch_cutlass.sh
+fi
+
 JOBS="${DSV4_JOBS:-$(nproc)}"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DDSV4_SANITIZER_BUILD_DIR="$PWD/build-asan"

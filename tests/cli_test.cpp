@@ -95,7 +95,7 @@ TEST_F(Cli, BadInputIsAOneLineErrorAndNonZeroExit) {
   const std::string m = " --model " + model();
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"generate" + m + " --prompt-ids 0,1 --bogus 3", "unknown argument '--bogus'"},
-      {"generate" + m + " --prompt-ids 0,2048", "token id 2048 >= vocab size 2048"},
+      {"generate" + m + " --prompt-ids 0,2048", "token id 2048 out of range [0, 2048)"},
       {"generate" + m + " --prompt-ids ''", "--prompt-ids is empty"},
       {"generate" + m + " --prompt-ids 0,,1", "is not an integer"},
       {"generate" + m + " --prompt-ids 0,-1", "token id -1 is negative"},

@@ -1,16 +1,16 @@
 // Pieces shared by the model-running subcommands.
 #pragma once
 
-#include <string>
+#include <cstdint>
+#include <memory>
 
 #include "args.h"
-#include "runtime/model_loader.h"
+#include "dsv4/engine.h"
 
 namespace dsv4::cli {
 
-// --backend: "cpu" runs; "cuda" is refused with the reason until the CUDA backend exists.
-void check_backend(const Args& a);
-// Opens --model DIR (required).
-LoadedModel open_model(const Args& a);
+// Opens --model DIR on --backend (default cpu) with room for one sequence of `max_tokens`
+// tokens and --page-size (default 64).
+std::unique_ptr<Engine> open_engine(const Args& a, int64_t max_tokens);
 
 }  // namespace dsv4::cli

@@ -3,16 +3,12 @@
 #pragma once
 
 #include <sstream>
-#include <stdexcept>
 #include <string>
 #include <utility>
 
-namespace dsv4 {
+#include "../../include/dsv4/error.h"  // the public exception type
 
-class Error : public std::runtime_error {
- public:
-  explicit Error(const std::string& what) : std::runtime_error(what) {}
-};
+namespace dsv4 {
 
 // Concatenates any streamable values into one string.
 template <typename... Args>

@@ -50,7 +50,8 @@ std::vector<float> CpuRunner::step(const std::vector<StepInput>& inputs, TraceSi
     DSV4_CHECK(s.tokens + int64_t(in.tokens.size()) <= c.max_position_embeddings,
                "sequence would exceed max_position_embeddings (", c.max_position_embeddings, ")");
   }
-  // Reserve every sequence's pages first: a step either runs whole or changes nothing.
+  // Reserve every sequence's pages before touching any state: a step that cannot get its
+  // pages fails without running (pages already reserved stay with their sequences).
   for (const auto& in : inputs) {
     SequenceCache& s = sequence(in.seq);
     blocks_.reserve(s, s.tokens + int64_t(in.tokens.size()));

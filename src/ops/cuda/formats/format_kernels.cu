@@ -2,8 +2,8 @@
 #include <cuda_fp4.h>
 #include <cuda_fp8.h>
 
-#include "ops/cuda/cuda_check.h"
-#include "ops/cuda/format_kernels.h"
+#include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/formats/format_kernels.h"
 
 namespace dsv4::cuda {
 namespace {

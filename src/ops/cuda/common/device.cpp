@@ -1,4 +1,4 @@
-#include "ops/cuda/device.h"
+#include "ops/cuda/common/device.h"
 
 #include <cuda_runtime.h>
 

@@ -7,8 +7,8 @@
 #include <random>
 
 #include "core/formats.h"
-#include "ops/cuda/device.h"
-#include "ops/cuda/format_kernels.h"
+#include "ops/cuda/common/device.h"
+#include "ops/cuda/formats/format_kernels.h"
 
 namespace dsv4 {
 namespace {

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One command on the H200 (device tool): build the CUDA backend for sm_90a, run the GPU tests
+# and the benchmarks, leave logs and results under $OUT. Usage from the dev machine:
+#   scripts/fetch_cutlass.sh
+#   run(command="DSV4_COMMIT=$(git rev-parse --short HEAD) scripts/h200/run.sh [tests|bench|all] [filter]",
+#       carry=[".cutlass"])
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-/tmp/dsv4-h200}"
+mkdir -p "$OUT"
+WHAT="${1:-all}"
+FILTER="${2:-}"
+export DSV4_COMMIT="${DSV4_COMMIT:-unknown}"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; nvcc --version | tail -1; } > "$OUT/gpu.txt" 2>&1
+cmake -S . -B build-h200 -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90a -DBUILD_TESTING=ON > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+if ! cmake --build build-h200 -j "$(nproc)" > "$OUT/build.log" 2>&1; then
+  grep -E "error|Error" "$OUT/build.log" | head -40
+  exit 1
+fi
+grep -E "spill|stack frame" "$OUT/build.log" | grep -v " 0 bytes spill stores, 0 bytes spill loads" | grep -v "0 bytes stack frame" > "$OUT/ptxas-warnings.txt" || true
+rc=0
+if [ "$WHAT" = "tests" ] || [ "$WHAT" = "all" ]; then
+  ctest --test-dir build-h200 -L gpu --output-on-failure ${FILTER:+-R "$FILTER"} 2>&1 | tee "$OUT/gpu-tests.log" | tail -40
+  rc=${PIPESTATUS[0]}
+fi
+if [ "$WHAT" = "bench" ] || [ "$WHAT" = "all" ]; then
+  export DSV4_BENCH_OUT="$OUT/bench.jsonl"
+  for b in build-h200/bench/*_bench; do
+    [ -n "$FILTER" ] && [[ "$b" != *"$FILTER"* ]] && continue
+    echo "== $b"
+    timeout 300 "$b" > "$OUT/$(basename "$b").log" 2>&1 || echo "$b failed: $(tail -3 "$OUT/$(basename "$b").log")"
+  done
+fi
+exit $rc
