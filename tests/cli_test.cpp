@@ -16,9 +16,9 @@ namespace dsv4::test {
 namespace {
 
 struct Result {
-  int code = -1;      // exit status, or -signal
-  std::string out;    // stdout
-  std::string err;    // stderr
+  int code = -1;    // exit status, or -signal
+  std::string out;  // stdout
+  std::string err;  // stderr
 };
 
 Result run(const std::string& args, const TempDir& tmp) {
@@ -40,7 +40,8 @@ class Cli : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     tmp_ = new TempDir;
-    const Result r = run("make-tiny --preset flash --format nvfp4 --seed 5 --out " + *tmp_ / "m", *tmp_);
+    const Result r =
+        run("make-tiny --preset flash --format nvfp4 --seed 5 --out " + *tmp_ / "m", *tmp_);
     ASSERT_EQ(r.code, 0) << r.err;
   }
   static void TearDownTestSuite() { delete tmp_; }
@@ -50,14 +51,19 @@ class Cli : public ::testing::Test {
 TempDir* Cli::tmp_ = nullptr;
 
 TEST_F(Cli, GenerateIsDeterministicAndMatchesLogits) {
-  const Result a = run("generate --model " + model() + " --prompt-ids 0,11,12,13 --max-new-tokens 5", *tmp_);
+  const Result a =
+      run("generate --model " + model() + " --prompt-ids 0,11,12,13 --max-new-tokens 5", *tmp_);
   ASSERT_EQ(a.code, 0) << a.err;
   ASSERT_FALSE(a.out.empty());
   EXPECT_EQ(a.out.back(), '\n');
   EXPECT_EQ(std::count(a.out.begin(), a.out.end(), ','), 4) << a.out;  // 5 ids unless EOS
-  EXPECT_EQ(run("generate --model " + model() + " --prompt-ids 0,11,12,13 --max-new-tokens 5", *tmp_).out, a.out);
+  EXPECT_EQ(
+      run("generate --model " + model() + " --prompt-ids 0,11,12,13 --max-new-tokens 5", *tmp_).out,
+      a.out);
   // The first greedy token is the argmax of the last prompt position's logits.
-  const Result l = run("logits --model " + model() + " --prompt-ids 0,11,12,13 --out " + *tmp_ / "l.safetensors", *tmp_);
+  const Result l =
+      run("logits --model " + model() + " --prompt-ids 0,11,12,13 --out " + *tmp_ / "l.safetensors",
+          *tmp_);
   ASSERT_EQ(l.code, 0) << l.err;
   SafetensorsFile f(*tmp_ / "l.safetensors");
   const TensorView& t = f.get("logits");
@@ -67,12 +73,15 @@ TEST_F(Cli, GenerateIsDeterministicAndMatchesLogits) {
   const long first = std::max_element(last, last + 2048) - last;
   EXPECT_EQ(std::stol(a.out), first);
   // Sampling with a seed repeats; another seed is allowed to differ.
-  const std::string s = "generate --model " + model() + " --prompt-ids 0,11 --max-new-tokens 8 --ignore-eos --temperature 1.5 --seed ";
+  const std::string s =
+      "generate --model " + model() +
+      " --prompt-ids 0,11 --max-new-tokens 8 --ignore-eos --temperature 1.5 --seed ";
   const Result s1 = run(s + "7", *tmp_), s2 = run(s + "7", *tmp_);
   EXPECT_EQ(s1.code, 0) << s1.err;
   EXPECT_EQ(s1.out, s2.out);
   EXPECT_EQ(std::count(s1.out.begin(), s1.out.end(), ','), 7);
-  EXPECT_EQ(run("generate --model " + model() + " --prompt-ids 0 --max-new-tokens 0", *tmp_).out, "\n");
+  EXPECT_EQ(run("generate --model " + model() + " --prompt-ids 0 --max-new-tokens 0", *tmp_).out,
+            "\n");
 }
 
 TEST_F(Cli, LogitsChunkingAndPromptFileGiveIdenticalBytes) {
@@ -81,7 +90,11 @@ TEST_F(Cli, LogitsChunkingAndPromptFileGiveIdenticalBytes) {
   ASSERT_EQ(run(base + *tmp_ / "a.safetensors", *tmp_).code, 0);
   ASSERT_EQ(run(base + *tmp_ / "b.safetensors --prefill-chunk 1", *tmp_).code, 0);
   ASSERT_EQ(run(base + *tmp_ / "c.safetensors --prefill-chunk 3", *tmp_).code, 0);
-  ASSERT_EQ(run("logits --model " + model() + " --prompt-file " + *tmp_ / "prompt.txt --out " + *tmp_ / "d.safetensors", *tmp_).code, 0);
+  ASSERT_EQ(run("logits --model " + model() + " --prompt-file " + *tmp_ / "prompt.txt --out " +
+                    *tmp_ / "d.safetensors",
+                *tmp_)
+                .code,
+            0);
   auto bytes = [&](const std::string& n) {
     std::ifstream is(*tmp_ / n, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(is), {});

@@ -26,7 +26,8 @@ uint8_t nearest_code(double a, const std::vector<double>& mags) {
 
 std::vector<double> e4m3_mags() {
   std::vector<double> m;
-  for (int c = 0; c < 127; ++c) m.push_back(c < 8 ? c / 512.0 : std::ldexp(1.0 + (c & 7) / 8.0, (c >> 3) - 7));
+  for (int c = 0; c < 127; ++c)
+    m.push_back(c < 8 ? c / 512.0 : std::ldexp(1.0 + (c & 7) / 8.0, (c >> 3) - 7));
   return m;
 }
 

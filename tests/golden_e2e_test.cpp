@@ -64,10 +64,13 @@ std::vector<float> forced_logits(CpuRunner& r, const std::vector<int32_t>& token
   return all;
 }
 
-std::vector<int32_t> as_tokens(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
+std::vector<int32_t> as_tokens(const std::vector<int64_t>& v) {
+  return {v.begin(), v.end()};
+}
 
 // Picks rows at `positions` out of full per-position logits.
-std::vector<float> pick(const std::vector<float>& all, const std::vector<int64_t>& positions, int V) {
+std::vector<float> pick(const std::vector<float>& all, const std::vector<int64_t>& positions,
+                        int V) {
   std::vector<float> out;
   for (int64_t p : positions) out.insert(out.end(), all.begin() + p * V, all.begin() + (p + 1) * V);
   return out;
@@ -119,7 +122,8 @@ TEST_P(GoldenE2E, LogitsAndGreedyTokens) {
   nlohmann::json summary = nlohmann::json::parse(std::ifstream(g.dir + "/summary.json"));
   const auto& self = summary["self_agreement_prefill_vs_tbt"]["per_case"];
   Checker chk;
-  chk.t.near_tie = std::max(0.1, summary["self_agreement_prefill_vs_tbt"]["ALL"]["max_abs_diff"].get<double>());
+  chk.t.near_tie =
+      std::max(0.1, summary["self_agreement_prefill_vs_tbt"]["ALL"]["max_abs_diff"].get<double>());
   const Tolerance& tol = chk.t;
   std::printf("[%s] near-tie gap %.3f\n", g.name.c_str(), tol.near_tie);
   auto print_ref = [&](const nlohmann::json& ref) {
@@ -162,18 +166,21 @@ TEST_P(GoldenE2E, LogitsAndGreedyTokens) {
   std::vector<int64_t> bt = to_ints(g.get("batch.prefill.tokens"));
   const size_t width = bt.size() / 2;
   std::vector<std::vector<int32_t>> rows_tok(2);
-  for (int b = 0; b < 2; ++b) rows_tok[b].assign(bt.begin() + b * width, bt.begin() + (b + 1) * width);
+  for (int b = 0; b < 2; ++b)
+    rows_tok[b].assign(bt.begin() + b * width, bt.begin() + (b + 1) * width);
   const int common = static_cast<int>(std::min(lens[0], lens[1]));
   const int s0 = runner.open_sequence(), s1 = runner.open_sequence();
   std::vector<float> r0, r1;
   {
-    std::vector<float> l = runner.step({{s0, {rows_tok[0].begin(), rows_tok[0].begin() + common}, true},
-                                        {s1, {rows_tok[1].begin(), rows_tok[1].begin() + common}, true}});
+    std::vector<float> l =
+        runner.step({{s0, {rows_tok[0].begin(), rows_tok[0].begin() + common}, true},
+                     {s1, {rows_tok[1].begin(), rows_tok[1].begin() + common}, true}});
     r0.assign(l.begin(), l.begin() + size_t(common) * V);
     r1.assign(l.begin() + size_t(common) * V, l.end());
   }
   for (size_t p = common; p < width; ++p) {
-    std::vector<float> l = runner.step({{s0, {rows_tok[0][p]}, false}, {s1, {rows_tok[1][p]}, false}});
+    std::vector<float> l =
+        runner.step({{s0, {rows_tok[0][p]}, false}, {s1, {rows_tok[1][p]}, false}});
     r0.insert(r0.end(), l.begin(), l.begin() + V);
     r1.insert(r1.end(), l.begin() + V, l.end());
   }
@@ -190,7 +197,8 @@ TEST_P(GoldenE2E, LogitsAndGreedyTokens) {
     print_ref(self["batch"]["row" + std::to_string(b)]);
     std::vector<int64_t> pos(rows);
     for (size_t i = 0; i < rows; ++i) pos[i] = int64_t(i);
-    EXPECT_EQ(check_greedy(ours, gold, pos, rows_tok[b], int(lens[b]), V, tol.near_tie), "") << name;
+    EXPECT_EQ(check_greedy(ours, gold, pos, rows_tok[b], int(lens[b]), V, tol.near_tie), "")
+        << name;
     // Token-by-token batch logits (positions 0..60 of both rows).
     std::vector<float> gt = to_floats(g.get("batch.tbt.logits"));
     const size_t trows = gt.size() / V / 2;
@@ -202,9 +210,10 @@ TEST_P(GoldenE2E, LogitsAndGreedyTokens) {
   EXPECT_GE(raw, tol.argmax);
 }
 
-INSTANTIATE_TEST_SUITE_P(Sets, GoldenE2E, ::testing::ValuesIn(golden_sets().empty()
-                                               ? std::vector<std::string>{"none"}
-                                               : golden_sets()));
+INSTANTIATE_TEST_SUITE_P(Sets, GoldenE2E,
+                         ::testing::ValuesIn(golden_sets().empty()
+                                                 ? std::vector<std::string>{"none"}
+                                                 : golden_sets()));
 
 }  // namespace
 }  // namespace dsv4::test

@@ -31,11 +31,11 @@
 namespace dsv4::test {
 namespace {
 
-constexpr double kAttnRelL2 = 1e-2;         // README: attn_out from attn_in
-constexpr double kDecodeAttnRelL2 = 3e-2;   // full-window positions (see above)
-constexpr double kFfnRelL2 = 2e-3;          // README: ffn_out from ffn_in
+constexpr double kAttnRelL2 = 1e-2;        // README: attn_out from attn_in
+constexpr double kDecodeAttnRelL2 = 3e-2;  // full-window positions (see above)
+constexpr double kFfnRelL2 = 2e-3;         // README: ffn_out from ffn_in
 constexpr double kFfnWithin1Ulp = 0.99;
-constexpr double kBlockWithin1Ulp = 0.97;   // README: block outputs
+constexpr double kBlockWithin1Ulp = 0.97;  // README: block outputs
 
 std::string L(const std::string& prefix, const std::string& what, int k) {
   return prefix + "." + what + ".L" + std::to_string(k);
@@ -70,7 +70,8 @@ std::vector<float> mhc_only(const LoadedModel& lm, int k, const std::vector<floa
   for (int t = 0; t < rows; ++t) {
     const float* h = in.data() + size_t(t) * hc * dim;
     cpu::hc_pre(hc_params(c, bw.hc_attn), h, y.data(), post.data(), comb.data());
-    cpu::hc_post(hc, dim, attn_out.data() + size_t(t) * dim, h, post.data(), comb.data(), mid.data());
+    cpu::hc_post(hc, dim, attn_out.data() + size_t(t) * dim, h, post.data(), comb.data(),
+                 mid.data());
     cpu::hc_pre(hc_params(c, bw.hc_ffn), mid.data(), y.data(), post.data(), comb.data());
     cpu::hc_post(hc, dim, ffn_out.data() + size_t(t) * dim, mid.data(), post.data(), comb.data(),
                  out.data() + size_t(t) * hc * dim);
@@ -131,8 +132,10 @@ TEST_P(GoldenLayers, Prefill129) {
     const Diff df = compare(ffn_out, g_ffn_out);
     EXPECT_LE(df.rel_l2, kFfnRelL2);
     EXPECT_GE(df.frac_1ulp, kFfnWithin1Ulp);
-    const std::vector<int64_t> gexp = to_ints(g.get(pre + ".route.L" + std::to_string(k) + ".experts"));
-    const std::vector<float> gw = to_floats(g.get(pre + ".route.L" + std::to_string(k) + ".weights"));
+    const std::vector<int64_t> gexp =
+        to_ints(g.get(pre + ".route.L" + std::to_string(k) + ".experts"));
+    const std::vector<float> gw =
+        to_floats(g.get(pre + ".route.L" + std::to_string(k) + ".weights"));
     for (size_t i = 0; i < gexp.size(); ++i) ASSERT_EQ(rexp[i], gexp[i]) << "routing row " << i / K;
     EXPECT_LE(compare(rw, gw).rel_l2, 1e-6);
 
@@ -157,11 +160,12 @@ TEST_P(GoldenLayers, Prefill129) {
     EXPECT_LE(dout.rel_l2, kAttnRelL2);
     worst_block = std::min(worst_block, dout.frac_1ulp);
 
-    std::printf("[%s] L%d (ratio %d) attn_out %s\n    ffn_out %s\n    mHC-only block %s\n    "
-                "block %s%s\n",
-                g.name.c_str(), k, c.ratio(k), to_string(da).c_str(), to_string(df).c_str(),
-                to_string(dm).c_str(), to_string(dout).c_str(),
-                exact_input ? "" : " (attention input differs: CSA selection may differ)");
+    std::printf(
+        "[%s] L%d (ratio %d) attn_out %s\n    ffn_out %s\n    mHC-only block %s\n    "
+        "block %s%s\n",
+        g.name.c_str(), k, c.ratio(k), to_string(da).c_str(), to_string(df).c_str(),
+        to_string(dm).c_str(), to_string(dout).c_str(),
+        exact_input ? "" : " (attention input differs: CSA selection may differ)");
     if (c.ratio(k) == 4) {
       // Selections from identical inputs match except where an FP4 key rounds on a tie.
       const std::vector<int64_t> gsel =
@@ -212,10 +216,10 @@ TEST_P(GoldenLayers, DecodeStepsFromStoredCaches) {
       const Diff df = compare(ffn_out, to_floats(g.get(L(pre, "ffn_out", k))));
       EXPECT_LE(df.rel_l2, kFfnRelL2);
       EXPECT_GE(df.frac_1ulp, kFfnWithin1Ulp);
-      const Diff dm = compare(mhc_only(lm, k, block_input(g, pre, k),
-                                       to_floats(g.get(L(pre, "attn_out", k))),
-                                       to_floats(g.get(L(pre, "ffn_out", k)))),
-                              to_floats(g.get(L(pre, "hidden.out", k))));
+      const Diff dm =
+          compare(mhc_only(lm, k, block_input(g, pre, k), to_floats(g.get(L(pre, "attn_out", k))),
+                           to_floats(g.get(L(pre, "ffn_out", k)))),
+                  to_floats(g.get(L(pre, "hidden.out", k))));
       EXPECT_GE(dm.frac_equal, 0.999);
       // The chained run: our own streams through every block, on our own caches.
       std::vector<ChunkRef> cc{{&chain.seq, step, &token, 1}};
@@ -231,7 +235,8 @@ TEST_P(GoldenLayers, DecodeStepsFromStoredCaches) {
     EXPECT_LE(s.max_abs, 0.7);
     attn.seq.tokens = chain.seq.tokens = step + 1;
   }
-  std::printf("[%s] decode attn_out relL2: mean %.3g, worst %.3g\n", g.name.c_str(), sum / n, worst);
+  std::printf("[%s] decode attn_out relL2: mean %.3g, worst %.3g\n", g.name.c_str(), sum / n,
+              worst);
   EXPECT_LE(sum / n, 2e-2);
 }
 
@@ -257,26 +262,31 @@ TEST_P(GoldenLayers, DecodeAttentionConditioning) {
   cpu::rms_norm(qr.data(), 1, c.q_lora_rank, a.q_norm.data(), c.norm_eps, qr.data());
   cpu::linear(a.wq_b, qr.data(), 1, q.data());
   cpu::rms_norm_bf16_weightless(q.data(), H, D, c.norm_eps);
-  for (int h = 0; h < H; ++h) cpu::rope_apply(q.data() + h * D + D - R, R, cs.data(), sn.data(), false);
+  for (int h = 0; h < H; ++h)
+    cpu::rope_apply(q.data() + h * D + D - R, R, cs.data(), sn.data(), false);
   cpu::linear(a.wkv, x.data(), 1, kv.data());
   cpu::rms_norm(kv.data(), 1, D, a.kv_norm.data(), c.norm_eps, kv.data());
   cpu::rope_apply(kv.data() + D - R, R, cs.data(), sn.data(), false);
   cpu::fake_quant_fp8(kv.data(), D - R, 64, kv.data());
   const std::vector<float> ring = read_window(f.cache, k, f.seq);
   std::vector<const float*> keys;
-  for (int j = p - c.window_size + 1; j < p; ++j) keys.push_back(ring.data() + size_t(j % c.window_size) * D);
+  for (int j = p - c.window_size + 1; j < p; ++j)
+    keys.push_back(ring.data() + size_t(j % c.window_size) * D);
   keys.push_back(kv.data());
   const int64_t ncomp = c.ratio(k) ? (p + 1) / c.ratio(k) : 0;
   const std::vector<float> comp = read_compressed(f.cache, k, f.seq, ncomp);
   for (int64_t i = 0; i < ncomp; ++i) keys.push_back(comp.data() + size_t(i) * D);
   auto output = [&](bool bf16_probs) {
-    cpu::SparseAttnParams sp{H, D, static_cast<float>(1.0 / std::sqrt(double(D))), a.sink.data(), bf16_probs};
+    cpu::SparseAttnParams sp{H, D, static_cast<float>(1.0 / std::sqrt(double(D))), a.sink.data(),
+                             bf16_probs};
     std::vector<float> o(size_t(H) * D), z(size_t(c.o_groups) * c.o_lora_rank), out(c.dim);
     cpu::sparse_attention(sp, q.data(), keys.data(), int(keys.size()), o.data());
-    for (int h = 0; h < H; ++h) cpu::rope_apply(o.data() + h * D + D - R, R, cs.data(), sn.data(), true);
+    for (int h = 0; h < H; ++h)
+      cpu::rope_apply(o.data() + h * D + D - R, R, cs.data(), sn.data(), true);
     const int in_g = c.heads_per_group() * D;
     for (int gi = 0; gi < c.o_groups; ++gi)
-      cpu::linear(a.wo_a[gi], o.data() + size_t(gi) * in_g, 1, z.data() + size_t(gi) * c.o_lora_rank);
+      cpu::linear(a.wo_a[gi], o.data() + size_t(gi) * in_g, 1,
+                  z.data() + size_t(gi) * c.o_lora_rank);
     cpu::linear(a.wo_b, z.data(), 1, out.data());
     return out;
   };
@@ -295,8 +305,9 @@ TEST_P(GoldenLayers, DecodeAttentionConditioning) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sets, GoldenLayers,
-                         ::testing::ValuesIn(golden_sets().empty() ? std::vector<std::string>{"none"}
-                                                                   : golden_sets()));
+                         ::testing::ValuesIn(golden_sets().empty()
+                                                 ? std::vector<std::string>{"none"}
+                                                 : golden_sets()));
 
 }  // namespace
 }  // namespace dsv4::test

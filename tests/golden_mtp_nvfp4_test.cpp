@@ -64,7 +64,8 @@ TEST_P(GoldenMtpNvfp4, MtpLogits) {
                logit_stats(run_mtp(hidden).data(), gold.data(), pos.size(), V), false);
     // ... and on the reference's own streams: the prefill of 129 tokens stores them, and its
     // first positions are the same causal function as a shorter prompt's.
-    std::vector<float> h = to_floats(g.get("prefill0129.hidden.out.L" + std::to_string(c.n_layers - 1)));
+    std::vector<float> h =
+        to_floats(g.get("prefill0129.hidden.out.L" + std::to_string(c.n_layers - 1)));
     h.resize(size_t(L) * hc * dim);
     expect_e2e(k + " MTP on the reference's streams",
                logit_stats(run_mtp(h).data(), gold.data(), pos.size(), V), L == 129);
@@ -93,8 +94,9 @@ TEST_P(GoldenMtpNvfp4, Nvfp4EqualsMxfp4BitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sets, GoldenMtpNvfp4,
-                         ::testing::ValuesIn(golden_sets().empty() ? std::vector<std::string>{"none"}
-                                                                   : golden_sets()));
+                         ::testing::ValuesIn(golden_sets().empty()
+                                                 ? std::vector<std::string>{"none"}
+                                                 : golden_sets()));
 
 }  // namespace
 }  // namespace dsv4::test

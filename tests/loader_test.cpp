@@ -66,8 +66,12 @@ TEST(Safetensors, WriteThenReadBack) {
   EXPECT_EQ(f.get("empty").nbytes, 0u);
   EXPECT_EQ(f.metadata().at("format"), "pt");
   EXPECT_NE(error_of([&] { (void)f.get("zzz"); }).find("no tensor 'zzz'"), std::string::npos);
-  EXPECT_NE(error_of([&] { w.add("a", DType::kF32, {2, 3}, a); }).find("duplicate"), std::string::npos);
-  EXPECT_NE(error_of([&] { w.add("c", DType::kF32, {4}, a); }).find("does not match"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              w.add("a", DType::kF32, {2, 3}, a);
+            }).find("duplicate"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { w.add("c", DType::kF32, {4}, a); }).find("does not match"),
+            std::string::npos);
 }
 
 TEST(Safetensors, RejectsDamagedFiles) {
@@ -78,10 +82,11 @@ TEST(Safetensors, RejectsDamagedFiles) {
     std::string header, data, expect;
   };
   const std::vector<Case> cases = {
-      {good, "1234", "tensor 't': data [0, 8) runs past the end"},   // truncated data
+      {good, "1234", "tensor 't': data [0, 8) runs past the end"},  // truncated data
       {"{not json", "", "not valid JSON"},
       {"[1,2]", "", "not a JSON object"},
-      {R"({"t":{"dtype":"F9","shape":[2],"data_offsets":[0,8]}})", "12345678", "unsupported dtype 'F9'"},
+      {R"({"t":{"dtype":"F9","shape":[2],"data_offsets":[0,8]}})", "12345678",
+       "unsupported dtype 'F9'"},
       {R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", "12345678", "needs 12 bytes"},
       {R"({"t":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", "12345678", "negative"},
       {R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", "12345678", "reversed"},
@@ -106,7 +111,9 @@ TEST(Safetensors, RejectsDamagedFiles) {
             std::string::npos);
 }
 
-ModelConfig tiny_flash() { return tiny_preset("flash"); }
+ModelConfig tiny_flash() {
+  return tiny_preset("flash");
+}
 
 TEST(Config, RoundTripsAndRejectsBadFields) {
   const ModelConfig c = tiny_flash();
@@ -121,22 +128,35 @@ TEST(Config, RoundTripsAndRejectsBadFields) {
     edit(k);
     return error_of([&] { parse_model_config(k.dump(), "config.json"); });
   };
-  EXPECT_NE(with([](auto& k) { k.erase("hidden_size"); }).find("missing field 'hidden_size'"), std::string::npos);
-  EXPECT_NE(with([](auto& k) { k["architectures"] = {"LlamaForCausalLM"}; }).find("unsupported architecture"),
+  EXPECT_NE(with([](auto& k) { k.erase("hidden_size"); }).find("missing field 'hidden_size'"),
             std::string::npos);
-  EXPECT_NE(with([](auto& k) { k["compress_ratios"] = {0, 4}; }).find("compress_ratios has 2 entries"),
+  EXPECT_NE(with([](auto& k) {
+              k["architectures"] = {"LlamaForCausalLM"};
+            }).find("unsupported architecture"),
             std::string::npos);
-  EXPECT_NE(with([](auto& k) { k["compress_ratios"][1] = 8; }).find("not supported"), std::string::npos);
-  EXPECT_NE(with([](auto& k) { k["num_attention_heads"] = 3; }).find("o_groups"), std::string::npos);
-  EXPECT_NE(with([](auto& k) { k["hidden_size"] = "256"; }).find("must be an integer"), std::string::npos);
-  EXPECT_NE(with([](auto& k) { k["quantization_config"]["weight_block_size"] = {64, 64}; }).find("[128, 128]"),
+  EXPECT_NE(with([](auto& k) {
+              k["compress_ratios"] = {0, 4};
+            }).find("compress_ratios has 2 entries"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse_model_config("{", "config.json"); }).find("not valid JSON"), std::string::npos);
+  EXPECT_NE(with([](auto& k) { k["compress_ratios"][1] = 8; }).find("not supported"),
+            std::string::npos);
+  EXPECT_NE(with([](auto& k) { k["num_attention_heads"] = 3; }).find("o_groups"),
+            std::string::npos);
+  EXPECT_NE(with([](auto& k) { k["hidden_size"] = "256"; }).find("must be an integer"),
+            std::string::npos);
+  EXPECT_NE(with([](auto& k) {
+              k["quantization_config"]["weight_block_size"] = {64, 64};
+            }).find("[128, 128]"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_model_config("{", "config.json"); }).find("not valid JSON"),
+            std::string::npos);
 }
 
 class TinyCheckpoint : public ::testing::Test {
  protected:
-  void SetUp() override { write_tiny_checkpoint(tiny_flash(), ExpertFormat::kMxfp4, 3, dir_.path()); }
+  void SetUp() override {
+    write_tiny_checkpoint(tiny_flash(), ExpertFormat::kMxfp4, 3, dir_.path());
+  }
   TempDir dir_;
 
   // Rewrites the shard holding `name` through `edit(writer, tensors)` and fixes the index.
@@ -154,11 +174,16 @@ class TinyCheckpoint : public ::testing::Test {
     fs::rename(tmp, dir_ / shard);
     SafetensorsFile f(dir_ / shard);
     for (auto it = idx["weight_map"].begin(); it != idx["weight_map"].end();)
-      if (it.value() == shard && !f.contains(it.key())) it = idx["weight_map"].erase(it); else ++it;
+      if (it.value() == shard && !f.contains(it.key()))
+        it = idx["weight_map"].erase(it);
+      else
+        ++it;
     for (const auto& [n, t] : f.tensors()) idx["weight_map"][n] = shard;
     write_file(dir_ / "model.safetensors.index.json", idx.dump());
   }
-  std::string load_error() { return error_of([&] { load_cpu_model(dir_.path()); }); }
+  std::string load_error() {
+    return error_of([&] { load_cpu_model(dir_.path()); });
+  }
 };
 
 TEST_F(TinyCheckpoint, LoadsAndBinds) {
@@ -171,7 +196,7 @@ TEST_F(TinyCheckpoint, MissingExtraAndMisshapedTensorsAreListed) {
   edit_shard("layers.2.attn.wkv.scale", [](SafetensorsWriter& w, const SafetensorsFile& f) {
     for (const auto& [n, t] : f.tensors()) {
       if (n == "layers.2.attn.wkv.scale") continue;  // missing
-      if (n == "layers.2.attn.kv_norm.weight") {      // mis-shaped
+      if (n == "layers.2.attn.kv_norm.weight") {     // mis-shaped
         w.add(n, t.dtype, {t.shape[0] / 2}, t.data, t.nbytes / 2);
         continue;
       }
@@ -182,18 +207,23 @@ TEST_F(TinyCheckpoint, MissingExtraAndMisshapedTensorsAreListed) {
   });
   const std::string e = load_error();
   EXPECT_NE(e.find("1 missing [layers.2.attn.wkv.scale F8_E8M0 [4, 2]]"), std::string::npos) << e;
-  EXPECT_NE(e.find("layers.2.attn.kv_norm.weight: BF16 [256], expected BF16 [512]"), std::string::npos) << e;
+  EXPECT_NE(e.find("layers.2.attn.kv_norm.weight: BF16 [256], expected BF16 [512]"),
+            std::string::npos)
+      << e;
   EXPECT_NE(e.find("1 unexpected [layers.2.attn.surprise]"), std::string::npos) << e;
 }
 
 TEST_F(TinyCheckpoint, WrongDtypeIsNamed) {
   edit_shard("layers.0.attn.attn_sink", [](SafetensorsWriter& w, const SafetensorsFile& f) {
     for (const auto& [n, t] : f.tensors()) {
-      if (n == "layers.0.attn.attn_sink") w.add(n, DType::kI32, t.shape, t.data, t.nbytes);
-      else w.add(n, t.dtype, t.shape, t.data, t.nbytes);
+      if (n == "layers.0.attn.attn_sink")
+        w.add(n, DType::kI32, t.shape, t.data, t.nbytes);
+      else
+        w.add(n, t.dtype, t.shape, t.data, t.nbytes);
     }
   });
-  EXPECT_NE(load_error().find("layers.0.attn.attn_sink: I32 [4], expected F32 [4]"), std::string::npos);
+  EXPECT_NE(load_error().find("layers.0.attn.attn_sink: I32 [4], expected F32 [4]"),
+            std::string::npos);
 }
 
 TEST_F(TinyCheckpoint, TruncatedShardIsNamed) {
@@ -214,8 +244,9 @@ TEST_F(TinyCheckpoint, IndexProblemsAreNamed) {
   bad = idx;
   bad["weight_map"].erase("norm.weight");
   write_file(dir_ / "model.safetensors.index.json", bad.dump());
-  EXPECT_NE(load_error().find("'norm.weight' is in the shard but not in model.safetensors.index.json"),
-            std::string::npos);
+  EXPECT_NE(
+      load_error().find("'norm.weight' is in the shard but not in model.safetensors.index.json"),
+      std::string::npos);
   write_file(dir_ / "model.safetensors.index.json", "{oops");
   EXPECT_NE(load_error().find("not valid JSON"), std::string::npos);
 }
@@ -223,7 +254,8 @@ TEST_F(TinyCheckpoint, IndexProblemsAreNamed) {
 TEST_F(TinyCheckpoint, BadConfigAndMissingDirectory) {
   write_file(dir_ / "config.json", "{\"architectures\": [\"DeepseekV4ForCausalLM\"]}");
   EXPECT_NE(load_error().find("missing field"), std::string::npos);
-  EXPECT_NE(error_of([] { load_cpu_model("/nonexistent/model"); }).find("does not exist"), std::string::npos);
+  EXPECT_NE(error_of([] { load_cpu_model("/nonexistent/model"); }).find("does not exist"),
+            std::string::npos);
 }
 
 TEST(Nvfp4, ModelOptLayoutGeneralScalesAndDequant) {
@@ -241,7 +273,7 @@ TEST(Nvfp4, ModelOptLayoutGeneralScalesAndDequant) {
   float s2, s2_w3;
   std::memcpy(&s2, r.scale_2->data, 4);
   std::memcpy(&s2_w3, w.blocks[3].ffn.experts[7].w3.scale_2->data, 4);
-  EXPECT_EQ(s2, s2_w3);  // w1 and w3 share the global scale
+  EXPECT_EQ(s2, s2_w3);                                 // w1 and w3 share the global scale
   EXPECT_NE(std::log2(s2), std::floor(std::log2(s2)));  // not a power of two
   // Block scales are general E4M3 values, not only powers of two.
   int non_pow2 = 0;
@@ -273,7 +305,8 @@ TEST(Nvfp4, ModelOptConfigMayOnlyQuantiseExperts) {
   nlohmann::json q = nlohmann::json::parse(read_file(d / "hf_quant_config.json"));
   q["quantization"]["quantized_layers"]["layers.0.attn.wq_a"] = {{"quant_algo", "NVFP4"}};
   write_file(d / "hf_quant_config.json", q.dump());
-  EXPECT_NE(error_of([&] { load_cpu_model(d.path()); }).find("only routed experts"), std::string::npos);
+  EXPECT_NE(error_of([&] { load_cpu_model(d.path()); }).find("only routed experts"),
+            std::string::npos);
   // MXFP4 tensors where the config says NVFP4: a clear mismatch, not a silent reinterpretation.
   TempDir m;
   write_tiny_checkpoint(tiny_flash(), ExpertFormat::kMxfp4, 5, m.path());

@@ -63,8 +63,10 @@ TEST(Rope, InterleavedPairsAndInverse) {
     for (int i = 0; i < 32; ++i) {  // pair (2i, 2i+1) rotates by pos * f_i
       const double ang = double(float(pos) * t.inv_freq[i]);
       const double a = x[2 * i], b = x[2 * i + 1];
-      EXPECT_NEAR(y[2 * i], a * std::cos(ang) - b * std::sin(ang), 1e-2 * (std::fabs(a) + std::fabs(b)) + 1e-6);
-      EXPECT_NEAR(y[2 * i + 1], a * std::sin(ang) + b * std::cos(ang), 1e-2 * (std::fabs(a) + std::fabs(b)) + 1e-6);
+      EXPECT_NEAR(y[2 * i], a * std::cos(ang) - b * std::sin(ang),
+                  1e-2 * (std::fabs(a) + std::fabs(b)) + 1e-6);
+      EXPECT_NEAR(y[2 * i + 1], a * std::sin(ang) + b * std::cos(ang),
+                  1e-2 * (std::fabs(a) + std::fabs(b)) + 1e-6);
     }
     rope_apply(y.data(), 64, c.data(), s.data(), true);
     for (int i = 0; i < 64; ++i) EXPECT_NEAR(y[i], x[i], 2e-2 * std::fabs(x[i]) + 2e-2) << pos;
@@ -113,7 +115,8 @@ TEST(Mhc, SinkhornIsDoublyStochastic) {
 
 TEST(Mhc, PrePostHeadAgainstDirectFormulas) {
   const int hc = 4, dim = 128, mix = (2 + hc) * hc;
-  std::vector<float> fn = randn(size_t(mix) * hc * dim, 13, 0.05f, false), base = randn(mix, 14, 0.5f, false);
+  std::vector<float> fn = randn(size_t(mix) * hc * dim, 13, 0.05f, false),
+                     base = randn(mix, 14, 0.5f, false);
   std::vector<float> scale = {0.3f, 0.5f, 0.7f};
   HcParams p{hc, dim, 20, 1e-6f, 1e-6f, fn.data(), base.data(), scale.data()};
   std::vector<float> h = randn(size_t(hc) * dim, 15), y(dim), post(hc), comb(hc * hc);
@@ -183,7 +186,8 @@ TEST(Linear, RowResultIndependentOfBatch) {
 }
 
 // Direct double-precision attention with the sink: the reference the kernel approximates.
-std::vector<double> attention_exact(const std::vector<float>& q, const std::vector<const float*>& keys,
+std::vector<double> attention_exact(const std::vector<float>& q,
+                                    const std::vector<const float*>& keys,
                                     const std::vector<float>& sink, int H, int D, float scale) {
   std::vector<double> o(size_t(H) * D);
   for (int h = 0; h < H; ++h) {
@@ -233,8 +237,8 @@ TEST(SparseAttention, MatchesExactSoftmaxWithSinkAndSkipsInvalid) {
 
 TEST(Indexer, ScoresAndTopkTiesToLowerIndex) {
   const int H = 4, D = 128, T = 50;
-  std::vector<float> q = randn(size_t(H) * D, 24), w = randn(H, 25), keys = randn(size_t(T) * D, 26),
-                     s(T);
+  std::vector<float> q = randn(size_t(H) * D, 24), w = randn(H, 25),
+                     keys = randn(size_t(T) * D, 26), s(T);
   indexer_scores(q.data(), w.data(), H, D, keys.data(), T, s.data());
   for (int t = 0; t < T; ++t) {
     double want = 0, mag = 0;
@@ -304,10 +308,12 @@ TEST(Compressor, PoolingMatchesDefinition) {
     std::fill(st.begin(), st.begin() + l.score_offset(0), 0.0f);
     std::fill(st.begin() + l.score_offset(0), st.end(), -std::numeric_limits<float>::infinity());
     const int T = 3 * ratio;
-    std::vector<float> a = randn(size_t(T) * width, 30, 1.0f, false), g = randn(size_t(T) * width, 31, 1.0f, false);
+    std::vector<float> a = randn(size_t(T) * width, 30, 1.0f, false),
+                       g = randn(size_t(T) * width, 31, 1.0f, false);
     (void)dim;
     for (int t = 0; t < T; ++t) {
-      compressor_store(w, l, st.data(), t, a.data() + size_t(t) * width, g.data() + size_t(t) * width);
+      compressor_store(w, l, st.data(), t, a.data() + size_t(t) * width,
+                       g.data() + size_t(t) * width);
       if ((t + 1) % ratio) continue;
       std::vector<float> pooled(d);
       compressor_pool(w, l, st.data(), pooled.data());
@@ -315,16 +321,19 @@ TEST(Compressor, PoolingMatchesDefinition) {
       for (int ch = 0; ch < d; ++ch) {
         std::vector<std::pair<double, double>> items;  // (score, value)
         auto add = [&](int tok, int col) {
-          items.push_back({double(g[size_t(tok) * width + col]) + w.ape[size_t(tok % ratio) * width + col],
-                           a[size_t(tok) * width + col]});
+          items.push_back(
+              {double(g[size_t(tok) * width + col]) + w.ape[size_t(tok % ratio) * width + col],
+               a[size_t(tok) * width + col]});
         };
         if (ratio == 4 && blk > 0)
           for (int tok = (blk - 1) * 4; tok < blk * 4; ++tok) add(tok, ch);
-        for (int tok = blk * ratio; tok < (blk + 1) * ratio; ++tok) add(tok, ratio == 4 ? d + ch : ch);
+        for (int tok = blk * ratio; tok < (blk + 1) * ratio; ++tok)
+          add(tok, ratio == 4 ? d + ch : ch);
         double mx = -1e300, den = 0, num = 0;
         for (auto& [s, v] : items) mx = std::max(mx, s);
         for (auto& [s, v] : items) den += std::exp(s - mx), num += std::exp(s - mx) * v;
-        EXPECT_NEAR(pooled[ch], num / den, 1e-5 * (1 + std::fabs(num / den))) << ratio << " " << blk;
+        EXPECT_NEAR(pooled[ch], num / den, 1e-5 * (1 + std::fabs(num / den)))
+            << ratio << " " << blk;
       }
     }
   }

@@ -19,8 +19,8 @@ namespace dsv4::test {
 namespace {
 
 constexpr int kLen = 300;
-const std::vector<int> kLengths = {1,   2,   3,   4,   5,   6,   7,   8,   9,   126, 127,
-                                   128, 129, 130, 131, 255, 256, 257, 258, 300};
+const std::vector<int> kLengths = {1,   2,   3,   4,   5,   6,   7,   8,   9,   126,
+                                   127, 128, 129, 130, 131, 255, 256, 257, 258, 300};
 
 struct Preset {
   TempDir dir;
@@ -94,7 +94,8 @@ TEST_P(Parity, ChunkedPrefillEqualsTokenByToken) {
   for (size_t i = 0; i < kLengths.size(); ++i) {
     const int len = kLengths[i], chunk = chunks[i % 3];
     if (len <= chunk) continue;
-    EXPECT_EQ(p.first_diff(p.chunked(r, len, chunk)), -1) << len << " tokens in chunks of " << chunk;
+    EXPECT_EQ(p.first_diff(p.chunked(r, len, chunk)), -1)
+        << len << " tokens in chunks of " << chunk;
   }
   // Chunks of growing size put a chunk boundary at many residues mod 4 and mod 128.
   const int s = r.open_sequence();
@@ -123,7 +124,8 @@ TEST_P(Parity, BatchmatesDoNotMatter) {
     std::vector<StepInput> in{{a, {p.prompt[pa]}, true}};
     const int nb = std::min(37, kLen - pb), nc = pc < 9 ? 9 : 1;
     if (nb > 0) in.push_back({b, {other.begin() + pb, other.begin() + pb + nb}, false});
-    if (pc + nc <= kLen) in.push_back({c, {p.prompt.begin() + pc, p.prompt.begin() + pc + nc}, true});
+    if (pc + nc <= kLen)
+      in.push_back({c, {p.prompt.begin() + pc, p.prompt.begin() + pc + nc}, true});
     std::vector<float> l = r.step(in);
     la.insert(la.end(), l.begin(), l.begin() + V);
     if (pc + nc <= kLen) lc.insert(lc.end(), l.end() - size_t(nc) * V, l.end());
@@ -173,7 +175,7 @@ TEST_P(Parity, CacheFullIsAClearError) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("cache full"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(r.length(s), 0);  // nothing was run
+  EXPECT_EQ(r.length(s), 0);               // nothing was run
   EXPECT_THROW(r.open_sequence(), Error);  // one sequence slot only
   EXPECT_THROW(r.step({{s, {int32_t(p.lm.config.vocab_size)}, false}}), Error);
   EXPECT_THROW(r.step({{s, {}, false}}), Error);

@@ -26,7 +26,8 @@ class TinyPreset : public ::testing::TestWithParam<std::string> {};
 TEST_P(TinyPreset, MatchesGoldenGeometry) {
   const ModelConfig c = tiny_preset(GetParam());
   const std::string golden = golden_root();
-  if (golden.empty()) GTEST_SKIP() << "golden data not found: geometry compared to the golden config";
+  if (golden.empty())
+    GTEST_SKIP() << "golden data not found: geometry compared to the golden config";
   const ModelConfig g = load_model_config(golden + "/tiny-" + GetParam() + "/hf-mxfp4/config.json");
   EXPECT_EQ(c.vocab_size, g.vocab_size);
   EXPECT_EQ(c.dim, g.dim);

@@ -96,8 +96,8 @@ std::vector<int32_t> parse_ids(const std::string& text, const std::string& what)
   DSV4_CHECK(!text.empty(), what, " is empty");
   while (true) {
     const size_t comma = text.find(',', start);
-    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos
-                                                                          : comma - start);
+    const std::string item =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     const int64_t v = to_int(item, what);
     DSV4_CHECK(v >= 0 && v <= std::numeric_limits<int32_t>::max(), what, ": token id ", v,
                " is negative or too large");
@@ -121,8 +121,8 @@ std::vector<int32_t> read_id_file(const std::string& path) {
     size_t b = line.find_first_not_of(" \t");
     if (b == std::string::npos) continue;
     const int64_t v = to_int(line.substr(b), cat(path, ":", lineno));
-    DSV4_CHECK(v >= 0 && v <= std::numeric_limits<int32_t>::max(), path, ":", lineno,
-               ": token id ", v, " is negative or too large");
+    DSV4_CHECK(v >= 0 && v <= std::numeric_limits<int32_t>::max(), path, ":", lineno, ": token id ",
+               v, " is negative or too large");
     ids.push_back(static_cast<int32_t>(v));
   }
   DSV4_CHECK(!ids.empty(), path, ": no token ids");

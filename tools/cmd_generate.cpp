@@ -12,8 +12,9 @@
 namespace dsv4::cli {
 
 int cmd_generate(const Argv& argv) {
-  Args a(argv, {"--model", "--prompt-ids", "--max-new-tokens", "--temperature", "--seed",
-                "--backend", "--page-size"},
+  Args a(argv,
+         {"--model", "--prompt-ids", "--max-new-tokens", "--temperature", "--seed", "--backend",
+          "--page-size"},
          {"--ignore-eos"});
   const std::vector<int32_t> prompt = parse_ids(a.str("--prompt-ids"), "--prompt-ids");
   SamplingOptions s;

@@ -12,8 +12,9 @@
 namespace dsv4::cli {
 
 int cmd_logits(const Argv& argv) {
-  Args a(argv, {"--model", "--prompt-ids", "--prompt-file", "--prefill-chunk", "--backend",
-                "--out", "--page-size"},
+  Args a(argv,
+         {"--model", "--prompt-ids", "--prompt-file", "--prefill-chunk", "--backend", "--out",
+          "--page-size"},
          {});
   DSV4_CHECK(a.has("--prompt-ids") != a.has("--prompt-file"),
              "give exactly one of --prompt-ids and --prompt-file");

@@ -1,9 +1,9 @@
 // dsv4 make-tiny --preset flash|pro --format mxfp4|nvfp4 --seed S --out DIR
 #include <cstdio>
 
+#include "args.h"
 #include "commands.h"
 #include "core/error.h"
-#include "args.h"
 #include "io/tiny_checkpoint.h"
 
 namespace dsv4::cli {

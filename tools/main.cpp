@@ -23,7 +23,8 @@ const std::map<std::string, std::pair<Command, const char*>>& commands() {
 
 void usage() {
   std::fprintf(stderr, "usage: dsv4 <command> [flags]\ncommands:\n");
-  for (const auto& [name, c] : commands()) std::fprintf(stderr, "  %-12s %s\n", name.c_str(), c.second);
+  for (const auto& [name, c] : commands())
+    std::fprintf(stderr, "  %-12s %s\n", name.c_str(), c.second);
 }
 
 }  // namespace

@@ -48,7 +48,8 @@ inline double median_us(const std::function<void(int)>& run, int iters = 50, int
 // How many copies of an input of `bytes` make the rotation exceed the L2 (60 MB) twice over.
 inline int rotation_copies(size_t bytes) {
   const size_t l2x2 = 120ull << 20;
-  return int(std::max<size_t>(1, std::min<size_t>(64, (l2x2 + bytes - 1) / std::max<size_t>(bytes, 1))));
+  return int(
+      std::max<size_t>(1, std::min<size_t>(64, (l2x2 + bytes - 1) / std::max<size_t>(bytes, 1))));
 }
 
 inline std::string gpu_name() {

@@ -9,8 +9,22 @@
 namespace dsv4 {
 
 enum class DType : uint8_t {
-  kBool, kU8, kI8, kI16, kU16, kF16, kBF16, kI32, kU32, kF32, kF64, kI64, kU64,
-  kF8E4M3, kF8E5M2, kF8E8M0,
+  kBool,
+  kU8,
+  kI8,
+  kI16,
+  kU16,
+  kF16,
+  kBF16,
+  kI32,
+  kU32,
+  kF32,
+  kF64,
+  kI64,
+  kU64,
+  kF8E4M3,
+  kF8E5M2,
+  kF8E8M0,
 };
 
 // Bytes per element.

@@ -21,7 +21,7 @@ std::string cat(Args&&... args) {
 }  // namespace dsv4
 
 // Throws dsv4::Error with the concatenated message when `cond` is false.
-#define DSV4_CHECK(cond, ...)                                      \
-  do {                                                             \
-    if (!(cond)) throw ::dsv4::Error(::dsv4::cat(__VA_ARGS__));    \
+#define DSV4_CHECK(cond, ...)                                   \
+  do {                                                          \
+    if (!(cond)) throw ::dsv4::Error(::dsv4::cat(__VA_ARGS__)); \
   } while (0)

@@ -34,7 +34,10 @@ int round_to_table(float a, const float* mags, int n) {
   int lo = 0, hi = n - 1;  // mags[lo] <= a < mags[hi]
   while (hi - lo > 1) {
     int mid = (lo + hi) / 2;
-    if (mags[mid] <= a) lo = mid; else hi = mid;
+    if (mags[mid] <= a)
+      lo = mid;
+    else
+      hi = mid;
   }
   // Midpoints of adjacent values are exact in float (one more bit is enough).
   float m = 0.5f * (mags[lo] + mags[hi]);
@@ -43,10 +46,11 @@ int round_to_table(float a, const float* mags, int n) {
   return (lo % 2 == 0) ? lo : hi;
 }
 
-
 }  // namespace
 
-float e4m3_to_float(uint8_t code) { return kE4m3Table[code]; }
+float e4m3_to_float(uint8_t code) {
+  return kE4m3Table[code];
+}
 
 uint8_t float_to_e4m3(float x) {
   if (std::isnan(x)) return 0x7f;

@@ -30,7 +30,9 @@ inline bf16_t float_to_bf16(float f) {
 }
 
 // Rounds a float to the nearest BF16 value and returns it as float.
-inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+inline float round_bf16(float f) {
+  return bf16_to_float(float_to_bf16(f));
+}
 
 // ---- FP8 e4m3fn ------------------------------------------------------------------------
 constexpr float kE4m3Max = 448.0f;
@@ -53,8 +55,12 @@ float e2m1_to_float(uint8_t code);
 uint8_t float_to_e2m1(float x);
 
 // Packed pairs: element 2k in the low nibble, 2k+1 in the high nibble.
-inline uint8_t e2m1_low(uint8_t byte) { return byte & 0x0f; }
-inline uint8_t e2m1_high(uint8_t byte) { return byte >> 4; }
+inline uint8_t e2m1_low(uint8_t byte) {
+  return byte & 0x0f;
+}
+inline uint8_t e2m1_high(uint8_t byte) {
+  return byte >> 4;
+}
 inline uint8_t e2m1_pack(uint8_t lo, uint8_t hi) {
   return static_cast<uint8_t>((lo & 0x0f) | (hi << 4));
 }

@@ -24,8 +24,7 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
     } catch (const nlohmann::json::exception& e) {
       throw Error(cat(index_path.string(), ": not valid JSON: ", e.what()));
     }
-    DSV4_CHECK(index.is_object() && index.contains("weight_map") &&
-                   index["weight_map"].is_object(),
+    DSV4_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
                index_path.string(), ": missing object 'weight_map'");
     std::map<std::string, std::vector<std::string>> by_file;
     for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {

@@ -115,10 +115,14 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   c.moe_inter_dim = r.i32("moe_intermediate_size");
   c.n_hash_layers = r.i32("num_hash_layers");
   const std::string sf = r.str("scoring_func");
-  if (sf == "sqrtsoftplus") c.score_func = ScoreFunc::kSqrtSoftplus;
-  else if (sf == "softmax") c.score_func = ScoreFunc::kSoftmax;
-  else if (sf == "sigmoid") c.score_func = ScoreFunc::kSigmoid;
-  else throw Error(cat(origin, ": unsupported scoring_func '", sf, "'"));
+  if (sf == "sqrtsoftplus")
+    c.score_func = ScoreFunc::kSqrtSoftplus;
+  else if (sf == "softmax")
+    c.score_func = ScoreFunc::kSoftmax;
+  else if (sf == "sigmoid")
+    c.score_func = ScoreFunc::kSigmoid;
+  else
+    throw Error(cat(origin, ": unsupported scoring_func '", sf, "'"));
   if (j.contains("topk_method")) {
     std::string tm = r.str("topk_method");
     DSV4_CHECK(tm == "noaux_tc", origin, ": unsupported topk_method '", tm, "' (noaux_tc)");
@@ -220,8 +224,10 @@ std::string model_config_to_json(const ModelConfig& c) {
   j["max_position_embeddings"] = c.max_position_embeddings;
   j["tie_word_embeddings"] = false;
   j["torch_dtype"] = "bfloat16";
-  nlohmann::ordered_json q = {{"activation_scheme", "dynamic"}, {"fmt", "e4m3"},
-                              {"quant_method", "fp8"},         {"scale_fmt", "ue8m0"},
+  nlohmann::ordered_json q = {{"activation_scheme", "dynamic"},
+                              {"fmt", "e4m3"},
+                              {"quant_method", "fp8"},
+                              {"scale_fmt", "ue8m0"},
                               {"weight_block_size", {128, 128}}};
   if (!c.moe_quant_algo.empty()) q["moe_quant_algo"] = c.moe_quant_algo;
   j["quantization_config"] = q;

@@ -42,11 +42,10 @@ QuantScheme QuantScheme::load(const std::string& dir, const ModelConfig& config)
       const std::string algo = v["quant_algo"].get<std::string>();
       DSV4_CHECK(std::regex_match(module, expert_re), p, ": module '", module, "' is quantised as ",
                  algo, "; only routed experts may use a ModelOpt format");
-      DSV4_CHECK(algo == "NVFP4", p, ": module '", module, "' uses unsupported quant_algo '",
-                 algo, "' (NVFP4 supported)");
+      DSV4_CHECK(algo == "NVFP4", p, ": module '", module, "' uses unsupported quant_algo '", algo,
+                 "' (NVFP4 supported)");
       if (v.contains("group_size"))
-        DSV4_CHECK(v["group_size"] == 16, p, ": module '", module,
-                   "' NVFP4 group_size must be 16");
+        DSV4_CHECK(v["group_size"] == 16, p, ": module '", module, "' NVFP4 group_size must be 16");
       q.per_module_[module] = ExpertFormat::kNvfp4;
     }
   } else {

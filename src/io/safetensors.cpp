@@ -109,9 +109,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
     DSV4_CHECK(v.is_object(), where(), ": entry is not an object");
     DSV4_CHECK(v.contains("dtype") && v["dtype"].is_string(), where(), ": missing dtype");
     DSV4_CHECK(v.contains("shape") && v["shape"].is_array(), where(), ": missing shape");
-    DSV4_CHECK(v.contains("data_offsets") && v["data_offsets"].is_array() &&
-                   v["data_offsets"].size() == 2,
-               where(), ": missing or malformed data_offsets");
+    DSV4_CHECK(
+        v.contains("data_offsets") && v["data_offsets"].is_array() && v["data_offsets"].size() == 2,
+        where(), ": missing or malformed data_offsets");
     const std::string dt = v["dtype"].get<std::string>();
     auto dtype = dtype_from_name(dt);
     DSV4_CHECK(dtype.has_value(), where(), ": unsupported dtype '", dt, "'");
@@ -128,9 +128,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
                ": data_offsets are not non-negative integers");
     uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
     DSV4_CHECK(b <= e, where(), ": data_offsets [", b, ", ", e, "] are reversed");
-    DSV4_CHECK(e <= data_len, where(), ": data [", b, ", ", e,
-               ") runs past the end of the file (", data_len,
-               " data bytes): truncated or corrupt file");
+    DSV4_CHECK(e <= data_len, where(), ": data [", b, ", ", e, ") runs past the end of the file (",
+               data_len, " data bytes): truncated or corrupt file");
     int64_t numel = checked_numel(t.shape);
     DSV4_CHECK(numel >= 0, where(), ": shape ", shape_str(t.shape), " overflows");
     uint64_t expect = static_cast<uint64_t>(numel) * dtype_size(t.dtype);
@@ -151,8 +150,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
     const auto& prev = ranges[order[i - 1]];
     const auto& cur = ranges[order[i]];
     DSV4_CHECK(cur.first >= prev.second || cur.first == cur.second || prev.first == prev.second,
-               path, ": tensors '", *range_names[order[i - 1]], "' and '",
-               *range_names[order[i]], "' overlap");
+               path, ": tensors '", *range_names[order[i - 1]], "' and '", *range_names[order[i]],
+               "' overlap");
   }
 }
 
@@ -207,8 +206,8 @@ void SafetensorsWriter::write(const std::string& path) const {
     os.flush();
     DSV4_CHECK(os.good(), tmp, ": write failed");
   }
-  DSV4_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, path, ": cannot rename from ", tmp,
-             ": ", std::strerror(errno));
+  DSV4_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, path, ": cannot rename from ", tmp, ": ",
+             std::strerror(errno));
 }
 
 }  // namespace dsv4

@@ -52,8 +52,8 @@ class SafetensorsFile {
 // Collects tensors and writes one safetensors file (header padded to 8 bytes).
 class SafetensorsWriter {
  public:
-  void add(const std::string& name, DType dtype, std::vector<int64_t> shape,
-           const void* data, size_t nbytes);
+  void add(const std::string& name, DType dtype, std::vector<int64_t> shape, const void* data,
+           size_t nbytes);
   template <typename T>
   void add(const std::string& name, DType dtype, std::vector<int64_t> shape,
            const std::vector<T>& v) {

@@ -22,7 +22,9 @@ struct TensorView {
     return n;
   }
   template <typename T>
-  const T* as() const { return reinterpret_cast<const T*>(data); }
+  const T* as() const {
+    return reinterpret_cast<const T*>(data);
+  }
 };
 
 // "[a, b, c]"

@@ -1,11 +1,11 @@
 #include "io/tiny_checkpoint.h"
 
 #include <algorithm>
-#include <cstring>
-#include <map>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -29,7 +29,8 @@ constexpr float kNvfp4InputAmax = 8.0f;
 
 class Writer {
  public:
-  Writer(uint64_t seed, ExpertFormat fmt, const TinyInit& init) : rng_(seed), fmt_(fmt), init_(init) {}
+  Writer(uint64_t seed, ExpertFormat fmt, const TinyInit& init)
+      : rng_(seed), fmt_(fmt), init_(init) {}
 
   std::vector<float> gaussian(size_t n, double std) {
     std::vector<float> v(n);
@@ -54,7 +55,8 @@ class Writer {
   }
   // Normal weights with std gain / sqrt(fan_in), in FP8 with 128x128 UE8M0 scales.
   void fp8_linear(const std::string& name, int out, int in, double gain) {
-    const Fp8Weight q = quantize_fp8_weight(gaussian(size_t(out) * in, gain / std::sqrt(in)), out, in);
+    const Fp8Weight q =
+        quantize_fp8_weight(gaussian(size_t(out) * in, gain / std::sqrt(in)), out, in);
     raw(name + ".weight", DType::kF8E4M3, {out, in}, q.codes);
     raw(name + ".scale", DType::kF8E8M0, {(out + 127) / 128, (in + 127) / 128}, q.scales);
   }
@@ -70,7 +72,8 @@ class Writer {
   void expert(const std::string& p, int dim, int inter) {
     std::vector<float> w1 = gaussian(size_t(inter) * dim, init_.expert_in / std::sqrt(dim));
     std::vector<float> w3 = gaussian(size_t(inter) * dim, init_.expert_in / std::sqrt(dim));
-    std::vector<float> w2 = gaussian(size_t(dim) * inter, kRho * init_.routed_out_coef / std::sqrt(inter));
+    std::vector<float> w2 =
+        gaussian(size_t(dim) * inter, kRho * init_.routed_out_coef / std::sqrt(inter));
     if (fmt_ == ExpertFormat::kMxfp4) {
       auto put = [&](const std::string& n, const std::vector<float>& w, int out, int in) {
         const Mxfp4Weight q = quantize_mxfp4_weight(w, out, in);

@@ -48,9 +48,9 @@ struct Angles {
 // Runs the compressor of one chunk: per token, store its rows; at each block end pool,
 // post-process and hand the entry (BF16 values, d wide) to `emit(entry_index, values)`.
 template <typename Emit>
-void run_compressor(const CompressorWeights& w, const CompressorStateLayout& layout,
-                    float* state, const RopeTable& rope, float eps, const float* x, int dim,
-                    const ChunkRef& ch, Emit emit) {
+void run_compressor(const CompressorWeights& w, const CompressorStateLayout& layout, float* state,
+                    const RopeTable& rope, float eps, const float* x, int dim, const ChunkRef& ch,
+                    Emit emit) {
   const int n = ch.n, width = layout.width();
   std::vector<float> a(size_t(n) * width), g(size_t(n) * width);
   linear(w.wkv, x, n, a.data());
@@ -109,8 +109,8 @@ void CpuModel::attention(const BlockWeights& bw, const ChunkRef& ch, int chunk_i
   rms_norm_bf16_weightless(q.data(), n * H, D, c.norm_eps);
   for (int t = 0; t < n; ++t)
     for (int h = 0; h < H; ++h)
-      rope_apply(q.data() + (size_t(t) * H + h) * D + NOPE, R, ang[t].cos.data(),
-                 ang[t].sin.data(), false);
+      rope_apply(q.data() + (size_t(t) * H + h) * D + NOPE, R, ang[t].cos.data(), ang[t].sin.data(),
+                 false);
 
   // Window KV of the chunk: kv_norm(wkv x) -> RoPE -> FP8 entry. Attention reads the decoded
   // entry, i.e. exactly what the cache holds.
@@ -130,8 +130,8 @@ void CpuModel::attention(const BlockWeights& bw, const ChunkRef& ch, int chunk_i
   // sees a block that completes at its own position.
   if (a.compressor) {
     float* st = cache.main_state(b, seq.state_slot);
-    run_compressor(*a.compressor, cache.main_state_layout(b), st, a.rope, c.norm_eps, x, c.dim,
-                   ch, [&](int64_t i, const float* entry) {
+    run_compressor(*a.compressor, cache.main_state_layout(b), st, a.rope, c.norm_eps, x, c.dim, ch,
+                   [&](int64_t i, const float* entry) {
                      EntryRef r = cache.compressed(b, seq, i);
                      encode_kv_entry(kvl, entry, r.data, r.scales);
                    });
@@ -221,7 +221,8 @@ void CpuModel::attention(const BlockWeights& bw, const ChunkRef& ch, int chunk_i
     keys.assign(W, nullptr);
     const int64_t lo = std::max<int64_t>(0, p - W + 1);
     for (int64_t j = lo; j <= p; ++j)
-      keys[j - lo] = j >= P0 ? kvq.data() + size_t(j - P0) * D : ring.data() + size_t(j - ring_lo) * D;
+      keys[j - lo] =
+          j >= P0 ? kvq.data() + size_t(j - P0) * D : ring.data() + size_t(j - ring_lo) * D;
     if (ratio == 128) {
       for (int64_t i = 0; i < (p + 1) / ratio; ++i) keys.push_back(comp_key(i));
     } else if (ratio == 4) {
@@ -238,7 +239,8 @@ void CpuModel::attention(const BlockWeights& bw, const ChunkRef& ch, int chunk_i
   std::vector<float> z(size_t(n) * G * OL), zg(size_t(n) * OL), og(size_t(n) * in_g);
   for (int g = 0; g < G; ++g) {
     for (int t = 0; t < n; ++t)
-      std::copy_n(o.data() + size_t(t) * H * D + size_t(g) * in_g, in_g, og.data() + size_t(t) * in_g);
+      std::copy_n(o.data() + size_t(t) * H * D + size_t(g) * in_g, in_g,
+                  og.data() + size_t(t) * in_g);
     linear(a.wo_a[g], og.data(), n, zg.data());
     for (int t = 0; t < n; ++t)
       std::copy_n(zg.data() + size_t(t) * OL, OL, z.data() + size_t(t) * G * OL + size_t(g) * OL);

@@ -64,8 +64,8 @@ class CpuModel {
                                  TraceSink* trace = nullptr) const;
 
  private:
-  void attention(const cpu::BlockWeights& bw, const ChunkRef& ch, int chunk_index,
-                 const float* x, float* out, HostCache& cache, TraceSink* trace) const;
+  void attention(const cpu::BlockWeights& bw, const ChunkRef& ch, int chunk_index, const float* x,
+                 float* out, HostCache& cache, TraceSink* trace) const;
   void head_logits(const cpu::HcWeights& hc, const std::vector<float>& norm, const float* streams,
                    int n, float* out) const;
 

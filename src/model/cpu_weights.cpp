@@ -14,15 +14,17 @@ Linear fp8_linear(const Fp8Ref& r) {
 }
 
 Linear fp4_linear(const Fp4Ref& r) {
-  return Linear::from_rows(LinearKind::kFp4, int(r.weight->shape[0]),
-                           int(r.weight->shape[1] * 2), dequant_fp4(r));
+  return Linear::from_rows(LinearKind::kFp4, int(r.weight->shape[0]), int(r.weight->shape[1] * 2),
+                           dequant_fp4(r));
 }
 
 Linear plain_linear(LinearKind kind, const TensorView& t) {
   return Linear::from_rows(kind, int(t.shape[0]), int(t.shape[1]), to_float(t));
 }
 
-HcWeights hc(const HcRef& r) { return {to_float(*r.fn), to_float(*r.base), to_float(*r.scale)}; }
+HcWeights hc(const HcRef& r) {
+  return {to_float(*r.fn), to_float(*r.base), to_float(*r.scale)};
+}
 
 CompressorWeights compressor(const CompressorRef& r, int ratio, int d, bool rotate) {
   CompressorWeights c;
@@ -73,7 +75,8 @@ ModelWeights prepare_weights(const ModelConfig& c, const WeightsRef& ref) {
     a.q_norm = to_float(*br.attn.q_norm);
     a.kv_norm = to_float(*br.attn.kv_norm);
     a.sink = to_float(*br.attn.attn_sink);
-    if (br.attn.compressor) a.compressor = compressor(*br.attn.compressor, b.ratio, c.head_dim, false);
+    if (br.attn.compressor)
+      a.compressor = compressor(*br.attn.compressor, b.ratio, c.head_dim, false);
     if (br.attn.indexer) {
       IndexerWeights ix;
       ix.wq_b = fp8_linear(br.attn.indexer->wq_b);
@@ -96,7 +99,8 @@ ModelWeights prepare_weights(const ModelConfig& c, const WeightsRef& ref) {
       f.tid2eid.resize(size_t(t.numel()));
       for (size_t i = 0; i < f.tid2eid.size(); ++i) {
         int64_t v;
-        if (t.dtype == DType::kI64) std::memcpy(&v, t.data + 8 * i, 8);
+        if (t.dtype == DType::kI64)
+          std::memcpy(&v, t.data + 8 * i, 8);
         else {
           int32_t v32;
           std::memcpy(&v32, t.data + 4 * i, 4);

@@ -28,7 +28,8 @@ void ModelConfig::validate() const {
   DSV4_CHECK((o_groups * o_lora_rank) % 128 == 0, "o_groups*o_lora_rank must be a multiple of 128");
   DSV4_CHECK(rope_head_dim > 0 && rope_head_dim % 2 == 0 && rope_head_dim < head_dim,
              "qk_rope_head_dim must be even and smaller than head_dim");
-  DSV4_CHECK(nope_head_dim() % 64 == 0, "head_dim - qk_rope_head_dim must be a multiple of 64 "
+  DSV4_CHECK(nope_head_dim() % 64 == 0,
+             "head_dim - qk_rope_head_dim must be a multiple of 64 "
              "(FP8 KV scale blocks)");
   DSV4_CHECK(n_heads % o_groups == 0, "num_attention_heads must be divisible by o_groups");
   DSV4_CHECK(static_cast<int>(compress_ratios.size()) == n_layers + n_mtp_layers,

@@ -14,7 +14,9 @@ std::string block_prefix(const ModelConfig& c, int block) {
 
 namespace {
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 // Looks tensors up by expected name, dtype and shape and records every deviation.
 class Binder {
@@ -34,8 +36,8 @@ class Binder {
     if (!dtype_ok || t.shape != shape) {
       std::string want;
       for (DType d : dtypes) want += (want.empty() ? "" : "|") + std::string(dtype_name(d));
-      wrong_.push_back(cat(name, ": ", dtype_name(t.dtype), " ", shape_str(t.shape),
-                           ", expected ", want, " ", shape_str(shape)));
+      wrong_.push_back(cat(name, ": ", dtype_name(t.dtype), " ", shape_str(t.shape), ", expected ",
+                           want, " ", shape_str(shape)));
       return nullptr;
     }
     return &t;
@@ -154,9 +156,7 @@ WeightsRef bind_weights(const Checkpoint& ckpt, const ModelConfig& c, const Quan
       m.bias = b.get(p + "ffn.gate.bias", {DType::kF32}, {E});
     for (int e = 0; e < E; ++e) {
       const std::string ep = cat(p, "ffn.experts.", e, ".");
-      auto fmt = [&](const char* proj) {
-        return scheme.expert_format(ep + proj);
-      };
+      auto fmt = [&](const char* proj) { return scheme.expert_format(ep + proj); };
       ExpertRef x;
       x.w1 = b.fp4(ep + "w1", inter, dim, fmt("w1"));
       x.w2 = b.fp4(ep + "w2", dim, inter, fmt("w2"));

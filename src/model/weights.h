@@ -20,10 +20,10 @@ struct Fp8Ref {
 // Routed-expert projection in FP4 e2m1, packed two per byte along `in`.
 struct Fp4Ref {
   ExpertFormat format = ExpertFormat::kMxfp4;
-  const TensorView* weight = nullptr;        // I8/U8 [out, in/2]
-  const TensorView* scale = nullptr;         // MXFP4: E8M0 [out, in/32]; NVFP4: E4M3 [out, in/16]
-  const TensorView* scale_2 = nullptr;       // NVFP4: F32 [] global scale
-  const TensorView* input_scale = nullptr;   // NVFP4: F32 [] (FP4-activation kernels only)
+  const TensorView* weight = nullptr;       // I8/U8 [out, in/2]
+  const TensorView* scale = nullptr;        // MXFP4: E8M0 [out, in/32]; NVFP4: E4M3 [out, in/16]
+  const TensorView* scale_2 = nullptr;      // NVFP4: F32 [] global scale
+  const TensorView* input_scale = nullptr;  // NVFP4: F32 [] (FP4-activation kernels only)
 };
 
 struct HcRef {
@@ -89,7 +89,7 @@ struct WeightsRef {
   const TensorView* head = nullptr;   // BF16 [vocab, dim]
   const TensorView* norm = nullptr;   // BF16 [dim]
   HcRef hc_head;
-  std::vector<BlockRef> blocks;       // n_layers decoder blocks, then n_mtp_layers MTP blocks
+  std::vector<BlockRef> blocks;  // n_layers decoder blocks, then n_mtp_layers MTP blocks
 };
 
 // Checks the checkpoint's inventory against the config (every expected tensor present with

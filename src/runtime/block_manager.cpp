@@ -8,9 +8,12 @@ namespace dsv4 {
 
 std::string page_kind_name(PageKind k) {
   switch (k) {
-    case PageKind::kWindow: return "sliding-window KV";
-    case PageKind::kC4: return "C4 compressed KV / indexer keys";
-    case PageKind::kC128: return "C128 compressed KV";
+    case PageKind::kWindow:
+      return "sliding-window KV";
+    case PageKind::kC4:
+      return "C4 compressed KV / indexer keys";
+    case PageKind::kC128:
+      return "C128 compressed KV";
   }
   return "?";
 }
@@ -46,9 +49,12 @@ BlockManager::BlockManager(const ModelConfig& model, const CacheConfig& config)
 
 int64_t BlockManager::entries_needed(PageKind k, int64_t tokens) const {
   switch (k) {
-    case PageKind::kWindow: return window_size_;
-    case PageKind::kC4: return has_c4_ ? tokens / 4 : 0;
-    case PageKind::kC128: return has_c128_ ? tokens / 128 : 0;
+    case PageKind::kWindow:
+      return window_size_;
+    case PageKind::kC4:
+      return has_c4_ ? tokens / 4 : 0;
+    case PageKind::kC128:
+      return has_c128_ ? tokens / 128 : 0;
   }
   return 0;
 }
@@ -68,12 +74,14 @@ SequenceCache BlockManager::begin_sequence() {
   DSV4_CHECK(!free_slots_.empty(), "cache full: all ", config_.max_seqs,
              " sequence slots are in use");
   const int64_t need = pages_needed(PageKind::kWindow, 0);
-  DSV4_CHECK(free_pages(PageKind::kWindow) >= need, "cache full: ", page_kind_name(PageKind::kWindow),
-             " store needs ", need, " pages, ", free_pages(PageKind::kWindow), " free");
+  DSV4_CHECK(free_pages(PageKind::kWindow) >= need,
+             "cache full: ", page_kind_name(PageKind::kWindow), " store needs ", need, " pages, ",
+             free_pages(PageKind::kWindow), " free");
   SequenceCache s;
   s.state_slot = free_slots_.back();
   free_slots_.pop_back();
-  for (int64_t i = 0; i < need; ++i) s.pages[int(PageKind::kWindow)].push_back(take(PageKind::kWindow));
+  for (int64_t i = 0; i < need; ++i)
+    s.pages[int(PageKind::kWindow)].push_back(take(PageKind::kWindow));
   return s;
 }
 

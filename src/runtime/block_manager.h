@@ -20,8 +20,8 @@ enum class PageKind { kWindow = 0, kC4 = 1, kC128 = 2 };
 constexpr int kNumPageKinds = 3;
 
 struct CacheConfig {
-  int page_size = 64;   // entries per page, every paged store
-  int max_seqs = 4;     // compressor-state slots = sequences alive at once
+  int page_size = 64;  // entries per page, every paged store
+  int max_seqs = 4;    // compressor-state slots = sequences alive at once
   int pages[kNumPageKinds] = {0, 0, 0};
 
   // Enough pages for `max_seqs` sequences of up to `max_tokens` tokens each.

@@ -36,8 +36,7 @@ std::vector<float> read_window(HostCache& c, int block, const SequenceCache& s) 
   return v;
 }
 
-std::vector<float> read_compressed(HostCache& c, int block, const SequenceCache& s,
-                                   int64_t count) {
+std::vector<float> read_compressed(HostCache& c, int block, const SequenceCache& s, int64_t count) {
   const KvEntryLayout& l = c.kv_layout();
   const int D = l.nope_dim + l.rope_dim;
   std::vector<float> v(size_t(count) * D);
@@ -48,8 +47,7 @@ std::vector<float> read_compressed(HostCache& c, int block, const SequenceCache&
   return v;
 }
 
-std::vector<float> read_index_keys(HostCache& c, int block, const SequenceCache& s,
-                                   int64_t count) {
+std::vector<float> read_index_keys(HostCache& c, int block, const SequenceCache& s, int64_t count) {
   const IndexKeyLayout& l = c.index_layout();
   std::vector<float> v(size_t(count) * l.dim);
   for (int64_t i = 0; i < count; ++i) {
@@ -80,8 +78,8 @@ void write_index_keys(HostCache& c, int block, const SequenceCache& s, const flo
                       int64_t count) {
   const IndexKeyLayout& l = c.index_layout();
   for (int64_t i = 0; i < count; ++i)
-    put_exact(l, l.dim, c.index_key(block, s, i), values + size_t(i) * l.dim,
-              cpu::encode_index_key, cpu::decode_index_key, "indexer key", i);
+    put_exact(l, l.dim, c.index_key(block, s, i), values + size_t(i) * l.dim, cpu::encode_index_key,
+              cpu::decode_index_key, "indexer key", i);
 }
 
 }  // namespace dsv4

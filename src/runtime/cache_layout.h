@@ -19,7 +19,9 @@
 
 namespace dsv4 {
 
-constexpr int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+constexpr int64_t round_up(int64_t v, int64_t m) {
+  return (v + m - 1) / m * m;
+}
 
 struct KvEntryLayout {
   int nope_dim = 448;

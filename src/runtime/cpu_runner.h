@@ -15,9 +15,9 @@
 namespace dsv4 {
 
 struct StepInput {
-  int seq = -1;                  // from open_sequence()
-  std::vector<int32_t> tokens;   // appended at the sequence's next positions
-  bool all_logits = false;       // logits for every token, else for the last one
+  int seq = -1;                 // from open_sequence()
+  std::vector<int32_t> tokens;  // appended at the sequence's next positions
+  bool all_logits = false;      // logits for every token, else for the last one
 };
 
 class CpuRunner {

@@ -43,7 +43,9 @@ CompressorStateLayout HostCache::main_state_layout(int block) const {
   return {model_.ratio(block), model_.head_dim};
 }
 
-CompressorStateLayout HostCache::index_state_layout() const { return {4, ix_.dim}; }
+CompressorStateLayout HostCache::index_state_layout() const {
+  return {4, ix_.dim};
+}
 
 EntryRef HostCache::window_slot(int block, const SequenceCache& s, int64_t pos) {
   const int64_t slot = pos % model_.window_size;

@@ -25,8 +25,10 @@ TEST_F(CudaFormats, DecodeEveryCode) {
   cuda::decode_all_codes(e4m3, e2m1);
   for (int c = 0; c < 256; ++c) {
     const float cpu = e4m3_to_float(uint8_t(c));
-    if (std::isnan(cpu)) EXPECT_TRUE(std::isnan(e4m3[c])) << c;
-    else EXPECT_EQ(e4m3[c], cpu) << "e4m3 code " << c;
+    if (std::isnan(cpu))
+      EXPECT_TRUE(std::isnan(e4m3[c])) << c;
+    else
+      EXPECT_EQ(e4m3[c], cpu) << "e4m3 code " << c;
   }
   for (int c = 0; c < 16; ++c) EXPECT_EQ(e2m1[c], e2m1_to_float(uint8_t(c))) << "e2m1 code " << c;
 }
@@ -40,7 +42,8 @@ TEST_F(CudaFormats, EncodeMatchesCpu) {
     x.insert(x.end(), {v, -v, 0.5f * (v + w), -0.5f * (v + w)});
   }
   std::uniform_real_distribution<float> u(-500.f, 500.f);
-  for (int i = 0; i < 100000; ++i) x.push_back(u(rng) * std::pow(2.0f, float(int(rng() % 20) - 10)));
+  for (int i = 0; i < 100000; ++i)
+    x.push_back(u(rng) * std::pow(2.0f, float(int(rng() % 20) - 10)));
   std::vector<uint8_t> e4m3;
   std::vector<uint16_t> bf16;
   cuda::encode_on_device(x, e4m3, bf16);

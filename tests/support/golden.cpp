@@ -17,8 +17,10 @@ namespace dsv4::test {
 
 std::string golden_root() {
   std::string dir;
-  if (const char* env = std::getenv("DSV4_GOLDEN_DIR"); env && *env) dir = env;
-  else dir = std::string(DSV4_SOURCE_DIR) + "/../shared/golden";
+  if (const char* env = std::getenv("DSV4_GOLDEN_DIR"); env && *env)
+    dir = env;
+  else
+    dir = std::string(DSV4_SOURCE_DIR) + "/../shared/golden";
   return fs::is_directory(dir) ? fs::canonical(dir).string() : std::string();
 }
 
@@ -38,16 +40,21 @@ GoldenSet::GoldenSet(const std::string& n) : name(n), dir(golden_root() + "/" + 
   layers = std::make_unique<SafetensorsFile>(dir + "/golden_layers.safetensors");
   std::ifstream is(dir + "/manifest.json");
   manifest = nlohmann::json::parse(is);
-  for (const auto& v : manifest["cases"]["master_prompt"]) master_prompt.push_back(v.get<int32_t>());
+  for (const auto& v : manifest["cases"]["master_prompt"])
+    master_prompt.push_back(v.get<int32_t>());
   for (const auto& p : manifest["cases"]["batch_prompts"]) {
     batch_prompts.emplace_back();
     for (const auto& v : p) batch_prompts.back().push_back(v.get<int32_t>());
   }
 }
 
-std::string GoldenSet::checkpoint(const std::string& fmt) const { return dir + "/hf-" + fmt; }
+std::string GoldenSet::checkpoint(const std::string& fmt) const {
+  return dir + "/hf-" + fmt;
+}
 
-bool GoldenSet::has(const std::string& t) const { return logits->contains(t) || layers->contains(t); }
+bool GoldenSet::has(const std::string& t) const {
+  return logits->contains(t) || layers->contains(t);
+}
 
 const TensorView& GoldenSet::get(const std::string& t) const {
   if (logits->contains(t)) return logits->get(t);
@@ -73,7 +80,8 @@ std::vector<float> to_floats(const TensorView& t) {
 std::vector<int64_t> to_ints(const TensorView& t) {
   std::vector<int64_t> v(size_t(t.numel()));
   for (size_t i = 0; i < v.size(); ++i) {
-    if (t.dtype == DType::kI64) std::memcpy(&v[i], t.data + 8 * i, 8);
+    if (t.dtype == DType::kI64)
+      std::memcpy(&v[i], t.data + 8 * i, 8);
     else if (t.dtype == DType::kI32) {
       int32_t x;
       std::memcpy(&x, t.data + 4 * i, 4);
@@ -150,8 +158,8 @@ LogitStats logit_stats(const float* a, const float* b, size_t rows, size_t V) {
 std::string to_string(const LogitStats& s) {
   std::ostringstream os;
   os.precision(7);
-  os << "rows " << s.rows << ", min cos " << s.min_cos << ", mean cos " << s.mean_cos
-     << ", max|d| " << s.max_abs << ", argmax " << s.argmax_agree * 100 << "%";
+  os << "rows " << s.rows << ", min cos " << s.min_cos << ", mean cos " << s.mean_cos << ", max|d| "
+     << s.max_abs << ", argmax " << s.argmax_agree * 100 << "%";
   return os.str();
 }
 

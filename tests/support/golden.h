@@ -35,13 +35,13 @@ struct GoldenSet {
   const TensorView& get(const std::string& tensor) const;
 };
 
-std::vector<float> to_floats(const TensorView& t);     // BF16 / F32
-std::vector<int64_t> to_ints(const TensorView& t);     // I64 / I32
+std::vector<float> to_floats(const TensorView& t);  // BF16 / F32
+std::vector<int64_t> to_ints(const TensorView& t);  // I64 / I32
 
 struct Diff {
-  double rel_l2 = 0;        // |a-b| / |b|
-  double frac_equal = 0;    // bitwise-equal values
-  double frac_1ulp = 0;     // within one BF16 ulp of b
+  double rel_l2 = 0;      // |a-b| / |b|
+  double frac_equal = 0;  // bitwise-equal values
+  double frac_1ulp = 0;   // within one BF16 ulp of b
   double max_abs = 0;
   size_t n = 0;
 };
@@ -68,7 +68,10 @@ class RecordingTrace : public TraceSink {
             const std::vector<int64_t>& shape) override;
   const std::vector<float>& f(int block, int chunk, const std::string& name) const;
   const std::vector<int32_t>& i(int block, int chunk, const std::string& name) const;
-  void clear() { floats_.clear(); ints_.clear(); }
+  void clear() {
+    floats_.clear();
+    ints_.clear();
+  }
 
  private:
   std::map<std::tuple<int, int, std::string>, std::vector<float>> floats_;

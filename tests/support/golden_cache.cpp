@@ -35,8 +35,8 @@ void load_state(const GoldenSet& g, const std::string& base, HostCache& cache, i
   const std::vector<float> kv = to_floats(g.get(base + ".kv_state"));
   const std::vector<float> sc = to_floats(g.get(base + ".score_state"));
   const size_t n = size_t(golden_rows(l, tokens)) * l.width();
-  DSV4_CHECK(kv.size() == n && sc.size() == n, base, ": state has ", kv.size(), " values, expected ",
-             n);
+  DSV4_CHECK(kv.size() == n && sc.size() == n, base, ": state has ", kv.size(),
+             " values, expected ", n);
   std::copy(kv.begin(), kv.end(), st + l.kv_offset(0));
   std::copy(sc.begin(), sc.end(), st + l.score_offset(0));
 }

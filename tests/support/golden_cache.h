@@ -18,7 +18,6 @@ void load_golden_caches(const GoldenSet& g, const std::string& prefix, const Mod
 // The fp32 state rows a golden tensor holds: C4 [rows, width] whole; C128 the `t % 128`
 // valid rows only.
 std::vector<float> state_kv(HostCache& cache, int block, bool indexer, int slot, int64_t tokens);
-std::vector<float> state_score(HostCache& cache, int block, bool indexer, int slot,
-                               int64_t tokens);
+std::vector<float> state_score(HostCache& cache, int block, bool indexer, int slot, int64_t tokens);
 
 }  // namespace dsv4::test

@@ -9,7 +9,6 @@
 
 namespace dsv4::cpu {
 
-
 void sparse_attention(const SparseAttnParams& p, const float* q, const float* const* keys,
                       int num_keys, float* out) {
   const int D = p.head_dim;

@@ -30,8 +30,7 @@ void decode_kv_entry(const KvEntryLayout& l, const uint8_t* data, const uint8_t*
   }
 }
 
-void encode_index_key(const IndexKeyLayout& l, const float* key, uint8_t* data,
-                      uint8_t* scales) {
+void encode_index_key(const IndexKeyLayout& l, const float* key, uint8_t* data, uint8_t* scales) {
   quantize_fp4(key, l.dim, IndexKeyLayout::kQuantBlock, data, scales);
 }
 

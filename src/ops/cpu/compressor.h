@@ -10,11 +10,11 @@ namespace dsv4::cpu {
 
 struct CompressorWeights {
   int ratio = 4;
-  int dim = 512;                 // d: output width
-  Linear wkv, wgate;             // kF32 [coff*d, model dim]
-  std::vector<float> ape;        // [ratio, coff*d]
-  std::vector<float> norm;       // [d]
-  bool rotate = false;           // indexer compressor: Hadamard + FP4 instead of FP8 NoPE
+  int dim = 512;            // d: output width
+  Linear wkv, wgate;        // kF32 [coff*d, model dim]
+  std::vector<float> ape;   // [ratio, coff*d]
+  std::vector<float> norm;  // [d]
+  bool rotate = false;      // indexer compressor: Hadamard + FP4 instead of FP8 NoPE
 };
 
 // Writes one token's rows into the state: kv = a, score = g + ape[pos % ratio].

@@ -25,9 +25,12 @@ Linear Linear::from_rows(LinearKind kind, int out, int in, const std::vector<flo
 
 int linear_kblock(const Linear& w) {
   switch (w.kind) {
-    case LinearKind::kFp8: return 128;
-    case LinearKind::kFp4: return 32;
-    default: return w.in;
+    case LinearKind::kFp8:
+      return 128;
+    case LinearKind::kFp4:
+      return 32;
+    default:
+      return w.in;
   }
 }
 
@@ -45,8 +48,10 @@ void linear(const Linear& w, const float* x, int m, float* y) {
     const int rows = std::min(kTile, m - r0);
     for (int r = 0; r < rows; ++r) {
       const float* xr = x + size_t(r0 + r) * K;
-      if (quant) fake_quant_fp8(xr, K, 128, a.data() + size_t(r) * K);  // a_q * s_a, exact
-      else std::copy(xr, xr + K, a.begin() + size_t(r) * K);
+      if (quant)
+        fake_quant_fp8(xr, K, 128, a.data() + size_t(r) * K);  // a_q * s_a, exact
+      else
+        std::copy(xr, xr + K, a.begin() + size_t(r) * K);
     }
     std::fill(acc.begin(), acc.end(), 0.0f);
     // Output columns in chunks whose accumulators stay in L1 across the K loop.
@@ -71,8 +76,10 @@ void linear(const Linear& w, const float* x, int m, float* y) {
     for (int r = 0; r < rows; ++r) {
       float* yr = y + size_t(r0 + r) * N;
       const float* ar = acc.data() + size_t(r) * N;
-      if (w.kind == LinearKind::kF32) std::copy(ar, ar + N, yr);
-      else for (int n = 0; n < N; ++n) yr[n] = round_bf16(ar[n]);
+      if (w.kind == LinearKind::kF32)
+        std::copy(ar, ar + N, yr);
+      else
+        for (int n = 0; n < N; ++n) yr[n] = round_bf16(ar[n]);
     }
   }
 }

@@ -7,11 +7,11 @@
 namespace dsv4::cpu {
 
 enum class LinearKind {
-  kFp8,  // FP8 block GEMM: x -> e4m3 per (row, 128) with UE8M0 scale; partial sums per
-         // 128-wide K block, accumulated in fp32; BF16 out.
-  kFp4,  // FP4 expert GEMM: same activation quantisation; partial sums per 32-wide K step.
-  kBf16, // BF16 x BF16, fp32 accumulation, BF16 out.
-  kF32,  // fp32 x fp32 -> fp32.
+  kFp8,   // FP8 block GEMM: x -> e4m3 per (row, 128) with UE8M0 scale; partial sums per
+          // 128-wide K block, accumulated in fp32; BF16 out.
+  kFp4,   // FP4 expert GEMM: same activation quantisation; partial sums per 32-wide K step.
+  kBf16,  // BF16 x BF16, fp32 accumulation, BF16 out.
+  kF32,   // fp32 x fp32 -> fp32.
 };
 
 struct Linear {

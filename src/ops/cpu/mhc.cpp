@@ -9,7 +9,9 @@
 namespace dsv4::cpu {
 namespace {
 
-float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+float sigmoid(float x) {
+  return 1.0f / (1.0f + std::exp(-x));
+}
 
 // Weighted collapse sum_j w_j * h_j in fp32, streams in order, rounded to BF16.
 void collapse(int hc, int dim, const float* w, const float* streams, float* y) {

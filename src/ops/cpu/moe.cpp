@@ -10,7 +10,9 @@
 namespace dsv4::cpu {
 namespace {
 
-float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+float softplus(float x) {
+  return x > 20.0f ? x : std::log1p(std::exp(x));
+}
 
 }  // namespace
 

@@ -19,7 +19,7 @@ struct MoeWeights {
   std::vector<float> bias;       // [experts] (score routing) or empty
   std::vector<int32_t> tid2eid;  // [vocab, top-k] (hash routing) or empty
   std::vector<ExpertWeights> experts;
-  ExpertWeights shared;          // FP8 linears
+  ExpertWeights shared;  // FP8 linears
 };
 
 struct MoeParams {

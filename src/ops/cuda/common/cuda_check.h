@@ -5,10 +5,10 @@
 
 #include "core/error.h"
 
-#define DSV4_CUDA_CHECK(call)                                                            \
-  do {                                                                                   \
-    cudaError_t err_ = (call);                                                           \
-    if (err_ != cudaSuccess)                                                             \
+#define DSV4_CUDA_CHECK(call)                                                             \
+  do {                                                                                    \
+    cudaError_t err_ = (call);                                                            \
+    if (err_ != cudaSuccess)                                                              \
       throw ::dsv4::Error(::dsv4::cat(#call, " failed: ", cudaGetErrorString(err_), " (", \
-                                      __FILE__, ":", __LINE__, ")"));                    \
+                                      __FILE__, ":", __LINE__, ")"));                     \
   } while (0)

@@ -13,22 +13,24 @@ namespace dsv4::cuda {
 // MXFP4 indexer keys. Entry i of sequence s lives on page block_table[s * stride + i / page_size]
 // at slot i % page_size; a page is [page_size x data_bytes][page_size x scale_bytes], padded.
 struct PagedStoreView {
-  uint8_t* pages = nullptr;           // this layer's pages
+  uint8_t* pages = nullptr;  // this layer's pages
   int64_t page_bytes = 0;
-  int page_size = 0;                  // entries per page
-  int data_bytes = 0;                 // per entry (576 KV, 64 indexer keys)
-  int scale_bytes = 0;                // per entry (8 KV, 4 indexer keys)
+  int page_size = 0;                     // entries per page
+  int data_bytes = 0;                    // per entry (576 KV, 64 indexer keys)
+  int scale_bytes = 0;                   // per entry (8 KV, 4 indexer keys)
   const int32_t* block_table = nullptr;  // [num_seqs, stride] page ids
   int stride = 0;
 };
 
-inline PagedStoreView kv_store_view(uint8_t* pages, int page_size, const int32_t* table,
-                                    int stride, const KvEntryLayout& l = KvEntryLayout{}) {
-  return {pages, l.page_bytes(page_size), page_size, l.data_bytes(), l.scale_bytes(), table, stride};
+inline PagedStoreView kv_store_view(uint8_t* pages, int page_size, const int32_t* table, int stride,
+                                    const KvEntryLayout& l = KvEntryLayout{}) {
+  return {pages, l.page_bytes(page_size), page_size, l.data_bytes(), l.scale_bytes(), table,
+          stride};
 }
 inline PagedStoreView index_store_view(uint8_t* pages, int page_size, const int32_t* table,
                                        int stride, const IndexKeyLayout& l = IndexKeyLayout{}) {
-  return {pages, l.page_bytes(page_size), page_size, l.data_bytes(), l.scale_bytes(), table, stride};
+  return {pages, l.page_bytes(page_size), page_size, l.data_bytes(), l.scale_bytes(), table,
+          stride};
 }
 
 #if defined(__CUDACC__)
