@@ -14,6 +14,16 @@ if command -v apt-get >/dev/null 2>&1; then
     build-essential cmake ninja-build pkg-config git \
     libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libpcre2-dev \
     clang-format python3 python3-pip >/dev/null
+  # libssl-dev: SHA-256 in the tokenizer tests.
+  $SUDO apt-get install -y -qq --no-install-recommends libssl-dev >/dev/null
+fi
+
+# HF tokenizers, the tokenizer tests' oracle and benchmark reference (PyPI). Optional: without
+# it tokenizer_oracle_test skips and says why; the stored expectations are still checked.
+if ! python3 -c 'import tokenizers' >/dev/null 2>&1; then
+  python3 -m pip install --quiet tokenizers >/dev/null 2>&1 ||
+    python3 -m pip install --quiet --break-system-packages tokenizers >/dev/null 2>&1 ||
+    echo "dsv4: could not install the Python package tokenizers; tokenizer_oracle_test will skip" >&2
 fi
 
 # CUTLASS/CuTe headers for the CUDA backend, from PyPI (only where nvcc can use them).

@@ -71,7 +71,9 @@ TEST(CustomConfig, RunsAndStaysPathIndependent) {
   const int s = r.open_sequence();
   std::vector<float> l = r.step({{s, other, true}});
   EXPECT_EQ(std::memcmp(l.data(), whole.data(), size_t(T / 2) * V * 4), 0);
-  EXPECT_NE(std::memcmp(l.data() + size_t(T / 2) * V, whole.data() + size_t(T / 2) * V, size_t(V) * 4), 0);
+  EXPECT_NE(
+      std::memcmp(l.data() + size_t(T / 2) * V, whole.data() + size_t(T / 2) * V, size_t(V) * 4),
+      0);
 }
 
 }  // namespace

@@ -8,15 +8,18 @@
 #include "common.h"
 #include "core/error.h"
 #include "dsv4/engine.h"
+#include "prompt_input.h"
 
 namespace dsv4::cli {
 
 int cmd_generate(const Argv& argv) {
   Args a(argv,
-         {"--model", "--prompt-ids", "--max-new-tokens", "--temperature", "--seed", "--backend",
-          "--page-size"},
+         {"--model", "--prompt-ids", "--prompt", "--messages", "--max-new-tokens", "--temperature",
+          "--seed", "--backend", "--page-size"},
          {"--ignore-eos"});
-  const std::vector<int32_t> prompt = parse_ids(a.str("--prompt-ids"), "--prompt-ids");
+  const std::vector<int32_t> prompt = has_text_prompt(a)
+                                          ? text_prompt_ids(a, a.str("--model"))
+                                          : parse_ids(a.str("--prompt-ids"), "--prompt-ids");
   SamplingOptions s;
   s.max_new_tokens = a.integer("--max-new-tokens", 32);
   DSV4_CHECK(s.max_new_tokens >= 0 && s.max_new_tokens <= (1 << 24),

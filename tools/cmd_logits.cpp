@@ -8,17 +8,19 @@
 #include "core/error.h"
 #include "dsv4/engine.h"
 #include "io/safetensors.h"
+#include "prompt_input.h"
 
 namespace dsv4::cli {
 
 int cmd_logits(const Argv& argv) {
   Args a(argv,
-         {"--model", "--prompt-ids", "--prompt-file", "--prefill-chunk", "--backend", "--out",
-          "--page-size"},
+         {"--model", "--prompt-ids", "--prompt-file", "--prompt", "--messages", "--prefill-chunk",
+          "--backend", "--out", "--page-size"},
          {});
-  DSV4_CHECK(a.has("--prompt-ids") != a.has("--prompt-file"),
-             "give exactly one of --prompt-ids and --prompt-file");
-  const std::vector<int32_t> prompt = a.has("--prompt-ids")
+  DSV4_CHECK(has_text_prompt(a) || a.has("--prompt-ids") != a.has("--prompt-file"),
+             "give exactly one of --prompt-ids, --prompt-file, --prompt and --messages");
+  const std::vector<int32_t> prompt = has_text_prompt(a) ? text_prompt_ids(a, a.str("--model"))
+                                      : a.has("--prompt-ids")
                                           ? parse_ids(a.str("--prompt-ids"), "--prompt-ids")
                                           : read_id_file(a.str("--prompt-file"));
   const std::string out = a.str("--out");

@@ -12,5 +12,8 @@ using Argv = std::vector<std::string>;
 int cmd_generate(const Argv& args);
 int cmd_logits(const Argv& args);
 int cmd_make_tiny(const Argv& args);
+int cmd_tokenize(const Argv& args);
+int cmd_detokenize(const Argv& args);
+int cmd_render(const Argv& args);
 
 }  // namespace dsv4::cli

@@ -17,6 +17,9 @@ const std::map<std::string, std::pair<Command, const char*>>& commands() {
       {"generate", {dsv4::cli::cmd_generate, "generate tokens from a prompt"}},
       {"logits", {dsv4::cli::cmd_logits, "teacher-forced logits of every prompt position"}},
       {"make-tiny", {dsv4::cli::cmd_make_tiny, "write a random tiny checkpoint"}},
+      {"tokenize", {dsv4::cli::cmd_tokenize, "token ids of a text (tokenizer.json)"}},
+      {"detokenize", {dsv4::cli::cmd_detokenize, "the text of token ids"}},
+      {"render", {dsv4::cli::cmd_render, "the DeepSeek-V4 prompt for chat messages"}},
   };
   return table;
 }
