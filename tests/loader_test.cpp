@@ -154,9 +154,17 @@ TEST(Config, RoundTripsAndRejectsBadFields) {
 
 class TinyCheckpoint : public ::testing::Test {
  protected:
-  void SetUp() override {
-    write_tiny_checkpoint(tiny_flash(), ExpertFormat::kMxfp4, 3, dir_.path());
+  // One checkpoint written per suite; every test damages its own copy.
+  static void SetUpTestSuite() {
+    master_ = new TempDir;
+    write_tiny_checkpoint(tiny_flash(), ExpertFormat::kMxfp4, 3, master_->path());
   }
+  static void TearDownTestSuite() { delete master_; }
+  void SetUp() override {
+    fs::copy(master_->path(), dir_.path(),
+             fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  }
+  static TempDir* master_;
   TempDir dir_;
 
   // Rewrites the shard holding `name` through `edit(writer, tensors)` and fixes the index.
@@ -185,6 +193,8 @@ class TinyCheckpoint : public ::testing::Test {
     return error_of([&] { load_cpu_model(dir_.path()); });
   }
 };
+
+TempDir* TinyCheckpoint::master_ = nullptr;
 
 TEST_F(TinyCheckpoint, LoadsAndBinds) {
   EXPECT_EQ(load_error(), "");

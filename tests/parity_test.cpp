@@ -90,13 +90,12 @@ TEST_P(Parity, OnePrefillEqualsTokenByToken) {
 TEST_P(Parity, ChunkedPrefillEqualsTokenByToken) {
   const Preset& p = preset();
   CpuRunner r = p.runner(64);
-  const int chunks[] = {3, 7, 129};
-  for (size_t i = 0; i < kLengths.size(); ++i) {
-    const int len = kLengths[i], chunk = chunks[i % 3];
-    if (len <= chunk) continue;
+  // Odd chunk sizes against lengths that end on either side of the 4- and 128-boundaries.
+  const std::pair<int, int> runs[] = {{5, 3},     {9, 7},   {127, 3},  {131, 7},
+                                      {255, 129}, {258, 7}, {300, 129}};
+  for (auto [len, chunk] : runs)
     EXPECT_EQ(p.first_diff(p.chunked(r, len, chunk)), -1)
         << len << " tokens in chunks of " << chunk;
-  }
   // Chunks of growing size put a chunk boundary at many residues mod 4 and mod 128.
   const int s = r.open_sequence();
   std::vector<float> out;
@@ -141,7 +140,7 @@ TEST_P(Parity, PageSizeChangesNothing) {
   const Preset& p = preset();
   const ModelConfig& c = p.lm.config;
   std::vector<std::vector<float>> stores;
-  for (int page : {16, 64, 256}) {
+  for (int page : {16, 256}) {  // the token-by-token reference ran with 64
     CpuRunner r = p.runner(page, 1);
     const int s = r.open_sequence();
     std::vector<float> l = r.step({{s, p.prompt, true}});
@@ -162,7 +161,6 @@ TEST_P(Parity, PageSizeChangesNothing) {
     stores.push_back(std::move(all));
   }
   EXPECT_EQ(stores[0], stores[1]);
-  EXPECT_EQ(stores[0], stores[2]);
 }
 
 TEST_P(Parity, CacheFullIsAClearError) {

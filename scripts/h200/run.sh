@@ -11,9 +11,17 @@ mkdir -p "$OUT"
 WHAT="${1:-all}"
 FILTER="${2:-}"
 export DSV4_COMMIT="${DSV4_COMMIT:-unknown}"
+# What scripts/h200/pack.sh carried: CUTLASS headers, and a golden set for the GPU golden tests.
+if [ -f .carry/cutlass.tar.xz ] && [ ! -f .cutlass/include/cutlass/version.h ]; then
+  mkdir -p .cutlass && tar -xJf .carry/cutlass.tar.xz -C .cutlass
+fi
+for g in .carry/golden-*.tar; do
+  [ -f "$g" ] || continue
+  mkdir -p .golden && tar -xf "$g" -C .golden && export DSV4_GOLDEN_DIR="$PWD/.golden"
+done
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; nvcc --version | tail -1; } > "$OUT/gpu.txt" 2>&1
 cmake -S . -B build-h200 -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90a -DBUILD_TESTING=ON > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+  -DCMAKE_CUDA_ARCHITECTURES=90a -DBUILD_TESTING=ON -DDSV4_GPU_ONLY=ON > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
 # Only what runs here: the GPU tests and the benchmarks (and the library they link).
 targets=$(ls tests/cuda/*_test.cpp tests/cuda/*_test.cu bench/cuda/*_bench.cu bench/cuda/*_bench.cpp 2>/dev/null |
           xargs -n1 basename | sed 's/\.[^.]*$//' | tr '\n' ' ')
@@ -24,7 +32,7 @@ fi
 grep -E "spill|stack frame" "$OUT/build.log" | grep -v " 0 bytes spill stores, 0 bytes spill loads" | grep -v "0 bytes stack frame" > "$OUT/ptxas-warnings.txt" || true
 rc=0
 if [ "$WHAT" = "tests" ] || [ "$WHAT" = "all" ]; then
-  ctest --test-dir build-h200 -L gpu --output-on-failure ${FILTER:+-R "$FILTER"} 2>&1 | tee "$OUT/gpu-tests.log" | tail -40
+  ctest --test-dir build-h200 -L gpu -j "$(nproc)" --timeout 420 --output-on-failure ${FILTER:+-R "$FILTER"} 2>&1 | tee "$OUT/gpu-tests.log" | tail -40
   rc=${PIPESTATUS[0]}
 fi
 if [ "$WHAT" = "bench" ] || [ "$WHAT" = "all" ]; then

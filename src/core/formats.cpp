@@ -75,8 +75,13 @@ uint8_t float_to_e4m3(float x) {
 }
 
 float e8m0_to_float(uint8_t code) {
-  if (code == 0xff) return std::numeric_limits<float>::quiet_NaN();
-  return std::ldexp(1.0f, static_cast<int>(code) - 127);
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 255; ++c) t[c] = std::ldexp(1.0f, c - 127);
+    t[255] = std::numeric_limits<float>::quiet_NaN();
+    return t;
+  }();
+  return table[code];
 }
 
 uint8_t pow2_to_e8m0(float x) {

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Packs what the H200 run needs and its image lacks into .carry/ (git-ignored), small enough for
+# the device tool's 64 MiB: the CUTLASS headers (xz) and, optionally, one golden set in one
+# checkpoint format. Then: run(command="scripts/h200/run.sh ...", carry=[".carry"]).
+#   scripts/h200/pack.sh                      # CUTLASS only
+#   scripts/h200/pack.sh tiny-flash nvfp4     # plus ../shared/golden/tiny-flash with hf-nvfp4
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+scripts/fetch_cutlass.sh
+mkdir -p .carry
+rm -f .carry/*.tar .carry/*.tar.xz
+tar -cJf .carry/cutlass.tar.xz -C .cutlass include VERSION
+if [ $# -ge 2 ]; then
+  set_name="$1"; fmt="$2"
+  root="${DSV4_GOLDEN_DIR:-../shared/golden}"
+  tar -cf ".carry/golden-$set_name.tar" -C "$root" \
+    "$set_name/golden_logits.safetensors" "$set_name/golden_layers.safetensors" \
+    "$set_name/manifest.json" "$set_name/summary.json" "$set_name/hf-$fmt"
+fi
+du -sh .carry/*
