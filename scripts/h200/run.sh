@@ -21,7 +21,7 @@ for g in .carry/golden-*.tar; do
 done
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; nvcc --version | tail -1; } > "$OUT/gpu.txt" 2>&1
 cmake -S . -B build-h200 -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90a -DBUILD_TESTING=ON -DDSV4_GPU_ONLY=ON > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+  -DCMAKE_CUDA_ARCHITECTURES=90a -DBUILD_TESTING=ON -DDSV4_GPU_ONLY=ON -DDSV4_BENCH=ON > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
 # Only what runs here: the GPU tests and the benchmarks (and the library they link).
 targets=$(ls tests/cuda/*_test.cpp tests/cuda/*_test.cu bench/cuda/*_bench.cu bench/cuda/*_bench.cpp 2>/dev/null |
           xargs -n1 basename | sed 's/\.[^.]*$//' | tr '\n' ' ')
