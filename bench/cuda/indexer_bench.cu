@@ -1,0 +1,189 @@
+// Lightning indexer at V4-Flash / V4-Pro shapes (issue 3, deliverable 7): the three stages
+// (query path, logits, top-k) and the whole indexer, one JSON line each per shape.
+//
+// Decode: b sequences x s_q (next_n) tokens at context 16K, 64K and 128K (64 indexer heads,
+// top-512 Flash / top-1024 Pro), MXFP4 keys on shuffled 64-entry pages, rotated past L2.
+// Prefill: one 4096- / 8192-token prompt from position 0 (causal: token p sees (p+1)/4 keys).
+// Logits report bytes = MXFP4 key bytes read (68 B per visible key per sequence and 4-token
+// tile), the issue's target metric (>= 3 TB/s at 64K-128K), and FLOPs = 2 * tokens * visible
+// * heads * 128. The peer line for b=256 8K is DeepGEMM's published SM90 paged MQA logits on
+// H20 (a different chip: context only).
+//
+// Usage: indexer_bench [--quick]
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "ops/cuda/common/device_buffer.h"
+#include "ops/cuda/indexer/indexer.h"
+#include "runtime/cache_layout.h"
+
+using namespace dsv4;
+using namespace dsv4::cuda;
+
+namespace {
+
+__global__ void fill_bytes_hash(uint8_t* p, int64_t n, int64_t page_bytes, int page_size,
+                                uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    const int64_t off = i % page_bytes;
+    uint8_t b = uint8_t(h);
+    if (off >= int64_t(page_size) * 64)
+      b = off < int64_t(page_size) * 68 ? uint8_t(124 + (b & 3)) : 0;
+    p[i] = b;
+  }
+}
+
+__global__ void fill_bf16(uint16_t* x, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 16;
+    h *= 0x7feb352du;
+    h ^= h >> 15;
+    const float f = 2.4f * (float(h & 0xffff) / 65536.0f + float(h >> 16) / 65536.0f - 1.0f);
+    uint32_t b;
+    memcpy(&b, &f, 4);
+    x[i] = uint16_t(b >> 16);
+  }
+}
+
+constexpr int kHeads = 64, kPage = 64;
+
+struct Shape {
+  std::string name;
+  int b, sq;
+  int64_t ctx;
+  int topk;
+  bool prefill;
+  double peer_logits_us;
+};
+
+void run(const Shape& sh, std::mt19937& rng) {
+  const int T = sh.b * sh.sq;
+  std::vector<int32_t> cu{0}, pos0;
+  for (int s = 0; s < sh.b; ++s) {
+    cu.push_back(cu.back() + sh.sq);
+    pos0.push_back(sh.prefill ? 0 : int32_t(sh.ctx - sh.sq));
+  }
+  const int64_t nkeys = sh.ctx / 4;  // entries visible to the last token
+  const IndexKeyLayout l;
+  const int64_t page_bytes = l.page_bytes(kPage);
+  const int pages_per_seq = int((nkeys + kPage - 1) / kPage);
+  const int64_t pages_per_copy = int64_t(sh.b) * pages_per_seq;
+  const int copies = bench::rotation_copies(size_t(pages_per_copy * page_bytes));
+  DeviceBuffer<uint8_t> pages(size_t(copies) * pages_per_copy * page_bytes);
+  fill_bytes_hash<<<1024, 256>>>(pages.data(), int64_t(pages.size()), page_bytes, kPage, 5u);
+  std::vector<DeviceBuffer<int32_t>> tables;
+  for (int c = 0; c < copies; ++c) {
+    std::vector<int32_t> ids(pages_per_copy);
+    std::iota(ids.begin(), ids.end(), int32_t(c * pages_per_copy));
+    std::shuffle(ids.begin(), ids.end(), rng);
+    tables.emplace_back(ids);
+  }
+  const size_t qn = size_t(T) * kHeads * 128;
+  DeviceBuffer<uint16_t> d_q(qn), d_wp(size_t(T) * kHeads), d_qfp4(qn), d_w(size_t(T) * kHeads);
+  fill_bf16<<<1024, 256>>>(d_q.data(), int64_t(qn), 3u);
+  fill_bf16<<<64, 256>>>(d_wp.data(), int64_t(T) * kHeads, 4u);
+  std::vector<float> inv(32);
+  for (int i = 0; i < 32; ++i) inv[i] = std::pow(160000.0f, -float(2 * i) / 64.0f);
+  DeviceBuffer<float> d_inv(inv);
+  DeviceBuffer<int32_t> d_cu(cu), d_pos0(pos0);
+  const int64_t stride = nkeys;
+  DeviceBuffer<uint16_t> d_scores(size_t(T) * stride);
+  DeviceBuffer<int32_t> d_idx(size_t(T) * sh.topk);
+
+  IndexerParams p;
+  p.batch = {d_cu.data(), d_pos0.data(), sh.b, T, sh.sq, sh.ctx - 1};
+  p.n_heads = kHeads;
+  p.topk = sh.topk;
+  p.q = reinterpret_cast<const __nv_bfloat16*>(d_q.data());
+  p.wproj = reinterpret_cast<const __nv_bfloat16*>(d_wp.data());
+  p.inv_freq = d_inv.data();
+  p.q_fp4 = reinterpret_cast<__nv_bfloat16*>(d_qfp4.data());
+  p.weights = reinterpret_cast<__nv_bfloat16*>(d_w.data());
+  p.scores = reinterpret_cast<__nv_bfloat16*>(d_scores.data());
+  p.score_stride = stride;
+  p.topk_idx = d_idx.data();
+  DeviceBuffer<uint8_t> ws(indexer_workspace_bytes(p));
+  p.workspace = ws.data();
+  p.workspace_bytes = ws.size();
+  auto bind = [&](int c) {
+    p.keys = index_store_view(pages.data(), kPage, tables[c].data(), pages_per_seq);
+  };
+  bind(0);
+  indexer_query(p, nullptr);  // realistic q_fp4 / weights for the later stages
+
+  // Visible entries summed over tokens; key bytes: each CTA (4-token tile) reads its keys once.
+  double vis_sum = 0, key_bytes = 0;
+  for (int s = 0; s < sh.b; ++s)
+    for (int t0 = 0; t0 < sh.sq; t0 += 4) {
+      const int nt = std::min(4, sh.sq - t0);
+      key_bytes += double((pos0[s] + t0 + nt) / 4) * 68.0;
+      for (int t = t0; t < t0 + nt; ++t) vis_sum += double((pos0[s] + t + 1) / 4);
+    }
+  char shape[200];
+  std::snprintf(shape, sizeof shape, "%s h64 b=%d sq=%d ctx=%lld topk=%d", sh.name.c_str(), sh.b,
+                sh.sq, (long long)sh.ctx, sh.topk);
+  auto emit = [&](const char* kernel, double us, double flops, double bytes, const char* peer,
+                  double peer_us) {
+    bench::Result r;
+    r.kernel = kernel;
+    r.shape = shape;
+    r.us = us;
+    r.flops = flops;
+    r.bytes = bytes;
+    r.peer = peer;
+    r.peer_us = peer_us;
+    r.emit();
+  };
+  const double tq = bench::median_us([&](int) { indexer_query(p, nullptr); });
+  emit("indexer_query", tq, 0, double(qn) * 4 + double(T) * kHeads * 4, "", 0);
+  const double tl = bench::median_us([&](int i) {
+    bind(i % copies);
+    indexer_logits(p, nullptr);
+  });
+  emit("indexer_logits", tl, 2.0 * vis_sum * kHeads * 128, key_bytes,
+       sh.peer_logits_us > 0 ? "DeepGEMM SM90 paged MQA logits [pub, H20]" : "", sh.peer_logits_us);
+  const double tk = bench::median_us([&](int) { indexer_topk(p, nullptr); });
+  emit("indexer_topk", tk, 0, vis_sum * 2, "", 0);
+  const double ta = bench::median_us([&](int i) {
+    bind(i % copies);
+    lightning_indexer(p, nullptr);
+  });
+  emit("lightning_indexer", ta, 2.0 * vis_sum * kHeads * 128, key_bytes, "", 0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  std::mt19937 rng(11);
+  for (int64_t ctx : {16384LL, 65536LL, 131072LL})
+    for (int sq : {1, 2, 4})
+      for (int b : {1, 2, 32, 64, 128, 256}) {
+        if (quick && (b == 32 || b == 64 || sq == 4)) continue;
+        // Device memory of the key cache: b * ctx/4 * 68 B (2.3 GB at b=256, 128K).
+        run({"decode_flash", b, sq, ctx, 512, false, 0}, rng);
+      }
+  run({"decode_pro", 128, 2, 65536, 1024, false, 0}, rng);
+  // DeepGEMM's published point (H20): B=256, 8K context, next_n 1 / 2.
+  run({"decode_flash", 256, 1, 8192, 512, false, 131.0}, rng);
+  run({"decode_flash", 256, 2, 8192, 512, false, 252.0}, rng);
+  for (int64_t n : {4096LL, 8192LL}) run({"prefill_flash", 1, int(n), n, 512, true, 0}, rng);
+  if (!quick) run({"prefill_pro", 1, 8192, 8192, 1024, true, 0}, rng);
+  return 0;
+}

@@ -1,0 +1,271 @@
+// mHC, RMSNorm and the embedding gather at DeepSeek-V4 Flash (dim 4096) and Pro (7168) widths,
+// decode batches b = 1..256 and prefill 4K / 8K tokens, in GB/s on the bytes each op must move
+// (streams in/out, the fn projection, y, post/comb, norm weights), against the 4.3 TB/s HBM
+// ceiling (bench_util.h). The fused hc_post_pre runs next to the unfused hc_post + hc_pre as its
+// peer. Inputs are rotated through more memory than the L2 holds; every op is replayed from a
+// CUDA graph.
+// Usage: mhc_bench [--model flash|pro|all] [--tokens 1,8,4096] [--iters N]
+#include <cuda_bf16.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cuda/bench_util.h"
+#include "ops/cuda/common/device_buffer.h"
+#include "ops/cuda/head/head.h"
+#include "ops/cuda/mhc/mhc.h"
+#include "ops/cuda/norm/norm.h"
+
+using namespace dsv4;
+using namespace dsv4::cuda;
+
+namespace {
+
+constexpr int kHc = 4;
+
+__global__ void fill_bf16_kernel(__nv_bfloat16* p, size_t n, uint32_t seed, float scale) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
+    x ^= x >> 13;
+    x *= 0x5bd1e995u;
+    x ^= x >> 15;
+    p[i] = __float2bfloat16(float(int(x % 2001) - 1000) * scale);
+  }
+}
+__global__ void fill_f32_kernel(float* p, size_t n, uint32_t seed, float lo, float hi) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
+    x ^= x >> 13;
+    x *= 0x5bd1e995u;
+    x ^= x >> 15;
+    p[i] = lo + (hi - lo) * float(x % 10007) / 10007.0f;
+  }
+}
+template <typename T>
+__nv_bfloat16* bf(DeviceBuffer<T>& b) {
+  return reinterpret_cast<__nv_bfloat16*>(b.data());
+}
+
+struct GraphSet {
+  std::vector<cudaGraphExec_t> execs;
+  GraphSet(int copies, const std::function<void(int, cudaStream_t)>& op) {
+    cudaStream_t s;
+    DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    op(0, s);
+    DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
+    for (int c = 0; c < copies; ++c) {
+      cudaGraph_t g;
+      cudaGraphExec_t e;
+      DSV4_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+      op(c, s);
+      DSV4_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+      DSV4_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+      DSV4_CUDA_CHECK(cudaGraphDestroy(g));
+      execs.push_back(e);
+    }
+    DSV4_CUDA_CHECK(cudaStreamDestroy(s));
+  }
+  ~GraphSet() {
+    for (auto e : execs) cudaGraphExecDestroy(e);
+  }
+  double median_us(int iters) const {
+    return bench::median_us(
+        [&](int i) { DSV4_CUDA_CHECK(cudaGraphLaunch(execs[size_t(i) % execs.size()], nullptr)); },
+        iters);
+  }
+};
+
+void emit(const std::string& kernel, const std::string& shape, double us, double bytes,
+          const std::string& peer, double peer_us) {
+  bench::Result r;
+  r.kernel = kernel;
+  r.shape = shape;
+  r.us = us;
+  r.flops = 0;
+  r.bytes = bytes;
+  r.peer = peer;
+  r.peer_us = peer_us;
+  r.emit();
+}
+
+// One token count at one width: every op, its bytes, the unfused peer of the fused op.
+void bench_width(const char* model, int dim, int tokens, int iters) {
+  const size_t sd = size_t(tokens) * kHc * dim, xd = size_t(tokens) * dim;
+  const int mix = (2 + kHc) * kHc;
+  // Rotation: the streams dominate the bytes.
+  const int copies = bench::rotation_copies(sd * 2);
+  std::vector<DeviceBuffer<uint16_t>> streams, out;
+  for (int c = 0; c < copies; ++c) {
+    streams.emplace_back(sd);
+    fill_bf16_kernel<<<1024, 256>>>(bf(streams.back()), sd, 7 + c, 1e-3f);
+    out.emplace_back(sd);
+  }
+  DeviceBuffer<uint16_t> x(xd), y(xd), nw(dim);
+  fill_bf16_kernel<<<1024, 256>>>(bf(x), xd, 3, 1e-3f);
+  fill_bf16_kernel<<<64, 256>>>(bf(nw), dim, 4, 1e-3f);
+  DeviceBuffer<float> fn(size_t(mix) * kHc * dim), base(mix), scale(3),
+      hfn(size_t(kHc) * kHc * dim);
+  fill_f32_kernel<<<1024, 256>>>(fn.data(), fn.size(), 1, -0.02f, 0.02f);
+  fill_f32_kernel<<<1024, 256>>>(hfn.data(), hfn.size(), 2, -0.02f, 0.02f);
+  fill_f32_kernel<<<1, 32>>>(base.data(), mix, 3, -1.f, 1.f);
+  fill_f32_kernel<<<1, 32>>>(scale.data(), 3, 4, 0.5f, 1.5f);
+  DeviceBuffer<float> post(size_t(tokens) * kHc), comb(size_t(tokens) * kHc * kHc);
+  DeviceBuffer<float> post2(post.size()), comb2(comb.size());
+  fill_f32_kernel<<<64, 256>>>(post.data(), post.size(), 5, 0.f, 2.f);
+  fill_f32_kernel<<<64, 256>>>(comb.data(), comb.size(), 6, 0.f, 1.f);
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+
+  HcShape shp;
+  shp.dim = dim;
+  const HcUnitParams unit{fn.data(), base.data(), scale.data()};
+  const HcUnitParams hunit{hfn.data(), base.data(), scale.data()};
+  const std::string shape =
+      std::string(model) + " dim=" + std::to_string(dim) + " tokens=" + std::to_string(tokens);
+  const double b_streams = double(sd) * 2, b_x = double(xd) * 2;
+  const double b_pc = double(tokens) * 20 * 4, b_fn = double(fn.size()) * 4;
+
+  auto pre = [&](int c, cudaStream_t s, bool norm) {
+    HcPreParams p;
+    p.shape = shp;
+    p.tokens = tokens;
+    p.streams = bf(streams[c]);
+    p.unit = unit;
+    if (norm) p.norm = {bf(nw), 1e-6f};
+    p.y = bf(y);
+    p.post = post2.data();
+    p.comb = comb2.data();
+    hc_pre(p, s);
+  };
+  auto postp = [&](int c, cudaStream_t s) {
+    HcPostParams p;
+    p.shape = shp;
+    p.tokens = tokens;
+    p.x = bf(x);
+    p.res = bf(streams[c]);
+    p.post = post.data();
+    p.comb = comb.data();
+    p.out = bf(out[c]);
+    hc_post(p, s);
+  };
+  const double t_pre =
+      GraphSet(copies, [&](int c, cudaStream_t s) { pre(c, s, false); }).median_us(iters);
+  const double t_pre_norm =
+      GraphSet(copies, [&](int c, cudaStream_t s) { pre(c, s, true); }).median_us(iters);
+  const double t_post = GraphSet(copies, postp).median_us(iters);
+  // Unfused peer of hc_post_pre: hc_post writes the new streams, hc_pre reads them back.
+  const double t_unfused = GraphSet(copies, [&](int c, cudaStream_t s) {
+                             postp(c, s);
+                             HcPreParams p;
+                             p.shape = shp;
+                             p.tokens = tokens;
+                             p.streams = bf(out[c]);
+                             p.unit = unit;
+                             p.norm = {bf(nw), 1e-6f};
+                             p.y = bf(y);
+                             p.post = post2.data();
+                             p.comb = comb2.data();
+                             hc_pre(p, s);
+                           }).median_us(iters);
+  const double t_fused = GraphSet(copies, [&](int c, cudaStream_t s) {
+                           HcPostPreParams p;
+                           p.post.shape = shp;
+                           p.post.tokens = tokens;
+                           p.post.x = bf(x);
+                           p.post.res = bf(streams[c]);
+                           p.post.post = post.data();
+                           p.post.comb = comb.data();
+                           p.post.out = bf(out[c]);
+                           p.unit = unit;
+                           p.norm = {bf(nw), 1e-6f};
+                           p.y = bf(y);
+                           p.next_post = post2.data();
+                           p.next_comb = comb2.data();
+                           hc_post_pre(p, s);
+                         }).median_us(iters);
+  const double t_head = GraphSet(copies, [&](int c, cudaStream_t s) {
+                          HcHeadParams p;
+                          p.shape = shp;
+                          p.tokens = tokens;
+                          p.streams = bf(streams[c]);
+                          p.unit = hunit;
+                          p.norm = {bf(nw), 1e-6f};
+                          p.y = bf(y);
+                          hc_head(p, s);
+                        }).median_us(iters);
+  const double t_norm = GraphSet(copies, [&](int c, cudaStream_t s) {
+                          RmsNormParams p;
+                          p.x = bf(streams[c]);
+                          p.rows = tokens;
+                          p.n = dim;
+                          p.weight = bf(nw);
+                          p.y = bf(y);
+                          rms_norm(p, s);
+                        }).median_us(iters);
+
+  emit("hc_pre", shape, t_pre, b_streams + b_fn + b_x + b_pc, "", 0);
+  emit("hc_pre+norm", shape, t_pre_norm, b_streams + b_fn + b_x + b_pc + dim * 2.0, "", 0);
+  emit("hc_post", shape, t_post, 2 * b_streams + b_x + b_pc, "", 0);
+  emit("hc_post_pre+norm", shape, t_fused, 2 * b_streams + 2 * b_x + 2 * b_pc + b_fn + dim * 2.0,
+       "hc_post+hc_pre(unfused)", t_unfused);
+  emit("hc_head+norm", shape, t_head, b_streams + b_x + double(hfn.size()) * 4 + dim * 2.0, "", 0);
+  emit("rms_norm", shape, t_norm, 2 * b_x + dim * 2.0, "", 0);
+
+  // Embedding gather + repeat into the 4 streams (vocab 129280).
+  {
+    const int vocab = 129280;
+    DeviceBuffer<uint16_t> table(size_t(vocab) * dim);
+    fill_bf16_kernel<<<1024, 256>>>(bf(table), table.size(), 9, 1e-3f);
+    std::vector<int32_t> ids(tokens);
+    for (int t = 0; t < tokens; ++t) ids[t] = int32_t((uint64_t(t) * 2654435761u) % vocab);
+    DeviceBuffer<int32_t> dids(ids);
+    const double t_emb = GraphSet(copies, [&](int c, cudaStream_t s) {
+                           EmbedParams p;
+                           p.tokens = dids.data();
+                           p.n = tokens;
+                           p.table = bf(table);
+                           p.vocab = vocab;
+                           p.dim = dim;
+                           p.repeat = kHc;
+                           p.out = bf(out[c]);
+                           embed(p, s);
+                         }).median_us(iters);
+    emit("embed(repeat 4)", shape, t_emb, b_x + b_streams + tokens * 4.0, "", 0);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool flash = true, pro = true;
+  std::vector<int> tokens = {1, 2, 4, 8, 16, 32, 64, 128, 256, 4096, 8192};
+  int iters = 30;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--model" && i + 1 < argc) {
+      const std::string m = argv[++i];
+      flash = m == "flash" || m == "all";
+      pro = m == "pro" || m == "all";
+    } else if (a == "--tokens" && i + 1 < argc) {
+      tokens.clear();
+      for (char* t = std::strtok(argv[++i], ","); t; t = std::strtok(nullptr, ","))
+        tokens.push_back(std::atoi(t));
+    } else if (a == "--iters" && i + 1 < argc) {
+      iters = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: %s [--model flash|pro|all] [--tokens 1,8,4096] [--iters N]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  for (int t : tokens) {
+    if (flash) bench_width("flash", 4096, t, iters);
+    if (pro) bench_width("pro", 7168, t, iters);
+  }
+  return 0;
+}

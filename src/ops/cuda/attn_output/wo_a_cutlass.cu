@@ -1,0 +1,127 @@
+// Prefill wo_a: CUTLASS sm90 mixed-input GEMM (TMA + warp-specialised cooperative wgmma). The
+// FP8 weight is the register-sourced A operand (converted to BF16 and multiplied by its BF16
+// per-row, per-128-K scale — both exact), the activations the BF16 B operand, fp32
+// accumulation, BF16 out. Computed as z_g^T = W_g . o_g^T per group g (batch mode L = G):
+//   A = W_g  [o_lora, in_g]  K-major, batch stride o_lora * in_g
+//   B = o_g  [T, in_g]       K-major (row stride num_heads*512), batch stride in_g
+//   D = z_g^T [o_lora, T]    column-major = z row-major [T, G*o_lora], batch stride o_lora
+#include <cstdint>
+
+#include "core/error.h"
+#include "ops/cuda/attn_output/wo_a_kernels.h"
+#include "ops/cuda/common/cuda_check.h"
+
+#if defined(DSV4_HAVE_CUTLASS)
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#endif
+
+namespace dsv4::cuda {
+
+#if defined(DSV4_HAVE_CUTLASS)
+namespace {
+
+using namespace cute;
+
+using ElementW = cutlass::float_e4m3_t;
+using ElementScale = cutlass::bfloat16_t;
+using ElementAct = cutlass::bfloat16_t;
+using ElementD = cutlass::bfloat16_t;
+using LayoutW = cutlass::layout::RowMajor;       // [rows, K]: K-major A
+using LayoutAct = cutlass::layout::ColumnMajor;  // K x T with K contiguous: K-major B
+using LayoutD = cutlass::layout::ColumnMajor;    // rows contiguous
+constexpr int kAlignW = 16, kAlignAct = 8, kAlignD = 8;
+
+using TileShape = Shape<_128, _128, _64>;  // (weight rows, tokens, K)
+using ClusterShape = Shape<_1, _1, _1>;
+
+using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlignD, ElementD,
+    LayoutD, kAlignD, cutlass::epilogue::TmaWarpSpecializedCooperative>::CollectiveOp;
+
+using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cute::tuple<ElementW, ElementScale>,
+    LayoutW, kAlignW, ElementAct, LayoutAct, kAlignAct, float, TileShape, ClusterShape,
+    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+        sizeof(typename CollectiveEpilogue::SharedStorage))>,
+    cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+
+using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>,
+                                                        CollectiveMainloop, CollectiveEpilogue>;
+using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+
+using StrideW = typename GemmKernel::StrideA;
+using StrideAct = typename GemmKernel::StrideB;
+using StrideD = typename GemmKernel::StrideD;
+using StrideS = typename CollectiveMainloop::StrideScale;
+
+// CUTLASS's persistent scheduler may want a small workspace; kept for the process lifetime.
+void* workspace(size_t bytes) {
+  static void* ptr = nullptr;
+  static size_t size = 0;
+  if (bytes > size) {
+    if (ptr) DSV4_CUDA_CHECK(cudaFree(ptr));
+    DSV4_CUDA_CHECK(cudaMalloc(&ptr, bytes));
+    size = bytes;
+  }
+  return ptr;
+}
+
+int sm_count() {
+  static int n = 0;
+  if (n == 0) {
+    int dev = 0;
+    DSV4_CUDA_CHECK(cudaGetDevice(&dev));
+    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  }
+  return n;
+}
+
+}  // namespace
+
+void wo_a_tensor_core(const WoAArgs& a, cudaStream_t stream) {
+  const int M = a.o_lora, N = a.num_tokens, K = a.in_g, L = a.o_groups;
+  const StrideW sw = make_stride(int64_t(K), Int<1>{}, int64_t(M) * K);
+  const StrideAct sa = make_stride(a.ldo, Int<1>{}, int64_t(K));
+  const StrideD sd = make_stride(Int<1>{}, a.ldz, int64_t(M));
+  const StrideS ss = make_stride(Int<1>{}, int64_t(M), int64_t(M) * (K / 128));
+
+  typename Gemm::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {M, N, K, L},
+      {reinterpret_cast<const ElementW*>(a.w), sw, reinterpret_cast<const ElementAct*>(a.o), sa,
+       reinterpret_cast<const ElementScale*>(a.w_scale_rows), ss, 128},
+      {{1.0f, 0.0f}, nullptr, sd, reinterpret_cast<ElementD*>(a.z), sd}};
+  args.hw_info.sm_count = sm_count();
+
+  Gemm gemm;
+  cutlass::Status st = gemm.can_implement(args);
+  DSV4_CHECK(st == cutlass::Status::kSuccess, "wo_a (CUTLASS mixed-input GEMM) cannot run M=", M,
+             " N=", N, " K=", K, " L=", L, ": ", cutlassGetStatusString(st));
+  const size_t ws = Gemm::get_workspace_size(args);
+  st = gemm.initialize(args, ws ? workspace(ws) : nullptr, stream);
+  DSV4_CHECK(st == cutlass::Status::kSuccess,
+             "wo_a: CUTLASS initialize failed: ", cutlassGetStatusString(st));
+  st = gemm.run(stream);
+  DSV4_CHECK(st == cutlass::Status::kSuccess,
+             "wo_a: CUTLASS run failed: ", cutlassGetStatusString(st));
+  DSV4_CUDA_CHECK(cudaGetLastError());
+}
+
+#else
+
+void wo_a_tensor_core(const WoAArgs&, cudaStream_t) {
+  throw Error(
+      "wo_a: the tensor-core (prefill) path needs CUTLASS; this build has none "
+      "(scripts/fetch_cutlass.sh, then reconfigure)");
+}
+
+#endif
+
+}  // namespace dsv4::cuda

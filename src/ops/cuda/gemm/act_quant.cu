@@ -1,0 +1,125 @@
+// Activation quantisation for the FP8 GEMMs (the reference's act_quant with block 128, bytes
+// identical to cpu::quantize_fp8), and the one-off conversion of checkpoint weight scales.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include "core/error.h"
+#include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/gemm/fp8_gemm.h"
+#include "ops/cuda/gemm/sm90_utils.cuh"
+
+namespace dsv4::cuda {
+namespace {
+
+constexpr int kQuantThreads = 256;  // 8 warps; a half-warp quantises one 128-element block
+
+// Exponent field of pow2_ceil(v) for a positive normal v (core/formats.h): the exponent, plus
+// one when any mantissa bit is set. It is also the UE8M0 code of the scale.
+__device__ __forceinline__ uint32_t pow2_ceil_exponent(float v) {
+  const uint32_t b = __float_as_uint(v);
+  return ((b >> 23) & 0xffu) + ((b & 0x7fffffu) != 0u ? 1u : 0u);
+}
+
+__global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(ActQuantParams p) {
+  // The GEMM that consumes these codes may start launching (it waits for our completion
+  // before it reads them).
+  sm90::griddep_launch_dependents();
+  const int kb_per_row = p.k / 128;
+  const int64_t blocks = int64_t(p.m) * kb_per_row;
+  const int64_t ldx = p.ldx ? p.ldx : p.k;
+  const int half = (threadIdx.x & 31) >> 4;  // which half-warp: one block each
+  const int hl = threadIdx.x & 15;           // lane inside the half-warp: 8 elements each
+  const int64_t warp_id = (int64_t(blockIdx.x) * kQuantThreads + threadIdx.x) / 32;
+  const int64_t warps = int64_t(gridDim.x) * kQuantThreads / 32;
+  // The loop bound is uniform over the warp (the shuffles need all 32 lanes).
+  for (int64_t wb = warp_id * 2; wb < blocks; wb += warps * 2) {
+    const int64_t blk = wb + half;
+    const bool valid = blk < blocks;
+    const int64_t row = valid ? blk / kb_per_row : 0;
+    const int kb = valid ? int(blk % kb_per_row) : 0;
+    uint4 raw = make_uint4(0, 0, 0, 0);
+    if (valid)
+      raw = __ldg(reinterpret_cast<const uint4*>(p.x + row * ldx + int64_t(kb) * 128 + hl * 8));
+    const __nv_bfloat16* xv = reinterpret_cast<const __nv_bfloat16*>(&raw);
+    float v[8];
+    float a = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      v[i] = __bfloat162float(xv[i]);
+      a = fmaxf(a, fabsf(v[i]));  // fmaxf ignores NaN, as std::max(a, NaN) does
+    }
+#pragma unroll
+    for (int o = 8; o >= 1; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    // s = pow2_ceil(max(amax, 1e-4) * (1/448)); dividing by s is multiplying by 1/s exactly.
+    const uint32_t e = pow2_ceil_exponent(fmaxf(a, 1e-4f) * (1.0f / 448.0f));
+    const float inv_s = __uint_as_float((254u - e) << 23);
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      // Saturating e4m3 conversion (RNE): |x/s| <= 448 by construction; NaN stays NaN (0x7f).
+      const uint32_t c = __nv_cvt_float_to_fp8(v[i] * inv_s, __NV_SATFINITE, __NV_E4M3) & 0xffu;
+      if (i < 4)
+        lo |= c << (8 * i);
+      else
+        hi |= c << (8 * (i - 4));
+    }
+    if (!valid) continue;
+    *reinterpret_cast<uint2*>(p.codes + row * p.k + int64_t(kb) * 128 + hl * 8) =
+        make_uint2(lo, hi);
+    if (hl == 0) {
+      float* st = p.scales_t + int64_t(kb) * p.ld_scales;
+      st[row] = __uint_as_float(e << 23);
+      // The last row also zeroes the pad rows up to fp8_scale_ld(m) (ld_scales >= that): the
+      // tensor-core GEMM reads them (fp8_gemm_prefill.cu, sfa_rows) and they should not be
+      // whatever the workspace held.
+      if (row == p.m - 1)
+        for (int r = p.m; r < (p.m + 3) / 4 * 4; ++r) st[r] = 0.0f;
+      if (p.scales_e8m0) p.scales_e8m0[row * kb_per_row + kb] = uint8_t(e);
+    }
+  }
+}
+
+__global__ void weight_scales_kernel(const uint8_t* e8m0, int nb, int kb, float* out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= nb * kb) return;
+  const int r = i / kb, c = i % kb;  // checkpoint [nb, kb] -> transposed [kb, nb]
+  const uint32_t code = e8m0[i];
+  // 2^(code-127); code 0 is 2^-127 (subnormal), 255 is NaN.
+  out[int64_t(c) * nb + r] = code == 255u ? __uint_as_float(0x7fc00000u)
+                             : code == 0u ? __uint_as_float(0x00400000u)
+                                          : __uint_as_float(code << 23);
+}
+
+}  // namespace
+
+void quantize_act_fp8(const ActQuantParams& p, cudaStream_t stream) {
+  DSV4_CHECK(p.m >= 0 && p.k > 0 && p.k % 128 == 0, "quantize_act_fp8: k = ", p.k,
+             " must be a positive multiple of 128 (m = ", p.m, ")");
+  DSV4_CHECK(p.ld_scales >= p.m && p.ld_scales % 4 == 0, "quantize_act_fp8: ld_scales ",
+             p.ld_scales, " must be >= m (", p.m, ") and a multiple of 4");
+  const int64_t ldx = p.ldx ? p.ldx : p.k;
+  DSV4_CHECK(ldx >= p.k && ldx % 8 == 0, "quantize_act_fp8: row stride ", ldx,
+             " must be >= k and a multiple of 8");
+  if (p.m == 0) return;
+  DSV4_CHECK(p.x && p.codes && p.scales_t, "quantize_act_fp8: null pointer");
+  DSV4_CHECK(
+      reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && reinterpret_cast<uintptr_t>(p.codes) % 16 == 0,
+      "quantize_act_fp8: x and codes must be 16-byte aligned");
+  const int64_t blocks = int64_t(p.m) * (p.k / 128);
+  const int64_t per_cta = kQuantThreads / 16;  // blocks per CTA per iteration
+  const int grid = int(std::min<int64_t>((blocks + per_cta - 1) / per_cta, 1 << 20));
+  act_quant_kernel<<<grid, kQuantThreads, 0, stream>>>(p);
+  DSV4_CUDA_CHECK(cudaGetLastError());
+}
+
+void fp8_weight_scales_to_f32(const uint8_t* e8m0, int n, int k, float* scales_t,
+                              cudaStream_t stream) {
+  DSV4_CHECK(n > 0 && k > 0 && k % 128 == 0, "fp8_weight_scales_to_f32: bad shape [", n, ", ", k,
+             "]");
+  DSV4_CHECK(e8m0 && scales_t, "fp8_weight_scales_to_f32: null pointer");
+  const int nb = (n + 127) / 128, kb = k / 128;
+  weight_scales_kernel<<<(nb * kb + 255) / 256, 256, 0, stream>>>(e8m0, nb, kb, scales_t);
+  DSV4_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace dsv4::cuda

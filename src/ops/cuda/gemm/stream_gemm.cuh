@@ -1,0 +1,301 @@
+// The weight-streaming GEMM for decode-sized M (1..64 rows of activations), y = x W^T with W
+// [n, K] row-major, for two operand kinds:
+//   kFp8 = true : e4m3 codes, activations per-(row,128) scaled, weights per-128x128 scaled; the
+//                 128-wide K blocks are promoted into the fp32 accumulator with sa * sw (the
+//                 reference's fp8_gemm), each block as four exact 32-wide wgmma partials; BF16 out.
+//   kFp8 = false: BF16 x BF16 with fp32 accumulation; fp32 out (the head's logits).
+//
+// Swap-AB: the weight tile is the wgmma M side (two m64 tiles = 128 weight rows per CTA) and the
+// tokens are the wgmma N side (padded to kMT = 8/16/32/64 by the TMA's zero fill), so the tensor
+// cores are never the limit and every CTA only streams weights. Warp roles: warps 0-3 form the
+// consumer warpgroup (wgmma + promotion), warp 4 issues TMA loads into a kStages-deep ring of
+// shared-memory stages (one stage = 128 bytes of K for 128 weight rows + kMT token rows).
+// K is split across the CTAs of a cluster (gridDim.y = cluster size = splits); their fp32
+// partial tiles are summed in rank order through distributed shared memory, so results are
+// deterministic and no global workspace is needed.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <utility>
+
+#include "ops/cuda/gemm/fp8_gemm_config.h"
+#include "ops/cuda/gemm/sm90_utils.cuh"
+#include "ops/cuda/gemm/stream_gemm_layout.h"
+
+namespace dsv4::cuda::stream_gemm {
+
+namespace cg = cooperative_groups;
+using cute::SM90::GMMA::ScaleOut;
+
+template <int N>
+struct Fp8Mma;
+template <>
+struct Fp8Mma<8> {
+  using Op = cute::SM90::GMMA::MMA_64x8x32_F32E4M3E4M3_SS_TN<>;
+};
+template <>
+struct Fp8Mma<16> {
+  using Op = cute::SM90::GMMA::MMA_64x16x32_F32E4M3E4M3_SS_TN<>;
+};
+template <>
+struct Fp8Mma<32> {
+  using Op = cute::SM90::GMMA::MMA_64x32x32_F32E4M3E4M3_SS_TN<>;
+};
+template <>
+struct Fp8Mma<64> {
+  using Op = cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_SS_TN<>;
+};
+
+using cute::SM90::GMMA::Major;
+template <int N>
+struct Bf16Mma;
+template <>
+struct Bf16Mma<8> {
+  using Op = cute::SM90::GMMA::MMA_64x8x16_F32BF16BF16_SS<Major::K, Major::K>;
+};
+template <>
+struct Bf16Mma<16> {
+  using Op = cute::SM90::GMMA::MMA_64x16x16_F32BF16BF16_SS<Major::K, Major::K>;
+};
+template <>
+struct Bf16Mma<32> {
+  using Op = cute::SM90::GMMA::MMA_64x32x16_F32BF16BF16_SS<Major::K, Major::K>;
+};
+template <>
+struct Bf16Mma<64> {
+  using Op = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<Major::K, Major::K>;
+};
+
+template <class Op, size_t... I>
+__device__ __forceinline__ void mma_expand(uint64_t da, uint64_t db, float* d, ScaleOut s,
+                                           std::index_sequence<I...>) {
+  Op::fma(da, db, d[I]..., s);
+}
+// d[kN/2] += A(64 x 32 bytes of K) * B(kN x 32 bytes of K)^T, both from 128B-swizzled smem.
+template <bool kFp8, int kN>
+__device__ __forceinline__ void mma_step(uint64_t da, uint64_t db, float* d, ScaleOut s) {
+  using Op = typename std::conditional_t<kFp8, Fp8Mma<kN>, Bf16Mma<kN>>::Op;
+  mma_expand<Op>(da, db, d, s, std::make_index_sequence<kN / 2>{});
+}
+
+struct Args {
+  int m = 0;                          // tokens (<= kMT)
+  int n = 0;                          // weight rows
+  int k_steps = 0;                    // 128-byte K steps per weight row
+  const float* w_scales_t = nullptr;  // fp8: [k/128, w_scale_ld] fp32
+  int w_scale_ld = 0;
+  void* out = nullptr;  // [m, ldo]: BF16 (fp8) or fp32 (bf16)
+  int64_t ldo = 0;
+};
+
+template <int kMT, bool kFp8, int kStages>
+__global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
+    stream_gemm_kernel(const __grid_constant__ CUtensorMap tm_w,
+                       const __grid_constant__ CUtensorMap tm_a,
+                       const __grid_constant__ CUtensorMap tm_sa, const Args args) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kRows = gemm_cfg::kStreamRows;
+  constexpr int kStepBytes = gemm_cfg::kStreamStepBytes;
+  constexpr int kStepElems = kFp8 ? kStepBytes : kStepBytes / 2;
+  constexpr int kWBytes = kRows * kStepBytes;
+  constexpr int kABytes = kMT * kStepBytes;
+  constexpr int kSABytes = kFp8 ? gemm_cfg::align_up(kMT * 4, 128) : 0;
+  constexpr int kTxBytes = kWBytes + kABytes + (kFp8 ? kMT * 4 : 0);
+  constexpr int kAcc = kMT / 2;  // accumulator registers per m64 tile
+
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem =
+      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* s_w = smem;
+  uint8_t* s_a = s_w + kStages * kWBytes;
+  float* s_sa = reinterpret_cast<float*>(s_a + kStages * kABytes);
+  uint64_t* full =
+      reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(s_sa) + kStages * kSABytes);
+  uint64_t* empty = full + kStages;
+
+  const int tile = blockIdx.x;
+  const int splits = gridDim.y;
+  const int split = blockIdx.y;  // == rank in the cluster (cluster dims (1, splits, 1))
+  const int n0 = tile * kRows;
+  const int s_begin = int((long long)split * args.k_steps / splits);
+  const int s_end = int((long long)(split + 1) * args.k_steps / splits);
+  const int count = s_end - s_begin;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      sm90::mbar_init(&full[s], 1);
+      sm90::mbar_init(&empty[s], 4);  // one arrival per consumer warp
+    }
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+
+  float acc[2][kAcc];
+#pragma unroll
+  for (int t = 0; t < 2; ++t)
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[t][i] = 0.0f;
+
+  if (warp == 4) {
+    // ---- producer ----
+    if (lane == 0) {
+      sm90::prefetch_tensormap(&tm_w);
+      sm90::prefetch_tensormap(&tm_a);
+      if constexpr (kFp8) sm90::prefetch_tensormap(&tm_sa);
+      // Weights do not depend on the previous kernel: fill the ring with them first, then wait
+      // for the activations (programmatic dependent launch) and complete the stages.
+      const int pre = count < kStages ? count : kStages;
+      for (int i = 0; i < pre; ++i) {
+        sm90::mbar_arrive_expect_tx(&full[i], kTxBytes);
+        sm90::tma_load_2d(&tm_w, &full[i], s_w + i * kWBytes, (s_begin + i) * kStepElems, n0,
+                          sm90::kEvictFirst);
+      }
+      sm90::griddep_wait();
+      for (int i = 0; i < pre; ++i) {
+        sm90::tma_load_2d(&tm_a, &full[i], s_a + i * kABytes, (s_begin + i) * kStepElems, 0,
+                          sm90::kEvictLast);
+        if constexpr (kFp8)
+          sm90::tma_load_2d(&tm_sa, &full[i], reinterpret_cast<uint8_t*>(s_sa) + i * kSABytes, 0,
+                            s_begin + i, sm90::kEvictLast);
+      }
+      for (int i = pre; i < count; ++i) {
+        const int s = i % kStages;
+        sm90::mbar_wait(&empty[s], ((i / kStages) - 1) & 1);
+        sm90::mbar_arrive_expect_tx(&full[s], kTxBytes);
+        const int kc = (s_begin + i) * kStepElems;
+        sm90::tma_load_2d(&tm_w, &full[s], s_w + s * kWBytes, kc, n0, sm90::kEvictFirst);
+        sm90::tma_load_2d(&tm_a, &full[s], s_a + s * kABytes, kc, 0, sm90::kEvictLast);
+        if constexpr (kFp8)
+          sm90::tma_load_2d(&tm_sa, &full[s], reinterpret_cast<uint8_t*>(s_sa) + s * kSABytes, 0,
+                            s_begin + i, sm90::kEvictLast);
+      }
+    }
+    __syncwarp();  // reconverge before the block-wide barriers of the epilogue
+  } else {
+    // ---- consumer warpgroup ----
+    sm90::griddep_wait();
+    const int q0 = (lane & 3) * 2;  // this thread's token pair inside each group of 8
+    float sw_next = 0.0f;
+    if constexpr (kFp8)
+      if (count > 0) sw_next = __ldg(args.w_scales_t + size_t(s_begin) * args.w_scale_ld + tile);
+    for (int i = 0; i < count; ++i) {
+      const int s = i % kStages;
+      sm90::mbar_wait(&full[s], (i / kStages) & 1);
+      const uint64_t dw = sm90::desc_k_sw128(s_w + s * kWBytes);
+      const uint64_t da = sm90::desc_k_sw128(s_a + s * kABytes);
+      if constexpr (kFp8) {
+        const float sw = sw_next;
+        if (i + 1 < count)
+          sw_next = __ldg(args.w_scales_t + size_t(s_begin + i + 1) * args.w_scale_ld + tile);
+        // Per-token activation scales of this step, times the weight block's scale.
+        const float* sa =
+            reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(s_sa) + s * kSABytes);
+        float2 scl[kMT / 8];
+#pragma unroll
+        for (int g = 0; g < kMT / 8; ++g) {
+          const float2 v = *reinterpret_cast<const float2*>(sa + g * 8 + q0);
+          scl[g] = make_float2(v.x * sw, v.y * sw);
+        }
+        // Every 32-wide K slice is its own wgmma accumulation, promoted into fp32 at once: the
+        // FP8 tensor cores accumulate into C with ~14 significant bits, so chaining the four
+        // slices of a 128 block inside the tensor core would cost ~1e-4 relative accuracy that
+        // the memory-bound decode can afford to keep (the products of one slice are exact).
+#pragma unroll 1
+        for (int kk = 0; kk < 4; ++kk) {
+          float part[2][kAcc];
+#pragma unroll
+          for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int j = 0; j < kAcc; ++j) {
+              part[t][j] = 0.0f;
+              cute::warpgroup_fence_operand(part[t][j]);
+            }
+          cute::warpgroup_arrive();
+#pragma unroll
+          for (int t = 0; t < 2; ++t)
+            mma_step<true, kMT>(dw + ((t * 64 * kStepBytes + kk * 32) >> 4), da + ((kk * 32) >> 4),
+                                part[t], ScaleOut::Zero);
+          cute::warpgroup_commit_batch();
+          cute::warpgroup_wait<0>();
+#pragma unroll
+          for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int j = 0; j < kAcc; ++j) {
+              cute::warpgroup_fence_operand(part[t][j]);
+              acc[t][j] = fmaf(part[t][j], (j & 1) ? scl[j >> 2].y : scl[j >> 2].x, acc[t][j]);
+            }
+        }
+        __syncwarp();
+        if (lane == 0) sm90::mbar_arrive(&empty[s]);
+      } else {
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+          for (int j = 0; j < kAcc; ++j) cute::warpgroup_fence_operand(acc[t][j]);
+        cute::warpgroup_arrive();
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+            mma_step<false, kMT>(dw + ((t * 64 * kStepBytes + kk * 32) >> 4), da + ((kk * 32) >> 4),
+                                 acc[t], ScaleOut::One);
+        cute::warpgroup_commit_batch();
+        cute::warpgroup_wait<0>();
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+          for (int j = 0; j < kAcc; ++j) cute::warpgroup_fence_operand(acc[t][j]);
+        __syncwarp();
+        if (lane == 0) sm90::mbar_arrive(&empty[s]);
+      }
+    }
+  }
+
+  // ---- epilogue: partial tile in register order into the (now idle) stage buffers ----
+  // Every consumer warp has finished reading the stages before any of them is overwritten.
+  if (warp < 4) sm90::named_barrier(1, gemm_cfg::kStreamConsumerThreads);
+  float* part_tile = reinterpret_cast<float*>(smem);
+  if (warp < 4) {
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int j = 0; j < kAcc; ++j) part_tile[acc_store_index<kMT>(t, j, threadIdx.x)] = acc[t][j];
+  }
+  cg::cluster_group cluster = cg::this_cluster();
+  if (splits > 1)
+    sm90::cluster_sync();
+  else
+    __syncthreads();
+  // Rank r writes tokens [r*m/splits, (r+1)*m/splits): thread `row` sums its element over the
+  // cluster's partial tiles in rank order and stores it (consecutive threads, consecutive n).
+  if (warp < 4) {
+    const int row = threadIdx.x;
+    const int c0 = int((long long)split * args.m / splits);
+    const int c1 = int((long long)(split + 1) * args.m / splits);
+    const bool valid = n0 + row < args.n;
+    for (int col = c0; col < c1; ++col) {
+      const int e = partial_index<kMT>(row, col);
+      float v = 0.0f;
+      for (int r = 0; r < splits; ++r) {
+        const float* src = splits > 1 ? cluster.map_shared_rank(part_tile, r) : part_tile;
+        v += src[e];
+      }
+      if (valid) {
+        if constexpr (kFp8)
+          reinterpret_cast<__nv_bfloat16*>(args.out)[size_t(col) * args.ldo + n0 + row] =
+              __float2bfloat16_rn(v);
+        else
+          reinterpret_cast<float*>(args.out)[size_t(col) * args.ldo + n0 + row] = v;
+      }
+    }
+  }
+  // No CTA may leave while a peer still reads its shared memory.
+  if (splits > 1) sm90::cluster_sync();
+#endif
+}
+
+}  // namespace dsv4::cuda::stream_gemm

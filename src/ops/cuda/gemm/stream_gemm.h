@@ -1,0 +1,34 @@
+// Host entry points of the weight-streaming GEMM (stream_gemm.cuh), shared by the FP8 GEMM
+// (fp8_gemm.h) and the head's logits (head/logits.h). Internal to src/ops/cuda.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dsv4::cuda::detail {
+
+struct StreamGemmLaunch {
+  const void* w = nullptr;  // [n, k] row-major: e4m3 (fp8) or BF16
+  int n = 0;
+  int k = 0;
+  const void* a = nullptr;  // [m, k] e4m3 (packed rows) or BF16 (row stride lda elements)
+  int64_t lda = 0;
+  int m = 0;                          // 1..64
+  const float* a_scales_t = nullptr;  // fp8: [k/128, a_ld] fp32
+  int a_ld = 0;
+  const float* w_scales_t = nullptr;  // fp8: [k/128, ceil(n/128)] fp32
+  void* out = nullptr;                // [m, ldo]: BF16 (fp8) or fp32 (BF16 operands)
+  int64_t ldo = 0;
+  bool pdl = false;
+  int splits = 0;  // 0: plan_stream's choice (tests force other values)
+};
+
+// Validated by the callers; these check only what the kernel itself needs.
+void stream_gemm_fp8(const StreamGemmLaunch& p, cudaStream_t stream);
+void stream_gemm_bf16(const StreamGemmLaunch& p, cudaStream_t stream);
+
+// SM count of the current device (cached per device).
+int sm_count();
+
+}  // namespace dsv4::cuda::detail

@@ -1,0 +1,32 @@
+// Tile geometry of the lightning-indexer kernels.
+#pragma once
+
+namespace dsv4::cuda::indexer_cfg {
+
+constexpr int kHeadDim = 128;
+constexpr int kRopeDim = 64;
+constexpr int kFp4Block = 32;
+constexpr int kKeyBytes = kHeadDim / 2;           // packed e2m1 per key
+constexpr int kKeyScales = kHeadDim / kFp4Block;  // UE8M0 per key
+
+// Query path: one warp per (token, head), 4 values per lane.
+constexpr int kQueryWarps = 4;
+
+// Logits: 4 warps x 32 keys (two m16 tiles) per key tile; up to 4 query tokens of one sequence
+// per CTA share the dequantised keys; key tiles stream through a 3-stage cp.async ring.
+constexpr int kLogitsWarps = 4;
+constexpr int kLogitsThreads = kLogitsWarps * 32;
+constexpr int kKeysPerWarp = 32;
+constexpr int kTileKeys = kLogitsWarps * kKeysPerWarp;  // 128
+constexpr int kStages = 3;
+constexpr int kMaxTokensPerCta = 4;
+constexpr int kQRowPad = 8;  // BF16 elements of padding per q row in smem (conflict-free ldmatrix)
+constexpr int kMaxKeysPerCta = 2048;
+
+// Top-k: one CTA selects over a segment of at most kSegment entries (16-bit positions); longer
+// rows are cut into segments whose candidates a second pass merges.
+constexpr int kTopkThreads = 512;
+constexpr int kSegment = 16384;
+constexpr int kSortCap = 1024;  // = kIndexerMaxTopk, the bitonic sort width
+
+}  // namespace dsv4::cuda::indexer_cfg

@@ -1,0 +1,843 @@
+// mHC kernels (mhc.h). One cluster kernel serves hc_pre, hc_post_pre and hc_head:
+//
+//   grid (CS, token tiles), cluster (CS, 1, 1); CTA `rank` owns dims [rank*ds, (rank+1)*ds) of
+//   all 4 streams of a tile of tc tokens. Warps 0-7 ("compute") own dw = ds/8 dims each.
+//   A. compute warps bring their slice of the streams into shared memory (cp.async; for
+//      hc_post_pre: the previous streams, then the new streams computed in place and written out)
+//      and sum squares per token (fp64);
+//   B. the projection m = X fn^T over the CTA's slice on tensor cores: mma.m16n8k16 BF16 with
+//      each fp32 fn value split exactly into hi + mid + lo BF16 parts (X is BF16, so every product
+//      is exact and accumulates in fp32); K is permuted identically on both operands so each
+//      thread loads 16 contiguous bytes; warps' partials reduced in a fixed order;
+//   C. cluster barrier; token t is owned by CTA t % CS, which sums the CS partials (rank order)
+//      from distributed shared memory and computes pre (and post, comb) on warp 8;
+//   D. cluster barrier; every CTA fetches pre for the tile, the compute warps collapse their
+//      slice (and apply the fused RMSNorm after one more cluster reduction) while warp 8 runs
+//      Sinkhorn for its tokens and writes post/comb.
+// Arithmetic that the CPU does in fp32 uses explicitly rounded operations (no FMA contraction),
+// so hc_post's outputs and the collapse are bit-identical to the CPU for identical inputs.
+#include "ops/cuda/mhc/mhc.h"
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+#include "core/error.h"
+#include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/gemm/sm90_utils.cuh"
+#include "ops/cuda/mhc/mhc_config.h"
+
+namespace dsv4::cuda {
+namespace {
+
+namespace cg = cooperative_groups;
+using namespace mhc_cfg;
+
+enum class Mode { kPre, kPostPre, kHead };
+
+struct KParams {
+  int tokens = 0, dim = 0, ds = 0, cs = 0, tc = 0, m_tiles = 0;
+  int iters = 20;
+  float norm_eps = 1e-6f, hc_eps = 1e-6f;
+  const __nv_bfloat16* streams = nullptr;  // kPre / kHead input
+  const __nv_bfloat16* x_prev = nullptr;   // kPostPre: sub-layer output [T, dim]
+  const __nv_bfloat16* res = nullptr;      // kPostPre: previous streams
+  const float* post_prev = nullptr;        // kPostPre
+  const float* comb_prev = nullptr;        // kPostPre
+  __nv_bfloat16* streams_out = nullptr;    // kPostPre: new streams
+  const float* fn = nullptr;
+  const float* base = nullptr;
+  const float* scale = nullptr;
+  const __nv_bfloat16* norm_w = nullptr;  // optional fused RMSNorm
+  float nrm_eps = 1e-6f;
+  __nv_bfloat16* y = nullptr;
+  float* post_out = nullptr;
+  float* comb_out = nullptr;
+};
+
+// ---- small device helpers --------------------------------------------------------------------
+__device__ __forceinline__ float fmul(float a, float b) {
+  return __fmul_rn(a, b);
+}
+__device__ __forceinline__ float fadd(float a, float b) {
+  return __fadd_rn(a, b);
+}
+__device__ __forceinline__ float sigmoidf_ref(float x) {
+  return __fdiv_rn(1.0f, fadd(1.0f, expf(-x)));
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sm90::smem_u32(smem)),
+               "l"(gmem), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+}
+using sm90::cluster_arrive;
+using sm90::cluster_wait;
+
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// f == hi + mid + lo exactly (for normal f): each residual is exact by Sterbenz' lemma.
+__device__ __forceinline__ void split3(float f, float& hi, float& mid, float& lo) {
+  hi = __bfloat162float(__float2bfloat16_rn(f));
+  const float r1 = f - hi;
+  mid = __bfloat162float(__float2bfloat16_rn(r1));
+  lo = r1 - mid;  // <= 8 significant bits: exact in BF16
+}
+
+__device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
+  const __nv_bfloat16* b = reinterpret_cast<const __nv_bfloat16*>(&v);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) f[i] = __bfloat162float(b[i]);
+}
+__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
+  uint4 v;
+  v.x = pack_bf16(f[0], f[1]);
+  v.y = pack_bf16(f[2], f[3]);
+  v.z = pack_bf16(f[4], f[5]);
+  v.w = pack_bf16(f[6], f[7]);
+  return v;
+}
+
+// Offset of a thread's 16 bytes of (m-tile mt, sub-chunk sc, stream j, row half h) in its warp's
+// region: every access of a warp touches 512 contiguous bytes.
+template <int kNsc>
+__device__ __forceinline__ int xoff(int mt, int sc, int j, int h, int lane) {
+  return ((((mt * kNsc + sc) * kHc + j) * 2 + h) * 32 + lane) * 16;
+}
+
+// Sinkhorn of one token's 4x4 matrix, exactly the CPU's order of operations (ops/cpu/mhc.cpp).
+__device__ __forceinline__ void sinkhorn4(float (&c)[16], int iters, float eps) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    float mx = c[j * 4];
+#pragma unroll
+    for (int k = 1; k < 4; ++k) mx = fmaxf(mx, c[j * 4 + k]);
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      c[j * 4 + k] = expf(c[j * 4 + k] - mx);
+      sum = fadd(sum, c[j * 4 + k]);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) c[j * 4 + k] = fadd(__fdiv_rn(c[j * 4 + k], sum), eps);
+  }
+  auto col_norm = [&] {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      float s = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) s = fadd(s, c[j * 4 + k]);
+      const float d = fadd(s, eps);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) c[j * 4 + k] = __fdiv_rn(c[j * 4 + k], d);
+    }
+  };
+  auto row_norm = [&] {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float s = 0.0f;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) s = fadd(s, c[j * 4 + k]);
+      const float d = fadd(s, eps);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) c[j * 4 + k] = __fdiv_rn(c[j * 4 + k], d);
+    }
+  };
+  col_norm();
+  for (int it = 1; it < iters; ++it) {
+    row_norm();
+    col_norm();
+  }
+}
+
+// ---- the cluster kernel --------------------------------------------------------------------
+// kMaxMt: token tiles of 16 held per CTA (register arrays are sized for it): max_mtiles(kDw)
+// for prefill, 1 for decode batches, where the registers saved let every fn chunk be in
+// flight at once.
+template <Mode kMode, int kDw, int kMaxMt>
+__global__ void __launch_bounds__(kThreads, 1) hc_cluster_kernel(const KParams p) {
+  constexpr int kMix = kMode == Mode::kHead ? kMixHead : kMixPre;
+  constexpr int kNt = (kMix + 7) / 8;  // n8 tiles of the projection
+  constexpr int kNsc = kDw / 32;
+
+  extern __shared__ __align__(16) uint8_t smem[];
+  const SmemLayout L = smem_layout(p.m_tiles, kDw);
+  uint8_t* sx = smem + L.x;
+  float* red = reinterpret_cast<float*>(smem + L.red);
+  float* own_mix = red;
+  double* own_ss = reinterpret_cast<double*>(smem + L.red + kOwnSsOffset);
+  double* red_ss = reinterpret_cast<double*>(smem + L.red_ss);
+  float* part_mix = reinterpret_cast<float*>(smem + L.part_mix);
+  double* part_ss = reinterpret_cast<double*>(smem + L.part_ss);
+  float* own_pre = reinterpret_cast<float*>(smem + L.own_pre);
+  float* pre_all = reinterpret_cast<float*>(smem + L.pre_all);
+
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = blockIdx.x, cs = p.cs;
+  const int t0 = blockIdx.y * p.tc;
+  const int tc = min(p.tc, p.tokens - t0);  // tokens of this tile
+  const int tcp = p.m_tiles * 16;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, tq = lane & 3;
+  const int64_t hd = int64_t(kHc) * p.dim;  // stream stride per token
+  const int n_own = rank < tc ? (tc - rank + cs - 1) / cs : 0;
+
+  // ================= A + B: compute warps =================
+  if (warp < kComputeWarps) {
+    uint8_t* xw = sx + warp * (p.m_tiles * 16 * kHc * kDw * 2);
+    const int dbase = rank * p.ds + warp * kDw;  // first dim of this warp
+
+    // Projection weights of chunk (sc, j): rows nt*8+g, 8 fp32 at k = j*dim + dbase + sc*32 + 8tq.
+    // fn for the warp's chunks, prefetched kFnDepth - 1 chunks ahead (the chunk loop is fully
+    // unrolled, so only the live window of fb occupies registers).
+    constexpr int kChunks = kNsc * kHc;
+    constexpr int kFnDepth = (kMode == Mode::kPostPre && kDw == 64) ? 2
+                             : kMaxMt == 1                          ? (kChunks < 4 ? kChunks : 4)
+                             : (kMaxMt <= 3 && kMode != Mode::kPostPre) ? 3
+                                                                        : 2;
+    float4 fb[kChunks][kNt][2];
+    auto load_fn = [&](int c, float4(&f)[kNt][2]) {
+      const int sc = c / kHc, j = c % kHc;
+      const int64_t kf = int64_t(j) * p.dim + dbase + sc * 32 + 8 * tq;
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt) {
+        const int r = nt * 8 + g;
+        if (r < kMix) {
+          const float4* src = reinterpret_cast<const float4*>(p.fn + int64_t(r) * hd + kf);
+          f[nt][0] = __ldg(src);
+          f[nt][1] = __ldg(src + 1);
+        } else {
+          f[nt][0] = f[nt][1] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+      }
+    };
+#pragma unroll
+    for (int c = 0; c < kFnDepth - 1 && c < kChunks; ++c) load_fn(c, fb[c]);
+
+    // ---- A: the streams of the slice into shared memory ----
+    const __nv_bfloat16* src_streams = kMode == Mode::kPostPre ? p.res : p.streams;
+    for (int mt = 0; mt < p.m_tiles; ++mt)
+#pragma unroll
+      for (int sc = 0; sc < kNsc; ++sc)
+#pragma unroll
+        for (int j = 0; j < kHc; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = mt * 16 + g + 8 * h;
+            const bool valid = row < tc;
+            const __nv_bfloat16* src = valid ? src_streams + int64_t(t0 + row) * hd +
+                                                   int64_t(j) * p.dim + dbase + sc * 32 + 8 * tq
+                                             : src_streams;
+            cp_async16(xw + xoff<kNsc>(mt, sc, j, h, lane), src, valid ? 16 : 0);
+          }
+
+    if constexpr (kMode == Mode::kPostPre) {
+      // post/comb of the tile's tokens -> part_mix (unused until B), 20 floats per token.
+      float* pc = part_mix;
+      for (int i = threadIdx.x; i < tcp * 20; i += kComputeThreads) {
+        const int row = i / 20, v = i % 20;
+        float val = 0.0f;
+        // Plain (coherent) loads: next_post/next_comb may alias these and are written later
+        // in this kernel, which rules out the read-only path.
+        if (row < tc)
+          val = v < 4 ? p.post_prev[int64_t(t0 + row) * 4 + v]
+                      : p.comb_prev[int64_t(t0 + row) * 16 + (v - 4)];
+        pc[i] = val;
+      }
+      // The sub-layer output x for this thread's rows, one m-tile ahead in registers.
+      auto load_x = [&](int mt, uint4(&xr)[2][kNsc]) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int sc = 0; sc < kNsc; ++sc) {
+            const int row = mt * 16 + g + 8 * h;
+            xr[h][sc] = make_uint4(0, 0, 0, 0);
+            if (mt < p.m_tiles && row < tc)
+              xr[h][sc] = __ldg(reinterpret_cast<const uint4*>(
+                  p.x_prev + int64_t(t0 + row) * p.dim + dbase + sc * 32 + 8 * tq));
+          }
+      };
+      uint4 xcur[2][kNsc];
+      load_x(0, xcur);
+      cp_async_wait_all();
+      sm90::named_barrier(1, kComputeThreads);  // post/comb staged
+      // out_k = bf16(post_k x + sum_j comb[j][k] res_j), in place over res in shared memory.
+      for (int mt = 0; mt < p.m_tiles; ++mt) {
+        uint4 xnext[2][kNsc];
+        load_x(mt + 1, xnext);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = mt * 16 + g + 8 * h;
+          if (row >= tc) continue;
+          const float* pcr = pc + row * 20;
+          float post[4], comb[16];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) post[i] = pcr[i];
+#pragma unroll
+          for (int i = 0; i < 16; ++i) comb[i] = pcr[4 + i];
+#pragma unroll
+          for (int sc = 0; sc < kNsc; ++sc) {
+            float xv[8], rv[kHc][8];
+            unpack8(xcur[h][sc], xv);
+#pragma unroll
+            for (int j = 0; j < kHc; ++j)
+              unpack8(*reinterpret_cast<const uint4*>(xw + xoff<kNsc>(mt, sc, j, h, lane)), rv[j]);
+#pragma unroll
+            for (int k = 0; k < kHc; ++k) {
+              float o[8];
+#pragma unroll
+              for (int e = 0; e < 8; ++e) {
+                float s = fmul(comb[0 * 4 + k], rv[0][e]);
+#pragma unroll
+                for (int j = 1; j < kHc; ++j) s = fadd(s, fmul(comb[j * 4 + k], rv[j][e]));
+                o[e] = fadd(fmul(post[k], xv[e]), s);
+              }
+              const uint4 ov = pack8(o);
+              *reinterpret_cast<uint4*>(xw + xoff<kNsc>(mt, sc, k, h, lane)) = ov;
+              *reinterpret_cast<uint4*>(p.streams_out + int64_t(t0 + row) * hd +
+                                        int64_t(k) * p.dim + dbase + sc * 32 + 8 * tq) = ov;
+            }
+          }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int sc = 0; sc < kNsc; ++sc) xcur[h][sc] = xnext[h][sc];
+      }
+    } else {
+      cp_async_wait_all();
+    }
+    __syncwarp();
+
+    // ---- sums of squares of the slice, per token (fp64; squares of BF16 are exact) ----
+    for (int mt = 0; mt < p.m_tiles; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        double ss = 0.0;
+#pragma unroll
+        for (int sc = 0; sc < kNsc; ++sc)
+#pragma unroll
+          for (int j = 0; j < kHc; ++j) {
+            float v[8];
+            unpack8(*reinterpret_cast<const uint4*>(xw + xoff<kNsc>(mt, sc, j, h, lane)), v);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) ss += double(v[e] * v[e]);
+          }
+        ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+        ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+        if (tq == 0) red_ss[warp * tcp + mt * 16 + g + 8 * h] = ss;
+      }
+
+    // ---- B: projection on tensor cores ----
+    float acc[kMaxMt][kNt][4];
+#pragma unroll
+    for (int mt = 0; mt < kMaxMt; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      if (c + kFnDepth - 1 < kChunks) load_fn(c + kFnDepth - 1, fb[c + kFnDepth - 1]);
+      const int sc = c / kHc, j = c % kHc;
+      // One n-tile at a time: B fragments (hi, mid, lo) x {step0 b0, b1, step1 b0, b1}.
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt) {
+        const float f[8] = {fb[c][nt][0].x, fb[c][nt][0].y, fb[c][nt][0].z, fb[c][nt][0].w,
+                            fb[c][nt][1].x, fb[c][nt][1].y, fb[c][nt][1].z, fb[c][nt][1].w};
+        uint32_t b[3][4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          float h0, m0, l0, h1, m1, l1;
+          split3(f[2 * q], h0, m0, l0);
+          split3(f[2 * q + 1], h1, m1, l1);
+          b[0][q] = pack_bf16(h0, h1);
+          b[1][q] = pack_bf16(m0, m1);
+          b[2][q] = pack_bf16(l0, l1);
+        }
+#pragma unroll
+        for (int mt = 0; mt < kMaxMt; ++mt) {
+          if (mt < p.m_tiles) {
+            const uint4 va = *reinterpret_cast<const uint4*>(xw + xoff<kNsc>(mt, sc, j, 0, lane));
+            const uint4 vb = *reinterpret_cast<const uint4*>(xw + xoff<kNsc>(mt, sc, j, 1, lane));
+#pragma unroll
+            for (int s = 0; s < 3; ++s) {
+              mma16816(acc[mt][nt], va.x, vb.x, va.y, vb.y, b[s][0], b[s][1]);
+              mma16816(acc[mt][nt], va.z, vb.z, va.w, vb.w, b[s][2], b[s][3]);
+            }
+          }
+        }
+      }
+    }
+
+    // ---- fixed-order reduction over the 8 warps, one m-tile at a time ----
+#pragma unroll
+    for (int mt = 0; mt < kMaxMt; ++mt) {
+      if (mt >= p.m_tiles) break;
+      float* rw = red + warp * (16 * kMix);
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int r = g + 8 * (i >> 1), col = nt * 8 + 2 * tq + (i & 1);
+          if (col < kMix) rw[r * kMix + col] = acc[mt][nt][i];
+        }
+      sm90::named_barrier(1, kComputeThreads);
+      for (int o = threadIdx.x; o < 16 * kMix; o += kComputeThreads) {
+        float s = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kComputeWarps; ++w) s += red[w * 16 * kMix + o];
+        part_mix[(mt * 16 + o / kMix) * kMix + o % kMix] = s;
+      }
+      sm90::named_barrier(1, kComputeThreads);
+    }
+    for (int row = threadIdx.x; row < tcp; row += kComputeThreads) {
+      double s = 0.0;
+#pragma unroll
+      for (int w = 0; w < kComputeWarps; ++w) s += red_ss[w * tcp + row];
+      part_ss[row] = s;
+    }
+  }
+
+  // ================= C: owners reduce across the cluster =================
+  cluster_arrive();
+  cluster_wait();
+  {
+    const int items = n_own * (kMix + 1);
+    for (int it = threadIdx.x; it < items; it += kThreads) {
+      const int o = it / (kMix + 1), v = it % (kMix + 1);
+      const int tl = rank + o * cs;
+      if (v < kMix) {
+        float vals[kMaxCluster];
+#pragma unroll
+        for (int r = 0; r < kMaxCluster; ++r)
+          vals[r] = r < cs ? cluster.map_shared_rank(part_mix, r)[tl * kMix + v] : 0.0f;
+        float s = 0.0f;
+#pragma unroll
+        for (int r = 0; r < kMaxCluster; ++r)
+          if (r < cs) s += vals[r];
+        own_mix[o * (kMix + 1) + v] = s;
+      } else {
+        double vals[kMaxCluster];
+#pragma unroll
+        for (int r = 0; r < kMaxCluster; ++r)
+          vals[r] = r < cs ? cluster.map_shared_rank(part_ss, r)[tl] : 0.0;
+        double s = 0.0;
+#pragma unroll
+        for (int r = 0; r < kMaxCluster; ++r)
+          if (r < cs) s += vals[r];
+        own_ss[o] = s;
+      }
+    }
+  }
+  __syncthreads();
+  // Warp 8: the weights of the owned tokens; post and the raw comb replace the token's mixes
+  // in own_mix (read back for Sinkhorn).
+  if (warp == kComputeWarps) {
+    for (int o = lane; o < n_own; o += 32) {
+      float* om = own_mix + o * (kMix + 1);
+      const float ms = float(own_ss[o] / double(hd));
+      const float rs = __fdiv_rn(1.0f, __fsqrt_rn(fadd(ms, p.norm_eps)));
+      float m[kMix];
+#pragma unroll
+      for (int v = 0; v < kMix; ++v) m[v] = fmul(om[v], rs);
+      const float s0 = __ldg(p.scale);
+#pragma unroll
+      for (int j = 0; j < kHc; ++j)
+        own_pre[o * kHc + j] =
+            fadd(sigmoidf_ref(fadd(fmul(m[j], s0), __ldg(p.base + j))), p.hc_eps);
+      if constexpr (kMode != Mode::kHead) {
+        const float s1 = __ldg(p.scale + 1), s2 = __ldg(p.scale + 2);
+#pragma unroll
+        for (int j = 0; j < kHc; ++j)
+          om[j] = fmul(2.0f, sigmoidf_ref(fadd(fmul(m[kHc + j], s1), __ldg(p.base + kHc + j))));
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
+          om[kHc + i] = fadd(fmul(m[2 * kHc + i], s2), __ldg(p.base + 2 * kHc + i));
+      }
+    }
+  }
+
+  // ================= D: pre weights to every CTA, collapse, Sinkhorn =================
+  cluster_arrive();
+  cluster_wait();
+  for (int it = threadIdx.x; it < tc * kHc; it += kThreads) {
+    const int tl = it / kHc, j = it % kHc;
+    pre_all[it] = cluster.map_shared_rank(own_pre, tl % cs)[(tl / cs) * kHc + j];
+  }
+  __syncthreads();
+  const bool has_norm = p.norm_w != nullptr;
+
+  if (warp == kComputeWarps) {
+    // No remote reads after this point: let the cluster proceed, then Sinkhorn.
+    cluster_arrive();
+    if constexpr (kMode != Mode::kHead) {
+      for (int o = lane; o < n_own; o += 32) {
+        const float* om = own_mix + o * (kMix + 1);
+        const int t = t0 + rank + o * cs;
+        float comb_reg[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) comb_reg[i] = om[kHc + i];
+        sinkhorn4(comb_reg, p.iters, p.hc_eps);
+        float4* po = reinterpret_cast<float4*>(p.post_out + int64_t(t) * 4);
+        po[0] = make_float4(om[0], om[1], om[2], om[3]);
+        float4* co = reinterpret_cast<float4*>(p.comb_out + int64_t(t) * 16);
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          co[q] = make_float4(comb_reg[4 * q], comb_reg[4 * q + 1], comb_reg[4 * q + 2],
+                              comb_reg[4 * q + 3]);
+      }
+    }
+    cluster_wait();
+    if (has_norm) {
+      cluster_arrive();
+      cluster_wait();
+    }
+    return;
+  }
+
+  // Compute warps: y = bf16(sum_j pre_j h_j) over the slice (then the fused RMSNorm).
+  const uint8_t* xw = sx + warp * (p.m_tiles * 16 * kHc * kDw * 2);
+  const int dbase = rank * p.ds + warp * kDw;
+  auto collapse = [&](int mt, int sc, int h, float(&yv)[8]) {
+    const int row = mt * 16 + g + 8 * h;
+    const float* pr = pre_all + row * kHc;
+    float xv[kHc][8];
+#pragma unroll
+    for (int j = 0; j < kHc; ++j)
+      unpack8(*reinterpret_cast<const uint4*>(xw + xoff<kNsc>(mt, sc, j, h, lane)), xv[j]);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      float s = fmul(pr[0], xv[0][e]);
+#pragma unroll
+      for (int j = 1; j < kHc; ++j) s = fadd(s, fmul(pr[j], xv[j][e]));
+      yv[e] = __bfloat162float(__float2bfloat16_rn(s));
+    }
+  };
+  if (!has_norm) {
+    cluster_arrive();  // the pre_all reads were the last remote accesses
+    for (int mt = 0; mt < p.m_tiles; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = mt * 16 + g + 8 * h;
+        if (row >= tc) continue;
+#pragma unroll
+        for (int sc = 0; sc < kNsc; ++sc) {
+          float yv[8];
+          collapse(mt, sc, h, yv);
+          *reinterpret_cast<uint4*>(p.y + int64_t(t0 + row) * p.dim + dbase + sc * 32 + 8 * tq) =
+              pack8(yv);
+        }
+      }
+    cluster_wait();
+    return;
+  }
+
+  // Fused RMSNorm: per-token sum of squares of y over the cluster, then y * rs * w.
+  for (int mt = 0; mt < p.m_tiles; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = mt * 16 + g + 8 * h;
+      double ss = 0.0;
+      if (row < tc) {
+#pragma unroll
+        for (int sc = 0; sc < kNsc; ++sc) {
+          float yv[8];
+          collapse(mt, sc, h, yv);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) ss += double(yv[e] * yv[e]);
+        }
+      }
+      ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+      ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+      if (tq == 0) red_ss[warp * tcp + row] = ss;
+    }
+  sm90::named_barrier(1, kComputeThreads);
+  for (int row = threadIdx.x; row < tcp; row += kComputeThreads) {
+    double s = 0.0;
+#pragma unroll
+    for (int w = 0; w < kComputeWarps; ++w) s += red_ss[w * tcp + row];
+    part_ss[row] = s;  // the streams' partials were consumed before the second barrier
+  }
+  cluster_arrive();
+  cluster_wait();
+  float* rs_row = reinterpret_cast<float*>(red_ss);  // fp32 norm factors, per token
+  sm90::named_barrier(1, kComputeThreads);           // everyone is done reading red_ss
+  for (int row = threadIdx.x; row < tc; row += kComputeThreads) {
+    double vals[kMaxCluster];
+#pragma unroll
+    for (int r = 0; r < kMaxCluster; ++r)
+      vals[r] = r < cs ? cluster.map_shared_rank(part_ss, r)[row] : 0.0;
+    double s = 0.0;
+#pragma unroll
+    for (int r = 0; r < kMaxCluster; ++r)
+      if (r < cs) s += vals[r];
+    const float ms = float(s / double(p.dim));
+    rs_row[row] = __fdiv_rn(1.0f, __fsqrt_rn(fadd(ms, p.nrm_eps)));
+  }
+  sm90::named_barrier(1, kComputeThreads);
+  cluster_arrive();  // remote reads done
+#pragma unroll
+  for (int sc = 0; sc < kNsc; ++sc) {
+    float wv[8];
+    unpack8(__ldg(reinterpret_cast<const uint4*>(p.norm_w + dbase + sc * 32 + 8 * tq)), wv);
+    for (int mt = 0; mt < p.m_tiles; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = mt * 16 + g + 8 * h;
+        if (row >= tc) continue;
+        const float rs = rs_row[row];
+        float yv[8];
+        collapse(mt, sc, h, yv);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) yv[e] = fmul(wv[e], fmul(yv[e], rs));
+        *reinterpret_cast<uint4*>(p.y + int64_t(t0 + row) * p.dim + dbase + sc * 32 + 8 * tq) =
+            pack8(yv);
+      }
+  }
+  cluster_wait();
+}
+
+// ---- hc_post (unfused, elementwise) ------------------------------------------------------------
+__global__ void hc_post_kernel(HcPostParams p) {
+  const int per_token = p.shape.dim / 8;
+  const int64_t n = int64_t(p.tokens) * per_token;
+  const int64_t hd = int64_t(kHc) * p.shape.dim;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / per_token;
+    const int d = int(i % per_token) * 8;
+    float post[4], comb[16];
+    const float4 pv = __ldg(reinterpret_cast<const float4*>(p.post + t * 4));
+    post[0] = pv.x, post[1] = pv.y, post[2] = pv.z, post[3] = pv.w;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float4 cv = __ldg(reinterpret_cast<const float4*>(p.comb + t * 16) + q);
+      comb[4 * q] = cv.x, comb[4 * q + 1] = cv.y, comb[4 * q + 2] = cv.z, comb[4 * q + 3] = cv.w;
+    }
+    float xv[8], rv[kHc][8];
+    unpack8(__ldg(reinterpret_cast<const uint4*>(p.x + t * p.shape.dim + d)), xv);
+#pragma unroll
+    for (int j = 0; j < kHc; ++j)
+      unpack8(*reinterpret_cast<const uint4*>(p.res + t * hd + int64_t(j) * p.shape.dim + d),
+              rv[j]);
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) {
+      float o[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        float s = fmul(comb[k], rv[0][e]);
+#pragma unroll
+        for (int j = 1; j < kHc; ++j) s = fadd(s, fmul(comb[j * 4 + k], rv[j][e]));
+        o[e] = fadd(fmul(post[k], xv[e]), s);
+      }
+      *reinterpret_cast<uint4*>(p.out + t * hd + int64_t(k) * p.shape.dim + d) = pack8(o);
+    }
+  }
+}
+
+// ---- host side
+// -----------------------------------------------------------------------------------
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+void check_shape(const HcShape& s, const char* what) {
+  DSV4_CHECK(s.hc == kHc, what, ": hc = ", s.hc, " (the kernels are written for hc = 4)");
+  DSV4_CHECK(s.dim > 0 && s.dim % 8 == 0, what, ": dim = ", s.dim, " must be a multiple of 8");
+  DSV4_CHECK(s.sinkhorn_iters >= 1, what, ": sinkhorn_iters = ", s.sinkhorn_iters);
+}
+
+// Largest number of co-resident clusters of `cs` CTAs for a kernel instantiation (cached).
+template <Mode kMode, int kDw, int kMaxMt>
+int max_clusters(int cs) {
+  auto kernel = hc_cluster_kernel<kMode, kDw, kMaxMt>;
+  const size_t max_smem = smem_layout(kMaxMt, kDw).total;
+  static std::mutex mu;
+  static int cached[kMaxCluster + 1] = {};
+  std::lock_guard<std::mutex> lock(mu);
+  if (cached[cs] == 0) {
+    DSV4_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_smem)));
+    DSV4_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(cs, 1, 1);
+    cfg.blockDim = dim3(kThreads, 1, 1);
+    cfg.dynamicSmemBytes = max_smem;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = cs;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int n = 0;
+    DSV4_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
+    DSV4_CHECK(n > 0, "mHC: the device cannot co-schedule a cluster of ", cs, " CTAs with ",
+               max_smem, " bytes of shared memory each");
+    cached[cs] = n;
+  }
+  return cached[cs];
+}
+
+template <Mode kMode, int kDw, int kMaxMt>
+void launch_tiles(const KParams& kp, cudaStream_t stream) {
+  max_clusters<kMode, kDw, kMaxMt>(kp.cs);  // sets the function attributes once
+  const int tiles = (kp.tokens + kp.tc - 1) / kp.tc;
+  DSV4_CHECK(tiles <= 65535, "mHC: ", kp.tokens, " tokens need more than 65535 tiles");
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(kp.cs, tiles, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = smem_layout(kp.m_tiles, kDw).total;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = kp.cs;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, hc_cluster_kernel<kMode, kDw, kMaxMt>, kp));
+}
+
+template <Mode kMode, int kDw>
+void launch_cluster(KParams kp, cudaStream_t stream) {
+  constexpr int kMaxMt = max_mtiles(kDw);
+  // Tokens per cluster tile: as many as fit, but spread small batches over every cluster slot
+  // (counted for the prefill instantiation, one CTA per SM).
+  const int clusters = max_clusters<kMode, kDw, kMaxMt>(kp.cs);
+  const int max_tc = kMaxMt * 16;
+  const int spread = (kp.tokens + clusters - 1) / clusters;
+  kp.tc = spread < max_tc ? spread : max_tc;
+  kp.m_tiles = (kp.tc + 15) / 16;
+  if (kp.m_tiles == 1)
+    launch_tiles<kMode, kDw, 1>(kp, stream);
+  else
+    launch_tiles<kMode, kDw, kMaxMt>(kp, stream);
+}
+
+template <Mode kMode>
+void dispatch(KParams kp, cudaStream_t stream) {
+  const int ds = slice_dims(kp.dim);
+  DSV4_CHECK(ds != 0, "mHC: dim = ", kp.dim,
+             " unsupported (needs dim % 256 == 0 with dim/256 <= 16, or dim % 512 == 0 with "
+             "dim/512 <= 16)");
+  kp.ds = ds;
+  kp.cs = kp.dim / ds;
+  if (ds == 256)
+    launch_cluster<kMode, 32>(kp, stream);
+  else
+    launch_cluster<kMode, 64>(kp, stream);
+}
+
+void fill_unit(KParams& kp, const HcUnitParams& u, const FusedNorm& n, const char* what) {
+  DSV4_CHECK(u.fn && u.base && u.scale, what, ": null HC unit parameter");
+  DSV4_CHECK(aligned16(u.fn), what, ": fn must be 16-byte aligned");
+  kp.fn = u.fn;
+  kp.base = u.base;
+  kp.scale = u.scale;
+  kp.norm_w = n.weight;
+  kp.nrm_eps = n.eps;
+  if (n.weight) DSV4_CHECK(aligned16(n.weight), what, ": norm weight must be 16-byte aligned");
+}
+
+KParams base_params(const HcShape& s, int tokens) {
+  KParams kp;
+  kp.tokens = tokens;
+  kp.dim = s.dim;
+  kp.iters = s.sinkhorn_iters;
+  kp.norm_eps = s.norm_eps;
+  kp.hc_eps = s.hc_eps;
+  return kp;
+}
+
+}  // namespace
+
+void hc_pre(const HcPreParams& p, cudaStream_t stream) {
+  check_shape(p.shape, "hc_pre");
+  DSV4_CHECK(p.tokens >= 0, "hc_pre: tokens = ", p.tokens);
+  if (p.tokens == 0) return;
+  DSV4_CHECK(p.streams && p.y && p.post && p.comb, "hc_pre: null pointer");
+  DSV4_CHECK(aligned16(p.streams) && aligned16(p.y) && aligned16(p.post) && aligned16(p.comb),
+             "hc_pre: pointers must be 16-byte aligned");
+  KParams kp = base_params(p.shape, p.tokens);
+  fill_unit(kp, p.unit, p.norm, "hc_pre");
+  kp.streams = p.streams;
+  kp.y = p.y;
+  kp.post_out = p.post;
+  kp.comb_out = p.comb;
+  dispatch<Mode::kPre>(kp, stream);
+}
+
+void hc_post(const HcPostParams& p, cudaStream_t stream) {
+  check_shape(p.shape, "hc_post");
+  DSV4_CHECK(p.tokens >= 0, "hc_post: tokens = ", p.tokens);
+  if (p.tokens == 0) return;
+  DSV4_CHECK(p.x && p.res && p.post && p.comb && p.out, "hc_post: null pointer");
+  DSV4_CHECK(aligned16(p.x) && aligned16(p.res) && aligned16(p.post) && aligned16(p.comb) &&
+                 aligned16(p.out),
+             "hc_post: pointers must be 16-byte aligned");
+  const int64_t n = int64_t(p.tokens) * (p.shape.dim / 8);
+  const int threads = 256;
+  const int blocks = int(std::min<int64_t>((n + threads - 1) / threads, 132 * 16));
+  hc_post_kernel<<<blocks, threads, 0, stream>>>(p);
+  DSV4_CUDA_CHECK(cudaGetLastError());
+}
+
+void hc_post_pre(const HcPostPreParams& p, cudaStream_t stream) {
+  const HcPostParams& q = p.post;
+  check_shape(q.shape, "hc_post_pre");
+  DSV4_CHECK(q.tokens >= 0, "hc_post_pre: tokens = ", q.tokens);
+  if (q.tokens == 0) return;
+  DSV4_CHECK(q.x && q.res && q.post && q.comb && q.out && p.y && p.next_post && p.next_comb,
+             "hc_post_pre: null pointer");
+  DSV4_CHECK(aligned16(q.x) && aligned16(q.res) && aligned16(q.post) && aligned16(q.comb) &&
+                 aligned16(q.out) && aligned16(p.y) && aligned16(p.next_post) &&
+                 aligned16(p.next_comb),
+             "hc_post_pre: pointers must be 16-byte aligned");
+  KParams kp = base_params(q.shape, q.tokens);
+  fill_unit(kp, p.unit, p.norm, "hc_post_pre");
+  kp.x_prev = q.x;
+  kp.res = q.res;
+  kp.post_prev = q.post;
+  kp.comb_prev = q.comb;
+  kp.streams_out = q.out;
+  kp.y = p.y;
+  kp.post_out = p.next_post;
+  kp.comb_out = p.next_comb;
+  dispatch<Mode::kPostPre>(kp, stream);
+}
+
+void hc_head(const HcHeadParams& p, cudaStream_t stream) {
+  check_shape(p.shape, "hc_head");
+  DSV4_CHECK(p.tokens >= 0, "hc_head: tokens = ", p.tokens);
+  if (p.tokens == 0) return;
+  DSV4_CHECK(p.streams && p.y, "hc_head: null pointer");
+  DSV4_CHECK(aligned16(p.streams) && aligned16(p.y), "hc_head: pointers must be 16-byte aligned");
+  KParams kp = base_params(p.shape, p.tokens);
+  fill_unit(kp, p.unit, p.norm, "hc_head");
+  kp.streams = p.streams;
+  kp.y = p.y;
+  dispatch<Mode::kHead>(kp, stream);
+}
+
+}  // namespace dsv4::cuda

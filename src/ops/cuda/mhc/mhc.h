@@ -1,0 +1,96 @@
+// Manifold-constrained hyper-connections on the GPU, with the numerics of cpu::hc_pre /
+// cpu::hc_post / cpu::hc_head (ops/cpu/mhc.h, spec §4). Streams are BF16 [tokens, hc, dim];
+// mixing parameters fp32 in the checkpoint layout.
+//
+//  * hc_pre      : streams -> y = bf16(sum_j pre_j h_j) [tokens, dim] (optionally RMS-normalised
+//                  with the sub-layer's norm weight, i.e. attn_norm/ffn_norm fused), post [tokens,
+//                  hc], comb [tokens, hc, hc] (Sinkhorn-normalised, row j -> column k).
+//  * hc_post     : out_k = bf16(post_k x + sum_j comb[j][k] res_j) (unfused, elementwise).
+//  * hc_post_pre : hc_post of one sub-layer fused with hc_pre of the next (vLLM's
+//                  mhc_fused_post_pre): each token's streams are read once, the new streams
+//                  written once, and the next sub-layer's input produced in the same pass.
+//  * hc_head     : y = bf16(sum_j w_j h_j) with w_j = sigmoid(m_j scale + base_j) + eps
+//                  (optionally followed by the final RMSNorm).
+//
+// hc_pre/hc_post_pre/hc_head run one kernel: a thread-block cluster of CS = dim/256 (or dim/512)
+// CTAs per tile of tokens, each CTA holding its 1/CS slice of all hc streams of the tile in
+// shared memory (read from HBM once). The (2+hc)*hc-wide projection runs on tensor cores with
+// fp32 `fn` split exactly into three BF16 parts (products exact, fp32 accumulation); the
+// per-CTA partial projections and sums of squares are reduced across the cluster through
+// distributed shared memory; Sinkhorn runs on a dedicated warp while the others collapse.
+// Requirements: hc == 4; dim a multiple of 256 with dim/256 <= 16 or dim/512 <= 16 (Flash 4096:
+// 16 CTAs, Pro 7168: 14 CTAs); pointers 16-byte aligned.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+namespace dsv4::cuda {
+
+struct HcShape {
+  int hc = 4;
+  int dim = 0;
+  int sinkhorn_iters = 20;
+  float norm_eps = 1e-6f;  // of the RMS factor over hc*dim
+  float hc_eps = 1e-6f;
+};
+
+// One HC unit's parameters (checkpoint layout, fp32 device arrays).
+struct HcUnitParams {
+  const float* fn = nullptr;     // [mix, hc*dim]: mix = (2+hc)*hc for pre, hc for the head
+  const float* base = nullptr;   // [mix]
+  const float* scale = nullptr;  // [3] (pre, post, comb) or [1] (head)
+};
+
+// Optional RMSNorm fused after the collapse: y = bf16(w * (y * rsqrt(mean(y^2) + eps))).
+struct FusedNorm {
+  const __nv_bfloat16* weight = nullptr;  // [dim]; null: no norm
+  float eps = 1e-6f;
+};
+
+struct HcPreParams {
+  HcShape shape;
+  int tokens = 0;
+  const __nv_bfloat16* streams = nullptr;  // [tokens, hc, dim]
+  HcUnitParams unit;
+  FusedNorm norm;
+  __nv_bfloat16* y = nullptr;  // [tokens, dim]
+  float* post = nullptr;       // [tokens, hc]
+  float* comb = nullptr;       // [tokens, hc, hc]
+};
+void hc_pre(const HcPreParams& p, cudaStream_t stream);
+
+struct HcPostParams {
+  HcShape shape;
+  int tokens = 0;
+  const __nv_bfloat16* x = nullptr;    // [tokens, dim] sub-layer output
+  const __nv_bfloat16* res = nullptr;  // [tokens, hc, dim] streams before the sub-layer
+  const float* post = nullptr;         // [tokens, hc]
+  const float* comb = nullptr;         // [tokens, hc, hc]
+  __nv_bfloat16* out = nullptr;        // [tokens, hc, dim]; may be res (in place)
+};
+void hc_post(const HcPostParams& p, cudaStream_t stream);
+
+// out = hc_post(post), then hc_pre(out) with the next unit. `out` may alias post.res and
+// next_post/next_comb may alias post.post/post.comb (every read of a token precedes its writes).
+struct HcPostPreParams {
+  HcPostParams post;
+  HcUnitParams unit;           // the next sub-layer's HC unit
+  FusedNorm norm;              // the next sub-layer's norm
+  __nv_bfloat16* y = nullptr;  // [tokens, dim]
+  float* next_post = nullptr;  // [tokens, hc]
+  float* next_comb = nullptr;  // [tokens, hc, hc]
+};
+void hc_post_pre(const HcPostPreParams& p, cudaStream_t stream);
+
+struct HcHeadParams {
+  HcShape shape;
+  int tokens = 0;
+  const __nv_bfloat16* streams = nullptr;  // [tokens, hc, dim]
+  HcUnitParams unit;                       // fn [hc, hc*dim], base [hc], scale [1]
+  FusedNorm norm;                          // the final norm (optional)
+  __nv_bfloat16* y = nullptr;              // [tokens, dim]
+};
+void hc_head(const HcHeadParams& p, cudaStream_t stream);
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,72 @@
+// Geometry of the mHC kernels (mhc.cu): cluster slicing, warp roles, shared-memory layout.
+#pragma once
+
+#include <cstddef>
+
+namespace dsv4::cuda::mhc_cfg {
+
+constexpr int kHc = 4;       // streams (hc_mult); the kernels are written for 4
+constexpr int kMixPre = 24;  // (2 + hc) * hc projection rows of hc_pre
+constexpr int kMixHead = 4;  // hc rows of hc_head
+constexpr int kComputeWarps = 8;
+constexpr int kThreads = (kComputeWarps + 1) * 32;  // + one warp for Sinkhorn and bookkeeping
+constexpr int kComputeThreads = kComputeWarps * 32;
+constexpr int kMaxCluster = 16;  // non-portable cluster size (Hopper allows 16)
+
+// Each CTA of a cluster owns a slice of `ds` dims (256 or 512) of every stream; each compute
+// warp owns dw = ds / 8 dims (32 or 64), i.e. dw / 32 "sub-chunks" of 32 dims per stream.
+// Resident streams per CTA: m_tiles x 16 tokens x hc x ds BF16 values, at most kXBudget bytes.
+constexpr int kXBudget = 192 * 1024;
+constexpr int max_mtiles(int dw) {
+  return kXBudget / (kComputeWarps * 16 * kHc * dw * 2);
+}
+static_assert(max_mtiles(32) == 6 && max_mtiles(64) == 3);
+
+// The dims slice a CTA owns for a model width, 0 when unsupported.
+constexpr int slice_dims(int dim) {
+  if (dim > 0 && dim % 256 == 0 && dim / 256 <= kMaxCluster) return 256;
+  if (dim > 0 && dim % 512 == 0 && dim / 512 <= kMaxCluster) return 512;
+  return 0;
+}
+
+// Shared-memory layout for `m_tiles` token tiles of 16 and warp width dw (bytes, 16-aligned).
+struct SmemLayout {
+  size_t x = 0;         // resident streams, per warp: m_tiles * 16 * hc * dw BF16
+  size_t red = 0;       // cross-warp reduction of the projection (8 x 16 x 24 fp32); later
+                        // the owned tokens' mixes (fp32) and sums of squares (fp64)
+  size_t red_ss = 0;    // cross-warp sums of squares (8 x tokens fp64); later fp32 norm factors
+  size_t part_mix = 0;  // this CTA's partial projection [tokens, 24] fp32 (read by the
+                        // cluster); before that, post/comb of hc_post_pre [tokens, 20]
+  size_t part_ss = 0;   // this CTA's partial sum of squares [tokens] fp64 (streams, then y)
+  size_t own_pre = 0;   // pre weights of the tokens this CTA owns [tokens, 4]
+  size_t pre_all = 0;   // pre weights of every token of the tile [tokens, 4]
+  size_t total = 0;
+};
+constexpr size_t kRedBytes = size_t(kComputeWarps) * 16 * kMixPre * 4;
+constexpr size_t kOwnSsOffset = 10240;  // inside `red`: after <= 96 x 25 fp32 owned mixes
+static_assert(96 * (kMixPre + 1) * 4 <= kOwnSsOffset && kOwnSsOffset + 96 * 8 <= kRedBytes);
+
+constexpr SmemLayout smem_layout(int m_tiles, int dw) {
+  SmemLayout l;
+  const size_t tokens = size_t(m_tiles) * 16;
+  size_t off = 0;
+  l.x = off;
+  off += size_t(m_tiles) * kComputeWarps * 16 * kHc * dw * 2;
+  l.red = off;
+  off += kRedBytes;
+  l.red_ss = off;
+  off += kComputeWarps * tokens * 8;
+  l.part_mix = off;
+  off += tokens * kMixPre * 4;
+  l.part_ss = off;
+  off += tokens * 8;
+  l.own_pre = off;
+  off += tokens * kHc * 4;
+  l.pre_all = off;
+  off += tokens * kHc * 4;
+  l.total = off;
+  return l;
+}
+static_assert(smem_layout(6, 32).total <= 227 * 1024 && smem_layout(3, 64).total <= 227 * 1024);
+
+}  // namespace dsv4::cuda::mhc_cfg

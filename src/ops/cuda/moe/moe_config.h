@@ -1,0 +1,66 @@
+// Tile geometry of the MoE kernels (all of it; heuristics that pick among these live in
+// moe.cu).
+#pragma once
+
+#include <cstddef>
+
+namespace dsv4::cuda::moe {
+
+// ---- grouped FP4 expert GEMM (W4A16: FP4 weights dequantised to BF16 in registers, BF16
+// wgmma, fp32 accumulation) -----------------------------------------------------------------
+// D[rows, tokens] = W[rows, K] * X[tokens, K]^T: the weights are the 64-row A operand of
+// m64nBNk16 wgmmas; a CTA owns WGS warpgroups x MT m64 tiles of weight rows and one tile of
+// BN tokens of one expert. KC k-blocks of 64 per pipeline stage; STAGES stages (two always in
+// flight beyond the one being computed).
+// KG k16 steps are dequantised, then issued as one wgmma group (4 = one group per k-block:
+// fewer fence/commit/wait instructions, twice the A-fragment registers in flight).
+template <int BN_, int WGS_, int MT_, int KC_, int STAGES_, int KG_>
+struct GemmTile {
+  static constexpr int BN = BN_;          // tokens per tile (wgmma N)
+  static constexpr int WGS = WGS_;        // consumer warpgroups per CTA
+  static constexpr int MT = MT_;          // m64 tiles per warpgroup
+  static constexpr int KC = KC_;          // 64-wide k-blocks per stage (even)
+  static constexpr int STAGES = STAGES_;  // >= 3
+  static constexpr int KG = KG_;          // 1, 2 or 4
+  static constexpr int THREADS = 128 * WGS;
+  static constexpr int BM = 64 * WGS * MT;  // weight rows per CTA tile
+  static_assert(BN % 8 == 0 && BN <= 256, "wgmma N");
+  static_assert(KC % 2 == 0 && STAGES >= 3 && 4 % KG == 0, "pipeline");
+};
+
+// Decode: a few tokens per expert; 1 warpgroup, deep K stages, several CTAs per SM; the
+// dequantisation (ALU) is the work, so the wgmma bookkeeping is amortised over a k-block.
+using TileN8 = GemmTile<8, 1, 1, 4, 5, 4>;
+using TileN32 = GemmTile<32, 1, 1, 2, 5, 4>;
+// Prefill: 256 weight rows per CTA so the activation tile is re-read from L2 half as often;
+// one k16 step per wgmma group keeps the A registers next to 64-128 accumulators.
+using TileN64 = GemmTile<64, 2, 2, 2, 4, 1>;
+using TileN128 = GemmTile<128, 2, 2, 2, 4, 1>;
+
+// ---- router logits (fp32 products of BF16 values, exact; summed in fp32 runs of
+// kRouterRun then in double, so the logit is within ~1 ulp of the CPU's exact sum) ----------
+constexpr int kRouterRun = 64;
+constexpr int kRouterKChunk = 64;
+// Tiles (tokens x experts per CTA, one output per thread up to 32 rows): decode up to 8 rows,
+// 8 x 32; up to 32 rows, 32 x 8 (many CTAs stream the gate); prefill 64 x 64, 4 x 4 per
+// thread. K is split across CTAs while the partial sums stay small (splits x rows <= 64).
+constexpr int kRouterSmallTM = 8, kRouterSmallTE = 32;
+constexpr int kRouterMidTM = 32, kRouterMidTE = 8;
+constexpr int kRouterLargeTM = 64, kRouterLargeTE = 64;
+constexpr int kRouterMaxSplit = 32;
+constexpr int kRouterMaxSplitRows = 64;
+
+// ---- routing / grouping ----------------------------------------------------------------------
+constexpr int kMaxExperts = 1024;  // plan kernel: one thread per expert
+constexpr int kMaxTopK = 16;
+constexpr int kPlanThreads = 1024;
+constexpr int kFinishWarps = 8;  // route_finish: one warp per token
+// Up to this many rows (and scores fitting the shared memory below) selection and grouping
+// run as one single-CTA kernel.
+constexpr int kFusedRouteRows = 32;
+constexpr size_t kFusedRouteSmem = 64 * 1024;
+
+// ---- FP8 activation quantisation: per (row, 128) e4m3 with a UE8M0 scale ------------------
+constexpr int kActBlock = 128;
+
+}  // namespace dsv4::cuda::moe

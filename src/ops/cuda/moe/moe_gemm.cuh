@@ -1,0 +1,425 @@
+// Grouped FP4 expert GEMM, W4A16 on Hopper: one persistent launch runs every (token tile of
+// an expert) x (block of weight rows) work item of a MoE layer.
+//
+// Per CTA tile: D[BM weight rows, BN tokens] = W_e[rows, K] * X[tokens, K]^T, fp32 accumulators
+// in registers. Mainloop per stage (KC k-blocks of 64): all threads cp.async the packed FP4
+// tiles of their rows (contiguous along K) and the BN activation rows (gathered by position,
+// K-major, 128-byte swizzle) STAGES-2 stages ahead; each warpgroup reads its 16-byte share of
+// a weight tile, turns each k16 step into BF16 A fragments in registers (exact e2m1 * scale,
+// fp4_pack.h) and issues m64nBNk16 wgmmas with B from shared memory; the dequantisation of
+// wgmma group g (into one of two A register buffers) overlaps the MMA of group g-1 (reading
+// the other).
+// Epilogues: gate/up (interleaved w1/w3 rows): a = bf16(w_pos * silu(min(g, L)) *
+// clamp(u, -L, L)) with g, u the BF16-rounded projections; down: BF16 of the projection.
+//
+// Why BF16 MMA (W4A16) and not FP8 (W4A8): e2m1 x UE8M0 and e2m1 x E4M3 have at most 6
+// significant bits, exact in BF16 (8) but not in e4m3 (4), and the FP8-fake-quantised
+// activations are exact BF16 values, so one mainloop computes the reference's products
+// exactly for both formats. FP8 would need NVFP4's per-16 scales outside the MMA (K = 32 per
+// FP8 wgmma: split or zero-padded MMAs) and per-32 promotions for MXFP4; decode is bound by
+// HBM either way, and prefill is judged against the chosen format's tensor-core rate.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "ops/cuda/moe/fp4_pack.h"
+#include "ops/cuda/moe/moe_common.cuh"
+#include "ops/cuda/moe/moe_config.h"
+#include "ops/cuda/moe/wgmma.cuh"
+
+namespace dsv4::cuda::moe {
+
+struct GemmArgs {
+  const uint8_t* w = nullptr;  // packed weights; expert e at w + e * w_stride
+  size_t w_stride = 0;
+  const Fp4Epilogue* epi = nullptr;    // [E]
+  int n_rows = 0;                      // packed rows (gate/up: 2 * inter)
+  int k = 0;                           // reduction length (multiple of 128)
+  const __nv_bfloat16* act = nullptr;  // activation rows [*, k]
+  const int32_t* act_row = nullptr;    // position -> activation row; null: row = position
+  const int4* tiles = nullptr;         // (expert, first position, rows, 0)
+  const int32_t* counters = nullptr;   // [1] = number of tiles
+  const float* pos_weight = nullptr;   // gate/up: routing weight of each position
+  float swiglu_limit = 0;
+  __nv_bfloat16* out = nullptr;  // [positions, ldo]
+  int ldo = 0;
+  // Down GEMM of decode tiles (QUANT_B): `act` is the unquantised SwiGLU output; the CTA
+  // FP8-fake-quantises its activation tile in shared memory; the CTAs of row block 0 also
+  // store the quantised rows here ([positions, k]).
+  __nv_bfloat16* act_q_out = nullptr;
+};
+
+// Decode tiles quantise the down GEMM's activations themselves (no separate launch).
+template <class T>
+constexpr bool gemm_quantises_b() {
+  return T::BN <= 32;
+}
+
+template <ExpertFormat F, class T>
+constexpr int gemm_stage_bytes() {
+  constexpr int b = T::KC * T::BN * 128;
+  constexpr int w = T::WGS * T::MT * T::KC * pack_tile_bytes(F);
+  return (b + w + 1023) / 1024 * 1024;
+}
+template <ExpertFormat F, class T>
+constexpr int gemm_smem_bytes() {
+  return T::STAGES * gemm_stage_bytes<F, T>() + 1024;  // + alignment slack
+}
+
+#if defined(__CUDACC__)
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+  return d;
+}
+
+// A fragment of one k16 step: code word -> exact BF16 e2m1 * scale (times 2^-k).
+__device__ __forceinline__ void dequant_k16(uint32_t word, uint32_t s_r0, uint32_t s_r1,
+                                            uint32_t (&a)[4]) {
+  uint32_t v[4];
+  fp4_word_to_bf16x2(word, v);
+  a[0] = bf16x2_mul(v[0], s_r0);
+  a[1] = bf16x2_mul(v[1], s_r1);
+  a[2] = bf16x2_mul(v[2], s_r0);
+  a[3] = bf16x2_mul(v[3], s_r1);
+}
+
+// {byte i, 0, byte i, 0} of x.
+__device__ __forceinline__ uint32_t byte_pair(uint32_t x, int i) {
+  return __byte_perm(x, 0u, uint32_t(i) | (4u << 4) | (uint32_t(i) << 8) | (4u << 12));
+}
+
+// FP8 fake-quantisation, in place, of the 128-wide block j of row r of a stage's activation
+// tile (k-blocks 2j, 2j+1; swizzled rows of 128 bytes), by one warp; lane l owns elements
+// 4l..4l+3. Returns them (quantised) for the optional global copy.
+__device__ __forceinline__ uint2 quant_b_block(uint8_t* st, int b_kb, int r, int j, int lane) {
+  const int kb = 2 * j + lane / 16, c = (lane % 16) / 2;
+  uint2* p =
+      reinterpret_cast<uint2*>(st + kb * b_kb + r * 128 + ((c ^ (r & 7)) << 4) + (lane % 2) * 8);
+  const uint2 raw = *p;
+  float v[4] = {bf16_bits_to_float(raw.x & 0xffffu), bf16_bits_to_float(raw.x >> 16),
+                bf16_bits_to_float(raw.y & 0xffffu), bf16_bits_to_float(raw.y >> 16)};
+  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float s = fp8_block_scale_dev(amax);
+  __nv_bfloat162 q0 = __floats2bfloat162_rn(fp8_fake_quant(v[0], s), fp8_fake_quant(v[1], s));
+  __nv_bfloat162 q1 = __floats2bfloat162_rn(fp8_fake_quant(v[2], s), fp8_fake_quant(v[3], s));
+  uint2 q;
+  q.x = *reinterpret_cast<uint32_t*>(&q0);
+  q.y = *reinterpret_cast<uint32_t*>(&q1);
+  *p = q;
+  return q;
+}
+
+template <ExpertFormat F, class T, bool GATE_UP>
+__global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) {
+  constexpr int TILE = pack_tile_bytes(F);
+  constexpr int B_KB = T::BN * 128;  // one k-block of BN activation rows: one swizzle atom column
+  constexpr int B_BYTES = T::KC * B_KB;
+  constexpr int STAGE = gemm_stage_bytes<F, T>();
+  constexpr int NACC = T::BN / 2;
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ int32_t s_row[T::BN];
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+
+  griddep_wait();
+
+  const int tid = threadIdx.x, wg = tid / 128, t = tid % 128, warp = t / 32, lane = t % 32;
+  const int KB = a.k / 64;
+  const int nch = (KB + T::KC - 1) / T::KC;
+  const int row_blocks = a.n_rows / T::BM;
+  const int total = a.counters[1] * row_blocks;
+  const int rp = 8 * warp + lane / 4;  // this thread's row-pair scale record
+  // A fragments in two buffers that alternate between consecutive wgmma groups. The registers
+  // of an in-flight wgmma's A operand must not be written before a wait retires it (PTX: undefined;
+  // ptxas neither serialises nor warns): with one buffer, the dequantisation of the next group
+  // -- or the shared-memory load of its code words -- overwrote the A operand of the group
+  // still running (H200 run 1: decode-tile GEMMs off by up to 20 %, NaNs at real sizes).
+  uint32_t afr[2][T::KG][T::MT][4];
+#pragma unroll
+  for (int b = 0; b < 2; ++b)
+#pragma unroll
+    for (int kq = 0; kq < T::KG; ++kq)
+#pragma unroll
+      for (int mt = 0; mt < T::MT; ++mt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) afr[b][kq][mt][i] = 0u;
+
+  for (int item = blockIdx.x; item < total; item += gridDim.x) {
+    const int4 tile = a.tiles[item / row_blocks];
+    const int rbc = item % row_blocks;
+    const int e = tile.x, first = tile.y, rows = tile.z;
+    const Fp4Epilogue ep = a.epi[e];
+    const uint8_t* wbase =
+        a.w + size_t(e) * a.w_stride + size_t(rbc) * (T::WGS * T::MT) * KB * TILE;
+
+    __syncthreads();  // the previous item is done with shared memory
+    if (tid < T::BN)
+      s_row[tid] = tid < rows ? (a.act_row ? a.act_row[first + tid] : first + tid) : -1;
+    __syncthreads();
+    const int quarters = T::BN >= 64 ? min(4, (4 * rows + T::BN - 1) / T::BN) : 4;
+
+    auto load_chunk = [&](int ch) {
+      if (ch < nch) {
+        uint8_t* st = smem + (ch % T::STAGES) * STAGE;
+        const int kb0 = ch * T::KC;
+        const int nk = min(T::KC, KB - kb0);
+#pragma unroll 1
+        for (int i = tid; i < T::KC * T::BN * 8; i += T::THREADS) {
+          const int kbl = i / (T::BN * 8), r = (i / 8) % T::BN, c = i % 8;
+          // Rows past the tile's tokens are not loaded: an MMA column depends only on its
+          // own B column, and those columns are never stored.
+          if (kbl < nk && r < rows)
+            cp_async_16(smem_u32(st + kbl * B_KB + r * 128 + ((c ^ (r & 7)) << 4)),
+                        a.act + size_t(s_row[r]) * a.k + (kb0 + kbl) * 64 + c * 8, 16);
+        }
+        constexpr int CH_PER_SET = T::KC * TILE / 16;  // 16-byte chunks per (warpgroup, m-tile)
+#pragma unroll 1
+        for (int i = tid; i < T::WGS * T::MT * CH_PER_SET; i += T::THREADS) {
+          const int gm = i / CH_PER_SET, j = i % CH_PER_SET;
+          if (j * 16 < nk * TILE)
+            cp_async_16(smem_u32(st + B_BYTES + gm * (T::KC * TILE) + j * 16),
+                        wbase + size_t(gm) * KB * TILE + size_t(kb0) * TILE + j * 16, 16);
+        }
+      }
+      cp_async_commit();
+    };
+
+    float acc[T::MT][NACC];
+#pragma unroll
+    for (int mt = 0; mt < T::MT; ++mt)
+#pragma unroll
+      for (int i = 0; i < NACC; ++i) acc[mt][i] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < T::STAGES - 2; ++s) load_chunk(s);
+
+    // The mainloop for one MMA width N (a template argument: a width chosen by a branch
+    // inside the loop makes ptxas serialise every wgmma with the next dequantisation).
+    auto mainloop = [&](auto width) {
+      constexpr int N = decltype(width)::value;
+#pragma unroll 1
+      for (int ch = 0; ch < nch; ++ch) {
+        // Stage ch-2 (refilled below) is free once this warpgroup's MMAs on it are done and
+        // every thread has passed this point.
+        wgmma_wait<1>();
+        cp_async_wait<T::STAGES - 3>();
+        fence_proxy_async_smem();
+        __syncthreads();
+        load_chunk(ch + T::STAGES - 2);
+
+        uint8_t* st = smem + (ch % T::STAGES) * STAGE;
+        const int nk = min(T::KC, KB - ch * T::KC);
+        if constexpr (!GATE_UP && gemm_quantises_b<T>()) {
+          // The 128-wide blocks of this stage's rows, one warp each; then to the tensor cores.
+          const int blocks = nk / 2;
+          for (int task = tid / 32; task < rows * blocks; task += T::THREADS / 32) {
+            const int r = task / blocks, j = task % blocks;
+            const uint2 q = quant_b_block(st, B_KB, r, j, lane);
+            if (rbc == 0 && a.act_q_out)
+              *reinterpret_cast<uint2*>(a.act_q_out + size_t(first + r) * a.k +
+                                        (ch * T::KC + 2 * j) * 64 + 4 * lane) = q;
+          }
+          fence_proxy_async_smem();
+          __syncthreads();
+        }
+        // One k-block: its weight words and scales, then 4 / KG wgmma groups. Group j of the
+        // k-block dequantises into A buffer (P + j) % 2, P the k-block's parity when a k-block
+        // holds an odd number of groups (P = 0 otherwise).
+        auto kblock = [&](int kbl, auto parity) {
+          constexpr int P = decltype(parity)::value;
+          uint4 words[T::MT];
+          uint32_t sc_lo[T::MT], sc_hi[T::MT];
+#pragma unroll
+          for (int mt = 0; mt < T::MT; ++mt) {
+            const uint8_t* tl = st + B_BYTES + ((wg * T::MT + mt) * T::KC + kbl) * TILE;
+            words[mt] = *reinterpret_cast<const uint4*>(tl + 16 * t);
+            if constexpr (F == ExpertFormat::kMxfp4) {
+              sc_lo[mt] = *reinterpret_cast<const uint32_t*>(tl + kPackCodeBytes + 4 * rp);
+              sc_hi[mt] = 0;
+            } else {
+              const uint2 s2 = *reinterpret_cast<const uint2*>(tl + kPackCodeBytes + 8 * rp);
+              sc_lo[mt] = s2.x;
+              sc_hi[mt] = s2.y;
+            }
+          }
+          const uint64_t desc = smem_desc_k_sw128(smem_u32(st + kbl * B_KB));
+#pragma unroll
+          for (int kk0 = 0; kk0 < 4; kk0 += T::KG) {
+            const int b = (P + kk0 / T::KG) & 1;  // a constant once unrolled
+            // The group that last read afr[b] (two groups back) must retire before afr[b] is
+            // rewritten: wait until at most the previous group is in flight, and keep afr[b]'s
+            // old values (so their registers) live up to that wait.
+            wgmma_wait<1>();
+#pragma unroll
+            for (int kq = 0; kq < T::KG; ++kq)
+#pragma unroll
+              for (int mt = 0; mt < T::MT; ++mt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) fence_operand(afr[b][kq][mt][i]);
+#pragma unroll
+            for (int kq = 0; kq < T::KG; ++kq)
+#pragma unroll
+              for (int mt = 0; mt < T::MT; ++mt) {
+                const int kk = kk0 + kq;
+                // BF16x2 scales of rows r0 and r1 for this k16 step (= fp4_scale_bf16x2).
+                constexpr uint32_t kMul = F == ExpertFormat::kMxfp4 ? 128u : 16u;
+                uint32_t s0, s1;
+                if constexpr (F == ExpertFormat::kMxfp4) {
+                  const int g = kk / 2;  // 32-wide group
+                  s0 = byte_pair(sc_lo[mt], 2 * g) * kMul + ep.a.bias;
+                  s1 = byte_pair(sc_lo[mt], 2 * g + 1) * kMul + ep.b.bias;
+                } else {
+                  const uint32_t src = kk < 2 ? sc_lo[mt] : sc_hi[mt];  // 16-wide group kk
+                  const int g = kk % 2;
+                  s0 = byte_pair(src, 2 * g) * kMul + ep.a.bias;
+                  s1 = byte_pair(src, 2 * g + 1) * kMul + ep.b.bias;
+                }
+                const uint32_t word = kk == 0   ? words[mt].x
+                                      : kk == 1 ? words[mt].y
+                                      : kk == 2 ? words[mt].z
+                                                : words[mt].w;
+                dequant_k16(word, s0, s1, afr[b][kq][mt]);
+              }
+            wgmma_fence();
+#pragma unroll
+            for (int kq = 0; kq < T::KG; ++kq)
+#pragma unroll
+              for (int mt = 0; mt < T::MT; ++mt)
+                WgmmaRS<N>::mma(afr[b][kq][mt], desc + uint64_t(2 * (kk0 + kq)), acc[mt]);
+            wgmma_commit();
+          }
+        };
+        // nk is even (K % 128 == 0, KC even), so the parity pattern repeats every two k-blocks
+        // and every chunk starts on buffer 0.
+        if constexpr ((4 / T::KG) % 2 == 0) {
+#pragma unroll 1
+          for (int kbl = 0; kbl < nk; ++kbl) kblock(kbl, std::integral_constant<int, 0>{});
+        } else {
+#pragma unroll 1
+          for (int kbl = 0; kbl < nk; kbl += 2) {
+            kblock(kbl, std::integral_constant<int, 0>{});
+            kblock(kbl + 1, std::integral_constant<int, 1>{});
+          }
+        }
+      }
+      // Drain before the paths of the width dispatch below merge (register moves there must
+      // not touch accumulators of an in-flight wgmma).
+      wgmma_wait<0>();
+#pragma unroll
+      for (int mt = 0; mt < T::MT; ++mt)
+#pragma unroll
+        for (int i = 0; i < NACC; ++i) fence_operand(acc[mt][i]);
+    };
+    // Prefill tiles run the MMA on the quarters of BN the tile's rows need (N = BN/4 .. BN; the
+    // accumulators of the unused columns idle).
+    if constexpr (T::BN >= 64) {
+      switch (quarters) {
+        case 1:
+          mainloop(std::integral_constant<int, T::BN / 4>{});
+          break;
+        case 2:
+          mainloop(std::integral_constant<int, T::BN / 2>{});
+          break;
+        case 3:
+          mainloop(std::integral_constant<int, 3 * T::BN / 4>{});
+          break;
+        default:
+          mainloop(std::integral_constant<int, T::BN>{});
+          break;
+      }
+    } else {
+      mainloop(std::integral_constant<int, T::BN>{});
+    }
+
+    // Epilogue. Accumulator i of m-tile mt: row 16*warp + lane/4 (+8 for i%4 >= 2) of the
+    // m-tile's 64 rows, token column 8*(i/4) + 2*(lane%4) + i%2.
+#pragma unroll
+    for (int mt = 0; mt < T::MT; ++mt) {
+      const int rb64 = rbc * (T::WGS * T::MT) + wg * T::MT + mt;
+#pragma unroll
+      for (int j = 0; j < T::BN / 8; ++j)
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const int col = 8 * j + 2 * (lane % 4) + q;
+          if (col >= rows) continue;
+          const int pos = first + col;
+          const float d0 = acc[mt][4 * j + q], d1 = acc[mt][4 * j + 2 + q];
+          if constexpr (GATE_UP) {
+            const int i = rb64 * 32 + 8 * warp + lane / 4;  // intermediate index
+            float g = round_bf16(__fmul_rn(d0, ep.a.mult));
+            float u = round_bf16(__fmul_rn(d1, ep.b.mult));
+            const float lim = a.swiglu_limit;
+            if (lim > 0) {  // std::clamp / std::min, NaN passing through as on the CPU
+              u = u < -lim ? -lim : (lim < u ? lim : u);
+              g = lim < g ? lim : g;
+            }
+            float v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+            v = __fmul_rn(a.pos_weight[pos], v);
+            a.out[size_t(pos) * a.ldo + i] = __float2bfloat16_rn(v);
+          } else {
+            const int n = rb64 * 64 + 16 * warp + lane / 4;
+            a.out[size_t(pos) * a.ldo + n] = __float2bfloat16_rn(__fmul_rn(d0, ep.a.mult));
+            a.out[size_t(pos) * a.ldo + n + 8] = __float2bfloat16_rn(__fmul_rn(d1, ep.b.mult));
+          }
+        }
+    }
+  }
+}
+
+// One kernel instance: opt-in shared memory and the persistent grid (resident CTAs per SM x
+// SMs) are set up once per instance.
+template <ExpertFormat F, class T, bool GATE_UP>
+void launch_moe_gemm_instance(const GemmArgs& a, const LaunchCtx& c) {
+  auto kernel = moe_gemm_kernel<F, T, GATE_UP>;
+  constexpr int smem = gemm_smem_bytes<F, T>();
+  static const int grid = [&] {
+    DSV4_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    int per_sm = 0, dev = 0, sms = 0;
+    DSV4_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, T::THREADS, smem));
+    DSV4_CUDA_CHECK(cudaGetDevice(&dev));
+    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    DSV4_CHECK(per_sm > 0, "moe expert GEMM (tile_n ", T::BN, "): no CTA fits on an SM (", smem,
+               " bytes of shared memory)");
+    return per_sm * sms;
+  }();
+  launch_kernel(c, kernel, dim3(grid), dim3(T::THREADS), size_t(smem), a);
+}
+
+template <ExpertFormat F>
+void launch_moe_gemm_impl(int tile_n, bool gate_up, const GemmArgs& a, const LaunchCtx& c) {
+  switch (tile_n) {
+    case 8:
+      return gate_up ? launch_moe_gemm_instance<F, TileN8, true>(a, c)
+                     : launch_moe_gemm_instance<F, TileN8, false>(a, c);
+    case 32:
+      return gate_up ? launch_moe_gemm_instance<F, TileN32, true>(a, c)
+                     : launch_moe_gemm_instance<F, TileN32, false>(a, c);
+    case 64:
+      return gate_up ? launch_moe_gemm_instance<F, TileN64, true>(a, c)
+                     : launch_moe_gemm_instance<F, TileN64, false>(a, c);
+    case 128:
+      return gate_up ? launch_moe_gemm_instance<F, TileN128, true>(a, c)
+                     : launch_moe_gemm_instance<F, TileN128, false>(a, c);
+    default:
+      throw Error(cat("moe expert GEMM: unsupported token tile ", tile_n));
+  }
+}
+
+#endif  // __CUDACC__
+
+// Host launchers (moe_gemm_mxfp4.cu / moe_gemm_nvfp4.cu): tile_n in {8, 32, 64, 128}.
+void launch_moe_gemm_mxfp4(int tile_n, bool gate_up, const GemmArgs& a, const LaunchCtx& c);
+void launch_moe_gemm_nvfp4(int tile_n, bool gate_up, const GemmArgs& a, const LaunchCtx& c);
+
+// Weight rows per CTA tile of a token tile size.
+int gemm_tile_rows(int tile_n);
+
+}  // namespace dsv4::cuda::moe

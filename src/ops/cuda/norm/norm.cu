@@ -1,0 +1,110 @@
+#include "ops/cuda/norm/norm.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/norm/norm_config.h"
+
+namespace dsv4::cuda {
+namespace {
+
+using namespace norm_cfg;
+
+template <int kGroup>
+__global__ void __launch_bounds__(kThreads) rms_norm_kernel(RmsNormParams p) {
+  constexpr int kRowsPerCta = kThreads / kGroup;
+  constexpr int kWarps = kGroup / 32;
+  __shared__ double red[kThreads / 32];
+  const int gi = threadIdx.x / kGroup, gl = threadIdx.x % kGroup;
+  const int lane = threadIdx.x % 32;
+  const int chunks = p.n / 8;
+  const int64_t ldx = p.ldx ? p.ldx : p.n, ldy = p.ldy ? p.ldy : p.n;
+  for (int64_t row0 = int64_t(blockIdx.x) * kRowsPerCta; row0 < p.rows;
+       row0 += int64_t(gridDim.x) * kRowsPerCta) {
+    const int64_t row = row0 + gi;
+    const bool valid = row < p.rows;
+    uint4 v[kMaxChunks];
+    double ss = 0.0;
+#pragma unroll
+    for (int c = 0; c < kMaxChunks; ++c) {
+      const int ch = gl + c * kGroup;
+      v[c] = make_uint4(0, 0, 0, 0);
+      if (valid && ch < chunks)
+        v[c] = __ldg(reinterpret_cast<const uint4*>(p.x + row * ldx + ch * 8));
+      const __nv_bfloat16* b = reinterpret_cast<const __nv_bfloat16*>(&v[c]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float f = __bfloat162float(b[e]);
+        ss += double(f * f);  // exact: a BF16 square fits in fp32
+      }
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if constexpr (kWarps > 1) {
+      if (lane == 0) red[threadIdx.x / 32] = ss;
+      __syncthreads();
+      ss = 0.0;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) ss += red[gi * kWarps + w];
+      __syncthreads();
+    }
+    const float ms = float(ss / double(p.n));
+    const float rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, p.eps)));
+    if (valid) {
+#pragma unroll
+      for (int c = 0; c < kMaxChunks; ++c) {
+        const int ch = gl + c * kGroup;
+        if (ch >= chunks) break;
+        const uint4 wr = __ldg(reinterpret_cast<const uint4*>(p.weight + ch * 8));
+        const __nv_bfloat16* xb = reinterpret_cast<const __nv_bfloat16*>(&v[c]);
+        const __nv_bfloat16* wb = reinterpret_cast<const __nv_bfloat16*>(&wr);
+        uint4 out;
+        __nv_bfloat16* ob = reinterpret_cast<__nv_bfloat16*>(&out);
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          ob[e] = __float2bfloat16_rn(
+              __fmul_rn(__bfloat162float(wb[e]), __fmul_rn(__bfloat162float(xb[e]), rs)));
+        *reinterpret_cast<uint4*>(p.y + row * ldy + ch * 8) = out;
+      }
+    }
+  }
+}
+
+template <int kGroup>
+void launch(const RmsNormParams& p, cudaStream_t stream) {
+  constexpr int kRowsPerCta = kThreads / kGroup;
+  const int64_t ctas = (int64_t(p.rows) + kRowsPerCta - 1) / kRowsPerCta;
+  const int grid = int(std::min<int64_t>(ctas, 1 << 16));
+  rms_norm_kernel<kGroup><<<grid, kThreads, 0, stream>>>(p);
+  DSV4_CUDA_CHECK(cudaGetLastError());
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+}  // namespace
+
+void rms_norm(const RmsNormParams& p, cudaStream_t stream) {
+  DSV4_CHECK(p.n > 0 && p.n % 8 == 0 && p.n <= kMaxWidth, "rms_norm: width ", p.n,
+             " must be a positive multiple of 8, at most ", kMaxWidth);
+  DSV4_CHECK(p.rows >= 0, "rms_norm: rows = ", p.rows);
+  if (p.rows == 0) return;
+  const int64_t ldx = p.ldx ? p.ldx : p.n, ldy = p.ldy ? p.ldy : p.n;
+  DSV4_CHECK(ldx >= p.n && ldy >= p.n && ldx % 8 == 0 && ldy % 8 == 0, "rms_norm: row strides ",
+             ldx, "/", ldy, " must be >= n and multiples of 8");
+  DSV4_CHECK(p.x && p.weight && p.y, "rms_norm: null pointer");
+  DSV4_CHECK(aligned16(p.x) && aligned16(p.weight) && aligned16(p.y),
+             "rms_norm: pointers must be 16-byte aligned");
+  switch (group_for(p.n)) {
+    case 32:
+      return launch<32>(p, stream);
+    case 128:
+      return launch<128>(p, stream);
+    default:
+      return launch<256>(p, stream);
+  }
+}
+
+}  // namespace dsv4::cuda

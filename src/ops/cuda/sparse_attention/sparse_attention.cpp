@@ -1,0 +1,188 @@
+// Host side of the sparse attention: validation, the launch heuristic (heads per CTA, key
+// splits) and dispatch.
+#include "ops/cuda/sparse_attention/sparse_attention.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/sparse_attention/sparse_attention_config.h"
+#include "ops/cuda/sparse_attention/sparse_attention_internal.h"
+
+namespace dsv4::cuda {
+namespace {
+
+using namespace sparse_attn_cfg;
+using sparse_attn_detail::AttnArgs;
+using sparse_attn_detail::kPartialFloats;
+
+int sm_count() {
+  static int n = [] {
+    int dev = 0, v = 0;
+    DSV4_CUDA_CHECK(cudaGetDevice(&dev));
+    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+
+bool aligned(const void* p, size_t a) {
+  return reinterpret_cast<uintptr_t>(p) % a == 0;
+}
+
+void check_kv_store(const PagedStoreView& v, const char* name) {
+  DSV4_CHECK(v.pages && v.block_table, "sparse_attention: ", name, " pages / block table missing");
+  DSV4_CHECK(v.data_bytes == kEntryData && v.scale_bytes == kEntryScales,
+             "sparse_attention: ", name, " is not the 584-byte KV layout (", v.data_bytes, " + ",
+             v.scale_bytes, ")");
+  DSV4_CHECK(v.page_size > 0 && v.page_bytes % 16 == 0 && aligned(v.pages, 16),
+             "sparse_attention: ", name, " pages must be 16-byte aligned multiples");
+}
+
+void validate(const SparseAttnParams& p) {
+  const AttnBatch& b = p.batch;
+  DSV4_CHECK(b.num_seqs >= 0 && b.num_tokens >= 0, "sparse_attention: negative batch size");
+  DSV4_CHECK(b.num_tokens == 0 || (b.num_seqs > 0 && b.cu_seqlens && b.seq_pos0),
+             "sparse_attention: batch.cu_seqlens / seq_pos0 missing");
+  DSV4_CHECK(b.max_position >= 0, "sparse_attention: batch.max_position < 0");
+  DSV4_CHECK(p.head_dim == kHeadDim, "sparse_attention: head_dim ", p.head_dim,
+             " unsupported (only 512 = 448 FP8 + 64 BF16)");
+  DSV4_CHECK(p.n_heads == 4 || p.n_heads == 8 ||
+                 (p.n_heads % 16 == 0 && p.n_heads >= 16 && p.n_heads <= 256),
+             "sparse_attention: n_heads ", p.n_heads,
+             " unsupported (4, 8 or a multiple of 16 up to 256)");
+  DSV4_CHECK(std::isfinite(p.softmax_scale) && p.softmax_scale > 0,
+             "sparse_attention: softmax_scale must be positive");
+  DSV4_CHECK(p.window >= 1 && p.window <= kMaxWindow, "sparse_attention: window ", p.window,
+             " unsupported (1..", kMaxWindow, ")");
+  DSV4_CHECK(p.ratio == 0 || p.ratio == 4 || p.ratio == 128, "sparse_attention: ratio ", p.ratio,
+             " unsupported (0, 4 or 128)");
+  DSV4_CHECK(p.heads_per_cta == 0 || p.heads_per_cta == 16 || p.heads_per_cta == 32 ||
+                 p.heads_per_cta == 64,
+             "sparse_attention: heads_per_cta ", p.heads_per_cta, " unsupported (16, 32, 64)");
+  DSV4_CHECK(p.heads_per_cta <= std::max(16, (p.n_heads + 15) / 16 * 16),
+             "sparse_attention: heads_per_cta ", p.heads_per_cta, " exceeds n_heads ", p.n_heads);
+  DSV4_CHECK(p.num_splits >= 0, "sparse_attention: num_splits < 0");
+  if (p.kernel == SparseAttnKernel::kWgmma) {
+    DSV4_CHECK(p.n_heads % 64 == 0,
+               "sparse_attention: the wgmma kernel needs n_heads a multiple of 64 (got ", p.n_heads,
+               ")");
+    DSV4_CHECK(p.heads_per_cta == 0 || p.heads_per_cta == 64,
+               "sparse_attention: the wgmma kernel takes 64 heads per CTA (got ", p.heads_per_cta,
+               ")");
+    DSV4_CHECK(sparse_attn_detail::wgmma_available(),
+               "sparse_attention: the wgmma kernel was built without the CuTe headers");
+  }
+  if (b.num_tokens == 0) return;
+  DSV4_CHECK(p.q && p.out && p.sink, "sparse_attention: q / out / sink missing");
+  DSV4_CHECK(aligned(p.q, 16) && aligned(p.out, 16),
+             "sparse_attention: q / out must be 16-byte aligned");
+  check_kv_store(p.window_cache, "window_cache");
+  DSV4_CHECK((p.staged_data == nullptr) == (p.staged_scales == nullptr),
+             "sparse_attention: staged_data and staged_scales go together");
+  DSV4_CHECK(aligned(p.staged_data, 16) && aligned(p.staged_scales, 8),
+             "sparse_attention: staged entries must be 16-byte (data) / 8-byte (scales) aligned");
+  if (p.ratio != 0) check_kv_store(p.comp_cache, "comp_cache");
+  if (p.ratio == 4) {
+    DSV4_CHECK(p.topk >= 0 && p.topk <= kMaxTopk, "sparse_attention: topk ", p.topk,
+               " unsupported (0..", kMaxTopk, ")");
+    DSV4_CHECK(p.topk == 0 || (p.topk_idx && p.topk_stride >= p.topk),
+               "sparse_attention: topk_idx missing or topk_stride < topk");
+  }
+}
+
+int max_key_blocks(const SparseAttnParams& p) {
+  int64_t ncomp = 0;
+  if (p.ratio == 4) ncomp = p.topk;
+  if (p.ratio == 128) ncomp = (p.batch.max_position + 1) / 128;
+  return int((p.window + ncomp + kKeyBlock - 1) / kKeyBlock);
+}
+
+}  // namespace
+
+SparseAttnPlan sparse_attention_plan(const SparseAttnParams& p) {
+  validate(p);
+  SparseAttnPlan plan;
+  plan.kernel = p.kernel;
+  if (plan.kernel == SparseAttnKernel::kAuto)
+    plan.kernel = p.n_heads % 64 == 0 && sparse_attn_detail::wgmma_available()
+                      ? SparseAttnKernel::kWgmma
+                      : SparseAttnKernel::kMma;
+  plan.max_key_blocks = max_key_blocks(p);
+  const int T = std::max(1, p.batch.num_tokens);
+  const int sms = sm_count();
+  // Heads per CTA: a whole 64-head tile when there are enough (token, tile) units to fill the
+  // GPU (each CTA decodes its keys once); smaller tiles when a few tokens must spread out.
+  int ht = plan.kernel == SparseAttnKernel::kWgmma ? 64 : p.heads_per_cta;
+  if (ht == 0) {
+    ht = std::min(64, std::max(16, (p.n_heads + 15) / 16 * 16));
+    while (ht > 16 && int64_t(T) * ((p.n_heads + ht - 1) / ht) < sms / 2) ht /= 2;
+  }
+  plan.heads_per_cta = ht;
+  const int64_t units = int64_t(T) * ((p.n_heads + ht - 1) / ht);
+  int splits = p.num_splits;
+  if (splits == 0) {
+    // Both kernels run one CTA per SM: minimise waves x blocks per split, plus about half a
+    // block for the combine pass when splitting.
+    splits = 1;
+    double best = 1e300;
+    for (int s = 1; s <= std::max(1, plan.max_key_blocks); ++s) {
+      const int bps = (plan.max_key_blocks + s - 1) / s;
+      if ((plan.max_key_blocks + bps - 1) / bps != s) continue;  // the same split as a smaller s
+      const double waves = double((units * s + sms - 1) / sms);
+      const double cost = waves * bps + (s > 1 ? 0.5 : 0.0);
+      if (cost < best - 1e-9) best = cost, splits = s;
+    }
+  }
+  splits = std::clamp(splits, 1, std::max(1, plan.max_key_blocks));
+  plan.blocks_per_split = (plan.max_key_blocks + splits - 1) / splits;
+  plan.num_splits = (plan.max_key_blocks + plan.blocks_per_split - 1) / plan.blocks_per_split;
+  return plan;
+}
+
+size_t sparse_attention_workspace_bytes(const SparseAttnParams& p) {
+  const SparseAttnPlan plan = sparse_attention_plan(p);
+  if (plan.num_splits <= 1) return 0;
+  return size_t(p.batch.num_tokens) * p.n_heads * plan.num_splits * kPartialFloats * sizeof(float);
+}
+
+void sparse_attention(const SparseAttnParams& p, cudaStream_t stream) {
+  const SparseAttnPlan plan = sparse_attention_plan(p);
+  if (p.batch.num_tokens == 0) return;
+  const size_t ws = sparse_attention_workspace_bytes(p);
+  DSV4_CHECK(p.workspace_bytes >= ws && (ws == 0 || (p.workspace && aligned(p.workspace, 16))),
+             "sparse_attention: workspace of ", p.workspace_bytes, " bytes < ", ws, " needed");
+  AttnArgs a{};
+  a.q = p.q;
+  a.out = p.out;
+  a.sink = p.sink;
+  a.scale_log2 = static_cast<float>(double(p.softmax_scale) * 1.4426950408889634);
+  a.cu_seqlens = p.batch.cu_seqlens;
+  a.seq_pos0 = p.batch.seq_pos0;
+  a.num_seqs = p.batch.num_seqs;
+  a.num_tokens = p.batch.num_tokens;
+  a.n_heads = p.n_heads;
+  a.head_tiles = (p.n_heads + plan.heads_per_cta - 1) / plan.heads_per_cta;
+  a.window = p.window;
+  a.win = p.window_cache;
+  a.staged_data = p.staged_data;
+  a.staged_scales = p.staged_scales;
+  a.ratio = p.ratio;
+  a.comp = p.comp_cache;
+  a.topk_idx = p.topk_idx;
+  a.topk = p.ratio == 4 ? p.topk : 0;
+  a.topk_stride = p.topk_stride;
+  a.num_splits = plan.num_splits;
+  a.blocks_per_split = plan.blocks_per_split;
+  a.partials = static_cast<float*>(p.workspace);
+  DSV4_CHECK(int64_t(a.num_tokens) * a.head_tiles < (int64_t(1) << 31),
+             "sparse_attention: too many (token, head tile) units");
+  if (plan.kernel == SparseAttnKernel::kWgmma)
+    sparse_attn_detail::launch_wgmma(a, stream);
+  else
+    sparse_attn_detail::launch_mma(a, plan.heads_per_cta, stream);
+  if (plan.num_splits > 1) sparse_attn_detail::launch_combine(a, stream);
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,72 @@
+// Merges the split-KV partials of every (token, head): O = sum_s O_s 2^(m_s - M),
+// L = sum_s l_s 2^(m_s - M) + 2^(sink - M) (M = max_s m_s), out = bf16(O / L); empty splits
+// (m = -inf) contribute nothing; no valid key at all gives 0, as the reference's acc / inf.
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/sparse_attention/device_utils.cuh"
+#include "ops/cuda/sparse_attention/sparse_attention_config.h"
+#include "ops/cuda/sparse_attention/sparse_attention_internal.h"
+
+namespace dsv4::cuda::sparse_attn_detail {
+namespace {
+
+using namespace sparse_attn_cfg;
+
+__global__ void __launch_bounds__(kCombineWarps * 32) sparse_attn_combine_kernel(const AttnArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kCombineWarps + (threadIdx.x >> 5);
+  if (row >= int64_t(a.num_tokens) * a.n_heads) return;
+  const int h = int(row % a.n_heads);
+  const float* part = a.partials + row * a.num_splits * kPartialFloats;
+  float M = -INFINITY;
+  for (int s = 0; s < a.num_splits; ++s) M = fmaxf(M, part[s * kPartialFloats + kHeadDim]);
+  float acc[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
+  __nv_bfloat16* out = a.out + row * kHeadDim;
+  if (M == -INFINITY) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      *reinterpret_cast<uint2*>(out + 128 * i + 4 * lane) = make_uint2(0, 0);
+    return;
+  }
+  float L = 0.0f;
+  for (int s = 0; s < a.num_splits; ++s) {
+    const float* ps = part + s * kPartialFloats;
+    const float ms = ps[kHeadDim];
+    if (ms == -INFINITY) continue;
+    const float f = exp2f(ms - M);
+    L += ps[kHeadDim + 1] * f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float4 v = *reinterpret_cast<const float4*>(ps + 128 * i + 4 * lane);
+      acc[4 * i + 0] += v.x * f;
+      acc[4 * i + 1] += v.y * f;
+      acc[4 * i + 2] += v.z * f;
+      acc[4 * i + 3] += v.w * f;
+    }
+  }
+  L += exp2f(__ldg(a.sink + h) * 1.4426950408889634f - M);
+  const float inv = 1.0f / L;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    uint2 v;
+    v.x = detail::pack_bf16x2(acc[4 * i] * inv, acc[4 * i + 1] * inv);
+    v.y = detail::pack_bf16x2(acc[4 * i + 2] * inv, acc[4 * i + 3] * inv);
+    *reinterpret_cast<uint2*>(out + 128 * i + 4 * lane) = v;
+  }
+}
+
+}  // namespace
+
+void launch_combine(const AttnArgs& a, cudaStream_t stream) {
+  const int64_t rows = int64_t(a.num_tokens) * a.n_heads;
+  const int64_t blocks = (rows + kCombineWarps - 1) / kCombineWarps;
+  sparse_attn_combine_kernel<<<unsigned(blocks), kCombineWarps * 32, 0, stream>>>(a);
+  DSV4_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace dsv4::cuda::sparse_attn_detail

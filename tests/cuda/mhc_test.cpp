@@ -1,0 +1,409 @@
+// mHC on the GPU (ops/cuda/mhc/mhc.h) against the CPU reference (ops/cpu/mhc.h, norm.h):
+// hc_pre, hc_post, the fused hc_post_pre, hc_head, each with and without the fused RMSNorm, at
+// tiny, Flash (4096: a 16-CTA cluster) and Pro (7168: 14 CTAs) widths, token counts that are not
+// tile multiples, poisoned outputs and in-place streams. hc_post's arithmetic is the CPU's
+// operation for operation, so its streams must match bit for bit; the collapsed y must meet the
+// issue's tolerance (relative L2 <= 4e-3, >= 99% within 1 BF16 ulp) and post/comb (fp32, values
+// of order 1) agree to 1e-4 absolute (fp32 summation-order noise is ~1e-6).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/formats.h"
+#include "core/rng.h"
+#include "ops/cpu/mhc.h"
+#include "ops/cpu/norm.h"
+#include "ops/cuda/common/device.h"
+#include "ops/cuda/common/device_buffer.h"
+#include "ops/cuda/mhc/mhc.h"
+#include "ops/cuda/mhc/mhc_config.h"
+
+namespace dsv4 {
+namespace {
+
+using cuda::DeviceBuffer;
+constexpr int kHc = 4;
+
+std::vector<uint16_t> to_bits(const std::vector<float>& x) {
+  std::vector<uint16_t> b(x.size());
+  for (size_t i = 0; i < x.size(); ++i) b[i] = float_to_bf16(x[i]);
+  return b;
+}
+std::vector<float> from_bits(const std::vector<uint16_t>& b) {
+  std::vector<float> f(b.size());
+  for (size_t i = 0; i < b.size(); ++i) f[i] = bf16_to_float(b[i]);
+  return f;
+}
+__nv_bfloat16* bf(DeviceBuffer<uint16_t>& b) {
+  return reinterpret_cast<__nv_bfloat16*>(b.data());
+}
+
+float bf16_ulp(float v) {
+  v = std::fabs(v);
+  if (v < 1e-30f) return std::ldexp(1.0f, -133);
+  int e;
+  std::frexp(v, &e);
+  return std::ldexp(1.0f, e - 8);  // v in [2^(e-1), 2^e): spacing 2^(e-1-7)
+}
+
+// Issue tolerance for BF16 outputs; prints the first element beyond 1 ulp.
+void expect_bf16_close(const std::vector<float>& got, const std::vector<float>& ref, int cols,
+                       const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size());
+  double num = 0, den = 0;
+  int64_t ok = 0, exact = 0, nan = 0, first = -1;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isnan(got[i])) {
+      ++nan;
+      if (first < 0) first = int64_t(i);
+      continue;
+    }
+    const double d = double(got[i]) - ref[i];
+    num += d * d;
+    den += double(ref[i]) * ref[i];
+    exact += got[i] == ref[i];
+    if (std::fabs(d) <= 1.0001 * bf16_ulp(std::max(std::fabs(got[i]), std::fabs(ref[i]))))
+      ++ok;
+    else if (first < 0)
+      first = int64_t(i);
+  }
+  const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  const double frac = double(ok) / double(ref.size());
+  std::string where;
+  if (first >= 0)
+    where = cat(" first bad [", first / cols, ", ", first % cols, "]: got ", got[first], " want ",
+                ref[first]);
+  EXPECT_EQ(nan, 0) << what << ": NaN (poison left?)" << where;
+  EXPECT_LE(rel, 4e-3) << what << where;
+  EXPECT_GE(frac, 0.99) << what << where;
+  std::printf("[ metric ] %s rel_l2=%.3g within_1ulp=%.5f exact=%.5f\n", what.c_str(), rel, frac,
+              double(exact) / double(ref.size()));
+}
+
+void expect_bits_equal(const std::vector<uint16_t>& got, const std::vector<float>& ref, int cols,
+                       const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size());
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < ref.size(); ++i)
+    if (got[i] != float_to_bf16(ref[i])) {
+      if (first < 0) first = int64_t(i);
+      ++bad;
+    }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << ref.size() << " differ; first ["
+                    << first / std::max(cols, 1) << ", " << first % std::max(cols, 1) << "]: got "
+                    << (first >= 0 ? bf16_to_float(got[first]) : 0.f) << " want "
+                    << (first >= 0 ? ref[first] : 0.f);
+}
+
+void expect_f32_close(const std::vector<float>& got, const std::vector<float>& ref, double tol,
+                      const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size());
+  double worst = 0;
+  int64_t at = -1;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = std::isnan(got[i]) ? 1e30 : std::fabs(double(got[i]) - ref[i]);
+    if (d > worst) worst = d, at = int64_t(i);
+  }
+  EXPECT_LE(worst, tol) << what << ": worst |diff| at " << at << ": got "
+                        << (at >= 0 ? got[at] : 0.f) << " want " << (at >= 0 ? ref[at] : 0.f);
+  std::printf("[ metric ] %s max_abs_diff=%.3g\n", what.c_str(), worst);
+}
+
+// Random HC unit with the checkpoint's magnitudes (fn small, base and scale O(1)).
+struct Unit {
+  std::vector<float> fn, base, scale;
+};
+Unit random_unit(Rng& rng, int mix, int dim, int nscale) {
+  Unit u;
+  u.fn.resize(size_t(mix) * kHc * dim);
+  for (auto& v : u.fn) v = float(rng.normal()) * 0.02f;
+  u.base.resize(mix);
+  for (auto& v : u.base) v = float(rng.normal());
+  u.scale.resize(nscale);
+  for (auto& v : u.scale) v = float(rng.uniform(0.2, 2.0));
+  return u;
+}
+struct DevUnit {
+  DeviceBuffer<float> fn, base, scale;
+  explicit DevUnit(const Unit& u) : fn(u.fn), base(u.base), scale(u.scale) {}
+  cuda::HcUnitParams params() const { return {fn.data(), base.data(), scale.data()}; }
+};
+
+std::vector<float> random_streams(Rng& rng, int tokens, int dim) {
+  std::vector<float> s(size_t(tokens) * kHc * dim);
+  for (int t = 0; t < tokens; ++t) {
+    const float mag = std::ldexp(1.0f, int(rng.below(6)) - 3);  // per-token scale
+    for (int i = 0; i < kHc * dim; ++i)
+      s[size_t(t) * kHc * dim + i] = round_bf16(float(rng.normal()) * mag);
+  }
+  return s;
+}
+std::vector<float> random_bf16(Rng& rng, size_t n, float sd) {
+  std::vector<float> x(n);
+  for (auto& v : x) v = round_bf16(float(rng.normal()) * sd);
+  return x;
+}
+
+cpu::HcParams cpu_params(const Unit& u, int dim) {
+  cpu::HcParams p;
+  p.hc = kHc;
+  p.dim = dim;
+  p.fn = u.fn.data();
+  p.base = u.base.data();
+  p.scale = u.scale.data();
+  return p;
+}
+
+cuda::HcShape shape(int dim) {
+  cuda::HcShape s;
+  s.dim = dim;
+  return s;
+}
+
+class CudaMhc : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda::device_count() == 0) GTEST_SKIP() << "needs a GPU: " << cuda::describe_device();
+  }
+};
+
+// hc_pre (+ optional fused norm) on the GPU vs CPU hc_pre (+ rms_norm).
+void check_pre(int dim, int tokens, bool norm, uint64_t seed) {
+  Rng rng(seed);
+  const Unit u = random_unit(rng, (2 + kHc) * kHc, dim, 3);
+  const std::vector<float> streams = random_streams(rng, tokens, dim);
+  std::vector<float> nw(dim);
+  for (auto& v : nw) v = round_bf16(float(rng.uniform(0.5, 1.5)));
+  // CPU
+  const cpu::HcParams cp = cpu_params(u, dim);
+  std::vector<float> y(size_t(tokens) * dim), post(size_t(tokens) * kHc),
+      comb(size_t(tokens) * kHc * kHc);
+  for (int t = 0; t < tokens; ++t)
+    cpu::hc_pre(cp, streams.data() + size_t(t) * kHc * dim, y.data() + size_t(t) * dim,
+                post.data() + size_t(t) * kHc, comb.data() + size_t(t) * kHc * kHc);
+  if (norm) cpu::rms_norm(y.data(), tokens, dim, nw.data(), 1e-6f, y.data());
+  // GPU
+  const DevUnit du(u);
+  DeviceBuffer<uint16_t> ds(to_bits(streams)), dnw(to_bits(nw)), dy(size_t(tokens) * dim);
+  DeviceBuffer<float> dpost(size_t(tokens) * kHc), dcomb(size_t(tokens) * kHc * kHc);
+  dy.fill_bytes(0xff);
+  dpost.fill_bytes(0xff);
+  dcomb.fill_bytes(0xff);
+  cuda::HcPreParams p;
+  p.shape = shape(dim);
+  p.tokens = tokens;
+  p.streams = bf(ds);
+  p.unit = du.params();
+  if (norm) p.norm = {bf(dnw), 1e-6f};
+  p.y = bf(dy);
+  p.post = dpost.data();
+  p.comb = dcomb.data();
+  cuda::hc_pre(p, nullptr);
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::string what = cat("hc_pre dim=", dim, " tokens=", tokens, norm ? " +norm" : "");
+  expect_bf16_close(from_bits(dy.download()), y, dim, what + " y");
+  expect_f32_close(dpost.download(), post, 1e-4, what + " post");
+  expect_f32_close(dcomb.download(), comb, 1e-4, what + " comb");
+}
+
+TEST_F(CudaMhc, Smoke) {
+  check_pre(256, 4, false, 1);
+}
+
+TEST_F(CudaMhc, PreTinyWidths) {
+  uint64_t seed = 10;
+  for (int dim : {256, 512, 768, 1024})
+    for (int tokens : {1, 3, 17}) check_pre(dim, tokens, false, seed++);
+  // Small clusters over many tokens: a CTA owns more tokens than warp 8 has lanes (5000 tokens
+  // over ~132 one-CTA clusters, or ~66 two-CTA clusters, is ~38 owned tokens per CTA).
+  check_pre(256, 5000, false, seed++);
+  check_pre(512, 5000, true, seed++);
+}
+
+TEST_F(CudaMhc, PreFlash) {
+  uint64_t seed = 20;
+  for (int tokens : {1, 3, 17, 63, 65, 100, 1000}) check_pre(4096, tokens, false, seed++);
+}
+
+TEST_F(CudaMhc, PrePro) {
+  uint64_t seed = 30;
+  for (int tokens : {1, 17, 65, 200}) check_pre(7168, tokens, false, seed++);
+}
+
+TEST_F(CudaMhc, PreWithFusedNorm) {
+  uint64_t seed = 40;
+  check_pre(256, 5, true, seed++);
+  check_pre(4096, 70, true, seed++);
+  check_pre(7168, 33, true, seed++);
+}
+
+// hc_post on the GPU vs the CPU, bit for bit (out-of-place and in place).
+void check_post(int dim, int tokens, bool in_place, uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> res = random_streams(rng, tokens, dim);
+  const std::vector<float> x = random_bf16(rng, size_t(tokens) * dim, 1.0f);
+  std::vector<float> post(size_t(tokens) * kHc), comb(size_t(tokens) * kHc * kHc);
+  for (auto& v : post) v = float(rng.uniform(0.0, 2.0));
+  for (auto& v : comb) v = float(rng.uniform(0.0, 1.0));
+  std::vector<float> out(res.size());
+  for (int t = 0; t < tokens; ++t)
+    cpu::hc_post(kHc, dim, x.data() + size_t(t) * dim, res.data() + size_t(t) * kHc * dim,
+                 post.data() + size_t(t) * kHc, comb.data() + size_t(t) * kHc * kHc,
+                 out.data() + size_t(t) * kHc * dim);
+  DeviceBuffer<uint16_t> dres(to_bits(res)), dx(to_bits(x)), dout(res.size());
+  DeviceBuffer<float> dpost(post), dcomb(comb);
+  dout.fill_bytes(0xff);
+  cuda::HcPostParams p;
+  p.shape = shape(dim);
+  p.tokens = tokens;
+  p.x = bf(dx);
+  p.res = bf(dres);
+  p.post = dpost.data();
+  p.comb = dcomb.data();
+  p.out = in_place ? bf(dres) : bf(dout);
+  cuda::hc_post(p, nullptr);
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+  expect_bits_equal(in_place ? dres.download() : dout.download(), out, kHc * dim,
+                    cat("hc_post dim=", dim, " tokens=", tokens, in_place ? " in place" : ""));
+}
+
+TEST_F(CudaMhc, PostBitExact) {
+  uint64_t seed = 50;
+  for (int dim : {256, 4096, 7168})
+    for (int tokens : {1, 3, 65}) check_post(dim, tokens, false, seed++);
+  check_post(4096, 17, true, seed++);
+}
+
+// Fused hc_post + hc_pre vs the CPU's two steps; streams bit-exact, y/post/comb within tolerance.
+void check_post_pre(int dim, int tokens, bool norm, bool in_place, uint64_t seed) {
+  Rng rng(seed);
+  const Unit u = random_unit(rng, (2 + kHc) * kHc, dim, 3);
+  const std::vector<float> res = random_streams(rng, tokens, dim);
+  const std::vector<float> x = random_bf16(rng, size_t(tokens) * dim, 1.0f);
+  std::vector<float> post(size_t(tokens) * kHc), comb(size_t(tokens) * kHc * kHc);
+  for (auto& v : post) v = float(rng.uniform(0.0, 2.0));
+  for (auto& v : comb) v = float(rng.uniform(0.0, 1.0));
+  std::vector<float> nw(dim);
+  for (auto& v : nw) v = round_bf16(float(rng.uniform(0.5, 1.5)));
+  // CPU: hc_post then hc_pre (+ norm).
+  std::vector<float> streams(res.size()), y(size_t(tokens) * dim), npost(post.size()),
+      ncomb(comb.size());
+  const cpu::HcParams cp = cpu_params(u, dim);
+  for (int t = 0; t < tokens; ++t) {
+    cpu::hc_post(kHc, dim, x.data() + size_t(t) * dim, res.data() + size_t(t) * kHc * dim,
+                 post.data() + size_t(t) * kHc, comb.data() + size_t(t) * kHc * kHc,
+                 streams.data() + size_t(t) * kHc * dim);
+    cpu::hc_pre(cp, streams.data() + size_t(t) * kHc * dim, y.data() + size_t(t) * dim,
+                npost.data() + size_t(t) * kHc, ncomb.data() + size_t(t) * kHc * kHc);
+  }
+  if (norm) cpu::rms_norm(y.data(), tokens, dim, nw.data(), 1e-6f, y.data());
+  // GPU
+  const DevUnit du(u);
+  DeviceBuffer<uint16_t> dres(to_bits(res)), dx(to_bits(x)), dout(res.size()), dnw(to_bits(nw)),
+      dy(size_t(tokens) * dim);
+  DeviceBuffer<float> dpost(post), dcomb(comb), dnpost(post.size()), dncomb(comb.size());
+  dout.fill_bytes(0xff);
+  dy.fill_bytes(0xff);
+  dnpost.fill_bytes(0xff);
+  dncomb.fill_bytes(0xff);
+  cuda::HcPostPreParams p;
+  p.post.shape = shape(dim);
+  p.post.tokens = tokens;
+  p.post.x = bf(dx);
+  p.post.res = bf(dres);
+  p.post.post = dpost.data();
+  p.post.comb = dcomb.data();
+  p.post.out = in_place ? bf(dres) : bf(dout);
+  p.unit = du.params();
+  if (norm) p.norm = {bf(dnw), 1e-6f};
+  p.y = bf(dy);
+  // In place: the new post/comb overwrite the old ones too.
+  p.next_post = in_place ? dpost.data() : dnpost.data();
+  p.next_comb = in_place ? dcomb.data() : dncomb.data();
+  cuda::hc_post_pre(p, nullptr);
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::string what = cat("hc_post_pre dim=", dim, " tokens=", tokens, norm ? " +norm" : "",
+                               in_place ? " in place" : "");
+  expect_bits_equal(in_place ? dres.download() : dout.download(), streams, kHc * dim,
+                    what + " streams");
+  expect_bf16_close(from_bits(dy.download()), y, dim, what + " y");
+  expect_f32_close(in_place ? dpost.download() : dnpost.download(), npost, 1e-4, what + " post");
+  expect_f32_close(in_place ? dcomb.download() : dncomb.download(), ncomb, 1e-4, what + " comb");
+}
+
+TEST_F(CudaMhc, PostPreFused) {
+  uint64_t seed = 60;
+  check_post_pre(256, 3, false, false, seed++);
+  check_post_pre(4096, 1, false, false, seed++);
+  check_post_pre(4096, 65, true, false, seed++);
+  check_post_pre(4096, 300, false, true, seed++);
+  check_post_pre(7168, 17, true, true, seed++);
+  check_post_pre(7168, 100, false, false, seed++);
+}
+
+// hc_head (+ the final norm) vs the CPU.
+void check_head(int dim, int tokens, bool norm, uint64_t seed) {
+  Rng rng(seed);
+  const Unit u = random_unit(rng, kHc, dim, 1);
+  const std::vector<float> streams = random_streams(rng, tokens, dim);
+  std::vector<float> nw(dim);
+  for (auto& v : nw) v = round_bf16(float(rng.uniform(0.5, 1.5)));
+  std::vector<float> y(size_t(tokens) * dim);
+  const cpu::HcParams cp = cpu_params(u, dim);
+  for (int t = 0; t < tokens; ++t)
+    cpu::hc_head(cp, streams.data() + size_t(t) * kHc * dim, y.data() + size_t(t) * dim);
+  if (norm) cpu::rms_norm(y.data(), tokens, dim, nw.data(), 1e-6f, y.data());
+  const DevUnit du(u);
+  DeviceBuffer<uint16_t> ds(to_bits(streams)), dnw(to_bits(nw)), dy(size_t(tokens) * dim);
+  dy.fill_bytes(0xff);
+  cuda::HcHeadParams p;
+  p.shape = shape(dim);
+  p.tokens = tokens;
+  p.streams = bf(ds);
+  p.unit = du.params();
+  if (norm) p.norm = {bf(dnw), 1e-6f};
+  p.y = bf(dy);
+  cuda::hc_head(p, nullptr);
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+  expect_bf16_close(from_bits(dy.download()), y, dim,
+                    cat("hc_head dim=", dim, " tokens=", tokens, norm ? " +norm" : ""));
+}
+
+TEST_F(CudaMhc, Head) {
+  uint64_t seed = 70;
+  check_head(256, 2, false, seed++);
+  check_head(4096, 17, true, seed++);
+  check_head(4096, 130, false, seed++);
+  check_head(7168, 5, true, seed++);
+}
+
+TEST_F(CudaMhc, EmptyIsNoOp) {
+  cuda::HcPreParams p;
+  p.shape = shape(4096);
+  p.tokens = 0;
+  EXPECT_NO_THROW(cuda::hc_pre(p, nullptr));
+}
+
+// ---- host-side checks that need no GPU ---------------------------------------------------------
+
+TEST(MhcApi, RejectsUnsupportedShapes) {
+  cuda::HcPreParams p;
+  p.shape = shape(4096);
+  p.shape.hc = 2;
+  p.tokens = 1;
+  EXPECT_THROW(cuda::hc_pre(p, nullptr), Error);
+  p.shape = shape(100);  // not a multiple of 8
+  EXPECT_THROW(cuda::hc_pre(p, nullptr), Error);
+  EXPECT_EQ(cuda::mhc_cfg::slice_dims(4096), 256);  // Flash: 16 CTAs
+  EXPECT_EQ(cuda::mhc_cfg::slice_dims(7168), 512);  // Pro: 14 CTAs
+  EXPECT_EQ(cuda::mhc_cfg::slice_dims(256), 256);
+  EXPECT_EQ(cuda::mhc_cfg::slice_dims(200), 0);
+  EXPECT_EQ(cuda::mhc_cfg::slice_dims(16384 + 512), 0);
+}
+
+}  // namespace
+}  // namespace dsv4

@@ -1,0 +1,1106 @@
+// CUDA MoE (src/ops/cuda/moe) against the CPU reference (ops/cpu/moe.h, linear.h, quant.h).
+//
+// MoePack.*  (host only, runs everywhere): the FP4 repack, read back through the kernels' own
+//            bit-level dequantisation helpers, gives exactly e2m1 x scale of the checkpoint.
+// MoeGemmEmu.* (host only): the grouped GEMM kernel's loads, in-place act quantisation,
+//            fragment/scale indexing, swizzled B reads and epilogue indices replayed on the
+//            host for every token tile, gate/up and down, give the exact products.
+// MoeCuda.*  (GPU): every stage of moe_forward vs its CPU op on fresh random inputs, with
+//            poisoned outputs and workspace: router selections and weights (cpu::moe_route;
+//            only near-ties may differ), x quantisation (bytes identical), grouping, gate/up
+//            GEMM + SwiGLU, act quantisation (bytes identical), down GEMM, combine (bit-exact
+//            from the GPU's own expert outputs) and the layer output (cpu::moe_forward).
+// GEMM/layer outputs: relative L2 <= 4e-3 and >= 99 % of elements within 1 BF16 ulp; GEMM
+// stages also: no element off by more than 4 BF16 ulps of the largest reference value.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/formats.h"
+#include "io/weight_quant.h"
+#include "ops/cpu/dequant.h"
+#include "ops/cpu/linear.h"
+#include "ops/cpu/moe.h"
+#include "ops/cpu/quant.h"
+#include "ops/cuda/common/device.h"
+#include "ops/cuda/common/device_buffer.h"
+#include "ops/cuda/moe/fp4_pack.h"
+#include "ops/cuda/moe/moe.h"
+#include "ops/cuda/moe/moe_gemm.cuh"
+
+namespace dsv4 {
+namespace {
+
+namespace cm = cuda::moe;
+
+// ---- host checkpoint tensors ---------------------------------------------------------------
+
+struct HostTensors {
+  std::deque<std::vector<uint8_t>> data;
+  std::deque<TensorView> views;
+  const TensorView* add(const std::string& name, DType dt, std::vector<int64_t> shape,
+                        std::vector<uint8_t> bytes) {
+    data.push_back(std::move(bytes));
+    TensorView v;
+    v.name = name;
+    v.dtype = dt;
+    v.shape = std::move(shape);
+    v.data = data.back().data();
+    v.nbytes = data.back().size();
+    views.push_back(v);
+    return &views.back();
+  }
+};
+
+template <typename T>
+std::vector<uint8_t> as_bytes(const std::vector<T>& v) {
+  std::vector<uint8_t> b(v.size() * sizeof(T));
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+std::vector<float> gaussian(size_t n, float std, std::mt19937& rng, bool bf16 = true) {
+  std::normal_distribution<float> d(0.0f, std);
+  std::vector<float> v(n);
+  for (float& x : v) x = bf16 ? round_bf16(d(rng)) : d(rng);
+  return v;
+}
+
+std::vector<uint16_t> to_bf16_bits(const std::vector<float>& v) {
+  std::vector<uint16_t> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = float_to_bf16(v[i]);
+  return b;
+}
+std::vector<float> from_bf16_bits(const std::vector<uint16_t>& b) {
+  std::vector<float> v(b.size());
+  for (size_t i = 0; i < b.size(); ++i) v[i] = bf16_to_float(b[i]);
+  return v;
+}
+
+// One FP4 projection [out, in] in a checkpoint format. Small shapes quantise Gaussian
+// weights with the checkpoint quantisers (NVFP4 with the given non-power-of-two global
+// scale), then plant the scale edge cases the repack must fold exactly: zero, negative and
+// subnormal E4M3 block scales. Large shapes draw codes and scales directly (fast).
+Fp4Ref make_fp4(HostTensors& h, const std::string& name, ExpertFormat f, int out, int in,
+                float w_std, float scale_2, bool direct, int mx_exp_shift, std::mt19937& rng) {
+  Fp4Ref r;
+  r.format = f;
+  std::vector<uint8_t> packed, scales;
+  float g = scale_2;
+  if (!direct) {
+    std::vector<float> w = gaussian(size_t(out) * in, w_std, rng, false);
+    if (mx_exp_shift)
+      for (float& x : w) x = std::ldexp(x, mx_exp_shift);
+    if (f == ExpertFormat::kMxfp4) {
+      Mxfp4Weight q = quantize_mxfp4_weight(w, out, in);
+      packed = std::move(q.packed);
+      scales = std::move(q.scales);
+    } else {
+      Nvfp4Weight q = quantize_nvfp4_weight(w, out, in, scale_2);
+      packed = std::move(q.packed);
+      scales = std::move(q.scales);
+      std::uniform_int_distribution<size_t> pick(0, scales.size() - 1);
+      for (size_t i = 0; i < scales.size() / 64 + 1; ++i) {
+        scales[pick(rng)] = 0x00;                                 // zero block scale
+        scales[pick(rng)] |= 0x80;                                // negative block scale
+        scales[pick(rng)] = static_cast<uint8_t>(1 + rng() % 7);  // subnormal E4M3
+      }
+    }
+  } else {
+    packed.resize(size_t(out) * in / 2);
+    for (uint8_t& b : packed) b = static_cast<uint8_t>(rng());
+    const float s = w_std / 2.93f;  // uniform e2m1 codes have std ~2.93
+    if (f == ExpertFormat::kMxfp4) {
+      const int center = 127 + int(std::lround(std::log2(s))) + mx_exp_shift;
+      scales.resize(size_t(out) * in / 32);
+      for (uint8_t& b : scales) b = static_cast<uint8_t>(center - 1 + int(rng() % 3));
+    } else {
+      scales.resize(size_t(out) * in / 16);
+      for (uint8_t& b : scales) b = static_cast<uint8_t>(0x38 + rng() % 13);  // 1.0 .. 2.5
+      g = s / 1.7f * 1.1371f;
+    }
+  }
+  r.weight = h.add(name + ".weight", DType::kU8, {out, in / 2}, std::move(packed));
+  if (f == ExpertFormat::kMxfp4) {
+    r.scale = h.add(name + ".scale", DType::kF8E8M0, {out, in / 32}, std::move(scales));
+  } else {
+    r.scale = h.add(name + ".weight_scale", DType::kF8E4M3, {out, in / 16}, std::move(scales));
+    r.scale_2 = h.add(name + ".weight_scale_2", DType::kF32, {}, as_bytes(std::vector<float>{g}));
+  }
+  return r;
+}
+
+// ---- MoePack: host emulation of the kernel's dequantisation ---------------------------------
+
+// Value the kernel feeds the MMA for packed element (row, col), times the power of two it
+// multiplies back in the epilogue: must equal e2m1 * scale of the checkpoint exactly.
+float emulate_packed(const cm::PackedFp4& p, int row, int col, bool* bf16_exact) {
+  const int kb_count = p.cols / cm::kPackK, tile = cm::pack_tile_bytes(p.format);
+  const uint8_t* t = p.bytes.data() + (size_t(row / 64) * kb_count + col / 64) * tile;
+  const cm::TileSlot s = cm::tile_slot(p.format, row % 64, col % 64);
+  uint32_t word;
+  std::memcpy(&word, t + 16 * s.thread + 4 * s.kk, 4);
+  uint32_t v[4];
+  cm::fp4_word_to_bf16x2(word, v);
+  const uint32_t vb = s.half ? v[s.reg] >> 16 : v[s.reg] & 0xffff;
+  const bool rhi = (row % 16) >= 8;
+  const cm::Fp4Scale& ep = rhi ? p.epi.b : p.epi.a;
+  const uint32_t sb = p.format == ExpertFormat::kMxfp4
+                          ? cm::fp4_scale_bf16x2<ExpertFormat::kMxfp4>(
+                                t[cm::kPackCodeBytes + s.scale_byte], ep.bias)
+                          : cm::fp4_scale_bf16x2<ExpertFormat::kNvfp4>(
+                                t[cm::kPackCodeBytes + s.scale_byte], ep.bias);
+  // Both halves of the scale must agree; the product of two BF16 values is exact in fp32.
+  EXPECT_EQ(sb >> 16, sb & 0xffff);
+  const float prod = bf16_to_float(uint16_t(vb)) * bf16_to_float(uint16_t(sb & 0xffff));
+  *bf16_exact = round_bf16(prod) == prod;
+  return prod;
+}
+
+// The power of two the epilogue multiplies back (mult without NVFP4's scale_2).
+float pow2_part(const cm::Fp4Scale& e, const Fp4Ref& r) {
+  if (r.format == ExpertFormat::kMxfp4) return e.mult;
+  float g;
+  std::memcpy(&g, r.scale_2->data, 4);
+  return e.mult / g;
+}
+
+// e2m1 x scale of the checkpoint (without NVFP4's scale_2), exact in float.
+float checkpoint_value(const Fp4Ref& r, int o, int i) {
+  const int in = static_cast<int>(r.weight->shape[1] * 2);
+  const uint8_t byte = r.weight->data[size_t(o) * (in / 2) + i / 2];
+  const float c = e2m1_to_float((i % 2) ? e2m1_high(byte) : e2m1_low(byte));
+  if (r.format == ExpertFormat::kMxfp4)
+    return c * e8m0_to_float(r.scale->data[size_t(o) * (in / 32) + i / 32]);
+  return c * e4m3_to_float(r.scale->data[size_t(o) * (in / 16) + i / 16]);
+}
+
+void check_pack(const Fp4Ref& r, const cm::PackedFp4& p, const Fp4Ref* r3) {
+  int bad = 0;
+  for (int row = 0; row < p.rows; ++row)
+    for (int col = 0; col < p.cols; ++col) {
+      const Fp4Ref* src = &r;
+      int srow = row;
+      const cm::Fp4Scale* ep = &p.epi.a;
+      if (r3) {
+        int proj;
+        cm::gate_up_source(row, proj, srow);
+        if (proj) src = r3, ep = &p.epi.b;
+      }
+      bool exact = false;
+      const float got = emulate_packed(p, row, col, &exact) * pow2_part(*ep, *src);
+      const float want = checkpoint_value(*src, srow, col);
+      if ((got != want || !exact) && bad++ < 5)
+        ADD_FAILURE() << "packed (" << row << ", " << col << ") from row " << srow << ": kernel "
+                      << got << " (BF16 exact " << exact << "), checkpoint " << want;
+    }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(MoePack, EmulatedDequantIsExactMxfp4) {
+  std::mt19937 rng(11);
+  HostTensors h;
+  for (int shift : {0, 12, -120}) {  // 12, -120: scale bytes beyond 128 / below 2 move the bias
+    const Fp4Ref w = make_fp4(h, "w", ExpertFormat::kMxfp4, 128, 192, 0.05f, 0, false, shift, rng);
+    const cm::PackedFp4 p = cm::pack_fp4(w);
+    SCOPED_TRACE(shift);
+    EXPECT_EQ(p.bytes.size(), size_t(2) * 3 * cm::pack_tile_bytes(ExpertFormat::kMxfp4));
+    check_pack(w, p, nullptr);
+  }
+}
+
+TEST(MoePack, EmulatedDequantIsExactNvfp4) {
+  std::mt19937 rng(12);
+  HostTensors h;
+  std::vector<float> probe = gaussian(64 * 128, 0.05f, rng, false);
+  const float g = nvfp4_global_scale(probe) * 1.3f;  // a general, non-power-of-two scale_2
+  const Fp4Ref w = make_fp4(h, "w", ExpertFormat::kNvfp4, 64, 128, 0.05f, g, false, 0, rng);
+  check_pack(w, cm::pack_fp4(w), nullptr);
+}
+
+TEST(MoePack, GateUpInterleave) {
+  for (ExpertFormat f : {ExpertFormat::kMxfp4, ExpertFormat::kNvfp4}) {
+    std::mt19937 rng(13);
+    HostTensors h;
+    const Fp4Ref w1 = make_fp4(h, "w1", f, 96, 128, 0.05f, 1.7e-5f, false, 0, rng);
+    const Fp4Ref w3 = make_fp4(h, "w3", f, 96, 128, 0.02f, 0.9e-5f, false, 0, rng);
+    const cm::PackedFp4 p = cm::pack_fp4_gate_up(w1, w3);
+    EXPECT_EQ(p.rows, 192);
+    check_pack(w1, p, &w3);
+  }
+}
+
+TEST(MoePack, RejectsWhatItCannotRepresent) {
+  std::mt19937 rng(14);
+  HostTensors h;
+  Fp4Ref w = make_fp4(h, "w", ExpertFormat::kMxfp4, 64, 64, 0.05f, 0, false, 0, rng);
+  auto& sc = h.data[h.data.size() - 1];
+  sc[0] = 0xff;  // NaN scale
+  EXPECT_THROW(cm::pack_fp4(w), Error);
+  sc[0] = 1;
+  sc[1] = 200;  // exponents spanning 199 binades
+  EXPECT_THROW(cm::pack_fp4(w), Error);
+  Fp4Ref odd = make_fp4(h, "odd", ExpertFormat::kMxfp4, 32, 64, 0.05f, 0, false, 0, rng);
+  EXPECT_THROW(cm::pack_fp4(odd), Error);  // 32 rows: off the 64-row tile grid
+}
+
+// ---- MoeGemmEmu: the grouped expert GEMM's index arithmetic, run on the host -----------------
+//
+// The kernel's work items replayed step by step with its own constants and address formulas:
+// load_chunk's gathers into the stage buffer, the in-place FP8 quantisation of decode down
+// GEMMs (lane -> element map), each thread's 16-byte word and scale record per k-block, the
+// scale byte selection and BF16 dequantisation per k16 step; then the MMA as the hardware
+// defines it (A fragment rows/columns, B read through the 128-byte-swizzle descriptor at
+// +32 bytes per k16 step), the accumulator -> (row, column) map and the epilogue's output
+// indices. Sums are exact (double) and compared with the checkpoint's e2m1 x scale x
+// activation products, so any misplaced row, K block, scale or token shows, independent of
+// rounding. (It cannot see ordering hazards: those are checked on the GPU.)
+
+namespace emu {
+
+uint32_t byte_pair(uint32_t x, int i) {  // __byte_perm(x, 0, i | 4 << 4 | i << 8 | 4 << 12)
+  const uint32_t b = (x >> (8 * i)) & 0xffu;
+  return b | (b << 16);
+}
+uint32_t bf16x2_mul(uint32_t a, uint32_t b) {  // fma.rn.bf16x2 a, b, -0
+  uint32_t r = 0;
+  for (int h = 0; h < 2; ++h) {
+    const float p = bf16_to_float(uint16_t(a >> (16 * h))) * bf16_to_float(uint16_t(b >> (16 * h)));
+    r |= uint32_t(float_to_bf16(p)) << (16 * h);
+  }
+  return r;
+}
+// The 128-byte swizzle of the wgmma descriptor: address bits [4, 7) ^= bits [7, 10).
+uint32_t sw128(uint32_t a) {
+  return a ^ (((a >> 7) & 7u) << 4);
+}
+float bf(const uint8_t* p) {
+  uint16_t b;
+  std::memcpy(&b, p, 2);
+  return bf16_to_float(b);
+}
+
+struct Result {
+  std::vector<double> d0, d1;         // down: d0 = output [pos, ldo]; gate/up: g and u
+  std::vector<int> writes0, writes1;  // how often each output element was stored
+  std::vector<uint16_t> act_q;        // decode down GEMM: the quantised rows it stores
+  std::vector<int> act_q_writes;
+};
+
+// pw: the packed projection; act: BF16 bits [rows, k]; act_row: position -> act row (empty:
+// identity); tiles: (first position, rows) of one expert; positions: total positions.
+template <ExpertFormat F, class T, bool GATE_UP>
+Result run(const cm::PackedFp4& pw, int k, const std::vector<uint16_t>& act,
+           const std::vector<int32_t>& act_row, const std::vector<std::pair<int, int>>& tiles,
+           int positions, int ldo) {
+  constexpr int TILE = cm::pack_tile_bytes(F);
+  constexpr int B_KB = T::BN * 128;
+  constexpr int B_BYTES = T::KC * B_KB;
+  constexpr int STAGE = cm::gemm_stage_bytes<F, T>();
+  constexpr int NACC = T::BN / 2;
+  constexpr bool QUANT_B = !GATE_UP && cm::gemm_quantises_b<T>();
+  static_assert(STAGE % 1024 == 0 && B_KB % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
+  Result res;
+  res.d0.assign(size_t(positions) * ldo, 0.0);
+  res.d1.assign(size_t(positions) * ldo, 0.0);
+  res.writes0.assign(size_t(positions) * ldo, 0);
+  res.writes1.assign(size_t(positions) * ldo, 0);
+  if (QUANT_B) {
+    res.act_q.assign(size_t(positions) * k, 0xffff);
+    res.act_q_writes.assign(size_t(positions) * k, 0);
+  }
+  std::vector<uint8_t> smem(size_t(T::STAGES) * STAGE);
+  const int KB = k / 64, nch = (KB + T::KC - 1) / T::KC, row_blocks = pw.rows / T::BM;
+  EXPECT_EQ(pw.rows % T::BM, 0);
+  const int total = int(tiles.size()) * row_blocks;
+  const auto ep = pw.epi;
+  for (int item = 0; item < total; ++item) {
+    const int first = tiles[item / row_blocks].first, rows = tiles[item / row_blocks].second;
+    const int rbc = item % row_blocks;
+    const uint8_t* wbase = pw.bytes.data() + size_t(rbc) * (T::WGS * T::MT) * KB * TILE;
+    std::fill(smem.begin(), smem.end(), uint8_t(0xff));  // stale data: NaN BF16
+    int s_row[T::BN];
+    for (int tid = 0; tid < T::BN; ++tid)
+      s_row[tid] = tid < rows ? (act_row.empty() ? first + tid : act_row[first + tid]) : -1;
+    const int quarters = T::BN >= 64 ? std::min(4, (4 * rows + T::BN - 1) / T::BN) : 4;
+    const int ncols = quarters * T::BN / 4;  // MMA width
+    // D[wg][mt][64 rows][BN columns], exact.
+    std::vector<double> D(size_t(T::WGS) * T::MT * 64 * T::BN, 0.0);
+    for (int ch = 0; ch < nch; ++ch) {
+      const uint32_t st_off = uint32_t((ch % T::STAGES) * STAGE);
+      uint8_t* st = smem.data() + st_off;
+      const int kb0 = ch * T::KC, nk = std::min(T::KC, KB - kb0);
+      // load_chunk(ch), every thread's iterations.
+      for (int i = 0; i < T::KC * T::BN * 8; ++i) {
+        const int kbl = i / (T::BN * 8), r = (i / 8) % T::BN, c = i % 8;
+        if (kbl < nk && r < rows)
+          std::memcpy(st + kbl * B_KB + r * 128 + ((c ^ (r & 7)) << 4),
+                      act.data() + size_t(s_row[r]) * k + (kb0 + kbl) * 64 + c * 8, 16);
+      }
+      constexpr int CH_PER_SET = T::KC * TILE / 16;
+      for (int i = 0; i < T::WGS * T::MT * CH_PER_SET; ++i) {
+        const int gm = i / CH_PER_SET, j = i % CH_PER_SET;
+        if (j * 16 < nk * TILE)
+          std::memcpy(st + B_BYTES + gm * (T::KC * TILE) + j * 16,
+                      wbase + size_t(gm) * KB * TILE + size_t(kb0) * TILE + j * 16, 16);
+      }
+      if constexpr (QUANT_B) {  // quant_b_block, one warp per (row, 128-block)
+        const int blocks = nk / 2;
+        for (int task = 0; task < rows * blocks; ++task) {
+          const int r = task / blocks, j = task % blocks;
+          uint8_t* p[32];
+          float v[32][4], amax = 0;
+          for (int lane = 0; lane < 32; ++lane) {
+            const int kb = 2 * j + lane / 16, c = (lane % 16) / 2;
+            p[lane] = st + kb * B_KB + r * 128 + ((c ^ (r & 7)) << 4) + (lane % 2) * 8;
+            for (int e = 0; e < 4; ++e) {
+              v[lane][e] = bf(p[lane] + 2 * e);
+              amax = std::max(amax, std::fabs(v[lane][e]));
+            }
+          }
+          const float s = pow2_ceil(std::max(amax, 1e-4f) * (1.0f / 448.0f));
+          for (int lane = 0; lane < 32; ++lane)
+            for (int e = 0; e < 4; ++e) {
+              const float q = std::clamp(v[lane][e] / s, -448.0f, 448.0f);
+              const uint16_t b = float_to_bf16(e4m3_to_float(float_to_e4m3(q)) * s);
+              std::memcpy(p[lane] + 2 * e, &b, 2);
+              if (rbc == 0) {
+                const size_t o = size_t(first + r) * k + (ch * T::KC + 2 * j) * 64 + 4 * lane + e;
+                res.act_q[o] = b;
+                ++res.act_q_writes[o];
+              }
+            }
+        }
+      }
+      for (int kbl = 0; kbl < nk; ++kbl)
+        for (int wg = 0; wg < T::WGS; ++wg)
+          for (int mt = 0; mt < T::MT; ++mt) {
+            const uint8_t* tl = st + B_BYTES + ((wg * T::MT + mt) * T::KC + kbl) * TILE;
+            const uint32_t b_base = st_off + uint32_t(kbl * B_KB);  // descriptor start
+            for (int kk = 0; kk < 4; ++kk) {
+              // A[64][16] from the 128 threads' fragments.
+              float A[64][16];
+              for (int t = 0; t < 128; ++t) {
+                const int warp = t / 32, lane = t % 32, rp = 8 * warp + lane / 4;
+                uint32_t words[4], sc_lo, sc_hi = 0;
+                std::memcpy(words, tl + 16 * t, 16);
+                if (F == ExpertFormat::kMxfp4) {
+                  std::memcpy(&sc_lo, tl + cm::kPackCodeBytes + 4 * rp, 4);
+                } else {
+                  std::memcpy(&sc_lo, tl + cm::kPackCodeBytes + 8 * rp, 4);
+                  std::memcpy(&sc_hi, tl + cm::kPackCodeBytes + 8 * rp + 4, 4);
+                }
+                const uint32_t kMul = F == ExpertFormat::kMxfp4 ? 128u : 16u;
+                uint32_t s0, s1;
+                if (F == ExpertFormat::kMxfp4) {
+                  const int g = kk / 2;
+                  s0 = byte_pair(sc_lo, 2 * g) * kMul + ep.a.bias;
+                  s1 = byte_pair(sc_lo, 2 * g + 1) * kMul + ep.b.bias;
+                } else {
+                  const uint32_t src = kk < 2 ? sc_lo : sc_hi;
+                  const int g = kk % 2;
+                  s0 = byte_pair(src, 2 * g) * kMul + ep.a.bias;
+                  s1 = byte_pair(src, 2 * g + 1) * kMul + ep.b.bias;
+                }
+                uint32_t v[4], a[4];
+                cm::fp4_word_to_bf16x2(words[kk], v);
+                a[0] = bf16x2_mul(v[0], s0);
+                a[1] = bf16x2_mul(v[1], s1);
+                a[2] = bf16x2_mul(v[2], s0);
+                a[3] = bf16x2_mul(v[3], s1);
+                // wgmma A fragment: a0 (r, c..c+1), a1 (r+8, c..), a2 (r, c+8..), a3 (r+8, c+8..)
+                const int r0 = 16 * warp + lane / 4, c0 = 2 * (lane % 4);
+                for (int reg = 0; reg < 4; ++reg)
+                  for (int h = 0; h < 2; ++h)
+                    A[r0 + 8 * (reg % 2)][c0 + 8 * (reg / 2) + h] =
+                        bf16_to_float(uint16_t(a[reg] >> (16 * h)));
+              }
+              // B[16][ncols] through the descriptor: K-major rows of 128 bytes, 8-row groups
+              // 1024 bytes apart, start + 32 bytes per k16 step, swizzled by address.
+              double* d = D.data() + (size_t(wg) * T::MT + mt) * 64 * T::BN;
+              for (int n = 0; n < ncols; ++n) {
+                float B[16];
+                for (int kin = 0; kin < 16; ++kin)
+                  B[kin] = bf(smem.data() +
+                              sw128(b_base + 32 * kk + (n / 8) * 1024 + (n % 8) * 128 + 2 * kin));
+                for (int row = 0; row < 64; ++row) {
+                  double sum = 0;
+                  for (int kin = 0; kin < 16; ++kin) sum += double(A[row][kin]) * B[kin];
+                  d[row * T::BN + n] += sum;
+                }
+              }
+            }
+          }
+    }
+    // Epilogue, with the wgmma accumulator map: accumulator i of a thread holds row
+    // 16 warp + lane/4 + 8 ((i % 4) / 2), column 8 (i / 4) + 2 (lane % 4) + i % 2.
+    for (int wg = 0; wg < T::WGS; ++wg)
+      for (int mt = 0; mt < T::MT; ++mt) {
+        const double* d = D.data() + (size_t(wg) * T::MT + mt) * 64 * T::BN;
+        const int rb64 = rbc * (T::WGS * T::MT) + wg * T::MT + mt;
+        for (int t = 0; t < 128; ++t) {
+          const int warp = t / 32, lane = t % 32;
+          auto acc = [&](int i) {
+            EXPECT_LT(i, NACC);
+            return d[(16 * warp + lane / 4 + 8 * ((i % 4) / 2)) * T::BN + 8 * (i / 4) +
+                     2 * (lane % 4) + i % 2];
+          };
+          for (int j = 0; j < T::BN / 8; ++j)
+            for (int q = 0; q < 2; ++q) {
+              const int col = 8 * j + 2 * (lane % 4) + q;
+              if (col >= rows) continue;
+              const int pos = first + col;
+              const double d0 = acc(4 * j + q), d1 = acc(4 * j + 2 + q);
+              if (GATE_UP) {
+                const int i = rb64 * 32 + 8 * warp + lane / 4;
+                res.d0[size_t(pos) * ldo + i] = d0 * ep.a.mult;
+                res.d1[size_t(pos) * ldo + i] = d1 * ep.b.mult;
+                ++res.writes0[size_t(pos) * ldo + i];
+                ++res.writes1[size_t(pos) * ldo + i];
+              } else {
+                const int n = rb64 * 64 + 16 * warp + lane / 4;
+                res.d0[size_t(pos) * ldo + n] = d0 * ep.a.mult;
+                res.d0[size_t(pos) * ldo + n + 8] = d1 * ep.b.mult;
+                ++res.writes0[size_t(pos) * ldo + n];
+                ++res.writes0[size_t(pos) * ldo + n + 8];
+              }
+            }
+        }
+      }
+  }
+  return res;
+}
+
+// sum_k W[o, k] * x[k] exactly (W = e2m1 x block scale x NVFP4's scale_2) and sum_k |..|.
+std::pair<double, double> exact_dot(const Fp4Ref& w, int o, const float* x, int k) {
+  double g = 1;
+  if (w.format == ExpertFormat::kNvfp4) {
+    float g32;
+    std::memcpy(&g32, w.scale_2->data, 4);
+    g = g32;
+  }
+  double s = 0, sa = 0;
+  for (int i = 0; i < k; ++i) {
+    const double p = double(checkpoint_value(w, o, i)) * g * x[i];
+    s += p;
+    sa += std::fabs(p);
+  }
+  return {s, sa};
+}
+
+int count_bad(const std::vector<double>& got, const std::vector<int>& writes, int positions, int n,
+              const std::function<std::pair<double, double>(int, int)>& want, const char* what) {
+  int bad = 0;
+  for (int pos = 0; pos < positions; ++pos)
+    for (int o = 0; o < n; ++o) {
+      const size_t idx = size_t(pos) * n + o;
+      const auto [w, wa] = want(pos, o);
+      const double g = got[idx];
+      const bool ok = writes[idx] == 1 && std::fabs(g - w) <= 1e-12 * wa + 1e-300;
+      if (!ok && bad++ < 5)
+        ADD_FAILURE() << what << " (position " << pos << ", output " << o << "): stored "
+                      << writes[idx] << "x, emulated " << g << ", exact " << w;
+    }
+  return bad;
+}
+
+template <ExpertFormat F, class T>
+void check_down(int dim, int inter, int n_tok, uint32_t seed) {
+  SCOPED_TRACE(cat("down, BN ", T::BN, ", dim ", dim, ", inter ", inter, ", ", n_tok, " tokens"));
+  std::mt19937 rng(seed);
+  HostTensors h;
+  const float g2 = F == ExpertFormat::kNvfp4 ? 0.2f / std::sqrt(float(inter)) * 4.5f / 2688.0f : 0;
+  const Fp4Ref w2 =
+      make_fp4(h, "w2", F, dim, inter, 0.2f / std::sqrt(float(inter)), g2, false, 0, rng);
+  const cm::PackedFp4 p = cm::pack_fp4(w2);
+  // SwiGLU outputs: BF16, rows of different magnitude (per-128 scales differ along K too).
+  std::vector<float> act = gaussian(size_t(n_tok) * inter, 1.0f, rng);
+  for (int r = 0; r < n_tok; ++r)
+    for (int i = 0; i < inter; ++i)
+      act[size_t(r) * inter + i] =
+          round_bf16(act[size_t(r) * inter + i] * std::ldexp(1.0f, (r % 5) - 2 + (i / 128) % 3));
+  std::vector<float> actq(act.size());
+  for (int r = 0; r < n_tok; ++r)
+    cpu::fake_quant_fp8(act.data() + size_t(r) * inter, inter, 128,
+                        actq.data() + size_t(r) * inter);
+  constexpr bool quant = cm::gemm_quantises_b<T>();
+  // Decode tiles read the SwiGLU output and quantise it; prefill tiles read quant_rows' output.
+  const std::vector<uint16_t> in = to_bf16_bits(quant ? act : actq);
+  std::vector<std::pair<int, int>> tiles;
+  for (int f = 0; f < n_tok; f += T::BN) tiles.push_back({f, std::min(T::BN, n_tok - f)});
+  const Result r = run<F, T, false>(p, inter, in, {}, tiles, n_tok, dim);
+  const int bad = count_bad(
+      r.d0, r.writes0, n_tok, dim,
+      [&](int pos, int o) { return exact_dot(w2, o, actq.data() + size_t(pos) * inter, inter); },
+      "down GEMM");
+  EXPECT_EQ(bad, 0);
+  if (quant) {
+    int qbad = 0;
+    for (size_t i = 0; i < actq.size(); ++i)
+      if ((r.act_q_writes[i] != 1 || r.act_q[i] != float_to_bf16(actq[i])) && qbad++ < 5)
+        ADD_FAILURE() << "quantised activation [" << i << "]: stored " << r.act_q_writes[i] << "x, "
+                      << bf16_to_float(r.act_q[i]) << " vs " << actq[i];
+    EXPECT_EQ(qbad, 0);
+  }
+}
+
+template <ExpertFormat F, class T>
+void check_gate_up(int dim, int inter, int n_tok, uint32_t seed) {
+  SCOPED_TRACE(
+      cat("gate/up, BN ", T::BN, ", dim ", dim, ", inter ", inter, ", ", n_tok, " tokens"));
+  std::mt19937 rng(seed);
+  HostTensors h;
+  const float s13 = 4.0f / std::sqrt(float(dim));
+  const float g13 = F == ExpertFormat::kNvfp4 ? s13 * 4.5f / 2688.0f : 0;
+  const Fp4Ref w1 = make_fp4(h, "w1", F, inter, dim, s13, g13, false, 0, rng);
+  const Fp4Ref w3 = make_fp4(h, "w3", F, inter, dim, s13, g13 * 1.25f, false, 0, rng);
+  const cm::PackedFp4 p = cm::pack_fp4_gate_up(w1, w3);
+  // x rows (quantised), gathered through a position -> row map with repeats.
+  const int x_rows = n_tok / 2 + 1;
+  std::vector<float> x = gaussian(size_t(x_rows) * dim, 1.0f, rng), xq(x.size());
+  for (int r = 0; r < x_rows; ++r)
+    cpu::fake_quant_fp8(x.data() + size_t(r) * dim, dim, 128, xq.data() + size_t(r) * dim);
+  std::vector<int32_t> act_row(n_tok);
+  for (int i = 0; i < n_tok; ++i) act_row[i] = int32_t(rng() % x_rows);
+  std::vector<std::pair<int, int>> tiles;
+  for (int f = 0; f < n_tok; f += T::BN) tiles.push_back({f, std::min(T::BN, n_tok - f)});
+  const Result r = run<F, T, true>(p, dim, to_bf16_bits(xq), act_row, tiles, n_tok, inter);
+  auto want = [&](const Fp4Ref& w) {
+    return [&](int pos, int i) {
+      return exact_dot(w, i, xq.data() + size_t(act_row[pos]) * dim, dim);
+    };
+  };
+  EXPECT_EQ(count_bad(r.d0, r.writes0, n_tok, inter, want(w1), "gate (w1)"), 0);
+  EXPECT_EQ(count_bad(r.d1, r.writes1, n_tok, inter, want(w3), "up (w3)"), 0);
+}
+
+template <ExpertFormat F>
+void check_all_tiles(uint32_t seed) {
+  // inter 128: one partial chunk for the 8 tile (nk 2 < KC 4); 384: 6 k-blocks, a full and a
+  // partial chunk (8 tile) or three chunks; 2048 (Flash): 8 to 16 chunks, every stage reused.
+  for (int inter : {128, 384, 2048}) {
+    check_down<F, cm::TileN8>(256, inter, 13, seed + inter);
+    check_down<F, cm::TileN32>(256, inter, 37, seed + inter + 1);
+  }
+  for (int inter : {128, 384}) {
+    check_down<F, cm::TileN64>(256, inter, 70, seed + inter + 2);
+    check_down<F, cm::TileN128>(256, inter, 150, seed + inter + 3);  // MMA widths 128 and 32
+  }
+  // Token tiles with every MMA width of the prefill tiles: 64 + 1 rows (N 64, 16); 128 + 50
+  // (N 128, 64), 128 + 72 (N 128, 96); the down GEMM above 64 + 6 and 128 + 22 (N 16, 32).
+  for (int dim : {256, 384}) {
+    check_gate_up<F, cm::TileN8>(dim, 128, 11, seed + dim);
+    check_gate_up<F, cm::TileN32>(dim, 128, 33, seed + dim + 1);
+    check_gate_up<F, cm::TileN64>(dim, 128, 65, seed + dim + 2);
+    check_gate_up<F, cm::TileN128>(dim, 128, dim == 256 ? 178 : 200, seed + dim + 3);
+  }
+}
+
+}  // namespace emu
+
+TEST(MoeGemmEmu, KernelIndexingIsExactMxfp4) {
+  emu::check_all_tiles<ExpertFormat::kMxfp4>(100);
+}
+
+TEST(MoeGemmEmu, KernelIndexingIsExactNvfp4) {
+  emu::check_all_tiles<ExpertFormat::kNvfp4>(200);
+}
+
+// ---- GPU tests --------------------------------------------------------------------------------
+
+struct Spec {
+  std::string name;
+  int dim, inter, E, K;
+  ExpertFormat fmt;
+  bool hash = false;
+  int m = 1;
+  int skew = 0;         // 1: every token on expert 3 and experts >= E/2 never chosen
+  int tile_n = 0;       // 0: the heuristic
+  bool direct = false;  // draw FP4 codes directly (large shapes)
+  int mx_shift = 0;
+};
+
+std::ostream& operator<<(std::ostream& os, const Spec& s) {
+  return os << s.name;
+}
+
+constexpr int kVocab = 97;
+constexpr float kRouteScale = 1.5f, kLimit = 10.0f;
+
+struct Layer {
+  Spec s;
+  HostTensors h;
+  MoeRef ref;
+  cpu::MoeWeights cpu;
+  cpu::MoeParams p;
+  cm::MoeDeviceWeights dev;
+};
+
+std::unique_ptr<Layer> make_layer(const Spec& s, uint32_t seed) {
+  auto L = std::make_unique<Layer>();
+  L->s = s;
+  std::mt19937 rng(seed);
+  const int dim = s.dim, inter = s.inter, E = s.E;
+  std::vector<float> gate = gaussian(size_t(E) * dim, 1.0f / std::sqrt(float(dim)), rng);
+  L->ref.gate = L->h.add("gate", DType::kBF16, {E, dim}, as_bytes(to_bf16_bits(gate)));
+  L->cpu.gate = cpu::Linear::from_rows(cpu::LinearKind::kF32, E, dim, gate);
+  if (s.hash) {
+    std::vector<int32_t> ids(size_t(kVocab) * s.K);
+    for (int t = 0; t < kVocab; ++t)
+      for (int i = 0; i < s.K; ++i) {
+        int e = int(rng() % E);
+        if (t % 5 == 0 && i == 1) e = ids[size_t(t) * s.K];  // a row listing one expert twice
+        ids[size_t(t) * s.K + i] = e;
+      }
+    L->ref.tid2eid = L->h.add("tid2eid", DType::kI32, {kVocab, s.K}, as_bytes(ids));
+    L->cpu.tid2eid = ids;
+  } else {
+    std::vector<float> bias = gaussian(E, 0.05f, rng, false);
+    if (s.skew) {
+      bias[3] = 100.0f;
+      for (int e = E / 2; e < E; ++e) bias[e] = -100.0f;
+    }
+    L->ref.bias = L->h.add("bias", DType::kF32, {E}, as_bytes(bias));
+    L->cpu.bias = bias;
+  }
+  const float s13 = 4.0f / std::sqrt(float(dim)), s2 = 0.2f / std::sqrt(float(inter));
+  for (int e = 0; e < E; ++e) {
+    const std::string p = "experts." + std::to_string(e) + ".";
+    float g13 = 0, g2 = 0;
+    if (s.fmt == ExpertFormat::kNvfp4) {  // ModelOpt: w1/w3 share scale_2 (max amax / 2688)
+      g13 = s13 * 4.5f / 2688.0f * 1.0731f;
+      g2 = s2 * 4.5f / 2688.0f * 0.9377f;
+    }
+    ExpertRef x;
+    x.w1 = make_fp4(L->h, p + "w1", s.fmt, inter, dim, s13, g13, s.direct, s.mx_shift, rng);
+    x.w3 = make_fp4(L->h, p + "w3", s.fmt, inter, dim, s13, g13, s.direct, s.mx_shift, rng);
+    x.w2 = make_fp4(L->h, p + "w2", s.fmt, dim, inter, s2, g2, s.direct, s.mx_shift, rng);
+    L->ref.experts.push_back(x);
+    auto lin = [](const Fp4Ref& r) {
+      return cpu::Linear::from_rows(cpu::LinearKind::kFp4, int(r.weight->shape[0]),
+                                    int(r.weight->shape[1] * 2), cpu::dequant_fp4(r));
+    };
+    L->cpu.experts.push_back({lin(x.w1), lin(x.w2), lin(x.w3)});
+  }
+  const int si = 128;  // the shared expert only feeds its output in
+  L->cpu.shared.w1 =
+      cpu::Linear::from_rows(cpu::LinearKind::kFp8, si, dim, gaussian(size_t(si) * dim, s13, rng));
+  L->cpu.shared.w3 =
+      cpu::Linear::from_rows(cpu::LinearKind::kFp8, si, dim, gaussian(size_t(si) * dim, s13, rng));
+  L->cpu.shared.w2 =
+      cpu::Linear::from_rows(cpu::LinearKind::kFp8, dim, si, gaussian(size_t(dim) * si, s2, rng));
+  L->p = {s.K, ScoreFunc::kSqrtSoftplus, kRouteScale, kLimit};
+  L->dev = cm::upload_moe_weights(L->ref);
+  return L;
+}
+
+// What the GPU left in its output and workspace.
+struct GpuOut {
+  int pairs = 0, tiles = 0, flags = 0, tile_n = 0;
+  std::vector<float> y, xq, act, actq, ye, wt, sorted_wt;
+  std::vector<int32_t> sel, pair_pos, sorted_row, expert_first, tiles4;
+};
+
+template <typename T>
+std::vector<T> fetch(const T* p, size_t n) {
+  std::vector<T> h(n);
+  if (n) DSV4_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+std::vector<float> fetch_bf16(const __nv_bfloat16* p, size_t n) {
+  return from_bf16_bits(fetch(reinterpret_cast<const uint16_t*>(p), n));
+}
+
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~Stream() { cudaStreamDestroy(s); }
+};
+
+GpuOut run_gpu(const Layer& L, const std::vector<float>& x, const std::vector<int32_t>& tokens,
+               const std::vector<float>& shared, bool pdl = true) {
+  const int m = L.s.m, dim = L.s.dim, K = L.s.K;
+  cuda::DeviceBuffer<uint16_t> dx(to_bf16_bits(x)), dsh(to_bf16_bits(shared)), dy(size_t(m) * dim);
+  cuda::DeviceBuffer<int32_t> dtok(tokens);
+  const size_t bytes = cm::moe_workspace_bytes(L.dev, m, K);
+  cuda::DeviceBuffer<uint8_t> ws(bytes);
+  ws.fill_bytes(0xff);  // poison: NaN BF16/fp32, -1 ints
+  dy.fill_bytes(0xff);
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // the fills run on the legacy stream
+  cm::MoeArgs a;
+  a.x = reinterpret_cast<const __nv_bfloat16*>(dx.data());
+  a.tokens = L.s.hash ? dtok.data() : nullptr;
+  a.shared = reinterpret_cast<const __nv_bfloat16*>(dsh.data());
+  a.y = reinterpret_cast<__nv_bfloat16*>(dy.data());
+  a.m = m;
+  a.p = {K, ScoreFunc::kSqrtSoftplus, kRouteScale, kLimit};
+  a.workspace = ws.data();
+  a.workspace_bytes = bytes;
+  a.tile_n = L.s.tile_n;
+  a.pdl = pdl;
+  Stream st;
+  a.stream = st.s;
+  cm::moe_forward(L.dev, a);
+  DSV4_CUDA_CHECK(cudaGetLastError());
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(st.s));
+  const cm::MoeWorkspace w = cm::carve_moe_workspace(L.dev, m, K, ws.data());
+  GpuOut o;
+  o.tile_n = L.s.tile_n ? L.s.tile_n : cm::moe_default_tile_n(L.dev, m, K);
+  const std::vector<int32_t> cnt = fetch(w.counters, 3);
+  o.pairs = cnt[0], o.tiles = cnt[1], o.flags = cnt[2];
+  const size_t P = size_t(std::clamp(o.pairs, 0, m * K));
+  o.y = from_bf16_bits(dy.download());
+  o.xq = fetch_bf16(w.xq, size_t(m) * dim);
+  o.sel = fetch(w.sel, size_t(m) * K);
+  o.wt = fetch(w.wt, size_t(m) * K);
+  o.pair_pos = fetch(w.pair_pos, size_t(m) * K);
+  o.sorted_row = fetch(w.sorted_row, P);
+  o.sorted_wt = fetch(w.sorted_wt, P);
+  o.expert_first = fetch(w.expert_first, size_t(L.s.E) + 1);
+  o.tiles4 =
+      fetch(reinterpret_cast<const int32_t*>(w.tiles), 4 * size_t(std::clamp(o.tiles, 0, m * K)));
+  o.act = fetch_bf16(w.act, P * L.s.inter);
+  o.actq = fetch_bf16(w.actq, P * L.s.inter);
+  o.ye = fetch_bf16(w.ye, P * dim);
+  return o;
+}
+
+// relative L2 and the share of elements within one BF16 ulp of the reference.
+struct Closeness {
+  double rel_l2 = 0, within_ulp = 1;
+  size_t n = 0, worst = 0;
+  double worst_err = 0, max_ref = 0;  // largest |gpu - cpu| (1e300 for a non-finite) and |cpu|
+  std::string first_bad;
+};
+
+double bf16_ulp(float v) {
+  const float a = std::fabs(v);
+  if (a == 0 || !std::isfinite(a)) return std::ldexp(1.0, -133);
+  int e;
+  std::frexp(a, &e);
+  return std::max(std::ldexp(1.0, e - 8), std::ldexp(1.0, -133));
+}
+
+Closeness closeness(const std::vector<float>& got, const std::vector<float>& want,
+                    const std::vector<char>* skip = nullptr, size_t row_len = 1) {
+  Closeness c;
+  double num = 0, den = 0;
+  size_t ok = 0;
+  double worst_err = -1;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (skip && (*skip)[i / row_len]) continue;
+    ++c.n;
+    const double d = double(got[i]) - want[i];
+    num += d * d;
+    den += double(want[i]) * want[i];
+    const bool in = std::fabs(d) <= bf16_ulp(std::max(std::fabs(got[i]), std::fabs(want[i])));
+    ok += in;
+    if (!std::isfinite(got[i]) || std::fabs(d) > worst_err)
+      worst_err = std::isfinite(d) ? std::fabs(d) : 1e300, c.worst = i;
+    c.max_ref = std::max(c.max_ref, double(std::fabs(want[i])));
+    if (!in && c.first_bad.empty())
+      c.first_bad = cat("first element beyond 1 ulp: [", i, "] gpu ", got[i], " cpu ", want[i]);
+  }
+  c.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  if (!std::isfinite(c.rel_l2)) c.rel_l2 = 1e300;
+  c.within_ulp = c.n ? double(ok) / c.n : 1;
+  c.worst_err = std::max(worst_err, 0.0);
+  return c;
+}
+
+// max_ulps_of_max > 0 also bounds the worst element: |gpu - cpu| <= that many BF16 ulps of the
+// largest |cpu| value. For a GEMM stage fed identical inputs the two differ only in fp32
+// summation order and final rounding (<= 1 ulp of an element); a few corrupted elements -- a
+// race, a wrong scale for one K block -- can hide under the aggregate bounds, not under this.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, const char* what,
+                  const std::vector<char>* skip = nullptr, size_t row_len = 1,
+                  int max_ulps_of_max = 0) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  const Closeness c = closeness(got, want, skip, row_len);
+  const std::string msg =
+      cat(what, ": n ", c.n, ", rel L2 ", c.rel_l2, ", within 1 ulp ", 100 * c.within_ulp,
+          " %, worst [", c.worst, "] gpu ", got[c.worst], " cpu ", want[c.worst], " (max |cpu| ",
+          c.max_ref, "); ", c.first_bad);
+  EXPECT_LE(c.rel_l2, 4e-3) << msg;
+  EXPECT_GE(c.within_ulp, 0.99) << msg;
+  if (max_ulps_of_max > 0) {
+    EXPECT_LE(c.worst_err, max_ulps_of_max * bf16_ulp(float(c.max_ref)))
+        << msg << " -- worst error beyond " << max_ulps_of_max << " ulps of max |cpu|";
+  }
+  std::printf("  %s\n", msg.c_str());
+}
+
+void expect_bits_equal(const std::vector<float>& got, const std::vector<float>& want,
+                       const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (float_to_bf16(got[i]) != float_to_bf16(want[i]) && bad++ == 0) first = i;
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << want.size() << " differ; first [" << first
+                     << "] gpu " << (bad ? got[first] : 0) << " cpu " << (bad ? want[first] : 0);
+}
+
+float cpu_score(float logit) {  // sqrt(softplus), as cpu::moe_route computes it
+  return std::sqrt(logit > 20.0f ? logit : std::log1p(std::exp(logit)));
+}
+
+class MoeCuda : public ::testing::TestWithParam<Spec> {
+ protected:
+  void SetUp() override {
+    if (cuda::device_count() == 0) GTEST_SKIP() << "needs a GPU: " << cuda::describe_device();
+  }
+};
+
+// Runs one layer on both backends and compares every stage.
+void check_layer(const Spec& s, uint32_t seed) {
+  auto L = make_layer(s, seed);
+  std::mt19937 rng(seed + 1000);
+  const int m = s.m, dim = s.dim, K = s.K, E = s.E, inter = s.inter;
+  const std::vector<float> x = gaussian(size_t(m) * dim, 1.0f, rng);
+  std::vector<int32_t> tokens(m);
+  for (int r = 0; r < m; ++r) tokens[r] = s.skew && s.hash ? 7 : int(rng() % kVocab);
+  std::vector<float> shared(size_t(m) * dim);
+  cpu::expert_forward(L->cpu.shared, kLimit, x.data(), m, nullptr, shared.data());
+
+  const GpuOut g = run_gpu(*L, x, tokens, shared);
+  std::printf("[%s] m %d, tile_n %d, unique pairs %d, tiles %d\n", s.name.c_str(), m, g.tile_n,
+              g.pairs, g.tiles);
+  EXPECT_EQ(g.flags, 0) << "device error flags";
+
+  // Routing: CPU reference per row; GPU selections may differ only at near-ties.
+  std::vector<char> flipped(m, 0);
+  int n_flipped = 0;
+  for (int r = 0; r < m; ++r) {
+    std::vector<int32_t> cs(K);
+    std::vector<float> cw(K);
+    cpu::moe_route(L->cpu, L->p, x.data() + size_t(r) * dim, tokens[r], cs.data(), cw.data());
+    std::map<int, float> cpu_w, gpu_w;
+    for (int i = 0; i < K; ++i)
+      cpu_w[cs[i]] = cw[i], gpu_w[g.sel[size_t(r) * K + i]] = g.wt[size_t(r) * K + i];
+    if (std::multiset<int>(cs.begin(), cs.end()) !=
+        std::multiset<int>(g.sel.begin() + size_t(r) * K, g.sel.begin() + size_t(r + 1) * K)) {
+      ASSERT_FALSE(s.hash) << "hash routing must select tid2eid exactly, row " << r;
+      // Near-tie check on the CPU's biased scores.
+      std::vector<float> logit(E);
+      cpu::linear(L->cpu.gate, x.data() + size_t(r) * dim, 1, logit.data());
+      auto biased = [&](int e) { return cpu_score(logit[e]) + L->cpu.bias[e]; };
+      const float kth = biased(cs[K - 1]);
+      for (int i = 0; i < K; ++i) {
+        const int e = g.sel[size_t(r) * K + i];
+        EXPECT_LE(std::fabs(biased(e) - kth), 1e-5f * std::max(1.0f, std::fabs(kth)))
+            << "row " << r << ": GPU selected expert " << e << " (biased score " << biased(e)
+            << ") where the CPU's k-th score is " << kth << " -- not a tie";
+      }
+      flipped[r] = 1;
+      ++n_flipped;
+      continue;
+    }
+    for (auto& [e, w] : cpu_w)
+      EXPECT_NEAR(gpu_w[e], w, 4e-6f * std::fabs(w) + 1e-7f) << "row " << r << " expert " << e;
+  }
+  EXPECT_LE(n_flipped, std::max(1, m / 200)) << "near-tie flips";
+  if (n_flipped)
+    std::printf("  %d row(s) with near-tie selection differences excluded\n", n_flipped);
+
+  // x quantisation: bytes identical.
+  std::vector<float> xq_ref(x.size());
+  for (int r = 0; r < m; ++r)
+    cpu::fake_quant_fp8(x.data() + size_t(r) * dim, dim, 128, xq_ref.data() + size_t(r) * dim);
+  expect_bits_equal(g.xq, xq_ref, "x quantisation");
+
+  // Grouping: unique pairs, per-expert ranges, the pair -> position map, tiles.
+  std::vector<int> cnt(E, 0);
+  int pairs = 0;
+  for (int r = 0; r < m; ++r)
+    for (int i = 0; i < K; ++i) {
+      const int e = g.sel[size_t(r) * K + i];
+      bool dup = false;
+      for (int j = 0; j < i; ++j) dup |= g.sel[size_t(r) * K + j] == e;
+      const int pos = g.pair_pos[size_t(r) * K + i];
+      if (dup) {
+        EXPECT_EQ(pos, -1) << "row " << r << " slot " << i << " repeats expert " << e;
+        continue;
+      }
+      ++cnt[e], ++pairs;
+      ASSERT_TRUE(pos >= 0 && pos < g.pairs) << "row " << r << " slot " << i << " pos " << pos;
+      EXPECT_EQ(g.sorted_row[pos], r);
+      EXPECT_TRUE(pos >= g.expert_first[e] && pos < g.expert_first[e + 1]) << "pos " << pos;
+      EXPECT_EQ(g.sorted_wt[pos], g.wt[size_t(r) * K + i]);
+    }
+  ASSERT_EQ(g.pairs, pairs);
+  int want_tiles = 0;
+  for (int e = 0; e < E; ++e) {
+    EXPECT_EQ(g.expert_first[e + 1] - g.expert_first[e], cnt[e]) << "expert " << e;
+    want_tiles += (cnt[e] + g.tile_n - 1) / g.tile_n;
+  }
+  ASSERT_EQ(g.tiles, want_tiles);
+  std::vector<int> covered(pairs, 0);
+  for (int t = 0; t < g.tiles; ++t) {
+    const int e = g.tiles4[4 * t], f = g.tiles4[4 * t + 1], n = g.tiles4[4 * t + 2];
+    ASSERT_TRUE(e >= 0 && e < E && n >= 1 && n <= g.tile_n && f >= g.expert_first[e] &&
+                f + n <= g.expert_first[e + 1])
+        << "tile " << t << " (" << e << ", " << f << ", " << n << ")";
+    for (int i = f; i < f + n; ++i) ++covered[i];
+  }
+  for (int i = 0; i < pairs; ++i) ASSERT_EQ(covered[i], 1) << "position " << i;
+  if (s.skew && !s.hash) {
+    EXPECT_EQ(cnt[3], m) << "every token on expert 3";
+    for (int e = E / 2; e < E; ++e) EXPECT_EQ(cnt[e], 0) << "expert " << e << " must get no token";
+  }
+
+  // Gate/up GEMM + SwiGLU per expert, from the same quantised x (cpu::linear re-quantises
+  // identically) and the GPU's grouping.
+  std::vector<float> act_ref(size_t(pairs) * inter), ye_ref(size_t(pairs) * dim);
+  std::vector<float> actq_ref(size_t(pairs) * inter);
+  for (int e = 0; e < E; ++e) {
+    const int f = g.expert_first[e], n = cnt[e];
+    if (!n) continue;
+    std::vector<float> xe(size_t(n) * dim), ge(size_t(n) * inter), ue(size_t(n) * inter);
+    for (int j = 0; j < n; ++j)
+      std::copy_n(x.data() + size_t(g.sorted_row[f + j]) * dim, dim, xe.data() + size_t(j) * dim);
+    cpu::linear(L->cpu.experts[e].w1, xe.data(), n, ge.data());
+    cpu::linear(L->cpu.experts[e].w3, xe.data(), n, ue.data());
+    for (int j = 0; j < n; ++j)
+      for (int i = 0; i < inter; ++i) {
+        // cpu::expert_forward's SwiGLU, clamp and routing weight, in its order.
+        float gi = ge[size_t(j) * inter + i], ui = ue[size_t(j) * inter + i];
+        ui = std::clamp(ui, -kLimit, kLimit);
+        gi = std::min(gi, kLimit);
+        float v = gi / (1.0f + std::exp(-gi)) * ui;
+        v = g.sorted_wt[f + j] * v;
+        act_ref[size_t(f + j) * inter + i] = round_bf16(v);
+      }
+    // Down GEMM from the GPU's own quantised activations.
+    for (int j = 0; j < n; ++j)
+      cpu::fake_quant_fp8(g.act.data() + size_t(f + j) * inter, inter, 128,
+                          actq_ref.data() + size_t(f + j) * inter);
+    cpu::linear(L->cpu.experts[e].w2, g.actq.data() + size_t(f) * inter, n,
+                ye_ref.data() + size_t(f) * dim);
+  }
+  expect_close(g.act, act_ref, "gate/up GEMM + SwiGLU", nullptr, 1, 4);
+  expect_bits_equal(g.actq, actq_ref, "act quantisation");
+  expect_close(g.ye, ye_ref, "down GEMM", nullptr, 1, 4);
+
+  // Combine: exact from the GPU's expert outputs (fp32 sum in ascending expert index).
+  std::vector<float> y_comb(size_t(m) * dim);
+  for (int r = 0; r < m; ++r) {
+    std::vector<int> order(K);
+    std::iota(order.begin(), order.end(), 0);
+    const int32_t* sr = g.sel.data() + size_t(r) * K;
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return sr[a] < sr[b]; });
+    for (int d = 0; d < dim; ++d) {
+      float acc = 0.0f;
+      for (int i : order) {
+        const int pos = g.pair_pos[size_t(r) * K + i];
+        if (pos >= 0) acc += g.ye[size_t(pos) * dim + d];
+      }
+      y_comb[size_t(r) * dim + d] = round_bf16(acc + shared[size_t(r) * dim + d]);
+    }
+  }
+  expect_bits_equal(g.y, y_comb, "combine");
+
+  // The layer against cpu::moe_forward (rows with near-tie selection flips excluded).
+  std::vector<float> y_ref(size_t(m) * dim);
+  cpu::moe_forward(L->cpu, L->p, x.data(), tokens.data(), m, dim, y_ref.data());
+  expect_close(g.y, y_ref, "MoE layer vs cpu::moe_forward", &flipped, dim);
+}
+
+TEST_P(MoeCuda, StagesMatchCpu) {
+  check_layer(GetParam(), 1234 + GetParam().m);
+}
+
+const ExpertFormat MX = ExpertFormat::kMxfp4, NV = ExpertFormat::kNvfp4;
+
+std::vector<Spec> specs() {
+  std::vector<Spec> v;
+  // Tiny Flash-like layer (dim 256, inter 128, 16 experts, top-4), every M of the issue.
+  for (int m : {1, 3, 17, 63, 65, 1000}) {
+    v.push_back({"tiny_mx_score_m" + std::to_string(m), 256, 128, 16, 4, MX, false, m});
+    v.push_back({"tiny_nv_score_m" + std::to_string(m), 256, 128, 16, 4, NV, false, m});
+  }
+  for (int m : {1, 17, 1000})
+    v.push_back({"tiny_mx_hash_m" + std::to_string(m), 256, 128, 16, 4, MX, true, m});
+  for (int m : {3, 65})
+    v.push_back({"tiny_nv_hash_m" + std::to_string(m), 256, 128, 16, 4, NV, true, m});
+  // Odd-but-legal sizes: dim 384, inter 384 (3 x 128), 24 experts, top-6.
+  v.push_back({"odd_mx_score_m17", 384, 384, 24, 6, MX, false, 17});
+  v.push_back({"odd_mx_score_m1000", 384, 384, 24, 6, MX, false, 1000});
+  v.push_back({"odd_nv_score_m63", 384, 384, 24, 6, NV, false, 63});
+  v.push_back({"odd_nv_hash_m65", 384, 384, 24, 6, NV, true, 65});
+  // Skew: all tokens on one expert, half the experts without tokens; hash rows all alike.
+  v.push_back({"skew_mx_m65", 256, 128, 16, 4, MX, false, 65, 1});
+  v.push_back({"skew_nv_m1000", 256, 128, 16, 4, NV, false, 1000, 1});
+  v.push_back({"skew_mx_hash_m65", 256, 128, 16, 4, MX, true, 65, 1});
+  // Every token tile (kernel instance), partial tiles everywhere (65 rows on expert 3).
+  for (int t : {8, 32, 64, 128}) {
+    v.push_back({"tile" + std::to_string(t) + "_mx_m65", 256, 128, 16, 4, MX, false, 65, 1, t});
+    v.push_back({"tile" + std::to_string(t) + "_nv_m65", 256, 128, 16, 4, NV, false, 65, 1, t});
+  }
+  // The 128 tile at every MMA width (N = 32, 64, 96, 128 by the rows of each tile).
+  v.push_back({"tile128_mx_m300", 256, 128, 16, 4, MX, false, 300, 1, 128});
+  // MXFP4 scales beyond 2^1 (the BF16 scale bias moves off its default).
+  v.push_back({"bigscale_mx_m17", 256, 128, 16, 4, MX, false, 17, 0, 0, false, 14});
+  // Real sizes: Flash (4096 / 2048, golden-sized 16 experts, top-6), Pro (7168 / 3072).
+  v.push_back({"flash_nv_m1", 4096, 2048, 16, 6, NV, false, 1, 0, 0, true});
+  v.push_back({"flash_mx_m17", 4096, 2048, 16, 6, MX, false, 17, 0, 0, true});
+  v.push_back({"flash_nv_m65", 4096, 2048, 16, 6, NV, false, 65, 0, 0, true});
+  v.push_back({"flash_nv_m65_tile128", 4096, 2048, 16, 6, NV, false, 65, 1, 128, true});
+  v.push_back({"pro_nv_m3", 7168, 3072, 8, 6, NV, false, 3, 0, 0, true});
+  v.push_back({"pro_mx_hash_m4", 7168, 3072, 8, 6, MX, true, 4, 0, 0, true});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layers, MoeCuda, ::testing::ValuesIn(specs()),
+                         [](const ::testing::TestParamInfo<Spec>& i) { return i.param.name; });
+
+// A cheap "does it run" check with a one-line result.
+class MoeCudaSmoke : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda::device_count() == 0) GTEST_SKIP() << "needs a GPU: " << cuda::describe_device();
+  }
+};
+
+TEST_F(MoeCudaSmoke, TinyLayerRuns) {
+  std::printf("device: %s\n", cuda::describe_device().c_str());
+  check_layer({"smoke_mx_m3", 256, 128, 16, 4, MX, false, 3}, 7);
+}
+
+// Programmatic dependent launch only overlaps launches: the output is the same without it.
+TEST_F(MoeCudaSmoke, SameOutputWithoutPdl) {
+  const Spec s{"pdl", 256, 128, 16, 4, NV, false, 65};
+  auto L = make_layer(s, 8);
+  std::mt19937 rng(5);
+  const std::vector<float> x = gaussian(size_t(s.m) * s.dim, 1.0f, rng);
+  const std::vector<float> shared = gaussian(size_t(s.m) * s.dim, 0.1f, rng);
+  const std::vector<int32_t> tokens(s.m, 0);
+  const GpuOut a = run_gpu(*L, x, tokens, shared, true), b = run_gpu(*L, x, tokens, shared, false);
+  expect_bits_equal(a.y, b.y, "y with and without PDL");
+  expect_bits_equal(a.xq, b.xq, "xq with and without PDL");
+}
+
+TEST_F(MoeCudaSmoke, RejectsUnsupported) {
+  auto L = make_layer({"reject", 256, 128, 16, 4, MX, false, 3}, 9);
+  cm::MoeArgs a;
+  a.m = 3;
+  a.p = {4, ScoreFunc::kSigmoid, 1, 0};
+  EXPECT_THROW(cm::moe_forward(L->dev, a), Error);  // score function
+  a.p.score_func = ScoreFunc::kSqrtSoftplus;
+  a.p.top_k = 17;
+  EXPECT_THROW(cm::moe_forward(L->dev, a), Error);  // top-k beyond the experts
+  a.p.top_k = 4;
+  EXPECT_THROW(cm::moe_forward(L->dev, a), Error);  // no workspace / pointers
+}
+
+}  // namespace
+}  // namespace dsv4
