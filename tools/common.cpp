@@ -1,6 +1,9 @@
 #include "common.h"
 
 #include "core/error.h"
+#if defined(DSV4_WITH_CUDA)
+#include "runtime/cuda_engine.h"
+#endif
 
 namespace dsv4::cli {
 
@@ -13,6 +16,17 @@ std::unique_ptr<Engine> open_engine(const Args& a, int64_t max_tokens) {
   o.page_size = static_cast<int>(page);
   o.max_sequences = 1;
   o.max_tokens = std::max<int64_t>(max_tokens, 1);
+  o.verify = a.has("--verify");
+  o.cuda_graphs = !a.has("--no-cuda-graphs");
+  const int64_t cache_mb = a.integer("--cache-mb", 0);
+  DSV4_CHECK(cache_mb >= 0 && cache_mb <= (int64_t(1) << 30), "--cache-mb must be >= 0");
+  o.cache_bytes = cache_mb << 20;
+  if (o.backend != "cuda")
+    DSV4_CHECK(!o.verify && cache_mb == 0 && o.cuda_graphs,
+               "--verify, --cache-mb and --no-cuda-graphs apply to --backend cuda");
+#if defined(DSV4_WITH_CUDA)
+  register_cuda_backend();
+#endif
   return Engine::open(o);
 }
 

@@ -17,6 +17,12 @@ struct EngineOptions {
   int page_size = 64;           // entries per cache page
   int max_sequences = 1;        // sequences alive at once
   int64_t max_tokens = 4096;    // per sequence: prompt + generated tokens
+  // CUDA backend only.
+  bool verify = false;      // re-run every op on the CPU from the GPU's inputs; the first
+                            // divergence is thrown as a dsv4::Error naming block, op, metric
+  int64_t cache_bytes = 0;  // cache pool size; 0: room for max_sequences x max_tokens
+  int max_step_tokens = 0;  // tokens per forward step (longer prefills are chunked); 0: auto
+  bool cuda_graphs = true;  // decode steps replayed as CUDA graphs
 };
 
 struct SamplingOptions {
@@ -40,6 +46,11 @@ class Engine {
   // Loads and validates the model (config, quantisation scheme, every tensor).
   // Throws dsv4::Error naming what is wrong.
   static std::unique_ptr<Engine> open(const EngineOptions& options);
+  // Backends other than the built-in "cpu" register a factory here (the CUDA backend through
+  // dsv4::register_cuda_backend(), in the dsv4_cuda library); a later registration of the
+  // same name replaces the earlier one.
+  using Factory = std::unique_ptr<Engine> (*)(const EngineOptions& options);
+  static void register_backend(const std::string& name, Factory factory);
   virtual ~Engine() = default;
 
   virtual const ModelInfo& info() const = 0;

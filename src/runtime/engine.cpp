@@ -1,6 +1,8 @@
 // dsv4::Engine on the CPU backend.
 #include "dsv4/engine.h"
 
+#include <map>
+
 #include "core/error.h"
 #include "runtime/cpu_runner.h"
 #include "runtime/model_loader.h"
@@ -85,12 +87,30 @@ class CpuEngine final : public Engine {
   std::unique_ptr<CpuRunner> runner_;
 };
 
+std::map<std::string, Engine::Factory>& backends() {
+  static std::map<std::string, Engine::Factory> m;
+  return m;
+}
+
 }  // namespace
 
+void Engine::register_backend(const std::string& name, Factory factory) {
+  DSV4_CHECK(name != "cpu" && factory != nullptr, "cannot register backend '", name, "'");
+  backends()[name] = factory;
+}
+
 std::unique_ptr<Engine> Engine::open(const EngineOptions& o) {
-  if (o.backend == "cpu") return std::make_unique<CpuEngine>(o);
+  if (o.backend == "cpu") {
+    DSV4_CHECK(!o.verify,
+               "verify mode checks the CUDA backend against the CPU ops: it needs "
+               "backend 'cuda'");
+    return std::make_unique<CpuEngine>(o);
+  }
+  if (auto it = backends().find(o.backend); it != backends().end()) return it->second(o);
   if (o.backend == "cuda")
-    throw Error("backend 'cuda' is not available yet: the CUDA engine is not built (use cpu)");
+    throw Error(
+        "backend 'cuda' is not available: this build has no CUDA backend (configure with nvcc "
+        "and -DDSV4_CUDA=ON)");
   throw Error(cat("unknown backend '", o.backend, "' (cpu, cuda)"));
 }
 

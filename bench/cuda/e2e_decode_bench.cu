@@ -1,0 +1,555 @@
+// End-to-end benchmark of the CUDA engine at the real model shapes: V4-Flash (and V4-Pro)
+// geometry with random weights in NVFP4 or MXFP4, decode steps at batch 1, 8, 32, 128 with 4K
+// and 64K contexts (CUDA graphs, as the engine runs them), and a prefill of 8K tokens.
+//
+// Not the whole model: one block of each attention kind (Flash: SWA, CSA, HCA; Pro: CSA, HCA),
+// plus the embedding and the head. Each block is timed alone (CUDA events around it inside the
+// captured step), and the full model's step is EXTRAPOLATED from those per-layer times: Flash
+// = 2 SWA + 21 CSA + 20 HCA blocks + head (43 layers), Pro = 30 CSA + 31 HCA + head (61).
+// Each result line says so ("extrapolated"). The caches of the batch's sequences are filled
+// with a constant, finite FP8 pattern for the context length (the values do not change what a
+// step reads), so a 64K context costs no 64K-token prefill.
+//
+// Beside each time: the roofline, max(bytes / 4.3 TB/s, FLOPs at the measured tensor rates:
+// FP8 1454, BF16 749 TFLOPS). Bytes of a decode step per layer = every dense weight (FP8/BF16)
+// + the routed experts the batch is expected to touch (E (1 - (1 - k/E)^B), 4.25 bits per
+// weight MXFP4 / 4.5 NVFP4) + the cache entries the batch reads (window 128 + top-k or all
+// compressed entries, indexer keys of the whole context on CSA layers, 584 / 68 bytes each).
+// FLOPs: dense GEMMs at the FP8 rate, expert GEMMs (W4A16) and attention/indexer at BF16.
+//
+// Usage: e2e_decode_bench [flash|pro] [nvfp4|mxfp4] [--quick]   (default: flash nvfp4)
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "cuda/bench_util.h"
+#include "model/cuda_model.h"
+#include "model/cuda_weights.h"
+#include "model/weights.h"
+#include "ops/cuda/common/cuda_check.h"
+#include "runtime/cuda_runner.h"
+
+namespace dsv4 {
+namespace {
+
+// ---- random weights in host memory ----------------------------------------------------------
+
+// Tensors with random contents of sane magnitude (weights ~ 1/sqrt(fan_in), so activations
+// stay O(1) and the router spreads tokens over the experts). All routed experts of a layer
+// share one host copy (the device still gets E separately repacked copies).
+class RandomWeights {
+ public:
+  explicit RandomWeights(uint64_t seed) : rng_(seed) {}
+
+  const TensorView* bf16(const std::string& n, std::vector<int64_t> shape, double mag) {
+    const int64_t count = numel(shape);
+    std::vector<uint8_t> b(size_t(count) * 2);
+    const int e = 126 + int(std::lround(std::log2(std::max(mag, 1e-30))));  // [0.5, 1) * 2^..
+    for (int64_t i = 0; i < count; ++i) {
+      const uint32_t r = next();
+      const uint16_t v = uint16_t(((r >> 31) << 15) | (uint32_t(e) << 7) | (r & 0x7f));
+      std::memcpy(&b[size_t(i) * 2], &v, 2);
+    }
+    return add(n, DType::kBF16, shape, std::move(b));
+  }
+  const TensorView* f32(const std::string& n, std::vector<int64_t> shape, double mag,
+                        double offset = 0) {
+    const int64_t count = numel(shape);
+    std::vector<uint8_t> b(size_t(count) * 4);
+    for (int64_t i = 0; i < count; ++i) {
+      const float v = float(offset + mag * (double(next() % 2001) / 1000.0 - 1.0));
+      std::memcpy(&b[size_t(i) * 4], &v, 4);
+    }
+    return add(n, DType::kF32, shape, std::move(b));
+  }
+  // FP8 e4m3 codes in +-[0.5, 2) (exponent bits 0110/0111) x one UE8M0 scale of 1/sqrt(in).
+  Fp8Ref fp8(const std::string& n, int64_t out, int64_t in) {
+    std::vector<uint8_t> w(size_t(out * in));
+    for (auto& x : w) x = uint8_t(0x30 | (next() & 0x8f));
+    const int64_t so = (out + 127) / 128, si = (in + 127) / 128;
+    const uint8_t s = uint8_t(127 - std::lround(0.5 * std::log2(double(in))));
+    return {add(n + ".weight", DType::kF8E4M3, {out, in}, std::move(w)),
+            add(n + ".scale", DType::kF8E8M0, {so, si}, std::vector<uint8_t>(size_t(so * si), s))};
+  }
+  Fp4Ref fp4(const std::string& n, int64_t out, int64_t in, ExpertFormat f) {
+    Fp4Ref r;
+    r.format = f;
+    std::vector<uint8_t> w(size_t(out * in / 2));
+    for (auto& x : w) x = uint8_t(next());
+    const double scale = 1.0 / std::sqrt(double(in)) / 3.0;  // e2m1 values average ~3
+    r.weight = add(n + ".weight", f == ExpertFormat::kMxfp4 ? DType::kI8 : DType::kU8,
+                   {out, in / 2}, std::move(w));
+    if (f == ExpertFormat::kMxfp4) {
+      const uint8_t s = uint8_t(127 + std::lround(std::log2(scale)));
+      r.scale = add(n + ".scale", DType::kF8E8M0, {out, in / 32},
+                    std::vector<uint8_t>(size_t(out * in / 32), s));
+    } else {
+      std::vector<uint8_t> s(size_t(out * in / 16));
+      for (auto& x : s) x = uint8_t(0x30 + next() % 16);  // E4M3 in [0.5, 2)
+      r.scale = add(n + ".weight_scale", DType::kF8E4M3, {out, in / 16}, std::move(s));
+      r.scale_2 = f32(n + ".weight_scale_2", {}, 0, scale);
+      r.input_scale = f32(n + ".input_scale", {}, 0, 1.0);
+    }
+    return r;
+  }
+  CompressorRef compressor(const std::string& p, int ratio, int d, int dim) {
+    const int coff = ratio == 4 ? 2 : 1;
+    const double m = 1.0 / std::sqrt(double(dim));
+    return {bf16(p + "wkv.weight", {coff * d, dim}, m),
+            bf16(p + "wgate.weight", {coff * d, dim}, m), f32(p + "ape", {ratio, coff * d}, 0.5),
+            bf16(p + "norm.weight", {d}, 1.0)};
+  }
+  HcRef hc(const std::string& p, int rows, int width, int nscale) {
+    return {f32(p + "_fn", {rows, width}, 1.0 / std::sqrt(double(width))),
+            f32(p + "_base", {rows}, 0.5), f32(p + "_scale", {nscale}, 0.2, 0.5)};
+  }
+
+ private:
+  static int64_t numel(const std::vector<int64_t>& s) {
+    int64_t n = 1;
+    for (int64_t d : s) n *= d;
+    return n;
+  }
+  uint32_t next() { return uint32_t(rng_() >> 32); }
+  const TensorView* add(const std::string& n, DType dt, std::vector<int64_t> shape,
+                        std::vector<uint8_t> b) {
+    bufs_.push_back(std::move(b));
+    TensorView v;
+    v.name = n;
+    v.dtype = dt;
+    v.shape = std::move(shape);
+    v.data = bufs_.back().data();
+    v.nbytes = bufs_.back().size();
+    views_.push_back(v);
+    return &views_.back();
+  }
+  std::mt19937_64 rng_;
+  std::deque<std::vector<uint8_t>> bufs_;
+  std::deque<TensorView> views_;
+};
+
+// The checkpoint's inventory (as bind_weights binds it) with random contents.
+WeightsRef random_weights(RandomWeights& R, const ModelConfig& c, ExpertFormat fmt) {
+  WeightsRef w;
+  const int dim = c.dim, hcd = c.hc_mult * c.dim, H = c.n_heads, hd = c.head_dim;
+  w.embed = R.bf16("embed.weight", {c.vocab_size, dim}, 1.0);
+  w.head = R.bf16("head.weight", {c.vocab_size, dim}, 1.0 / std::sqrt(double(dim)));
+  w.norm = R.bf16("norm.weight", {dim}, 1.0);
+  w.hc_head = R.hc("hc_head", c.hc_mult, hcd, 1);
+  for (int i = 0; i < c.num_blocks(); ++i) {
+    const std::string p = block_prefix(c, i);
+    const int ratio = c.ratio(i);
+    BlockRef b;
+    b.index = i;
+    b.hc_attn = R.hc(p + "hc_attn", c.mix_hc(), hcd, 3);
+    b.hc_ffn = R.hc(p + "hc_ffn", c.mix_hc(), hcd, 3);
+    b.attn_norm = R.bf16(p + "attn_norm.weight", {dim}, 1.0);
+    b.ffn_norm = R.bf16(p + "ffn_norm.weight", {dim}, 1.0);
+    AttentionRef& a = b.attn;
+    a.wq_a = R.fp8(p + "attn.wq_a", c.q_lora_rank, dim);
+    a.q_norm = R.bf16(p + "attn.q_norm.weight", {c.q_lora_rank}, 1.0);
+    a.wq_b = R.fp8(p + "attn.wq_b", int64_t(H) * hd, c.q_lora_rank);
+    a.wkv = R.fp8(p + "attn.wkv", hd, dim);
+    a.kv_norm = R.bf16(p + "attn.kv_norm.weight", {hd}, 1.0);
+    a.wo_a =
+        R.fp8(p + "attn.wo_a", int64_t(c.o_groups) * c.o_lora_rank, int64_t(H) * hd / c.o_groups);
+    a.wo_b = R.fp8(p + "attn.wo_b", dim, int64_t(c.o_groups) * c.o_lora_rank);
+    a.attn_sink = R.f32(p + "attn.attn_sink", {H}, 0.5);
+    if (ratio > 0) a.compressor = R.compressor(p + "attn.compressor.", ratio, hd, dim);
+    if (ratio == 4) {
+      IndexerRef ix;
+      ix.wq_b = R.fp8(p + "attn.indexer.wq_b", int64_t(c.index_n_heads) * c.index_head_dim,
+                      c.q_lora_rank);
+      ix.weights_proj =
+          R.bf16(p + "attn.indexer.weights_proj.weight", {c.index_n_heads, dim}, 1.0 / 64);
+      ix.compressor = R.compressor(p + "attn.indexer.compressor.", 4, c.index_head_dim, dim);
+      a.indexer = ix;
+    }
+    MoeRef& m = b.ffn;
+    const int E = c.n_routed_experts, inter = c.moe_inter_dim;
+    m.gate = R.bf16(p + "ffn.gate.weight", {E, dim}, 1.0 / std::sqrt(double(dim)));
+    m.bias = R.f32(p + "ffn.gate.bias", {E}, 0.0);
+    ExpertRef x;
+    x.w1 = R.fp4(p + "ffn.experts.w1", inter, dim, fmt);
+    x.w2 = R.fp4(p + "ffn.experts.w2", dim, inter, fmt);
+    x.w3 = R.fp4(p + "ffn.experts.w3", inter, dim, fmt);
+    m.experts.assign(E, x);
+    m.shared_w1 = R.fp8(p + "ffn.shared_experts.w1", inter, dim);
+    m.shared_w2 = R.fp8(p + "ffn.shared_experts.w2", dim, inter);
+    m.shared_w3 = R.fp8(p + "ffn.shared_experts.w3", inter, dim);
+    w.blocks.push_back(std::move(b));
+  }
+  return w;
+}
+
+// ---- shapes ---------------------------------------------------------------------------------
+
+struct Shape {
+  std::string name;
+  ModelConfig config;
+  int full_layers;
+  std::vector<std::pair<int, int>> full_mix;  // (ratio, count) of the real model
+};
+
+Shape flash_shape(bool nvfp4) {
+  ModelConfig c;
+  c.vocab_size = 129280;
+  c.dim = 4096;
+  c.n_layers = 3;
+  c.n_mtp_layers = 0;
+  c.n_heads = 64;
+  c.head_dim = 512;
+  c.rope_head_dim = 64;
+  c.q_lora_rank = 1024;
+  c.o_groups = 8;
+  c.o_lora_rank = 1024;
+  c.window_size = 128;
+  c.compress_ratios = {0, 4, 128};
+  c.index_n_heads = 64;
+  c.index_head_dim = 128;
+  c.index_topk = 512;
+  c.rope_theta = 10000;
+  c.compress_rope_theta = 160000;
+  c.rope_factor = 16;
+  c.original_seq_len = 65536;
+  c.hc_mult = 4;
+  c.hc_sinkhorn_iters = 20;
+  c.n_routed_experts = 256;
+  c.n_shared_experts = 1;
+  c.n_activated_experts = 6;
+  c.moe_inter_dim = 2048;
+  c.n_hash_layers = 0;
+  c.route_scale = 1.5f;
+  c.swiglu_limit = 10;
+  c.max_position_embeddings = 1 << 20;
+  c.moe_quant_algo = nvfp4 ? "NVFP4" : "";
+  return {"flash", c, 43, {{0, 2}, {4, 21}, {128, 20}}};
+}
+
+Shape pro_shape(bool nvfp4) {
+  Shape s = flash_shape(nvfp4);
+  ModelConfig& c = s.config;
+  c.dim = 7168;
+  c.n_layers = 2;
+  c.compress_ratios = {4, 128};
+  c.n_heads = 128;
+  c.q_lora_rank = 1536;
+  c.o_groups = 16;
+  c.index_topk = 1024;
+  c.n_routed_experts = 384;
+  c.moe_inter_dim = 3072;
+  c.route_scale = 2.5f;
+  return {"pro", c, 61, {{4, 30}, {128, 31}}};
+}
+
+// ---- rooflines ------------------------------------------------------------------------------
+
+struct Cost {
+  double bytes = 0, fp8_flops = 0, bf16_flops = 0;
+  double flops() const { return fp8_flops + bf16_flops; }
+  // The tensor rate that makes flops / rate the sum of both formats' times.
+  double rate() const {
+    const double t = fp8_flops / bench::kFp8Tflops + bf16_flops / bench::kBf16Tflops;
+    return t > 0 ? flops() / t : bench::kBf16Tflops;
+  }
+  double bound_us() const {
+    return std::max(bytes / (bench::kHbmTBps * 1e6),
+                    (fp8_flops / bench::kFp8Tflops + bf16_flops / bench::kBf16Tflops) / 1e6);
+  }
+};
+
+// One layer of kind `ratio`, a step of `tokens` tokens over `seqs` sequences whose queries sit
+// at positions ~`ctx` (decode) or 0..tokens-1 (prefill of one sequence, ctx = 0).
+Cost layer_cost(const ModelConfig& c, int ratio, ExpertFormat fmt, int tokens, int seqs,
+                int64_t ctx) {
+  Cost k;
+  const double dim = c.dim, H = c.n_heads, D = c.head_dim, QL = c.q_lora_rank;
+  const double GOL = double(c.o_groups) * c.o_lora_rank, inter = c.moe_inter_dim;
+  const double HI = c.index_n_heads, DI = c.index_head_dim, E = c.n_routed_experts;
+  double fp8 =
+      QL * dim + H * D * QL + D * dim + GOL * (H * D / c.o_groups) + dim * GOL + 3 * inter * dim;
+  double bf16 = E * dim;  // router gate
+  if (ratio > 0) bf16 += (ratio == 4 ? 2 * 2 * D : 2 * D) * dim;
+  if (ratio == 4) {
+    fp8 += HI * DI * QL;
+    bf16 += 2 * 2 * DI * dim + HI * dim;
+  }
+  const double bits = fmt == ExpertFormat::kMxfp4 ? 4.25 : 4.5;
+  const double expert_bytes = 3 * inter * dim * bits / 8;
+  const double picks = double(tokens) * c.n_activated_experts;
+  const double touched = E * (1 - std::pow(1 - c.n_activated_experts / E, double(tokens)));
+  const double hc_bytes = 2.0 * c.mix_hc() * c.hc_mult * dim * 4;
+  k.bytes = fp8 + 2 * bf16 + touched * expert_bytes + hc_bytes;
+  // Dense (FP8 rate; wo_a is W8A16 BF16), experts at BF16 (W4A16), router/compressor BF16.
+  const double wo_a = GOL * (H * D / c.o_groups);
+  k.fp8_flops = 2.0 * tokens * (fp8 - wo_a);
+  k.bf16_flops = 2.0 * tokens * (wo_a + bf16) + 2.0 * picks * 3 * inter * dim;
+  // Attention and indexer per query.
+  const double kv_entry = 584, key_entry = 68;
+  for (int q = 0; q < tokens; ++q) {
+    const double p = ctx > 0 ? double(ctx) : double(q);
+    double keys = std::min(p + 1, double(c.window_size));
+    if (ratio == 4) keys += std::min(double(c.index_topk), std::floor((p + 1) / 4));
+    if (ratio == 128) keys += std::floor((p + 1) / 128);
+    k.bf16_flops += 2.0 * H * keys * 2 * D;
+    if (ratio == 4) k.bf16_flops += 2.0 * HI * DI * std::floor((p + 1) / 4);
+    if (ctx > 0) {  // decode: every query is its own sequence, reading its cache
+      k.bytes += keys * kv_entry;
+      if (ratio == 4) k.bytes += std::floor((p + 1) / 4) * key_entry;
+    }
+  }
+  (void)seqs;
+  return k;
+}
+
+Cost head_cost(const ModelConfig& c, int rows) {
+  Cost k;
+  k.bytes = double(c.vocab_size) * c.dim * 2;
+  k.bf16_flops = 2.0 * rows * c.vocab_size * c.dim;
+  return k;
+}
+
+// ---- the runs ---------------------------------------------------------------------------------
+
+int64_t median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return int64_t(v[v.size() / 2] * 1000.0f);  // ms -> us
+}
+
+void fill_caches(DeviceCache& cache, int blocks) {
+  // A finite pattern everywhere: e4m3 0x38 = 1.0, BF16 0x3838 ~ 4e-5, scales 2^-71, e2m1 +-1.5.
+  for (int b = 0; b < blocks; ++b)
+    for (int kind = 0; kind < 3; ++kind) {
+      const auto [p, n] = cache.store_range(b, kind);
+      if (p && n) DSV4_CUDA_CHECK(cudaMemset(const_cast<uint8_t*>(p), 0x38, size_t(n)));
+    }
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void emit(const std::string& kernel, const std::string& shape, double us, const Cost& k) {
+  bench::Result r;
+  r.kernel = kernel;
+  r.shape = shape;
+  r.us = us;
+  r.bytes = k.bytes;
+  r.flops = k.flops();
+  r.tensor_rate_tflops = k.rate();
+  r.peer = "roofline";
+  r.peer_us = k.bound_us();
+  r.emit();
+}
+
+void run_shape(const Shape& s, ExpertFormat fmt, bool quick) {
+  const ModelConfig& c = s.config;
+  const char* fname = fmt == ExpertFormat::kNvfp4 ? "nvfp4" : "mxfp4";
+  std::fprintf(stderr, "[%s %s] building %d blocks (random weights)...\n", s.name.c_str(), fname,
+               c.n_layers);
+  RandomWeights R(1234);
+  const WeightsRef ref = random_weights(R, c, fmt);
+  CudaModelWeights w = upload_cuda_weights(c, ref, true);
+  std::fprintf(stderr, "[%s %s] weights: %.2f GiB on the GPU\n", s.name.c_str(), fname,
+               double(w.device_bytes) / double(1ull << 30));
+  const std::vector<int> batches =
+      quick ? std::vector<int>{1, 128} : std::vector<int>{1, 8, 32, 128};
+  const std::vector<int64_t> contexts = {4096, 65536};
+  const int prefill = 8192;
+  CudaModelLimits lim;
+  lim.max_tokens = prefill;
+  lim.max_seqs = 128;
+  lim.max_context = 65536 + 256;
+  lim.max_logit_rows = 128;
+  CudaModel model(c, std::move(w), lim);
+  std::fprintf(stderr, "[%s %s] activations: %.2f GiB\n", s.name.c_str(), fname,
+               double(model.activation_bytes()) / double(1ull << 30));
+  const CacheConfig cc = CacheConfig::for_capacity(c, 128, lim.max_context, 64);
+  CudaRunnerOptions graphs;
+  graphs.cuda_graphs = true;
+  CudaRunner runner(model, cc, graphs);
+  fill_caches(runner.cache(), c.n_layers);
+  std::mt19937 rng(5);
+
+  auto per_layer = [&](const std::vector<std::vector<float>>& times, int i) {
+    std::vector<float> v;
+    for (const auto& t : times) v.push_back(t[i]);
+    return median(v);
+  };
+  // Extrapolated step of the full model from per-layer times (us) and the head.
+  auto extrapolate = [&](const std::vector<int64_t>& layer_us, int64_t head_us) {
+    double t = double(head_us);
+    for (const auto& [ratio, count] : s.full_mix)
+      for (int b = 0; b < c.n_layers; ++b)
+        if (c.ratio(b) == ratio) t += double(count) * double(layer_us[b]);
+    return t;
+  };
+  auto full_cost = [&](int tokens, int64_t ctx, int rows) {
+    Cost k = head_cost(c, rows);
+    for (const auto& [ratio, count] : s.full_mix) {
+      const Cost l = layer_cost(c, ratio, fmt, tokens, tokens, ctx);
+      k.bytes += count * l.bytes;
+      k.fp8_flops += count * l.fp8_flops;
+      k.bf16_flops += count * l.bf16_flops;
+    }
+    return k;
+  };
+
+  for (int64_t ctx : contexts) {
+    for (int B : batches) {
+      std::vector<int> seqs;
+      for (int i = 0; i < B; ++i) {
+        seqs.push_back(runner.open_sequence());
+        runner.sequence(seqs.back()).tokens = ctx;  // the cache "holds" ctx tokens already
+      }
+      auto step = [&]() {
+        std::vector<StepInput> in;
+        for (int id : seqs) in.push_back({id, {int32_t(2 + rng() % (c.vocab_size - 2))}, false});
+        runner.step(in);
+      };
+      // Graph warm-up (eager, capture), then timed replays with per-block events.
+      model.set_block_timing(true);
+      for (int i = 0; i < 3; ++i) step();
+      std::vector<std::vector<float>> times;
+      std::vector<float> steps;
+      const int iters = quick ? 10 : 30;
+      cudaEvent_t a, b;
+      DSV4_CUDA_CHECK(cudaEventCreate(&a));
+      DSV4_CUDA_CHECK(cudaEventCreate(&b));
+      for (int i = 0; i < iters; ++i) {
+        DSV4_CUDA_CHECK(cudaEventRecord(a, model.stream()));
+        step();  // synchronises (logits download)
+        DSV4_CUDA_CHECK(cudaEventRecord(b, model.stream()));
+        DSV4_CUDA_CHECK(cudaEventSynchronize(b));
+        float ms;
+        DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+        steps.push_back(ms);
+        times.push_back(model.block_times_ms());
+      }
+      cudaEventDestroy(a);
+      cudaEventDestroy(b);
+      model.set_block_timing(false);
+      for (int id : seqs) runner.close_sequence(id);
+
+      char shape[160];
+      std::vector<int64_t> layer_us;
+      for (int bl = 0; bl < c.n_layers; ++bl) {
+        layer_us.push_back(per_layer(times, bl));
+        const int ratio = c.ratio(bl);
+        std::snprintf(shape, sizeof shape, "%s %s %s layer, decode b=%d ctx=%lld", s.name.c_str(),
+                      fname,
+                      ratio == 4     ? "CSA"
+                      : ratio == 128 ? "HCA"
+                                     : "SWA",
+                      B, (long long)ctx);
+        emit("e2e_decode_layer", shape, double(layer_us.back()),
+             layer_cost(c, ratio, fmt, B, B, ctx));
+      }
+      const int64_t head_us = per_layer(times, c.n_layers);
+      std::snprintf(shape, sizeof shape, "%s %s head, decode b=%d", s.name.c_str(), fname, B);
+      emit("e2e_decode_head", shape, double(head_us), head_cost(c, B));
+      const double measured = double(median(steps));
+      std::snprintf(shape, sizeof shape, "%s %s %d-block model (measured), decode b=%d ctx=%lld",
+                    s.name.c_str(), fname, c.n_layers, B, (long long)ctx);
+      Cost part = head_cost(c, B);
+      for (int bl = 0; bl < c.n_layers; ++bl) {
+        const Cost l = layer_cost(c, c.ratio(bl), fmt, B, B, ctx);
+        part.bytes += l.bytes, part.fp8_flops += l.fp8_flops, part.bf16_flops += l.bf16_flops;
+      }
+      emit("e2e_decode_step_measured", shape, measured, part);
+      const double full = extrapolate(layer_us, head_us);
+      std::snprintf(shape, sizeof shape,
+                    "%s %s %d layers EXTRAPOLATED from per-layer times, decode b=%d ctx=%lld, "
+                    "%.0f tokens/s",
+                    s.name.c_str(), fname, s.full_layers, B, (long long)ctx, B * 1e6 / full);
+      emit("e2e_decode_step_extrapolated", shape, full, full_cost(B, ctx, B));
+    }
+  }
+
+  // Prefill of 8K tokens (one sequence from position 0), eager with per-block events.
+  {
+    std::vector<int32_t> prompt(prefill);
+    for (auto& t : prompt) t = int32_t(2 + rng() % (c.vocab_size - 2));
+    CudaRunnerOptions eager;
+    eager.cuda_graphs = false;
+    std::vector<std::vector<float>> times;
+    std::vector<float> steps;
+    model.set_block_timing(true);
+    for (int i = 0; i < (quick ? 2 : 4); ++i) {
+      const int id = runner.open_sequence();
+      cudaEvent_t a, b;
+      DSV4_CUDA_CHECK(cudaEventCreate(&a));
+      DSV4_CUDA_CHECK(cudaEventCreate(&b));
+      DSV4_CUDA_CHECK(cudaEventRecord(a, model.stream()));
+      runner.step({{id, prompt, false}});
+      DSV4_CUDA_CHECK(cudaEventRecord(b, model.stream()));
+      DSV4_CUDA_CHECK(cudaEventSynchronize(b));
+      float ms;
+      DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+      cudaEventDestroy(a);
+      cudaEventDestroy(b);
+      runner.close_sequence(id);
+      if (i == 0) continue;  // warm-up
+      steps.push_back(ms);
+      times.push_back(model.block_times_ms());
+    }
+    model.set_block_timing(false);
+    char shape[160];
+    std::vector<int64_t> layer_us;
+    for (int bl = 0; bl < c.n_layers; ++bl) {
+      layer_us.push_back(per_layer(times, bl));
+      const int ratio = c.ratio(bl);
+      std::snprintf(shape, sizeof shape, "%s %s %s layer, prefill %d tokens", s.name.c_str(), fname,
+                    ratio == 4     ? "CSA"
+                    : ratio == 128 ? "HCA"
+                                   : "SWA",
+                    prefill);
+      emit("e2e_prefill_layer", shape, double(layer_us.back()),
+           layer_cost(c, ratio, fmt, prefill, 1, 0));
+    }
+    const int64_t head_us = per_layer(times, c.n_layers);
+    const double full = extrapolate(layer_us, head_us);
+    std::snprintf(shape, sizeof shape,
+                  "%s %s %d layers EXTRAPOLATED from per-layer times, prefill %d tokens, "
+                  "%.0f tokens/s",
+                  s.name.c_str(), fname, s.full_layers, prefill, prefill * 1e6 / full);
+    emit("e2e_prefill_extrapolated", shape, full, full_cost(prefill, 0, 1));
+  }
+}
+
+}  // namespace
+}  // namespace dsv4
+
+int main(int argc, char** argv) {
+  using namespace dsv4;
+  std::string which = "flash", fmt = "nvfp4";
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "flash" || a == "pro")
+      which = a;
+    else if (a == "nvfp4" || a == "mxfp4")
+      fmt = a;
+    else if (a == "--quick")
+      quick = true;
+    else {
+      std::fprintf(stderr, "usage: e2e_decode_bench [flash|pro] [nvfp4|mxfp4] [--quick]\n");
+      return 2;
+    }
+  }
+  try {
+    const bool nv = fmt == "nvfp4";
+    run_shape(which == "pro" ? pro_shape(nv) : flash_shape(nv),
+              nv ? ExpertFormat::kNvfp4 : ExpertFormat::kMxfp4, quick);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "e2e_decode_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

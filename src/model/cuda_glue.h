@@ -1,0 +1,26 @@
+// Small element-wise kernels the CUDA model needs between the kernel families' launches, each
+// with the CPU model's arithmetic (same operations, same order, round-to-nearest intrinsics).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dsv4::glue {
+
+// The shared expert's activation (cpu::expert_forward without a routing weight):
+// out[r, i] = bf16(silu(min(g, L)) * clamp(u, -L, L)) with g = gu[r, i], u = gu[r, inter + i]
+// (no clamp when limit <= 0); silu(g) = g / (1 + exp(-g)).
+void swiglu(const __nv_bfloat16* gu, int64_t ld_gu, int rows, int inter, float limit,
+            __nv_bfloat16* out, cudaStream_t stream);
+
+// MTP input: x[t, k, :] = bf16(e[t, :] + h[t, k, :]) for the hc streams k.
+void mtp_combine(const __nv_bfloat16* e, const __nv_bfloat16* h, int tokens, int hc, int dim,
+                 __nv_bfloat16* x, cudaStream_t stream);
+
+// dst[i, :] = src[rows[i], :] for rows of `row_elems` BF16 values (multiple of 8).
+void gather_rows(const __nv_bfloat16* src, int64_t row_elems, const int32_t* rows, int n,
+                 __nv_bfloat16* dst, cudaStream_t stream);
+
+}  // namespace dsv4::glue
