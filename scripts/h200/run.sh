@@ -15,7 +15,7 @@ export DSV4_COMMIT="${DSV4_COMMIT:-unknown}"
 if [ -f .carry/cutlass.tar.xz ] && [ ! -f .cutlass/include/cutlass/version.h ]; then
   mkdir -p .cutlass && tar -xJf .carry/cutlass.tar.xz -C .cutlass
 fi
-for g in .carry/golden-*.tar; do
+for g in .carry/golden-*.tar .carry/golden-*.tar.xz; do
   [ -f "$g" ] || continue
   mkdir -p .golden && tar -xf "$g" -C .golden && export DSV4_GOLDEN_DIR="$PWD/.golden"
 done
