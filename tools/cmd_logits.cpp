@@ -1,6 +1,6 @@
 // dsv4 logits --model DIR (--prompt-ids 1,2,3 | --prompt-file F) [--prefill-chunk N]
 //             [--backend cpu|cuda] [--page-size P] [--verify] [--cache-mb N]
-//             [--no-cuda-graphs] --out FILE.safetensors
+//             [--no-cuda-graphs] [--exact-linears] --out FILE.safetensors
 // Writes tensor "logits", float32 [T, vocab]: the logits at every prompt position.
 // --prefill-chunk N feeds the prompt N tokens per step (1 = token-by-token decode); the
 // default is one whole prefill.
@@ -17,7 +17,7 @@ int cmd_logits(const Argv& argv) {
   Args a(argv,
          {"--model", "--prompt-ids", "--prompt-file", "--prompt", "--messages", "--prefill-chunk",
           "--backend", "--out", "--page-size", "--cache-mb"},
-         {"--verify", "--no-cuda-graphs"});
+         {"--verify", "--no-cuda-graphs", "--exact-linears"});
   DSV4_CHECK(has_text_prompt(a) || a.has("--prompt-ids") != a.has("--prompt-file"),
              "give exactly one of --prompt-ids, --prompt-file, --prompt and --messages");
   const std::vector<int32_t> prompt = has_text_prompt(a) ? text_prompt_ids(a, a.str("--model"))

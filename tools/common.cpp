@@ -18,12 +18,14 @@ std::unique_ptr<Engine> open_engine(const Args& a, int64_t max_tokens) {
   o.max_tokens = std::max<int64_t>(max_tokens, 1);
   o.verify = a.has("--verify");
   o.cuda_graphs = !a.has("--no-cuda-graphs");
+  o.exact_linears = a.has("--exact-linears");
   const int64_t cache_mb = a.integer("--cache-mb", 0);
   DSV4_CHECK(cache_mb >= 0 && cache_mb <= (int64_t(1) << 30), "--cache-mb must be >= 0");
   o.cache_bytes = cache_mb << 20;
   if (o.backend != "cuda")
-    DSV4_CHECK(!o.verify && cache_mb == 0 && o.cuda_graphs,
-               "--verify, --cache-mb and --no-cuda-graphs apply to --backend cuda");
+    DSV4_CHECK(
+        !o.verify && cache_mb == 0 && o.cuda_graphs && !o.exact_linears,
+        "--verify, --cache-mb, --no-cuda-graphs and --exact-linears apply to --backend cuda");
 #if defined(DSV4_WITH_CUDA)
   register_cuda_backend();
 #endif

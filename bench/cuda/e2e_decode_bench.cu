@@ -17,7 +17,8 @@
 // compressed entries, indexer keys of the whole context on CSA layers, 584 / 68 bytes each).
 // FLOPs: dense GEMMs at the FP8 rate, expert GEMMs (W4A16) and attention/indexer at BF16.
 //
-// Usage: e2e_decode_bench [flash|pro] [nvfp4|mxfp4] [--quick]   (default: flash nvfp4)
+// Usage: e2e_decode_bench [flash|pro] [nvfp4|mxfp4] [--quick] [--exact-linears]
+//        (default: flash nvfp4, FP8 linears on FP8 tensor cores)
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -348,9 +349,11 @@ void emit(const std::string& kernel, const std::string& shape, double us, const 
   r.emit();
 }
 
-void run_shape(const Shape& s, ExpertFormat fmt, bool quick) {
+void run_shape(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
   const ModelConfig& c = s.config;
-  const char* fname = fmt == ExpertFormat::kNvfp4 ? "nvfp4" : "mxfp4";
+  const std::string fname_s = std::string(fmt == ExpertFormat::kNvfp4 ? "nvfp4" : "mxfp4") +
+                              (exact ? " exact-linears" : "");
+  const char* fname = fname_s.c_str();
   std::fprintf(stderr, "[%s %s] building %d blocks (random weights)...\n", s.name.c_str(), fname,
                c.n_layers);
   RandomWeights R(1234);
@@ -367,6 +370,7 @@ void run_shape(const Shape& s, ExpertFormat fmt, bool quick) {
   lim.max_seqs = 128;
   lim.max_context = 65536 + 256;
   lim.max_logit_rows = 128;
+  lim.exact_linears = exact;
   CudaModel model(c, std::move(w), lim);
   std::fprintf(stderr, "[%s %s] activations: %.2f GiB\n", s.name.c_str(), fname,
                double(model.activation_bytes()) / double(1ull << 30));
@@ -529,7 +533,7 @@ void run_shape(const Shape& s, ExpertFormat fmt, bool quick) {
 int main(int argc, char** argv) {
   using namespace dsv4;
   std::string which = "flash", fmt = "nvfp4";
-  bool quick = false;
+  bool quick = false, exact = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "flash" || a == "pro")
@@ -538,15 +542,19 @@ int main(int argc, char** argv) {
       fmt = a;
     else if (a == "--quick")
       quick = true;
+    else if (a == "--exact-linears")
+      exact = true;
     else {
-      std::fprintf(stderr, "usage: e2e_decode_bench [flash|pro] [nvfp4|mxfp4] [--quick]\n");
+      std::fprintf(stderr,
+                   "usage: e2e_decode_bench [flash|pro] [nvfp4|mxfp4] [--quick] "
+                   "[--exact-linears]\n");
       return 2;
     }
   }
   try {
     const bool nv = fmt == "nvfp4";
     run_shape(which == "pro" ? pro_shape(nv) : flash_shape(nv),
-              nv ? ExpertFormat::kNvfp4 : ExpertFormat::kMxfp4, quick);
+              nv ? ExpertFormat::kNvfp4 : ExpertFormat::kMxfp4, quick, exact);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "e2e_decode_bench: %s\n", e.what());
     return 1;

@@ -23,6 +23,10 @@ struct EngineOptions {
   int64_t cache_bytes = 0;  // cache pool size; 0: room for max_sequences x max_tokens
   int max_step_tokens = 0;  // tokens per forward step (longer prefills are chunked); 0: auto
   bool cuda_graphs = true;  // decode steps replayed as CUDA graphs
+  // FP8 linears as the reference sums them (W8A16 on BF16 tensor cores: exact products, fp32
+  // sums) instead of on FP8 tensor cores (faster; Hopper's FP8 MMA keeps ~14 bits inside each
+  // K block, so ~0.7 % of outputs land more than one BF16 ulp from the exact sums).
+  bool exact_linears = false;
 };
 
 struct SamplingOptions {

@@ -15,6 +15,7 @@
 #include "ops/cuda/compressor/compressor.h"
 #include "ops/cuda/gemm/fp8_gemm.h"
 #include "ops/cuda/gemm/fp8_gemm_config.h"
+#include "ops/cuda/gemm/w8a16_linear.h"
 #include "ops/cuda/head/head.h"
 #include "ops/cuda/indexer/indexer.h"
 #include "ops/cuda/mhc/mhc.h"
@@ -197,6 +198,7 @@ void CudaModel::plan(const CudaModelLimits& lim) {
     a.h_n = bf(mtp ? T * hc * dim : 0);
     a.hp = bf(mtp ? T * hc * dim : 0);
     for (int i = 0; i < 2; ++i) {
+      a.act_xq[i] = bf(limits_.exact_linears ? act_m_max_ * act_k_max_ : 0);
       a.act_codes[i] = take(size_t(act_m_max_ * act_k_max_));
       a.act_scales[i] = f32((act_k_max_ / 128) * cuda::fp8_scale_ld(int(act_m_max_)));
     }
@@ -243,11 +245,35 @@ CudaModel::Fp8Act CudaModel::quantize(const bf16* x, int64_t ldx, int m, int k, 
   q.codes = act_.act_codes[slot];
   q.scales_t = act_.act_scales[slot];
   q.ld_scales = cuda::fp8_scale_ld(m);
+  if (limits_.exact_linears) {
+    // The exact path multiplies the decoded (BF16) quantised activations instead of the codes.
+    cuda::fake_quant_act_bf16(x, ldx, m, k, act_.act_xq[slot], stream_);
+    return {nullptr, nullptr, 0, m, act_.act_xq[slot], k};
+  }
   cuda::quantize_act_fp8(q, stream_);
-  return {q.codes, q.scales_t, q.ld_scales, m};
+  return {q.codes, q.scales_t, q.ld_scales, m, nullptr, 0};
 }
 
 void CudaModel::gemm(const Fp8Act& a, const CudaFp8Linear& w, bf16* y, int64_t ldy, bool pdl) {
+  if (limits_.exact_linears) {
+    DSV4_CHECK(a.xq != nullptr && w.scale_rows.size() > 0,
+               "exact linears: the weight has no prepared scale rows (n = ", w.n,
+               " not a multiple of 128)");
+    cuda::W8A16LinearParams p;
+    p.x = a.xq;
+    p.ldx = a.k;
+    p.m = a.m;
+    p.n = w.n;
+    p.k = w.k;
+    p.w = w.codes.data();
+    p.w_scale = w.scale_e8m0.data();
+    p.scale_rows = reinterpret_cast<const bf16*>(w.scale_rows.data());
+    p.y = y;
+    p.ldy = ldy;
+    p.quantize = false;
+    cuda::w8a16_linear(p, stream_);
+    return;
+  }
   cuda::Fp8GemmParams g;
   g.a_codes = a.codes;
   g.a_scales_t = a.scales_t;

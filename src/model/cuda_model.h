@@ -37,6 +37,10 @@ struct CudaModelLimits {
   int64_t max_context = 1;  // positions per sequence (every position < max_context)
   int max_logit_rows = 0;   // logits rows per forward ([rows, vocab] fp32); 0: max_tokens
   int64_t attn_workspace_bytes = 64ll << 20;  // split-KV scratch of the sparse attention
+  // FP8 linears on the exact W8A16 path (ops/cuda/gemm/w8a16_linear.h: the reference's exact
+  // sums, BF16 tensor-core rate) instead of FP8 tensor cores (faster; ~14-bit sums inside each
+  // K block). Plans the BF16 quantised-activation buffers it needs.
+  bool exact_linears = false;
 };
 
 class CudaModel {
@@ -91,6 +95,8 @@ class CudaModel {
     const float* scales_t;
     int ld;
     int m;
+    const __nv_bfloat16* xq;  // exact linears: the quantised activations decoded, [m, k]
+    int k;
   };
 
   void plan(const CudaModelLimits& limits);
@@ -135,6 +141,7 @@ class CudaModel {
     __nv_bfloat16 *o, *z, *gu, *sact, *shared, *rows, *head_y;
     float* logits;
     __nv_bfloat16 *e, *e_n, *h_n, *ep, *hp;
+    __nv_bfloat16* act_xq[2];
     uint8_t* act_codes[2];
     float* act_scales[2];
     void *gemm_ws, *moe_ws, *idx_ws, *attn_ws;

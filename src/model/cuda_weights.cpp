@@ -7,6 +7,7 @@
 #include "ops/cpu/rope.h"
 #include "ops/cuda/attn_output/attn_output.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/gemm/w8a16_linear.h"
 #include "ops/cuda/moe/moe_config.h"
 
 namespace dsv4 {
@@ -79,7 +80,15 @@ CudaFp8Linear fp8_stack(const std::vector<const Fp8Ref*>& parts) {
   }
   l.scales_t = DeviceBuffer<float>(size_t(l.k / 128) * ((l.n + 127) / 128));
   cuda::fp8_weight_scales_to_f32(e8m0.data(), l.n, l.k, l.scales_t.data(), nullptr);
-  DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // e8m0 is freed on return
+  // The exact W8A16 path (--exact-linears) reads the UE8M0 blocks and per-row BF16 scales
+  // (1/64 of the weight bytes); both are kept so either path can run.
+  if (l.n % 128 == 0) {
+    l.scale_rows = DeviceBuffer<uint16_t>(cuda::w8a16_scale_rows_elems(l.n, l.k));
+    cuda::w8a16_prepare_scales(e8m0.data(), l.n, l.k,
+                               reinterpret_cast<__nv_bfloat16*>(l.scale_rows.data()), nullptr);
+  }
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+  l.scale_e8m0 = std::move(e8m0);
   return l;
 }
 

@@ -38,7 +38,10 @@ struct CudaBf16 {
 struct CudaFp8Linear {
   DeviceBuffer<uint8_t> codes;       // e4m3 [n, k]
   DeviceBuffer<float> scales_t;      // fp32 [k/128, ceil(n/128)]
-  DeviceBuffer<uint8_t> scale_e8m0;  // the checkpoint's UE8M0 [ceil(n/128), k/128] (wo_a only)
+  DeviceBuffer<uint8_t> scale_e8m0;  // the checkpoint's UE8M0 [ceil(n/128), k/128]
+  // BF16 per-row scales [k/128, n] of the exact W8A16 path (w8a16_linear.h); empty for wo_a,
+  // which keeps its own (CudaBlockWeights::wo_a_scale_rows).
+  DeviceBuffer<uint16_t> scale_rows;
   int n = 0, k = 0;
   cuda::Fp8WeightView view() const { return {codes.data(), scales_t.data(), n, k}; }
   bool empty() const { return n == 0; }

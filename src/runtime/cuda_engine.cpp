@@ -54,6 +54,7 @@ class CudaEngine final : public Engine {
       CudaModelLimits lim;
       lim.max_seqs = o.max_sequences;
       lim.max_context = o.max_tokens;
+      lim.exact_linears = o.exact_linears;
       int64_t step = o.max_step_tokens > 0 ? o.max_step_tokens
                                            : std::min<int64_t>(kDefaultMaxStepTokens, o.max_tokens);
       const int64_t score_row = (o.max_tokens / 4 + 8) * 2;

@@ -58,6 +58,24 @@ TEST_F(EngineSmoke, GenerateAndLogitsMatchTheCpuEngine) {
                       cpu->prompt_logits(longer, 3), V);
 }
 
+// --exact-linears through the public API: generation and prompt logits next to the CPU engine,
+// and verify mode on that path too.
+TEST_F(EngineSmoke, ExactLinears) {
+  EngineOptions o = options("cuda");
+  o.exact_linears = true;
+  o.verify = true;
+  std::unique_ptr<Engine> gpu = Engine::open(o);
+  std::unique_ptr<Engine> cpu = Engine::open(options("cpu"));
+  std::vector<int32_t> prompt{0};
+  for (int i = 0; i < 40; ++i) prompt.push_back(2 + (i * 37) % (gpu->info().vocab_size - 2));
+  expect_logits_close("exact linears: prompt logits", gpu->prompt_logits(prompt, 0),
+                      cpu->prompt_logits(prompt, 0), gpu->info().vocab_size);
+  SamplingOptions s;
+  s.max_new_tokens = 4;
+  s.stop_at_eos = false;
+  EXPECT_EQ(gpu->generate(prompt, s).size(), 4u);
+}
+
 TEST_F(EngineSmoke, VerifyModeRuns) {
   EngineOptions o = options("cuda");
   o.verify = true;

@@ -42,6 +42,7 @@ struct CudaStackOptions {
   int max_step_tokens = 320;
   bool verify = false;
   bool graphs = false;
+  bool exact_linears = false;
 };
 
 // The CUDA backend of one checkpoint: model, runner and (verify mode) the CPU weights and the
@@ -68,6 +69,7 @@ inline std::unique_ptr<CudaStack> open_cuda_stack(const std::string& dir,
   lim.max_tokens = o.max_step_tokens;
   lim.max_seqs = o.max_seqs;
   lim.max_context = o.max_context;
+  lim.exact_linears = o.exact_linears;
   s->model = std::make_unique<CudaModel>(s->config, std::move(w), lim);
   CudaRunnerOptions ro;
   ro.cuda_graphs = o.graphs;

@@ -24,11 +24,13 @@ namespace {
 struct Case {
   const char* preset;
   ExpertFormat format;
+  bool exact_linears = false;  // FP8 linears on the exact W8A16 path
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& i) {
   return std::string(i.param.preset) +
-         (i.param.format == ExpertFormat::kNvfp4 ? "_nvfp4" : "_mxfp4");
+         (i.param.format == ExpertFormat::kNvfp4 ? "_nvfp4" : "_mxfp4") +
+         (i.param.exact_linears ? "_exact_linears" : "");
 }
 
 class EngineVerify : public ::testing::TestWithParam<Case> {
@@ -68,6 +70,7 @@ class EngineVerify : public ::testing::TestWithParam<Case> {
 
 TEST_P(EngineVerify, Prefill300ThenDecode300) {
   CudaStackOptions o;
+  o.exact_linears = GetParam().exact_linears;
   o.verify = true;
   o.max_seqs = 1;
   o.max_context = 640;
@@ -104,6 +107,7 @@ TEST_P(EngineVerify, Prefill300ThenDecode300) {
 // than the window) and decode tokens; then a decode-only step of all three.
 TEST_P(EngineVerify, MixedBatch) {
   CudaStackOptions o;
+  o.exact_linears = GetParam().exact_linears;
   o.verify = true;
   o.max_seqs = 3;
   o.max_context = 400;
@@ -135,6 +139,7 @@ TEST_P(EngineVerify, MixedBatch) {
 // then a corrupted compressor ape.
 TEST_P(EngineVerify, CatchesInjectedFaults) {
   CudaStackOptions o;
+  o.exact_linears = GetParam().exact_linears;
   o.verify = true;
   o.max_seqs = 1;
   const ModelConfig c = tiny_preset(GetParam().preset);
@@ -175,7 +180,9 @@ TEST_P(EngineVerify, CatchesInjectedFaults) {
 
 INSTANTIATE_TEST_SUITE_P(Presets, EngineVerify,
                          ::testing::Values(Case{"flash", ExpertFormat::kNvfp4},
-                                           Case{"pro", ExpertFormat::kMxfp4}),
+                                           Case{"pro", ExpertFormat::kMxfp4},
+                                           Case{"flash", ExpertFormat::kMxfp4, true},
+                                           Case{"pro", ExpertFormat::kNvfp4, true}),
                          case_name);
 
 }  // namespace

@@ -10,7 +10,7 @@ namespace dsv4::cuda {
 
 struct WoAArgs {
   const __nv_bfloat16* o = nullptr;  // [T, ldo]; group g's activations at column g * in_g
-  const float2* cos_sin = nullptr;   // [T, 32]
+  const float2* cos_sin = nullptr;   // [T, 32]; null: no RoPE (weight-stream kernel)
   int num_tokens = 0;
   int64_t ldo = 0;  // num_heads * 512
   int in_g = 0;     // K = heads_per_group * 512

@@ -2,7 +2,7 @@
 // BF16 in registers (exactly: e4m3 -> bf16 bit placement, x 2^120), multiplied on tensor cores
 // (mma.sync m16n8k16, fp32 accumulation) and scaled per 128-wide K block in fp32 (a power of
 // two: exact). The inverse RoPE of the activations is applied on their way from shared memory
-// to the MMA fragments.
+// to the MMA fragments (none when cos_sin is null: the plain W8A16 linears of w8a16_linear.h).
 //
 // K permutation: within each 64-wide K chunk, thread c (= lane % 4) of a quad owns the 16
 // contiguous K values [16c, 16c+16) of its rows and of its token; for MMA k-step s it feeds
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(kWsThreads) wo_a_stream_kernel(WoAArgs p) {
         const uint8_t* row = sa + n * (kWsStageK * 2);
         act[j][0] = lds128(row + (((8 * ch + 2 * c) ^ (n & 1)) * 16));
         act[j][1] = lds128(row + (((8 * ch + 2 * c + 1) ^ (n & 1)) * 16));
-        if (kg % 512 == 448 && n < p.num_tokens) {
+        if (p.cos_sin != nullptr && kg % 512 == 448 && n < p.num_tokens) {
           // Dims 448 + 16c .. +15 of a head: RoPE pairs 8c .. 8c+7.
           const float2* cs = p.cos_sin + int64_t(n) * 32 + 8 * c;
           float2 cs0[4], cs1[4];
