@@ -40,8 +40,9 @@ CacheConfig plan_cache(const ModelConfig& c, int max_seqs, int64_t max_context, 
   CacheConfig fixed = want;
   fixed.pages[int(PageKind::kC4)] = fixed.pages[int(PageKind::kC128)] = 0;
   const int64_t base = DeviceCache::bytes_needed(c, fixed);
-  DSV4_CHECK(base <= budget, "cache budget of ", budget >> 20, " MiB is below the ", base >> 20,
-             " MiB that the window rings and compressor states of ", max_seqs, " sequences need");
+  DSV4_CHECK(base <= budget, "cache budget of ", budget, " bytes is below the ", base, " bytes (",
+             (base + (1 << 20) - 1) >> 20, " MiB) that the window rings and compressor ",
+             "states of ", max_seqs, " sequence(s) need");
   // Bytes per page of each kind over all blocks, and the tokens one page covers.
   CacheConfig one = fixed;
   one.pages[int(PageKind::kC4)] = 1;
