@@ -11,6 +11,8 @@ scripts/fetch_cutlass.sh
 mkdir -p .carry
 rm -f .carry/*.tar .carry/*.tar.xz
 tar -cJf .carry/cutlass.tar.xz -C .cutlass include VERSION
+# PCRE2's header for the CLI (`run.sh cli`): the H200 image has the runtime library only.
+if [ -f /usr/include/pcre2.h ]; then mkdir -p .carry/pcre2/include && cp /usr/include/pcre2.h .carry/pcre2/include/; fi
 if [ $# -ge 2 ]; then
   set_name="$1"; shift
   root="${DSV4_GOLDEN_DIR:-../shared/golden}"

@@ -2,8 +2,9 @@
 # One command on the H200 (device tool): build the CUDA backend for sm_90a, run the GPU tests
 # and the benchmarks, leave logs and results under $OUT. Usage from the dev machine:
 #   scripts/fetch_cutlass.sh
-#   run(command="DSV4_COMMIT=$(git rev-parse --short HEAD) scripts/h200/run.sh [tests|bench|all] [filter]",
-#       carry=[".cutlass"])
+#   run(command="DSV4_COMMIT=$(git rev-parse --short HEAD) scripts/h200/run.sh [tests|bench|all|cli] [filter]",
+#       carry=[".carry"])   (after scripts/h200/pack.sh)
+# cli: builds the dsv4 CLI (build-cli/) and runs the README's GPU commands on make-tiny checkpoints.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/dsv4-h200}"
@@ -19,6 +20,29 @@ for g in .carry/golden-*.tar .carry/golden-*.tar.xz; do
   [ -f "$g" ] || continue
   mkdir -p .golden && tar -xf "$g" -C .golden && export DSV4_GOLDEN_DIR="$PWD/.golden"
 done
+if [ "$WHAT" = "cli" ]; then
+  # The tokenizer needs PCRE2: the carried header, the image's libpcre2-8.so.0.
+  P="$PWD/.carry/pcre2"
+  [ -f "$P/include/pcre2.h" ] || { echo "no .carry/pcre2/include/pcre2.h (scripts/h200/pack.sh)"; exit 1; }
+  mkdir -p "$P/lib" "$P/pkgconfig"
+  ln -sf /usr/lib/x86_64-linux-gnu/libpcre2-8.so.0 "$P/lib/libpcre2-8.so"
+  printf 'includedir=%s/include\nlibdir=%s/lib\nName: libpcre2-8\nVersion: 10\nDescription: carried header\nLibs: -L${libdir} -lpcre2-8\nCflags: -I${includedir}\n' "$P" "$P" > "$P/pkgconfig/libpcre2-8.pc"
+  export PKG_CONFIG_PATH="$P/pkgconfig"
+  cmake -S . -B build-cli -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
+    -DBUILD_TESTING=OFF -DDSV4_BENCH=OFF > "$OUT/cli-configure.log" 2>&1 || { tail -20 "$OUT/cli-configure.log"; exit 1; }
+  cmake --build build-cli -j "$(nproc)" --target dsv4 > "$OUT/cli-build.log" 2>&1 || { grep -E "error" "$OUT/cli-build.log" | head -20; exit 1; }
+  rc=0
+  for p in flash pro; do
+    D="/tmp/dsv4-tiny-$p"
+    build-cli/tools/dsv4 make-tiny --preset $p --format nvfp4 --seed 1 --out "$D" > /dev/null || rc=1
+    for flags in "--backend cpu" "--backend cuda" "--backend cuda --verify" "--backend cuda --exact-linears --verify"; do
+      echo "$ dsv4 generate --model $D --prompt-ids 0,17,42,99 --max-new-tokens 8 $flags"
+      out=$(build-cli/tools/dsv4 generate --model "$D" --prompt-ids 0,17,42,99 --max-new-tokens 8 $flags 2>&1) || rc=1
+      echo "$out" | tail -3
+    done
+  done
+  exit $rc
+fi
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; nvcc --version | tail -1; } > "$OUT/gpu.txt" 2>&1
 cmake -S . -B build-h200 -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90a -DBUILD_TESTING=ON -DDSV4_GPU_ONLY=ON -DDSV4_BENCH=ON > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
