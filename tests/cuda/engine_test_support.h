@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -134,23 +133,6 @@ struct E2eTolerance {
   double min_cos = 0.999, mean_cos = 0.9999, max_abs = 0.7, argmax = 0.97, near_tie = 0.1;
 };
 
-// Fraction of rows with the same argmax, rows whose reference top-2 gap < near_tie excused.
-inline double argmax_agree_excusing_ties(const float* ours, const float* ref, size_t rows, size_t V,
-                                         double near_tie) {
-  size_t ok = 0;
-  for (size_t r = 0; r < rows; ++r) {
-    const float* a = ours + r * V;
-    const float* b = ref + r * V;
-    const size_t ia = size_t(std::max_element(a, a + V) - a);
-    const size_t ib = size_t(std::max_element(b, b + V) - b);
-    float second = -INFINITY;
-    for (size_t j = 0; j < V; ++j)
-      if (j != ib) second = std::max(second, b[j]);
-    ok += ia == ib || double(b[ib]) - double(second) < near_tie;
-  }
-  return rows ? double(ok) / double(rows) : 1.0;
-}
-
 inline void expect_logits_close(const std::string& what, const std::vector<float>& ours,
                                 const std::vector<float>& ref, int V, bool check_argmax = true,
                                 const E2eTolerance& t = {}) {
@@ -159,8 +141,7 @@ inline void expect_logits_close(const std::string& what, const std::vector<float
   const LogitStats s = logit_stats(ours.data(), ref.data(), rows, size_t(V));
   size_t same = 0;
   for (size_t i = 0; i < ours.size(); ++i) same += std::memcmp(&ours[i], &ref[i], 4) == 0;
-  const double excused =
-      argmax_agree_excusing_ties(ours.data(), ref.data(), rows, size_t(V), t.near_tie);
+  const double excused = argmax_excusing_ties(ours.data(), ref.data(), rows, V, t.near_tie);
   std::printf("    %-40s %s; excusing near ties %.2f%%; bit-identical %.2f%%\n", what.c_str(),
               to_string(s).c_str(), 100.0 * excused,
               100.0 * double(same) / double(std::max<size_t>(1, ours.size())));

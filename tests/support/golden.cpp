@@ -189,4 +189,46 @@ const std::vector<int32_t>& RecordingTrace::i(int block, int chunk, const std::s
   return it->second;
 }
 
+double top2_gap(const float* row, int V) {
+  std::vector<float> s(row, row + V);
+  std::partial_sort(s.begin(), s.begin() + 2, s.end(), std::greater<float>());
+  return double(s[0]) - s[1];
+}
+
+double argmax_excusing_ties(const float* ours, const float* ref, size_t rows, int V,
+                            double near_tie) {
+  size_t ok = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    const float* a = ours + r * V;
+    const float* b = ref + r * V;
+    const bool same = std::max_element(a, a + V) - a == std::max_element(b, b + V) - b;
+    ok += same || top2_gap(b, V) < near_tie;
+  }
+  return rows ? double(ok) / rows : 1.0;
+}
+
+std::vector<float> pick(const std::vector<float>& all, const std::vector<int64_t>& positions,
+                        int V) {
+  std::vector<float> out;
+  for (int64_t p : positions) out.insert(out.end(), all.begin() + p * V, all.begin() + (p + 1) * V);
+  return out;
+}
+
+std::string check_greedy(const std::vector<float>& ours, const std::vector<float>& gold_rows,
+                         const std::vector<int64_t>& gold_pos, const std::vector<int32_t>& tokens,
+                         int prompt_len, int V, double gap_tol) {
+  for (size_t p = prompt_len - 1; p + 1 < tokens.size(); ++p) {
+    const float* row = ours.data() + p * V;
+    const int32_t mine = static_cast<int32_t>(std::max_element(row, row + V) - row);
+    if (mine == tokens[p + 1]) continue;
+    auto it = std::find(gold_pos.begin(), gold_pos.end(), int64_t(p));
+    if (it == gold_pos.end()) return "";  // no reference logits there: cannot judge further
+    const double gap = top2_gap(gold_rows.data() + (it - gold_pos.begin()) * V, V);
+    if (gap < gap_tol) return "";  // a near tie: the sequences may part here
+    return cat("greedy token at position ", p + 1, ": ours ", mine, ", reference ", tokens[p + 1],
+               " (reference top-2 gap ", gap, ")");
+  }
+  return "";
+}
+
 }  // namespace dsv4::test

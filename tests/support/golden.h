@@ -59,6 +59,25 @@ struct LogitStats {
 LogitStats logit_stats(const float* a, const float* b, size_t rows, size_t vocab);
 std::string to_string(const LogitStats& s);
 
+// The golden README's end-to-end helpers, shared by the CPU and GPU golden tests.
+// Top-2 gap of a logits row.
+double top2_gap(const float* row, int V);
+// Argmax agreement over `rows`, excusing rows where the reference's top-2 gap < near_tie.
+double argmax_excusing_ties(const float* ours, const float* ref, size_t rows, int V,
+                            double near_tie);
+// Rows at `positions` out of full per-position logits [T, V].
+std::vector<float> pick(const std::vector<float>& all, const std::vector<int64_t>& positions,
+                        int V);
+// Greedy continuation check: from our logits at each continuation position, argmax must equal
+// the golden token unless the golden's own top-2 gap there is < gap_tol; compares up to the
+// first allowed divergence. Returns a failure message or "".
+std::string check_greedy(const std::vector<float>& ours, const std::vector<float>& gold_rows,
+                         const std::vector<int64_t>& gold_pos, const std::vector<int32_t>& tokens,
+                         int prompt_len, int V, double gap_tol);
+inline std::vector<int32_t> as_tokens(const std::vector<int64_t>& v) {
+  return {v.begin(), v.end()};
+}
+
 // Keeps every traced tensor, keyed by (block, chunk, name).
 class RecordingTrace : public TraceSink {
  public:
