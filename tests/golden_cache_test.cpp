@@ -20,8 +20,6 @@
 #include <cmath>
 #include <cstdio>
 
-#include "core/formats.h"
-#include "ops/cpu/cache_codec.h"
 #include "runtime/cache_io.h"
 #include "runtime/cpu_runner.h"
 #include "support/golden.h"
@@ -29,98 +27,6 @@
 
 namespace dsv4::test {
 namespace {
-
-// Fraction of elements equal, and how many others are more than one step of their format
-// apart: for quantised dims, our stored code against the code the reference value has at our
-// block's scale (a reference value not on that grid counts as beyond); for BF16 dims, one ulp.
-struct StepCheck {
-  double frac_equal = 1;
-  size_t beyond_one_step = 0;
-};
-
-int ordinal(uint8_t code, uint8_t sign_bit) {
-  const int mag = code & (sign_bit - 1);
-  return (code & sign_bit) ? -mag : mag;
-}
-
-bool within_bf16_ulp(float a, float b) {
-  int e;
-  std::frexp(std::max(std::fabs(a), std::fabs(b)), &e);
-  return std::fabs(a - b) <= std::ldexp(1.0f, e - 8) * 1.0001f;
-}
-
-// Entries `get(i)` of `n` stored values each against `ref` [n, width].
-template <typename Entry>
-StepCheck step_check(int n, int width, const std::vector<float>& ref, Entry get, bool fp4,
-                     int quant_dims, int block) {
-  StepCheck r;
-  size_t eq = 0, total = 0;
-  std::vector<float> ours(width);
-  for (int i = 0; i < n; ++i) {
-    const auto [e, decode] = get(i);
-    decode(ours.data());
-    for (int j = 0; j < width; ++j, ++total) {
-      const float rv = ref[size_t(i) * width + j];
-      if (ours[j] == rv) {
-        ++eq;
-        continue;
-      }
-      if (j >= quant_dims) {
-        r.beyond_one_step += !within_bf16_ulp(ours[j], rv);
-        continue;
-      }
-      const float scale = e8m0_to_float(e.scales[j / block]);
-      int ours_ord, ref_ord;
-      if (fp4) {
-        const uint8_t byte = e.data[j / 2];
-        ours_ord = ordinal(j % 2 ? e2m1_high(byte) : e2m1_low(byte), 8);
-        const uint8_t rc = float_to_e2m1(rv / scale);
-        if (e2m1_to_float(rc) * scale != rv) {
-          ++r.beyond_one_step;
-          continue;
-        }
-        ref_ord = ordinal(rc, 8);
-      } else {
-        ours_ord = ordinal(e.data[j], 0x80);
-        const uint8_t rc = float_to_e4m3(rv / scale);
-        if (e4m3_to_float(rc) * scale != rv) {
-          ++r.beyond_one_step;
-          continue;
-        }
-        ref_ord = ordinal(rc, 0x80);
-      }
-      r.beyond_one_step += std::abs(ours_ord - ref_ord) > 1;
-    }
-  }
-  r.frac_equal = total ? double(eq) / total : 1.0;
-  return r;
-}
-
-StepCheck kv_steps(HostCache& c, int k, const SequenceCache& s, int n, bool window,
-                   const std::vector<float>& ref) {
-  const KvEntryLayout& l = c.kv_layout();
-  return step_check(
-      n, l.nope_dim + l.rope_dim, ref,
-      [&](int i) {
-        EntryRef e = window ? c.window_slot(k, s, i) : c.compressed(k, s, i);
-        return std::pair{e,
-                         [&l, e](float* out) { cpu::decode_kv_entry(l, e.data, e.scales, out); }};
-      },
-      false, l.nope_dim, KvEntryLayout::kQuantBlock);
-}
-
-StepCheck key_steps(HostCache& c, int k, const SequenceCache& s, int n,
-                    const std::vector<float>& ref) {
-  const IndexKeyLayout& l = c.index_layout();
-  return step_check(
-      n, l.dim, ref,
-      [&](int i) {
-        EntryRef e = c.index_key(k, s, i);
-        return std::pair{e,
-                         [&l, e](float* out) { cpu::decode_index_key(l, e.data, e.scales, out); }};
-      },
-      true, l.dim, IndexKeyLayout::kQuantBlock);
-}
 
 class GoldenCache : public ::testing::TestWithParam<std::string> {
  protected:

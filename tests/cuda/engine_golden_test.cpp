@@ -20,12 +20,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 
 #include "core/error.h"
-#include "core/formats.h"
 #include "cuda/engine_test_support.h"
-#include "ops/cpu/cache_codec.h"
 #include "runtime/cache_io.h"
 #include "support/golden.h"
 #include "support/golden_cache.h"
@@ -365,121 +362,10 @@ TEST_P(EngineGolden, DecodeStepsFromStoredCaches) {
 
 // ---- cache contents ------------------------------------------------------------------------
 
-struct StepCheck {
-  double frac_equal = 1;
-  size_t beyond_one_step = 0;
-  size_t elements = 0;
-  std::string first_beyond;  // where and what, for the log
-};
-
 // Identical fractions are judged from this many elements, as the verifier judges a store only
 // once it holds >= 10000 bytes (cuda_verify.h): on a 2-entry store (1024 elements) 99.9 % would
 // mean "at most one element differs", a coin toss rather than a measurement.
 constexpr size_t kMinCacheSample = 10000;
-
-// Spacing of BF16 values at |v| (v normal).
-float bf16_ulp_of(float v) {
-  v = std::fabs(v);
-  if (v < 1e-30f) return std::ldexp(1.0f, -133);
-  return std::ldexp(1.0f, std::ilogb(v) - 7);
-}
-
-int ordinal(uint8_t code, uint8_t sign_bit) {
-  const int mag = code & (sign_bit - 1);
-  return (code & sign_bit) ? -mag : mag;
-}
-
-bool within_bf16_ulp(float a, float b) {
-  int e;
-  std::frexp(std::max(std::fabs(a), std::fabs(b)), &e);
-  return std::fabs(a - b) <= std::ldexp(1.0f, e - 8) * 1.0001f;
-}
-
-// Stored entries against the reference's values (golden_cache_test's StepCheck).
-StepCheck step_check(int n, int width, const std::vector<float>& ref,
-                     const std::function<EntryRef(int)>& entry, bool fp4, int quant_dims, int block,
-                     const std::function<void(EntryRef, float*)>& decode) {
-  StepCheck r;
-  size_t eq = 0, total = 0;
-  std::vector<float> ours(width);
-  auto beyond = [&](bool b, int i, int j, float o, float rv) {
-    if (b && r.beyond_one_step++ == 0)
-      r.first_beyond = cat("entry ", i, " dim ", j, ": ours ", o, ", reference ", rv);
-  };
-  for (int i = 0; i < n; ++i) {
-    const EntryRef e = entry(i);
-    decode(e, ours.data());
-    for (int j = 0; j < width; ++j, ++total) {
-      const float rv = ref[size_t(i) * width + j];
-      if (ours[j] == rv) {
-        ++eq;
-        continue;
-      }
-      if (j >= quant_dims) {
-        // BF16 RoPE dims: RoPE rotates the pair (interleaved: j, j ^ 1) and keeps its norm, so
-        // an ulp of difference before the rotation moves an output by up to an ulp of the pair's
-        // norm, however small the output itself (cancellation in x cos - y sin).
-        const float pr = ref[size_t(i) * width + (j ^ 1)];
-        const float norm = std::sqrt(rv * rv + pr * pr);
-        beyond(
-            !within_bf16_ulp(ours[j], rv) && std::fabs(ours[j] - rv) > 1.0001f * bf16_ulp_of(norm),
-            i, j, ours[j], rv);
-        continue;
-      }
-      const float scale = e8m0_to_float(e.scales[j / block]);
-      int ours_ord, ref_ord;
-      if (fp4) {
-        const uint8_t byte = e.data[j / 2];
-        ours_ord = ordinal(j % 2 ? e2m1_high(byte) : e2m1_low(byte), 8);
-        const uint8_t rc = float_to_e2m1(rv / scale);
-        if (e2m1_to_float(rc) * scale != rv) {
-          beyond(true, i, j, ours[j], rv);
-          continue;
-        }
-        ref_ord = ordinal(rc, 8);
-      } else {
-        ours_ord = ordinal(e.data[j], 0x80);
-        const uint8_t rc = float_to_e4m3(rv / scale);
-        if (e4m3_to_float(rc) * scale != rv) {
-          // The reference's value is not on our grid: its block scale is another power of two
-          // (amax on the other side of a power of two after a float-rounding difference).
-          // One step is then judged by value, at the coarser grid's spacing.
-          const float coarse =
-              e4m3_to_float(float_to_e4m3(rv / (2 * scale))) * 2 * scale == rv ? 2 * scale : scale;
-          const float mag = std::max(std::fabs(ours[j]), std::fabs(rv)) / coarse;
-          const float step =
-              coarse * (mag < 0.015625f ? 0.001953125f : std::ldexp(1.0f, std::ilogb(mag) - 3));
-          beyond(std::fabs(ours[j] - rv) > step * 1.0001f, i, j, ours[j], rv);
-          continue;
-        }
-        ref_ord = ordinal(rc, 0x80);
-      }
-      beyond(std::abs(ours_ord - ref_ord) > 1, i, j, ours[j], rv);
-    }
-  }
-  r.frac_equal = total ? double(eq) / total : 1.0;
-  r.elements = total;
-  return r;
-}
-
-StepCheck kv_steps(HostCache& c, int k, const SequenceCache& s, int n, bool window,
-                   const std::vector<float>& ref) {
-  const KvEntryLayout& l = c.kv_layout();
-  return step_check(
-      n, l.nope_dim + l.rope_dim, ref,
-      [&](int i) { return window ? c.window_slot(k, s, i) : c.compressed(k, s, i); }, false,
-      l.nope_dim, KvEntryLayout::kQuantBlock,
-      [&](EntryRef e, float* out) { cpu::decode_kv_entry(l, e.data, e.scales, out); });
-}
-
-StepCheck key_steps(HostCache& c, int k, const SequenceCache& s, int n,
-                    const std::vector<float>& ref) {
-  const IndexKeyLayout& l = c.index_layout();
-  return step_check(
-      n, l.dim, ref, [&](int i) { return c.index_key(k, s, i); }, true, l.dim,
-      IndexKeyLayout::kQuantBlock,
-      [&](EntryRef e, float* out) { cpu::decode_index_key(l, e.data, e.scales, out); });
-}
 
 std::string ckey(int k, const std::string& what) {
   return "prefill0300.cache.L" + std::to_string(k) + "." + what;
@@ -505,14 +391,17 @@ TEST_P(EngineGolden, CacheAfterOwnPrefill300) {
       const std::vector<float> ref = to_floats(g.get(ckey(k, what)));
       const Diff d = compare(ours, ref);
       const StepCheck st = kv_steps(host, k, seq, n, window, ref);
-      std::printf("[%s] L%d %-22s %s, beyond one step %zu%s%s\n", tag(g).c_str(), k, what,
-                  to_string(d).c_str(), st.beyond_one_step,
+      std::printf("[%s] L%d %-22s %s, beyond one step %zu (%zu beyond float rounding)%s%s\n",
+                  tag(g).c_str(), k, what, to_string(d).c_str(), st.beyond_one_step,
+                  st.beyond_rounding,
                   st.first_beyond.empty() ? "" : ", first: ", st.first_beyond.c_str());
       if (exact_inputs) {
+        // Our compressor projections are summed by cuBLAS in another order than the
+        // reference's (equal up to float rounding, which issue 3 allows): see StepCheck.
         if (st.elements >= kMinCacheSample) {
           EXPECT_GE(st.frac_equal, 0.999) << what;
         }
-        EXPECT_EQ(st.beyond_one_step, 0u) << what;
+        EXPECT_EQ(st.beyond_rounding, 0u) << what;
       } else {
         EXPECT_LE(d.rel_l2, 5e-2) << what;
       }
