@@ -76,10 +76,9 @@ std::vector<int32_t> text_prompt_ids(const Args& a, const std::string& model_dir
                     int(a.has("--prompt-file"));
   DSV4_CHECK(given == 1,
              "give exactly one of --prompt-ids, --prompt-file, --prompt and --messages");
-  const std::string path = model_dir + "/tokenizer.json";
-  DSV4_CHECK(std::filesystem::exists(path), model_dir,
+  DSV4_CHECK(std::filesystem::exists(model_dir + "/tokenizer.json"), model_dir,
              " has no tokenizer.json, which --prompt and --messages need (give --prompt-ids)");
-  const tok::Tokenizer tokenizer = tok::Tokenizer::from_file(path);
+  const tok::Tokenizer tokenizer = load_tokenizer(model_dir);
   std::string text;
   if (a.has("--prompt")) {
     text = a.str("--prompt");
