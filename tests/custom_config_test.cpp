@@ -7,9 +7,10 @@
 #include <cstring>
 #include <random>
 
-#include "io/tiny_checkpoint.h"
-#include "runtime/cpu_runner.h"
-#include "runtime/model_loader.h"
+#include "backends/cpu/loader.h"
+#include "backends/cpu/runner.h"
+#include "model/cache_spec.h"
+#include "model/tiny_checkpoint.h"
 #include "support/temp_dir.h"
 
 namespace dsv4::test {
@@ -49,12 +50,13 @@ TEST(CustomConfig, RunsAndStaysPathIndependent) {
   std::vector<int32_t> prompt(T);
   for (auto& t : prompt) t = int32_t(rng() % V);
   auto run = [&](int chunk) {
-    CpuRunner r(*lm.model, CacheConfig::for_capacity(c, 1, T, 8));
+    CpuRunner r(*lm.model, cache_capacity(c, 1, T, 8));
     const int s = r.open_sequence();
     std::vector<float> out;
     for (int i = 0; i < T; i += chunk) {
       const int n = std::min(chunk, T - i);
-      std::vector<float> l = r.step({{s, {prompt.begin() + i, prompt.begin() + i + n}, true}});
+      std::vector<float> l =
+          r.step_logits({{s, {prompt.begin() + i, prompt.begin() + i + n}, true}});
       out.insert(out.end(), l.begin(), l.end());
     }
     return out;
@@ -67,9 +69,9 @@ TEST(CustomConfig, RunsAndStaysPathIndependent) {
   // The logits depend on the prompt (a model that ignored its input would pass the above).
   std::vector<int32_t> other = prompt;
   other[T / 2] = (other[T / 2] + 1) % V;
-  CpuRunner r(*lm.model, CacheConfig::for_capacity(c, 1, T, 8));
+  CpuRunner r(*lm.model, cache_capacity(c, 1, T, 8));
   const int s = r.open_sequence();
-  std::vector<float> l = r.step({{s, other, true}});
+  std::vector<float> l = r.step_logits({{s, other, true}});
   EXPECT_EQ(std::memcmp(l.data(), whole.data(), size_t(T / 2) * V * 4), 0);
   EXPECT_NE(
       std::memcmp(l.data() + size_t(T / 2) * V, whole.data() + size_t(T / 2) * V, size_t(V) * 4),

@@ -20,8 +20,9 @@
 #include <cmath>
 #include <cstdio>
 
-#include "runtime/cache_io.h"
-#include "runtime/cpu_runner.h"
+#include "backends/cpu/cache_io.h"
+#include "backends/cpu/runner.h"
+#include "model/cache_spec.h"
 #include "support/golden.h"
 #include "support/golden_cache.h"
 
@@ -44,9 +45,10 @@ TEST_P(GoldenCache, AfterOwnPrefill300) {
   LoadedModel lm = load_cpu_model(g.checkpoint("mxfp4"));
   const ModelConfig& c = lm.config;
   const int T = 300;
-  CpuRunner r(*lm.model, CacheConfig::for_capacity(c, 1, T, 64));
+  CpuRunner r(*lm.model, cache_capacity(c, 1, T, 64));
   const int s = r.open_sequence();
-  r.step({{s, std::vector<int32_t>(g.master_prompt.begin(), g.master_prompt.begin() + T), false}});
+  r.step_logits(
+      {{s, std::vector<int32_t>(g.master_prompt.begin(), g.master_prompt.begin() + T), false}});
   SequenceCache& seq = r.sequence(s);
   for (int k = 0; k < c.n_layers; ++k) {
     SCOPED_TRACE(g.name + " L" + std::to_string(k));
@@ -109,8 +111,8 @@ TEST_P(GoldenCache, CompressedEntriesFromStoredInputs) {
   (void)D;
   std::vector<int32_t> tokens(g.master_prompt.begin(), g.master_prompt.begin() + T);
   for (int page : {16, 64, 256}) {
-    CacheConfig cc = CacheConfig::for_capacity(c, 1, T, page);
-    BlockManager bm(c, cc);
+    CacheConfig cc = cache_capacity(c, 1, T, page);
+    BlockManager bm(cache_spec(c), cc);
     HostCache cache(c, cc);
     SequenceCache seq = bm.begin_sequence();
     bm.reserve(seq, T);

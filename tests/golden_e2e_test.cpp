@@ -6,8 +6,9 @@
 #include <cstdio>
 #include <fstream>
 
+#include "backends/cpu/runner.h"
 #include "core/error.h"
-#include "runtime/cpu_runner.h"
+#include "model/cache_spec.h"
 #include "support/golden.h"
 
 namespace dsv4::test {
@@ -35,9 +36,10 @@ class GoldenE2E : public ::testing::TestWithParam<std::string> {
 // the rest one token at a time. Returns rows for positions 0..tokens.size()-1.
 std::vector<float> forced_logits(CpuRunner& r, const std::vector<int32_t>& tokens, int prompt_len) {
   const int seq = r.open_sequence();
-  std::vector<float> all = r.step({{seq, {tokens.begin(), tokens.begin() + prompt_len}, true}});
+  std::vector<float> all =
+      r.step_logits({{seq, {tokens.begin(), tokens.begin() + prompt_len}, true}});
   for (size_t p = prompt_len; p < tokens.size(); ++p) {
-    std::vector<float> row = r.step({{seq, {tokens[p]}, false}});
+    std::vector<float> row = r.step_logits({{seq, {tokens[p]}, false}});
     all.insert(all.end(), row.begin(), row.end());
   }
   r.close_sequence(seq);
@@ -66,7 +68,7 @@ TEST_P(GoldenE2E, LogitsAndGreedyTokens) {
   GoldenSet g(GetParam());
   LoadedModel lm = load_cpu_model(g.checkpoint("mxfp4"));
   const int V = lm.config.vocab_size;
-  CpuRunner runner(*lm.model, CacheConfig::for_capacity(lm.config, 2, 320, 64));
+  CpuRunner runner(*lm.model, cache_capacity(lm.config, 2, 320, 64));
   nlohmann::json summary = nlohmann::json::parse(std::ifstream(g.dir + "/summary.json"));
   const auto& self = summary["self_agreement_prefill_vs_tbt"]["per_case"];
   Checker chk;
@@ -121,14 +123,14 @@ TEST_P(GoldenE2E, LogitsAndGreedyTokens) {
   std::vector<float> r0, r1;
   {
     std::vector<float> l =
-        runner.step({{s0, {rows_tok[0].begin(), rows_tok[0].begin() + common}, true},
-                     {s1, {rows_tok[1].begin(), rows_tok[1].begin() + common}, true}});
+        runner.step_logits({{s0, {rows_tok[0].begin(), rows_tok[0].begin() + common}, true},
+                            {s1, {rows_tok[1].begin(), rows_tok[1].begin() + common}, true}});
     r0.assign(l.begin(), l.begin() + size_t(common) * V);
     r1.assign(l.begin() + size_t(common) * V, l.end());
   }
   for (size_t p = common; p < width; ++p) {
     std::vector<float> l =
-        runner.step({{s0, {rows_tok[0][p]}, false}, {s1, {rows_tok[1][p]}, false}});
+        runner.step_logits({{s0, {rows_tok[0][p]}, false}, {s1, {rows_tok[1][p]}, false}});
     r0.insert(r0.end(), l.begin(), l.begin() + V);
     r1.insert(r1.end(), l.begin() + V, l.end());
   }

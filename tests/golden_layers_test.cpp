@@ -17,14 +17,15 @@
 
 #include <cmath>
 
+#include "backends/cpu/cache_io.h"
+#include "backends/cpu/runner.h"
+#include "model/cache_spec.h"
 #include "ops/cpu/attention.h"
 #include "ops/cpu/linear.h"
 #include "ops/cpu/mhc.h"
 #include "ops/cpu/norm.h"
 #include "ops/cpu/quant.h"
 #include "ops/cpu/rope.h"
-#include "runtime/cache_io.h"
-#include "runtime/cpu_runner.h"
 #include "support/golden.h"
 #include "support/golden_cache.h"
 
@@ -43,19 +44,6 @@ std::string L(const std::string& prefix, const std::string& what, int k) {
 
 std::vector<float> block_input(const GoldenSet& g, const std::string& pre, int k) {
   return to_floats(g.get(k == 0 ? L(pre, "hidden.in", 0) : L(pre, "hidden.out", k - 1)));
-}
-
-cpu::HcParams hc_params(const ModelConfig& c, const cpu::HcWeights& w) {
-  cpu::HcParams p;
-  p.hc = c.hc_mult;
-  p.dim = c.dim;
-  p.sinkhorn_iters = c.hc_sinkhorn_iters;
-  p.norm_eps = c.norm_eps;
-  p.hc_eps = c.hc_eps;
-  p.fn = w.fn.data();
-  p.base = w.base.data();
-  p.scale = w.scale.data();
-  return p;
 }
 
 // The block's residual algebra alone: its output from the stored block input and the stored
@@ -85,7 +73,7 @@ struct Fresh {
   HostCache cache;
   SequenceCache seq;
   Fresh(const ModelConfig& c, int64_t tokens, int page)
-      : cc(CacheConfig::for_capacity(c, 1, tokens, page)), bm(c, cc), cache(c, cc) {
+      : cc(cache_capacity(c, 1, tokens, page)), bm(cache_spec(c), cc), cache(c, cc) {
     seq = bm.begin_sequence();
     bm.reserve(seq, tokens);
   }

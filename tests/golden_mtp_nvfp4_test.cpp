@@ -4,8 +4,9 @@
 
 #include <cstring>
 
+#include "backends/cpu/runner.h"
 #include "core/error.h"
-#include "runtime/cpu_runner.h"
+#include "model/cache_spec.h"
 #include "support/golden.h"
 
 namespace dsv4::test {
@@ -47,12 +48,13 @@ TEST_P(GoldenMtpNvfp4, MtpLogits) {
     std::vector<int32_t> ids(ids64.begin(), ids64.end());
     std::vector<int64_t> pos = to_ints(g.get(k + ".mtp.positions"));
     std::vector<float> gold = to_floats(g.get(k + ".mtp.logits"));
-    CpuRunner r(*lm.model, CacheConfig::for_capacity(c, 1, L, 64));
+    CpuRunner r(*lm.model, cache_capacity(c, 1, L, 64));
     const int s = r.open_sequence();
     // The main model's last-layer streams over the prompt (our own prefill) ...
     std::vector<float> hidden;
-    r.step({{s, std::vector<int32_t>(g.master_prompt.begin(), g.master_prompt.begin() + L), false}},
-           nullptr, &hidden);
+    r.step_traced(
+        {{s, std::vector<int32_t>(g.master_prompt.begin(), g.master_prompt.begin() + L), false}},
+        nullptr, &hidden);
     auto run_mtp = [&](const std::vector<float>& h) {
       SequenceCache& seq = r.sequence(s);
       seq.mtp_tokens = 0;  // a fresh MTP window for every run
@@ -82,9 +84,9 @@ TEST_P(GoldenMtpNvfp4, Nvfp4EqualsMxfp4BitForBit) {
   const int V = mx.config.vocab_size, T = 300;
   std::vector<int32_t> prompt(g.master_prompt.begin(), g.master_prompt.begin() + T);
   auto run = [&](const LoadedModel& lm, std::vector<float>* hidden) {
-    CpuRunner r(*lm.model, CacheConfig::for_capacity(lm.config, 1, T, 64));
+    CpuRunner r(*lm.model, cache_capacity(lm.config, 1, T, 64));
     const int s = r.open_sequence();
-    return r.step({{s, prompt, true}}, nullptr, hidden);
+    return r.step_traced({{s, prompt, true}}, nullptr, hidden).logits;
   };
   std::vector<float> hm, hn;
   const std::vector<float> a = run(mx, &hm), b = run(nv, &hn);

@@ -9,14 +9,14 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "backends/cpu/loader.h"
 #include "core/error.h"
 #include "core/formats.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
-#include "io/tiny_checkpoint.h"
+#include "model/tiny_checkpoint.h"
 #include "model/weights.h"
 #include "ops/cpu/dequant.h"
-#include "runtime/model_loader.h"
 #include "support/temp_dir.h"
 
 namespace dsv4::test {

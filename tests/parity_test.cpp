@@ -8,11 +8,12 @@
 #include <cstring>
 #include <random>
 
+#include "backends/cpu/cache_io.h"
+#include "backends/cpu/loader.h"
+#include "backends/cpu/runner.h"
 #include "core/error.h"
-#include "io/tiny_checkpoint.h"
-#include "runtime/cache_io.h"
-#include "runtime/cpu_runner.h"
-#include "runtime/model_loader.h"
+#include "model/cache_spec.h"
+#include "model/tiny_checkpoint.h"
 #include "support/temp_dir.h"
 
 namespace dsv4::test {
@@ -37,12 +38,12 @@ struct Preset {
     CpuRunner r = runner(64);
     const int s = r.open_sequence();
     for (int p = 0; p < kLen; ++p) {
-      std::vector<float> row = r.step({{s, {prompt[p]}, true}});
+      std::vector<float> row = r.step_logits({{s, {prompt[p]}, true}});
       tbt.insert(tbt.end(), row.begin(), row.end());
     }
   }
   CpuRunner runner(int page, int seqs = 4) const {
-    return CpuRunner(*lm.model, CacheConfig::for_capacity(lm.config, seqs, kLen, page));
+    return CpuRunner(*lm.model, cache_capacity(lm.config, seqs, kLen, page));
   }
   int V() const { return lm.config.vocab_size; }
   // Logits of `prompt[:len]` fed in chunks of `chunk` (0 = one prefill).
@@ -52,7 +53,8 @@ struct Preset {
     const int step = chunk ? chunk : len;
     for (int i = 0; i < len; i += step) {
       const int n = std::min(step, len - i);
-      std::vector<float> l = r.step({{s, {prompt.begin() + i, prompt.begin() + i + n}, true}});
+      std::vector<float> l =
+          r.step_logits({{s, {prompt.begin() + i, prompt.begin() + i + n}, true}});
       out.insert(out.end(), l.begin(), l.end());
     }
     r.close_sequence(s);
@@ -101,7 +103,8 @@ TEST_P(Parity, ChunkedPrefillEqualsTokenByToken) {
   std::vector<float> out;
   for (int i = 0, n = 1; i < kLen; i += n, ++n) {
     const int m = std::min(n, kLen - i);
-    std::vector<float> l = r.step({{s, {p.prompt.begin() + i, p.prompt.begin() + i + m}, true}});
+    std::vector<float> l =
+        r.step_logits({{s, {p.prompt.begin() + i, p.prompt.begin() + i + m}, true}});
     out.insert(out.end(), l.begin(), l.end());
   }
   EXPECT_EQ(p.first_diff(out), -1) << "growing chunks";
@@ -113,7 +116,7 @@ TEST_P(Parity, BatchmatesDoNotMatter) {
   CpuRunner r = p.runner(64);
   // Sequence A decodes while B and C prefill, then all three continue together.
   const int a = r.open_sequence(), b = r.open_sequence(), c = r.open_sequence();
-  std::vector<float> la = r.step({{a, {p.prompt.begin(), p.prompt.begin() + 130}, true}});
+  std::vector<float> la = r.step_logits({{a, {p.prompt.begin(), p.prompt.begin() + 130}, true}});
   std::vector<float> lb, lc;
   std::mt19937 rng(9);
   std::vector<int32_t> other(kLen);
@@ -125,7 +128,7 @@ TEST_P(Parity, BatchmatesDoNotMatter) {
     if (nb > 0) in.push_back({b, {other.begin() + pb, other.begin() + pb + nb}, false});
     if (pc + nc <= kLen)
       in.push_back({c, {p.prompt.begin() + pc, p.prompt.begin() + pc + nc}, true});
-    std::vector<float> l = r.step(in);
+    std::vector<float> l = r.step_logits(in);
     la.insert(la.end(), l.begin(), l.begin() + V);
     if (pc + nc <= kLen) lc.insert(lc.end(), l.end() - size_t(nc) * V, l.end());
     ++pa;
@@ -143,7 +146,7 @@ TEST_P(Parity, PageSizeChangesNothing) {
   for (int page : {16, 256}) {  // the token-by-token reference ran with 64
     CpuRunner r = p.runner(page, 1);
     const int s = r.open_sequence();
-    std::vector<float> l = r.step({{s, p.prompt, true}});
+    std::vector<float> l = r.step_logits({{s, p.prompt, true}});
     EXPECT_EQ(p.first_diff(l), -1) << "page size " << page;
     std::vector<float> all;
     for (int k = 0; k < c.n_layers; ++k) {
@@ -165,19 +168,19 @@ TEST_P(Parity, PageSizeChangesNothing) {
 
 TEST_P(Parity, CacheFullIsAClearError) {
   const Preset& p = preset();
-  CpuRunner r(*p.lm.model, CacheConfig::for_capacity(p.lm.config, 1, 64, 16));
+  CpuRunner r(*p.lm.model, cache_capacity(p.lm.config, 1, 64, 16));
   const int s = r.open_sequence();
   try {
-    r.step({{s, p.prompt, false}});
+    r.step_logits({{s, p.prompt, false}});
     FAIL() << "expected the cache to run out";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("cache full"), std::string::npos) << e.what();
   }
   EXPECT_EQ(r.length(s), 0);               // nothing was run
   EXPECT_THROW(r.open_sequence(), Error);  // one sequence slot only
-  EXPECT_THROW(r.step({{s, {int32_t(p.lm.config.vocab_size)}, false}}), Error);
-  EXPECT_THROW(r.step({{s, {}, false}}), Error);
-  EXPECT_THROW(r.step({{s, {1}, false}, {s, {2}, false}}), Error);
+  EXPECT_THROW(r.step_logits({{s, {int32_t(p.lm.config.vocab_size)}, false}}), Error);
+  EXPECT_THROW(r.step_logits({{s, {}, false}}), Error);
+  EXPECT_THROW(r.step_logits({{s, {1}, false}, {s, {2}, false}}), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, Parity, ::testing::Values("flash", "pro"));

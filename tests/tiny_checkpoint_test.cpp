@@ -6,9 +6,10 @@
 #include <cmath>
 #include <random>
 
-#include "io/tiny_checkpoint.h"
-#include "runtime/cpu_runner.h"
-#include "runtime/model_loader.h"
+#include "backends/cpu/loader.h"
+#include "backends/cpu/runner.h"
+#include "model/cache_spec.h"
+#include "model/tiny_checkpoint.h"
 #include "support/golden.h"
 #include "support/temp_dir.h"
 
@@ -59,10 +60,10 @@ TEST_P(TinyPreset, BranchesAddAboutThreePercent) {
     std::mt19937 rng(3);
     std::vector<int32_t> prompt{0};
     while (prompt.size() < 160) prompt.push_back(2 + int32_t(rng() % (c.vocab_size - 2)));
-    CpuRunner r(*lm.model, CacheConfig::for_capacity(c, 1, 160, 64));
+    CpuRunner r(*lm.model, cache_capacity(c, 1, 160, 64));
     RecordingTrace tr;
     const int s = r.open_sequence();
-    std::vector<float> logits = r.step({{s, prompt, true}}, &tr);
+    std::vector<float> logits = r.step_traced({{s, prompt, true}}, &tr).logits;
     double attn = 0, ffn = 0;
     for (int k = 0; k < c.n_layers; ++k) {
       const auto& in = tr.f(k, 0, "hidden.in");

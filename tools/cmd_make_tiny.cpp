@@ -4,7 +4,7 @@
 #include "args.h"
 #include "commands.h"
 #include "core/error.h"
-#include "io/tiny_checkpoint.h"
+#include "model/tiny_checkpoint.h"
 
 namespace dsv4::cli {
 

@@ -2,7 +2,7 @@
 
 #include "core/error.h"
 #if defined(DSV4_WITH_CUDA)
-#include "runtime/cuda_engine.h"
+#include "backends/cuda/backend.h"
 #endif
 
 namespace dsv4::cli {

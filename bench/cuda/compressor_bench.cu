@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "cuda/bench_util.h"
+#include "kvcache/cache_layout.h"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/compressor/compressor.h"
-#include "runtime/cache_layout.h"
 
 using namespace dsv4;
 using cuda::DeviceBuffer;

@@ -31,13 +31,14 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/model.h"
+#include "backends/cuda/runner.h"
+#include "backends/cuda/weights.h"
 #include "core/error.h"
 #include "cuda/bench_util.h"
-#include "model/cuda_model.h"
-#include "model/cuda_weights.h"
+#include "model/cache_spec.h"
 #include "model/weights.h"
 #include "ops/cuda/common/cuda_check.h"
-#include "runtime/cuda_runner.h"
 
 namespace dsv4 {
 namespace {
@@ -371,10 +372,11 @@ void run_shape(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
   lim.max_context = 65536 + 256;
   lim.max_logit_rows = 128;
   lim.exact_linears = exact;
-  CudaModel model(c, std::move(w), lim);
+  DeviceContext ctx(0);
+  CudaModel model(ctx, c, std::move(w), lim);
   std::fprintf(stderr, "[%s %s] activations: %.2f GiB\n", s.name.c_str(), fname,
                double(model.activation_bytes()) / double(1ull << 30));
-  const CacheConfig cc = CacheConfig::for_capacity(c, 128, lim.max_context, 64);
+  const CacheConfig cc = cache_capacity(c, 128, lim.max_context, 64);
   CudaRunnerOptions graphs;
   graphs.cuda_graphs = true;
   CudaRunner runner(model, cc, graphs);

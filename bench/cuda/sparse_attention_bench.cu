@@ -21,9 +21,9 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "kvcache/cache_layout.h"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/sparse_attention/sparse_attention.h"
-#include "runtime/cache_layout.h"
 
 using namespace dsv4;
 using namespace dsv4::cuda;

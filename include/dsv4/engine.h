@@ -1,10 +1,20 @@
-// The dsv4 engine: open a DeepSeek-V4 model directory and run prompts. This is the whole
-// public surface for callers (the CLI, a server): token ids in, logits or token ids out.
+// The dsv4 engine: open a DeepSeek-V4 model directory and run requests. This is the whole
+// public surface for callers (the CLI, the server): token ids in, token ids, logprobs or
+// logits out. Nothing here exposes a tensor.
+//
+// Two ways to drive it:
+//  - one call per prompt: generate() and prompt_logits();
+//  - a serving loop (one thread owns the engine): add_request() any number of requests,
+//    call step() while has_work(), each step returning the tokens every request produced;
+//    cancel() a request at any time. Requests are batched continuously (prefill chunks mixed
+//    into decode steps), admitted by cache capacity, preempted and recomputed when the cache
+//    runs out, and a request's output does not depend on what else is in flight.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dsv4/error.h"
@@ -15,13 +25,13 @@ struct EngineOptions {
   std::string model_dir;
   std::string backend = "cpu";  // "cpu" (the reference backend); "cuda" when built
   int page_size = 64;           // entries per cache page
-  int max_sequences = 1;        // sequences alive at once
+  int max_sequences = 1;        // sequences alive at once (running requests x choices)
   int64_t max_tokens = 4096;    // per sequence: prompt + generated tokens
+  int64_t cache_bytes = 0;      // cache pool size; 0: room for max_sequences x max_tokens
+  int max_step_tokens = 0;      // tokens per forward step (longer prefills are chunked); 0: auto
   // CUDA backend only.
   bool verify = false;      // re-run every op on the CPU from the GPU's inputs; the first
                             // divergence is thrown as a dsv4::Error naming block, op, metric
-  int64_t cache_bytes = 0;  // cache pool size; 0: room for max_sequences x max_tokens
-  int max_step_tokens = 0;  // tokens per forward step (longer prefills are chunked); 0: auto
   bool cuda_graphs = true;  // decode steps replayed as CUDA graphs
   // FP8 linears as the reference sums them (W8A16 on BF16 tensor cores: exact products, fp32
   // sums) instead of on FP8 tensor cores (faster; Hopper's FP8 MMA keeps ~14 bits inside each
@@ -29,11 +39,24 @@ struct EngineOptions {
   bool exact_linears = false;
 };
 
+// How a request's tokens are chosen (the order of the steps: src/ops/common/sampling.h).
 struct SamplingOptions {
   int64_t max_new_tokens = 32;
   float temperature = 0.0f;  // 0 = greedy
-  uint64_t seed = 0;
+  uint64_t seed = 0;         // the draw of output token i depends on (seed, i) alone
   bool stop_at_eos = true;
+  int top_k = 0;    // 0: off
+  float top_p = 1;  // 1: off
+  float min_p = 0;  // 0: off
+  float presence_penalty = 0;
+  float frequency_penalty = 0;
+  float repetition_penalty = 1;
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token, bias added to its logit)
+  std::vector<int32_t> stop_token_ids;                // finish after emitting any of these
+  bool logprobs = false;  // report each chosen token's logprob (raw logits' log-softmax)
+  int top_logprobs = 0;   // and this many most likely alternatives (<= 20)
+  // Test facility: emit these ids (through the sampler and the stream) instead of the draws.
+  std::vector<int32_t> forced_output;
 };
 
 struct ModelInfo {
@@ -43,6 +66,43 @@ struct ModelInfo {
   int num_layers = 0;
   int num_mtp_layers = 0;
   std::string expert_format;  // "MXFP4" or "NVFP4"
+  int64_t max_tokens = 0;     // per sequence (prompt + output)
+};
+
+enum class FinishReason {
+  kNone,    // still running
+  kStop,    // EOS or a stop token
+  kLength,  // max_new_tokens, or the sequence reached max_tokens
+  kAbort,   // cancelled
+  kError,   // failed (error says why); the other requests go on
+};
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort", "error"
+
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;  // most likely first
+};
+
+// What one step produced for one choice of a request.
+struct RequestOutput {
+  uint64_t request = 0;
+  int choice = 0;                      // 0 .. n-1
+  std::vector<int32_t> tokens;         // new tokens since the last output
+  std::vector<TokenLogprob> logprobs;  // one per new token when asked
+  FinishReason finish = FinishReason::kNone;
+  std::string error;
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt tokens served from the prefix cache
+};
+
+// Counters and gauges of the serving loop (the server's /metrics).
+struct EngineStats {
+  int running = 0, waiting = 0;
+  double cache_usage = 0;  // fullest cache store's used fraction, 0..1
+  int64_t prompt_tokens = 0, generation_tokens = 0;
+  int64_t prefix_queries = 0, prefix_hits = 0;  // tokens looked up / found in the prefix cache
+  int64_t preemptions = 0;
 };
 
 class Engine {
@@ -50,14 +110,25 @@ class Engine {
   // Loads and validates the model (config, quantisation scheme, every tensor).
   // Throws dsv4::Error naming what is wrong.
   static std::unique_ptr<Engine> open(const EngineOptions& options);
-  // Backends other than the built-in "cpu" register a factory here (the CUDA backend through
-  // dsv4::register_cuda_backend(), in the dsv4_cuda library); a later registration of the
-  // same name replaces the earlier one.
-  using Factory = std::unique_ptr<Engine> (*)(const EngineOptions& options);
-  static void register_backend(const std::string& name, Factory factory);
   virtual ~Engine() = default;
 
   virtual const ModelInfo& info() const = 0;
+
+  // ---- serving loop ----
+  // Queues a request with `n` choices (independent samples sharing the prompt's cache pages);
+  // returns its id. Throws dsv4::Error on a request that can never run (empty prompt, id out
+  // of range, longer than max_tokens, bad sampling values).
+  virtual uint64_t add_request(const std::vector<int32_t>& prompt, const SamplingOptions& sampling,
+                               int n = 1) = 0;
+  // One engine step: schedule, run the batch, sample. Returns every choice that produced
+  // tokens or finished.
+  virtual std::vector<RequestOutput> step() = 0;
+  // Finishes the request now (kAbort) and frees its cache; unknown or finished ids are ignored.
+  virtual void cancel(uint64_t request) = 0;
+  virtual bool has_work() const = 0;
+  virtual EngineStats stats() const = 0;
+
+  // ---- one call per prompt (wrappers over the loop) ----
   // Logits at every position of `prompt` ([prompt.size() * vocab_size], row p predicts token
   // p+1), feeding `chunk` tokens per step (0 = one prefill, 1 = token by token).
   virtual std::vector<float> prompt_logits(const std::vector<int32_t>& prompt, int chunk = 0) = 0;

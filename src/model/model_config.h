@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-namespace dsv4 {
+#include "ops/common/score_func.h"
 
-enum class ScoreFunc { kSqrtSoftplus, kSoftmax, kSigmoid };
+namespace dsv4 {
 
 struct ModelConfig {
   int vocab_size = 0;

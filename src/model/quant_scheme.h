@@ -6,10 +6,9 @@
 #include <string>
 
 #include "model/model_config.h"
+#include "ops/common/weight_refs.h"
 
 namespace dsv4 {
-
-enum class ExpertFormat { kMxfp4, kNvfp4 };
 
 class QuantScheme {
  public:
@@ -26,7 +25,5 @@ class QuantScheme {
   bool has_file_ = false;
   std::map<std::string, ExpertFormat> per_module_;
 };
-
-const char* expert_format_name(ExpertFormat f);
 
 }  // namespace dsv4

@@ -8,23 +8,9 @@
 #include "io/checkpoint.h"
 #include "model/model_config.h"
 #include "model/quant_scheme.h"
+#include "ops/common/weight_refs.h"
 
 namespace dsv4 {
-
-// FP8 e4m3 [out, in] with UE8M0 scales per 128x128 block.
-struct Fp8Ref {
-  const TensorView* weight = nullptr;
-  const TensorView* scale = nullptr;
-};
-
-// Routed-expert projection in FP4 e2m1, packed two per byte along `in`.
-struct Fp4Ref {
-  ExpertFormat format = ExpertFormat::kMxfp4;
-  const TensorView* weight = nullptr;       // I8/U8 [out, in/2]
-  const TensorView* scale = nullptr;        // MXFP4: E8M0 [out, in/32]; NVFP4: E4M3 [out, in/16]
-  const TensorView* scale_2 = nullptr;      // NVFP4: F32 [] global scale
-  const TensorView* input_scale = nullptr;  // NVFP4: F32 [] (FP4-activation kernels only)
-};
 
 struct HcRef {
   const TensorView* fn = nullptr;     // F32 [mix, hc*dim]
@@ -52,18 +38,6 @@ struct AttentionRef {
   const TensorView* attn_sink = nullptr;  // F32 [n_heads]
   std::optional<CompressorRef> compressor;
   std::optional<IndexerRef> indexer;
-};
-
-struct ExpertRef {
-  Fp4Ref w1, w2, w3;
-};
-
-struct MoeRef {
-  const TensorView* gate = nullptr;     // BF16 [experts, dim]
-  const TensorView* bias = nullptr;     // F32 [experts] (score-routed blocks)
-  const TensorView* tid2eid = nullptr;  // I64/I32 [vocab, top-k] (hash-routed blocks)
-  std::vector<ExpertRef> experts;
-  Fp8Ref shared_w1, shared_w2, shared_w3;
 };
 
 struct MtpRef {

@@ -1,117 +1,101 @@
-// dsv4::Engine on the CPU backend.
+// dsv4::Engine: the engine loop over the Runner of the chosen backend.
 #include "dsv4/engine.h"
 
-#include <map>
+#include <cstdio>
 
+#include "backends/cpu/backend.h"
 #include "core/error.h"
-#include "runtime/cpu_runner.h"
-#include "runtime/model_loader.h"
-#include "runtime/sampler.h"
+#include "model/backend_registry.h"
+#include "runtime/engine_loop.h"
 
 namespace dsv4 {
 namespace {
 
-class CpuEngine final : public Engine {
+class LoopEngine final : public Engine {
  public:
-  explicit CpuEngine(const EngineOptions& o) : options_(o), model_(load_cpu_model(o.model_dir)) {
-    DSV4_CHECK(o.page_size > 0 && o.page_size <= 4096, "page size must be in [1, 4096]");
-    DSV4_CHECK(o.max_sequences > 0, "max_sequences must be positive");
-    DSV4_CHECK(o.max_tokens > 0, "max_tokens must be positive");
-    const ModelConfig& c = model_.config;
-    info_.vocab_size = c.vocab_size;
-    info_.bos_token_id = c.bos_token_id;
-    info_.eos_token_id = c.eos_token_id;
-    info_.num_layers = c.n_layers;
-    info_.num_mtp_layers = c.n_mtp_layers;
-    info_.expert_format = c.moe_quant_algo.empty() ? "MXFP4" : c.moe_quant_algo;
-    runner_ = std::make_unique<CpuRunner>(
-        *model_.model, CacheConfig::for_capacity(c, o.max_sequences, o.max_tokens, o.page_size));
-  }
+  LoopEngine(std::unique_ptr<Runner> runner, const EngineOptions& o)
+      : loop_(std::move(runner), loop_options(o)) {}
 
-  const ModelInfo& info() const override { return info_; }
+  const ModelInfo& info() const override { return loop_.info(); }
+
+  uint64_t add_request(const std::vector<int32_t>& prompt, const SamplingOptions& s,
+                       int n) override {
+    return loop_.add(prompt, s, n);
+  }
+  std::vector<RequestOutput> step() override { return loop_.step(); }
+  void cancel(uint64_t id) override { loop_.cancel(id); }
+  bool has_work() const override { return loop_.has_work(); }
+  EngineStats stats() const override { return loop_.stats(); }
 
   std::vector<float> prompt_logits(const std::vector<int32_t>& prompt, int chunk) override {
-    check_prompt(prompt, 0);
     DSV4_CHECK(chunk >= 0, "prefill chunk must be >= 0");
-    Sequence s(*runner_);
-    const size_t step = chunk > 0 ? size_t(chunk) : prompt.size();
-    std::vector<float> logits;
-    logits.reserve(prompt.size() * size_t(info_.vocab_size));
-    for (size_t i = 0; i < prompt.size(); i += step) {
-      const size_t n = std::min(step, prompt.size() - i);
-      std::vector<float> l =
-          runner_->step({{s.id, {prompt.begin() + i, prompt.begin() + i + n}, true}});
-      logits.insert(logits.end(), l.begin(), l.end());
-    }
-    return logits;
+    SamplingOptions s;
+    s.max_new_tokens = 0;
+    const uint64_t id = loop_.add(prompt, s, 1, true, chunk);
+    while (loop_.has_work()) loop_.step();
+    std::vector<float> l = loop_.take_prompt_logits(id);
+    report();
+    return l;
   }
 
   std::vector<int32_t> generate(const std::vector<int32_t>& prompt,
-                                const SamplingOptions& o) override {
-    DSV4_CHECK(o.max_new_tokens >= 0, "max_new_tokens must be >= 0");
-    check_prompt(prompt, o.max_new_tokens);
-    Sampler sampler(o.temperature, o.seed);
-    Sequence s(*runner_);
+                                const SamplingOptions& s) override {
+    const uint64_t id = loop_.add(prompt, s, 1);
     std::vector<int32_t> out;
-    std::vector<float> logits = runner_->step({{s.id, prompt, false}});
-    for (int64_t i = 0; i < o.max_new_tokens; ++i) {
-      const int32_t next = sampler.sample(logits.data(), info_.vocab_size);
-      out.push_back(next);
-      if (o.stop_at_eos && next == info_.eos_token_id) break;
-      if (i + 1 < o.max_new_tokens) logits = runner_->step({{s.id, {next}, false}});
+    while (loop_.has_work()) {
+      for (const RequestOutput& o : loop_.step()) {
+        if (o.request != id) continue;
+        out.insert(out.end(), o.tokens.begin(), o.tokens.end());
+        if (o.finish == FinishReason::kError) throw Error(o.error);
+      }
     }
+    report();
     return out;
   }
 
  private:
-  // A sequence for the length of one request.
-  struct Sequence {
-    CpuRunner& r;
-    int id;
-    explicit Sequence(CpuRunner& runner) : r(runner), id(runner.open_sequence()) {}
-    ~Sequence() { r.close_sequence(id); }
-  };
-
-  void check_prompt(const std::vector<int32_t>& prompt, int64_t extra) const {
-    DSV4_CHECK(!prompt.empty(), "empty prompt");
-    for (int32_t t : prompt)
-      DSV4_CHECK(t >= 0 && t < info_.vocab_size, "token id ", t, " out of range [0, ",
-                 info_.vocab_size, ")");
-    DSV4_CHECK(int64_t(prompt.size()) + extra <= options_.max_tokens, "prompt of ", prompt.size(),
-               " tokens plus ", extra, " new ones exceeds max_tokens ", options_.max_tokens);
+  static EngineLoopOptions loop_options(const EngineOptions& o) {
+    EngineLoopOptions l;
+    l.max_running = o.max_sequences;
+    l.max_step_tokens = o.max_step_tokens;
+    l.max_tokens = o.max_tokens;
+    return l;
+  }
+  // Verify mode: what was checked, on stderr (stdout stays the command's output).
+  void report() {
+    const std::string r = loop_.runner().report();
+    if (!r.empty()) std::fprintf(stderr, "%s\n", r.c_str());
   }
 
-  EngineOptions options_;
-  LoadedModel model_;
-  ModelInfo info_;
-  std::unique_ptr<CpuRunner> runner_;
+  EngineLoop loop_;
 };
-
-std::map<std::string, Engine::Factory>& backends() {
-  static std::map<std::string, Engine::Factory> m;
-  return m;
-}
 
 }  // namespace
 
-void Engine::register_backend(const std::string& name, Factory factory) {
-  DSV4_CHECK(name != "cpu" && factory != nullptr, "cannot register backend '", name, "'");
-  backends()[name] = factory;
-}
-
 std::unique_ptr<Engine> Engine::open(const EngineOptions& o) {
-  if (o.backend == "cpu") {
-    DSV4_CHECK(!o.verify,
-               "verify mode checks the CUDA backend against the CPU ops: it needs "
-               "backend 'cuda'");
-    return std::make_unique<CpuEngine>(o);
+  DSV4_CHECK(o.page_size > 0 && o.page_size <= 4096, "page size must be in [1, 4096]");
+  DSV4_CHECK(o.max_sequences > 0, "max_sequences must be positive");
+  DSV4_CHECK(o.max_tokens > 0, "max_tokens must be positive");
+  DSV4_CHECK(o.max_step_tokens >= 0 && o.cache_bytes >= 0, "negative step or cache size");
+  RunnerFactory factory = o.backend == "cpu" ? &open_cpu_runner : find_backend(o.backend);
+  if (!factory) {
+    if (o.backend == "cuda")
+      throw Error(
+          "backend 'cuda' is not available: this build has no CUDA backend (configure with nvcc "
+          "and -DDSV4_CUDA=ON)");
+    throw Error(cat("unknown backend '", o.backend, "' (cpu, cuda)"));
   }
-  if (auto it = backends().find(o.backend); it != backends().end()) return it->second(o);
-  if (o.backend == "cuda")
-    throw Error(
-        "backend 'cuda' is not available: this build has no CUDA backend (configure with nvcc "
-        "and -DDSV4_CUDA=ON)");
-  throw Error(cat("unknown backend '", o.backend, "' (cpu, cuda)"));
+  RunnerOptions ro;
+  ro.model_dir = o.model_dir;
+  ro.page_size = o.page_size;
+  ro.max_sequences = o.max_sequences;
+  ro.max_tokens = o.max_tokens;
+  ro.cache_bytes = o.cache_bytes;
+  ro.max_step_tokens = o.max_step_tokens;
+  ro.verify = o.verify;
+  ro.cuda_graphs = o.cuda_graphs;
+  ro.exact_linears = o.exact_linears;
+  return std::make_unique<LoopEngine>(factory(ro), o);
 }
 
 }  // namespace dsv4

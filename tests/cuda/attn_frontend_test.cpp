@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/formats.h"
+#include "kvcache/cache_layout.h"
 #include "ops/cpu/cache_codec.h"
 #include "ops/cpu/norm.h"
 #include "ops/cpu/quant.h"
@@ -24,7 +25,6 @@
 #include "ops/cuda/attn_frontend/attn_frontend.h"
 #include "ops/cuda/common/device.h"
 #include "ops/cuda/common/device_buffer.h"
-#include "runtime/cache_layout.h"
 
 namespace dsv4 {
 namespace {

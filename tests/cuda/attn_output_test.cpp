@@ -17,7 +17,7 @@
 
 #include "core/error.h"
 #include "core/formats.h"
-#include "io/weight_quant.h"
+#include "model/weight_quant.h"
 #include "ops/cpu/linear.h"
 #include "ops/cpu/rope.h"
 #include "ops/cuda/attn_frontend/attn_frontend.h"

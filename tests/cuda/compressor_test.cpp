@@ -20,13 +20,13 @@
 
 #include "core/error.h"
 #include "core/formats.h"
+#include "kvcache/cache_layout.h"
 #include "ops/cpu/cache_codec.h"
 #include "ops/cpu/compressor.h"
 #include "ops/cpu/rope.h"
 #include "ops/cuda/common/device.h"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/compressor/compressor.h"
-#include "runtime/cache_layout.h"
 
 namespace dsv4 {
 namespace {

@@ -21,9 +21,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include "backends/cpu/cache_io.h"
 #include "core/error.h"
 #include "cuda/engine_test_support.h"
-#include "runtime/cache_io.h"
+#include "model/cache_spec.h"
 #include "support/golden.h"
 #include "support/golden_cache.h"
 
@@ -95,8 +96,8 @@ struct Fresh {
   SequenceCache seq;
   StepBuffers meta;
   Fresh(const CudaModel& m, int64_t tokens, int page)
-      : cc(CacheConfig::for_capacity(m.config(), 1, tokens, page)),
-        bm(m.config(), cc),
+      : cc(cache_capacity(m.config(), 1, tokens, page)),
+        bm(cache_spec(m.config()), cc),
         cache(m.config(), cc),
         meta(limits(m, tokens, page), m.config().window_size) {
     seq = bm.begin_sequence();
@@ -182,14 +183,14 @@ void EngineGolden::logits_and_greedy(bool exact) {
   std::vector<float> r0, r1;
   {
     std::vector<float> l =
-        runner.step({{s0, {rows_tok[0].begin(), rows_tok[0].begin() + common}, true},
-                     {s1, {rows_tok[1].begin(), rows_tok[1].begin() + common}, true}});
+        runner.step_logits({{s0, {rows_tok[0].begin(), rows_tok[0].begin() + common}, true},
+                            {s1, {rows_tok[1].begin(), rows_tok[1].begin() + common}, true}});
     r0.assign(l.begin(), l.begin() + size_t(common) * V);
     r1.assign(l.begin() + size_t(common) * V, l.end());
   }
   for (size_t p = common; p < width; ++p) {
     std::vector<float> l =
-        runner.step({{s0, {rows_tok[0][p]}, false}, {s1, {rows_tok[1][p]}, false}});
+        runner.step_logits({{s0, {rows_tok[0][p]}, false}, {s1, {rows_tok[1][p]}, false}});
     r0.insert(r0.end(), l.begin(), l.begin() + V);
     r1.insert(r1.end(), l.begin() + V, l.end());
   }
@@ -380,7 +381,8 @@ TEST_P(EngineGolden, CacheAfterOwnPrefill300) {
   const int T = 300;
   CudaRunner& r = *s->runner;
   const int id = r.open_sequence();
-  r.step({{id, std::vector<int32_t>(g.master_prompt.begin(), g.master_prompt.begin() + T), false}});
+  r.step_logits(
+      {{id, std::vector<int32_t>(g.master_prompt.begin(), g.master_prompt.begin() + T), false}});
   SequenceCache& seq = r.sequence(id);
   HostCache host(c, r.blocks().config());
   r.cache().download(host);
@@ -548,7 +550,7 @@ TEST_P(EngineGolden, Nvfp4AgreesWithMxfp4) {
   auto run = [&](const std::string& fmt) {
     auto s = open_cuda_stack(g.checkpoint(fmt), golden_options());
     const int id = s->runner->open_sequence();
-    return s->runner->step({{id, prompt, true}});
+    return s->runner->step_logits({{id, prompt, true}});
   };
   const std::vector<float> mx = run("mxfp4"), nv = run("nvfp4");
   std::printf("[%s] NVFP4 vs MXFP4 over %d positions\n", g.name.c_str(), T);

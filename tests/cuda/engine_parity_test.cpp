@@ -18,10 +18,11 @@
 #include <map>
 #include <random>
 
+#include "backends/cpu/runner.h"
 #include "core/error.h"
 #include "cuda/engine_test_support.h"
-#include "io/tiny_checkpoint.h"
-#include "runtime/cpu_runner.h"
+#include "model/cache_spec.h"
+#include "model/tiny_checkpoint.h"
 #include "support/temp_dir.h"
 
 namespace dsv4::test {
@@ -72,7 +73,8 @@ TEST_P(EngineParity, OnePrefillEqualsTokenByToken) {
   CudaRunner& r = *p.gpu->runner;
   for (int L : kLengths) {
     const int s = r.open_sequence();
-    const std::vector<float> pre = r.step({{s, {p.prompt.begin(), p.prompt.begin() + L}, true}});
+    const std::vector<float> pre =
+        r.step_logits({{s, {p.prompt.begin(), p.prompt.begin() + L}, true}});
     r.close_sequence(s);
     expect_logits_close("L = " + std::to_string(L), pre, p.rows(p.tbt, L), p.V());
   }
@@ -105,7 +107,7 @@ TEST_P(EngineParity, BatchInvariance) {
       in.push_back({m1, {other.begin(), other.begin() + 61}, false});
       in.push_back({m2, {other.begin() + 100, other.begin() + 103}, true});
     }
-    std::vector<float> l = r.step(in);
+    std::vector<float> l = r.step_logits(in);
     out.insert(out.end(), l.begin(), l.begin() + size_t(P) * V);
     for (int i = 0; i < D; ++i) {
       std::vector<StepInput> d{{x, {p.prompt[P + i]}, false}};
@@ -114,7 +116,7 @@ TEST_P(EngineParity, BatchInvariance) {
         if (i % 3 == 0)
           d.push_back({m2, {other.begin() + 103 + i, other.begin() + 103 + i + 5}, false});
       }
-      l = r.step(d);
+      l = r.step_logits(d);
       out.insert(out.end(), l.begin(), l.begin() + V);
     }
     r.close_sequence(x);
@@ -140,21 +142,22 @@ TEST_P(EngineParity, GraphReplayEqualsEager) {
   auto eager = open_cuda_stack(p.dir.path(), o);
   // Rebuild the runners with the options under test.
   ro.cuda_graphs = true;
-  graphs->runner = std::make_unique<CudaRunner>(
-      *graphs->model, CacheConfig::for_capacity(graphs->config, 2, 640, 64), ro);
+  graphs->runner =
+      std::make_unique<CudaRunner>(*graphs->model, cache_capacity(graphs->config, 2, 640, 64), ro);
   ro.cuda_graphs = false;
   ro.bucket_eager_decode = true;
-  eager->runner = std::make_unique<CudaRunner>(
-      *eager->model, CacheConfig::for_capacity(eager->config, 2, 640, 64), ro);
+  eager->runner =
+      std::make_unique<CudaRunner>(*eager->model, cache_capacity(eager->config, 2, 640, 64), ro);
   auto run = [&](CudaRunner& r) {
     const int a = r.open_sequence(), b = r.open_sequence();
-    std::vector<float> out = r.step({{a, {p.prompt.begin(), p.prompt.begin() + 100}, false},
-                                     {b, {p.prompt.begin() + 50, p.prompt.begin() + 77}, false}});
+    std::vector<float> out =
+        r.step_logits({{a, {p.prompt.begin(), p.prompt.begin() + 100}, false},
+                       {b, {p.prompt.begin() + 50, p.prompt.begin() + 77}, false}});
     for (int i = 0; i < 40; ++i) {
       // Batch of 2, and every 5th step batch 1 (two graph keys).
       std::vector<StepInput> in{{a, {p.prompt[100 + i]}, false}};
       if (i % 5) in.push_back({b, {p.prompt[200 + i]}, false});
-      std::vector<float> l = r.step(in);
+      std::vector<float> l = r.step_logits(in);
       out.insert(out.end(), l.begin(), l.end());
     }
     r.close_sequence(a);
@@ -174,7 +177,7 @@ TEST_P(EngineParity, GraphReplayEqualsEager) {
 TEST_P(EngineParity, CudaMatchesCpuBackend) {
   Preset& p = preset();
   LoadedModel lm = load_cpu_model(p.dir.path());
-  CpuRunner cpu(*lm.model, CacheConfig::for_capacity(lm.config, 1, kLen, 64));
+  CpuRunner cpu(*lm.model, cache_capacity(lm.config, 1, kLen, 64));
   const int L = 257;
   std::vector<int32_t> toks(p.prompt.begin(), p.prompt.begin() + L + 20);
   const std::vector<float> c = forced_logits(cpu, toks, L);
@@ -187,20 +190,20 @@ TEST_P(EngineParity, CudaMatchesCpuBackend) {
 // usable.
 TEST_P(EngineParity, FullCacheIsAnError) {
   Preset& p = preset();
-  CacheConfig cc = CacheConfig::for_capacity(p.gpu->config, 1, 640, 64);
+  CacheConfig cc = cache_capacity(p.gpu->config, 1, 640, 64);
   cc.pages[int(PageKind::kC4)] = 1;  // 64 C4 entries: 256 tokens
   CudaRunner r(*p.gpu->model, cc);
   const int s = r.open_sequence();
-  r.step({{s, {p.prompt.begin(), p.prompt.begin() + 200}, false}});
+  r.step_logits({{s, {p.prompt.begin(), p.prompt.begin() + 200}, false}});
   try {
-    r.step({{s, {p.prompt.begin() + 200, p.prompt.begin() + 300}, false}});
+    r.step_logits({{s, {p.prompt.begin() + 200, p.prompt.begin() + 300}, false}});
     ADD_FAILURE() << "no error for a full cache";
   } catch (const Error& e) {
     std::printf("  %s\n", e.what());
     EXPECT_NE(std::string(e.what()).find("cache full"), std::string::npos) << e.what();
   }
   EXPECT_EQ(r.length(s), 200);
-  r.step({{s, {p.prompt[200]}, false}});
+  r.step_logits({{s, {p.prompt[200]}, false}});
   EXPECT_EQ(r.length(s), 201);
   EXPECT_THROW(r.open_sequence(), Error);  // one state slot
 }

@@ -5,11 +5,12 @@
 
 #include <cstdio>
 
+#include "backends/cuda/backend.h"
 #include "core/error.h"
 #include "cuda/engine_test_support.h"
 #include "dsv4/engine.h"
-#include "io/tiny_checkpoint.h"
-#include "runtime/cuda_engine.h"
+#include "model/cache_spec.h"
+#include "model/tiny_checkpoint.h"
 #include "support/temp_dir.h"
 
 namespace dsv4::test {
@@ -98,7 +99,7 @@ TEST_F(EngineSmoke, VerifyModeRuns) {
 TEST_F(EngineSmoke, SmallCachePoolIsAnError) {
   EngineOptions o = options("cuda");
   const ModelConfig c = tiny_preset("flash");
-  CacheConfig fixed = CacheConfig::for_capacity(c, 1, o.max_tokens, o.page_size);
+  CacheConfig fixed = cache_capacity(c, 1, o.max_tokens, o.page_size);
   fixed.pages[1] = fixed.pages[2] = 0;
   o.cache_bytes = DeviceCache::bytes_needed(c, fixed) + 1;  // window rings only
   std::unique_ptr<Engine> e = Engine::open(o);

@@ -13,17 +13,18 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/loader.h"
+#include "backends/cpu/weights.h"
+#include "backends/cuda/model.h"
+#include "backends/cuda/runner.h"
+#include "backends/cuda/verify.h"
+#include "backends/cuda/weights.h"
 #include "core/formats.h"
 #include "io/checkpoint.h"
-#include "model/cpu_weights.h"
-#include "model/cuda_model.h"
-#include "model/cuda_verify.h"
-#include "model/cuda_weights.h"
+#include "model/cache_spec.h"
 #include "model/weights.h"
 #include "ops/cuda/common/cuda_check.h"
 #include "ops/cuda/common/device.h"
-#include "runtime/cuda_runner.h"
-#include "runtime/model_loader.h"
 #include "support/golden.h"
 
 namespace dsv4::test {
@@ -49,6 +50,7 @@ struct CudaStackOptions {
 struct CudaStack {
   ModelConfig config;
   cpu::ModelWeights cpu_weights;
+  std::unique_ptr<DeviceContext> context;  // outlives the model and the runner
   std::unique_ptr<CudaModel> model;
   std::unique_ptr<CudaRunner> runner;
   std::unique_ptr<CudaVerifier> verifier;
@@ -69,11 +71,12 @@ inline std::unique_ptr<CudaStack> open_cuda_stack(const std::string& dir,
   lim.max_seqs = o.max_seqs;
   lim.max_context = o.max_context;
   lim.exact_linears = o.exact_linears;
-  s->model = std::make_unique<CudaModel>(s->config, std::move(w), lim);
+  s->context = std::make_unique<DeviceContext>(0);
+  s->model = std::make_unique<CudaModel>(*s->context, s->config, std::move(w), lim);
   CudaRunnerOptions ro;
   ro.cuda_graphs = o.graphs;
   s->runner = std::make_unique<CudaRunner>(
-      *s->model, CacheConfig::for_capacity(s->config, o.max_seqs, o.max_context, o.page_size), ro);
+      *s->model, cache_capacity(s->config, o.max_seqs, o.max_context, o.page_size), ro);
   if (o.verify) {
     s->verifier = std::make_unique<CudaVerifier>(s->config, s->cpu_weights, s->runner->cache(),
                                                  s->model->stream());
@@ -115,11 +118,12 @@ std::vector<float> forced_logits(Runner& r, const std::vector<int32_t>& tokens, 
   const int step = chunk > 0 ? chunk : prompt_len;
   for (int i = 0; i < prompt_len; i += step) {
     const int n = std::min(step, prompt_len - i);
-    std::vector<float> l = r.step({{seq, {tokens.begin() + i, tokens.begin() + i + n}, true}});
+    std::vector<float> l =
+        r.step_logits({{seq, {tokens.begin() + i, tokens.begin() + i + n}, true}});
     all.insert(all.end(), l.begin(), l.end());
   }
   for (size_t p = prompt_len; p < tokens.size(); ++p) {
-    std::vector<float> row = r.step({{seq, {tokens[p]}, false}});
+    std::vector<float> row = r.step_logits({{seq, {tokens[p]}, false}});
     all.insert(all.end(), row.begin(), row.end());
   }
   r.close_sequence(seq);

@@ -14,8 +14,8 @@
 
 #include "core/error.h"
 #include "cuda/engine_test_support.h"
-#include "io/tiny_checkpoint.h"
-#include "runtime/sampler.h"
+#include "model/tiny_checkpoint.h"
+#include "ops/cpu/sampler.h"
 #include "support/temp_dir.h"
 
 namespace dsv4::test {
@@ -82,7 +82,7 @@ TEST_P(EngineVerify, Prefill300ThenDecode300) {
   const int seq = r.open_sequence();
   std::vector<float> logits;
   try {
-    logits = r.step({{seq, p, false}});
+    logits = r.step_logits({{seq, p, false}});
   } catch (const VerifyError& e) {
     FAIL() << "prefill: " << e.what();
   }
@@ -91,8 +91,8 @@ TEST_P(EngineVerify, Prefill300ThenDecode300) {
   const int64_t prefill_checks = s->verifier->ops_checked();
   try {
     for (int i = 0; i < 300; ++i) {
-      const int32_t next = argmax(logits.data(), V);
-      logits = r.step({{seq, {next}, false}});
+      const int32_t next = cpu::argmax(logits.data(), V);
+      logits = r.step_logits({{seq, {next}, false}});
     }
   } catch (const VerifyError& e) {
     FAIL() << "decode: " << e.what();
@@ -118,13 +118,15 @@ TEST_P(EngineVerify, MixedBatch) {
   const int a = r.open_sequence(), b = r.open_sequence(), c = r.open_sequence();
   const std::vector<int32_t> pa = prompt(200, V, 1), pb = prompt(200, V, 2), pc = prompt(200, V, 3);
   try {
-    r.step({{a, {pa.begin(), pa.begin() + 37}, true}, {b, {pb.begin(), pb.begin() + 130}, false}});
-    r.step({{a, {pa[37]}, false},
-            {b, {pb.begin() + 130, pb.begin() + 135}, true},
-            {c, {pc.begin(), pc.begin() + 141}, false}});
+    r.step_logits(
+        {{a, {pa.begin(), pa.begin() + 37}, true}, {b, {pb.begin(), pb.begin() + 130}, false}});
+    r.step_logits({{a, {pa[37]}, false},
+                   {b, {pb.begin() + 130, pb.begin() + 135}, true},
+                   {c, {pc.begin(), pc.begin() + 141}, false}});
     for (int i = 0; i < 3; ++i)
-      r.step({{a, {pa[38 + i]}, false}, {b, {pb[135 + i]}, false}, {c, {pc[141 + i]}, false}});
-    r.step({{c, {pc.begin() + 144, pc.begin() + 150}, true}, {a, {pa[41]}, false}});
+      r.step_logits(
+          {{a, {pa[38 + i]}, false}, {b, {pb[135 + i]}, false}, {c, {pc[141 + i]}, false}});
+    r.step_logits({{c, {pc.begin() + 144, pc.begin() + 150}, true}, {a, {pa[41]}, false}});
   } catch (const VerifyError& e) {
     FAIL() << e.what();
   }

@@ -16,7 +16,7 @@
 
 #include "core/formats.h"
 #include "core/rng.h"
-#include "io/weight_quant.h"
+#include "model/weight_quant.h"
 #include "ops/cpu/linear.h"
 #include "ops/cpu/quant.h"
 #include "ops/cuda/common/device.h"

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/formats.h"
+#include "kvcache/cache_layout.h"
 #include "ops/cpu/cache_codec.h"
 #include "ops/cpu/hadamard.h"
 #include "ops/cpu/indexer.h"
@@ -21,7 +22,6 @@
 #include "ops/cuda/common/device.h"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/indexer/indexer.h"
-#include "runtime/cache_layout.h"
 
 namespace dsv4 {
 namespace {

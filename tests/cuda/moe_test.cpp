@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "core/formats.h"
-#include "io/weight_quant.h"
+#include "model/weight_quant.h"
 #include "ops/cpu/dequant.h"
 #include "ops/cpu/linear.h"
 #include "ops/cpu/moe.h"

@@ -14,12 +14,12 @@
 #include <vector>
 
 #include "core/formats.h"
+#include "kvcache/cache_layout.h"
 #include "ops/cpu/attention.h"
 #include "ops/cpu/cache_codec.h"
 #include "ops/cuda/common/device.h"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/sparse_attention/sparse_attention.h"
-#include "runtime/cache_layout.h"
 
 namespace dsv4 {
 namespace {

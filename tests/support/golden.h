@@ -11,9 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backends/cpu/loader.h"
 #include "io/safetensors.h"
 #include "model/trace.h"
-#include "runtime/model_loader.h"
 
 namespace dsv4::test {
 

@@ -5,10 +5,10 @@
 #include <functional>
 #include <limits>
 
+#include "backends/cpu/cache_io.h"
 #include "core/error.h"
 #include "core/formats.h"
 #include "ops/cpu/cache_codec.h"
-#include "runtime/cache_io.h"
 
 namespace dsv4::test {
 namespace {

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/block_manager.h"
-#include "runtime/host_cache.h"
+#include "backends/cpu/host_cache.h"
+#include "kvcache/block_manager.h"
 #include "support/golden.h"
 
 namespace dsv4::test {

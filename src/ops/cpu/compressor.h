@@ -2,9 +2,9 @@
 // overlapping windows of 8, ratio 128 without), carried across steps in a per-sequence state.
 #pragma once
 
+#include "kvcache/cache_layout.h"
 #include "ops/cpu/linear.h"
 #include "ops/cpu/rope.h"
-#include "runtime/cache_layout.h"
 
 namespace dsv4::cpu {
 

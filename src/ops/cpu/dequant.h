@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "io/tensor_view.h"
-#include "model/weights.h"
+#include "ops/common/weight_refs.h"
 
 namespace dsv4::cpu {
 

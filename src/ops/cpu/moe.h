@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/model_config.h"
+#include "ops/common/score_func.h"
 #include "ops/cpu/linear.h"
 
 namespace dsv4::cpu {

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "runtime/cache_layout.h"
+#include "kvcache/cache_layout.h"
 
 namespace dsv4::cuda {
 

@@ -22,10 +22,10 @@
 #include <cstdint>
 
 #include "core/error.h"
+#include "kvcache/cache_layout.h"
 #include "ops/cuda/attn_frontend/numerics.cuh"
 #include "ops/cuda/common/cuda_check.h"
 #include "ops/cuda/compressor/compressor_config.h"
-#include "runtime/cache_layout.h"
 
 namespace dsv4::cuda {
 namespace {

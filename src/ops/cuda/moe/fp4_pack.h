@@ -33,8 +33,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/quant_scheme.h"
-#include "model/weights.h"
+#include "ops/common/weight_refs.h"
 
 #if defined(__CUDACC__)
 #define DSV4_MOE_HD __host__ __device__ __forceinline__

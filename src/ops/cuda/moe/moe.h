@@ -19,8 +19,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "model/model_config.h"
-#include "model/weights.h"
+#include "ops/common/score_func.h"
+#include "ops/common/weight_refs.h"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/moe/fp4_pack.h"
 

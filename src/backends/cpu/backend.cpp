@@ -1,0 +1,25 @@
+#include "backends/cpu/backend.h"
+
+#include "backends/cpu/loader.h"
+#include "backends/cpu/runner.h"
+#include "core/error.h"
+#include "model/cache_spec.h"
+
+namespace dsv4 {
+
+std::unique_ptr<Runner> open_cpu_runner(const RunnerOptions& o) {
+  DSV4_CHECK(o.page_size > 0 && o.page_size <= 4096, "page size must be in [1, 4096]");
+  DSV4_CHECK(o.max_sequences > 0, "max_sequences must be positive");
+  DSV4_CHECK(o.max_tokens > 0, "max_tokens must be positive");
+  DSV4_CHECK(o.cache_bytes >= 0, "negative cache size");
+  DSV4_CHECK(!o.verify,
+             "verify mode checks the CUDA backend against the CPU ops: it needs backend 'cuda'");
+  auto lm = std::make_unique<LoadedModel>(load_cpu_model(o.model_dir));
+  const CacheConfig cc =
+      plan_cache(lm->config, o.max_sequences, o.max_tokens, o.page_size, o.cache_bytes);
+  auto r = std::make_unique<CpuRunner>(*lm->model, cc);
+  r->adopt(std::move(lm));
+  return r;
+}
+
+}  // namespace dsv4

@@ -1,0 +1,69 @@
+// The DeepSeek-V4 forward pass on the CPU backend: embedding, hc-stream blocks (attention with
+// window + compressed KV, sink and grouped output; MoE), the hc head and logits, and the MTP
+// block. Every cache store is read and written through HostCache in the shared byte layout.
+//
+// Per-token arithmetic does not depend on how tokens are batched or chunked: each output row
+// is computed from its own input row in a fixed order, and attention keys are always listed
+// in the same canonical order (the window's 128 slots oldest first, padded, then compressed
+// entries), so one prefill, token-by-token decode and any chunking give identical bits.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backends/cpu/host_cache.h"
+#include "backends/cpu/weights.h"
+#include "kvcache/block_manager.h"
+#include "model/model_config.h"
+#include "model/step.h"
+#include "model/trace.h"
+
+namespace dsv4 {
+
+class CpuModel {
+ public:
+  CpuModel(const ModelConfig& config, cpu::ModelWeights weights);
+
+  const ModelConfig& config() const { return cfg_; }
+  const cpu::ModelWeights& weights() const { return w_; }
+
+  // embed[tokens] repeated over the hc streams: [n, hc, dim].
+  void embed(const int32_t* tokens, int n, float* streams) const;
+  // One block over all chunks' tokens (rows in chunk order); streams [rows, hc, dim] in place.
+  // Writes the block's window, compressed KV, indexer keys and compressor states.
+  void run_block(int block, const std::vector<ChunkRef>& chunks, float* streams, HostCache& cache,
+                 TraceSink* trace = nullptr) const;
+  // The attention sub-layer alone: x = attn_norm output [rows, dim] -> out [rows, dim]
+  // (after wo_b), with all of its cache reads and writes.
+  void run_attention(int block, const std::vector<ChunkRef>& chunks, const float* x, float* out,
+                     HostCache& cache, TraceSink* trace = nullptr) const;
+  // The MoE sub-layer alone: x = ffn_norm output [rows, dim] -> out [rows, dim].
+  void run_moe(int block, const int32_t* tokens, int rows, const float* x, float* out,
+               int32_t* route_experts = nullptr, float* route_weights = nullptr) const;
+  // hc_head + norm + head: [n, hc, dim] -> fp32 logits [n, vocab].
+  void logits(const float* streams, int n, float* out) const;
+
+  // Decoder: embed, every layer, and logits of the requested rows. `rows` lists row indices
+  // (into the concatenated chunks) whose logits are wanted; logits are [rows.size(), vocab].
+  // If `hidden_out` is given it receives the last layer's streams [total rows, hc, dim].
+  std::vector<float> forward(const std::vector<ChunkRef>& chunks, HostCache& cache,
+                             const std::vector<int>& rows, TraceSink* trace = nullptr,
+                             std::vector<float>* hidden_out = nullptr) const;
+
+  // MTP block `j`: from the decoder's last streams at positions start.. and the next tokens,
+  // logits [n_rows, vocab] predicting two ahead. Chunks carry the MTP positions and tokens.
+  std::vector<float> mtp_forward(int j, const std::vector<ChunkRef>& chunks,
+                                 const float* main_streams, HostCache& cache,
+                                 TraceSink* trace = nullptr) const;
+
+ private:
+  void attention(const cpu::BlockWeights& bw, const ChunkRef& ch, int chunk_index, const float* x,
+                 float* out, HostCache& cache, TraceSink* trace) const;
+  void head_logits(const cpu::HcWeights& hc, const std::vector<float>& norm, const float* streams,
+                   int n, float* out) const;
+
+  ModelConfig cfg_;
+  cpu::ModelWeights w_;
+};
+
+}  // namespace dsv4

@@ -1,0 +1,39 @@
+#include "backends/cpu/runner.h"
+
+#include "ops/cpu/sampler.h"
+
+namespace dsv4 {
+
+CpuRunner::CpuRunner(const CpuModel& model, const CacheConfig& cache)
+    : PagedRunner(model.config(), cache, Limits{}), model_(model), cache_(model.config(), cache) {}
+
+void CpuRunner::copy_pages(const std::vector<PageCopy>& copies) {
+  for (const PageCopy& c : copies) cache_.copy_page(c);
+}
+
+StepOutput CpuRunner::forward(const Batch& b) {
+  const int V = config().vocab_size;
+  std::vector<float> logits = model_.forward(b.chunks, cache_, b.rows, trace_, hidden_out_);
+  StepOutput out;
+  for (size_t i = 0; i < b.samples.size(); ++i) {
+    const SampleSpec& s = *b.samples[i];
+    out.samples.push_back(cpu::sample_row(logits.data() + size_t(b.sample_rows[i]) * V, V,
+                                          *s.params, s.index, s.counts, s.forced));
+  }
+  logits.resize(size_t(b.num_logit_rows) * V);
+  out.logits = std::move(logits);
+  return out;
+}
+
+StepOutput CpuRunner::step_traced(const std::vector<StepInput>& inputs, TraceSink* trace,
+                                  std::vector<float>* hidden_out) {
+  trace_ = trace;
+  hidden_out_ = hidden_out;
+  struct Reset {
+    CpuRunner* r;
+    ~Reset() { r->trace_ = nullptr, r->hidden_out_ = nullptr; }
+  } reset{this};
+  return step(inputs);
+}
+
+}  // namespace dsv4

@@ -1,0 +1,46 @@
+// The CPU backend's runner: the CPU model over a host cache (HostCache) in the shared byte
+// layout, sampling with the reference sampler. One step takes any mix of prefill chunks and
+// decode tokens, one contiguous run of tokens per sequence.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backends/cpu/host_cache.h"
+#include "backends/cpu/loader.h"
+#include "backends/cpu/model.h"
+#include "model/paged_runner.h"
+
+namespace dsv4 {
+
+class CpuRunner final : public PagedRunner {
+ public:
+  CpuRunner(const CpuModel& model, const CacheConfig& cache);
+
+  // step() with observers: `trace` receives the model's named tensors, `hidden_out` the last
+  // layer's streams [total rows, hc, dim] (the MTP block's input).
+  StepOutput step_traced(const std::vector<StepInput>& inputs, TraceSink* trace,
+                         std::vector<float>* hidden_out = nullptr);
+
+  HostCache& cache() { return cache_; }
+  const CpuModel& model() const { return model_; }
+  // Keeps the model this runner runs alive (a runner opened from a model directory).
+  void adopt(std::unique_ptr<LoadedModel> model) { owned_ = std::move(model); }
+
+ private:
+  void reset_states(int slot) override { cache_.reset_states(slot); }
+  void copy_sequence(const SequenceCache& from, const SequenceCache& to) override {
+    cache_.copy_sequence(from, to);
+  }
+  void copy_pages(const std::vector<PageCopy>& copies) override;
+  StepOutput forward(const Batch& batch) override;
+
+  std::unique_ptr<LoadedModel> owned_;  // destroyed last
+  const CpuModel& model_;
+  HostCache cache_;
+  TraceSink* trace_ = nullptr;
+  std::vector<float>* hidden_out_ = nullptr;
+};
+
+}  // namespace dsv4

@@ -1,0 +1,146 @@
+#include "backends/cpu/weights.h"
+
+#include <cstring>
+
+#include "core/error.h"
+#include "ops/cpu/dequant.h"
+
+namespace dsv4::cpu {
+namespace {
+
+Linear fp8_linear(const Fp8Ref& r) {
+  return Linear::from_rows(LinearKind::kFp8, int(r.weight->shape[0]), int(r.weight->shape[1]),
+                           dequant_fp8(r));
+}
+
+Linear fp4_linear(const Fp4Ref& r) {
+  return Linear::from_rows(LinearKind::kFp4, int(r.weight->shape[0]), int(r.weight->shape[1] * 2),
+                           dequant_fp4(r));
+}
+
+Linear plain_linear(LinearKind kind, const TensorView& t) {
+  return Linear::from_rows(kind, int(t.shape[0]), int(t.shape[1]), to_float(t));
+}
+
+HcWeights hc(const HcRef& r) {
+  return {to_float(*r.fn), to_float(*r.base), to_float(*r.scale)};
+}
+
+CompressorWeights compressor(const CompressorRef& r, int ratio, int d, bool rotate) {
+  CompressorWeights c;
+  c.ratio = ratio;
+  c.dim = d;
+  c.wkv = plain_linear(LinearKind::kF32, *r.wkv);
+  c.wgate = plain_linear(LinearKind::kF32, *r.wgate);
+  c.ape = to_float(*r.ape);
+  c.norm = to_float(*r.norm);
+  c.rotate = rotate;
+  return c;
+}
+
+ExpertWeights fp8_expert(const Fp8Ref& w1, const Fp8Ref& w2, const Fp8Ref& w3) {
+  return {fp8_linear(w1), fp8_linear(w2), fp8_linear(w3)};
+}
+
+}  // namespace
+
+HcParams hc_params(const ModelConfig& c, const HcWeights& w) {
+  HcParams p;
+  p.hc = c.hc_mult;
+  p.dim = c.dim;
+  p.sinkhorn_iters = c.hc_sinkhorn_iters;
+  p.norm_eps = c.norm_eps;
+  p.hc_eps = c.hc_eps;
+  p.fn = w.fn.data();
+  p.base = w.base.data();
+  p.scale = w.scale.data();
+  return p;
+}
+
+ModelWeights prepare_weights(const ModelConfig& c, const WeightsRef& ref) {
+  ModelWeights m;
+  m.embed = to_float(*ref.embed);
+  m.head = plain_linear(LinearKind::kF32, *ref.head);
+  m.norm = to_float(*ref.norm);
+  m.hc_head = hc(ref.hc_head);
+  for (const BlockRef& br : ref.blocks) {
+    BlockWeights b;
+    b.index = br.index;
+    b.ratio = c.ratio(br.index);
+    b.hc_attn = hc(br.hc_attn);
+    b.hc_ffn = hc(br.hc_ffn);
+    b.attn_norm = to_float(*br.attn_norm);
+    b.ffn_norm = to_float(*br.ffn_norm);
+
+    AttentionWeights& a = b.attn;
+    a.wq_a = fp8_linear(br.attn.wq_a);
+    a.wq_b = fp8_linear(br.attn.wq_b);
+    a.wkv = fp8_linear(br.attn.wkv);
+    a.wo_b = fp8_linear(br.attn.wo_b);
+    // wo_a is applied in BF16 by the reference; its FP8 x UE8M0 values are exact in BF16.
+    const std::vector<float> wo_a = dequant_fp8(br.attn.wo_a);
+    const int in_g = c.heads_per_group() * c.head_dim;
+    for (int g = 0; g < c.o_groups; ++g) {
+      std::vector<float> rows(wo_a.begin() + size_t(g) * c.o_lora_rank * in_g,
+                              wo_a.begin() + size_t(g + 1) * c.o_lora_rank * in_g);
+      a.wo_a.push_back(Linear::from_rows(LinearKind::kBf16, c.o_lora_rank, in_g, rows));
+    }
+    a.q_norm = to_float(*br.attn.q_norm);
+    a.kv_norm = to_float(*br.attn.kv_norm);
+    a.sink = to_float(*br.attn.attn_sink);
+    if (br.attn.compressor)
+      a.compressor = compressor(*br.attn.compressor, b.ratio, c.head_dim, false);
+    if (br.attn.indexer) {
+      IndexerWeights ix;
+      ix.wq_b = fp8_linear(br.attn.indexer->wq_b);
+      ix.weights_proj = plain_linear(LinearKind::kBf16, *br.attn.indexer->weights_proj);
+      ix.compressor = compressor(br.attn.indexer->compressor, 4, c.index_head_dim, true);
+      a.indexer = std::move(ix);
+    }
+    if (b.ratio > 0)
+      a.rope = RopeTable::make(c.rope_head_dim, c.compress_rope_theta, c.original_seq_len,
+                               c.rope_factor, c.beta_fast, c.beta_slow);
+    else
+      a.rope = RopeTable::make(c.rope_head_dim, c.rope_theta, 0, c.rope_factor, c.beta_fast,
+                               c.beta_slow);
+
+    MoeWeights& f = b.ffn;
+    f.gate = plain_linear(LinearKind::kF32, *br.ffn.gate);
+    if (br.ffn.bias) f.bias = to_float(*br.ffn.bias);
+    if (br.ffn.tid2eid) {
+      const TensorView& t = *br.ffn.tid2eid;
+      f.tid2eid.resize(size_t(t.numel()));
+      for (size_t i = 0; i < f.tid2eid.size(); ++i) {
+        int64_t v;
+        if (t.dtype == DType::kI64)
+          std::memcpy(&v, t.data + 8 * i, 8);
+        else {
+          int32_t v32;
+          std::memcpy(&v32, t.data + 4 * i, 4);
+          v = v32;
+        }
+        DSV4_CHECK(v >= 0 && v < c.n_routed_experts, "tensor '", t.name, "': expert id ", v,
+                   " out of range [0, ", c.n_routed_experts, ")");
+        f.tid2eid[i] = static_cast<int32_t>(v);
+      }
+    }
+    for (const ExpertRef& e : br.ffn.experts)
+      f.experts.push_back({fp4_linear(e.w1), fp4_linear(e.w2), fp4_linear(e.w3)});
+    f.shared = fp8_expert(br.ffn.shared_w1, br.ffn.shared_w2, br.ffn.shared_w3);
+
+    if (br.mtp) {
+      MtpWeights t;
+      t.e_proj = fp8_linear(br.mtp->e_proj);
+      t.h_proj = fp8_linear(br.mtp->h_proj);
+      t.enorm = to_float(*br.mtp->enorm);
+      t.hnorm = to_float(*br.mtp->hnorm);
+      t.norm = to_float(*br.mtp->norm);
+      t.hc_head = hc(br.mtp->hc_head);
+      b.mtp = std::move(t);
+    }
+    m.blocks.push_back(std::move(b));
+  }
+  return m;
+}
+
+}  // namespace dsv4::cpu

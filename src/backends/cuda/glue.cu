@@ -1,0 +1,81 @@
+#include "backends/cuda/glue.h"
+
+#include "core/error.h"
+#include "ops/cuda/common/cuda_check.h"
+
+namespace dsv4::glue {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(int64_t n) {
+  return unsigned((n + kThreads - 1) / kThreads);
+}
+
+__global__ void swiglu_kernel(const __nv_bfloat16* __restrict__ gu, int64_t ld, int rows, int inter,
+                              float limit, __nv_bfloat16* __restrict__ out) {
+  const int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (idx >= int64_t(rows) * inter) return;
+  const int64_t r = idx / inter;
+  const int i = int(idx % inter);
+  float g = __bfloat162float(gu[r * ld + i]);
+  float u = __bfloat162float(gu[r * ld + inter + i]);
+  if (limit > 0) {
+    u = fminf(fmaxf(u, -limit), limit);
+    g = fminf(g, limit);
+  }
+  // cpu::expert_forward: g / (1 + exp(-g)) * u, each operation rounded once.
+  const float v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+  out[idx] = __float2bfloat16_rn(v);
+}
+
+__global__ void mtp_combine_kernel(const __nv_bfloat16* __restrict__ e,
+                                   const __nv_bfloat16* __restrict__ h, int tokens, int hc, int dim,
+                                   __nv_bfloat16* __restrict__ x) {
+  const int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (idx >= int64_t(tokens) * hc * dim) return;
+  const int d = int(idx % dim);
+  const int64_t t = idx / (int64_t(hc) * dim);
+  x[idx] =
+      __float2bfloat16_rn(__fadd_rn(__bfloat162float(e[t * dim + d]), __bfloat162float(h[idx])));
+}
+
+__global__ void gather_rows_kernel(const uint4* __restrict__ src, int64_t row_vecs,
+                                   const int32_t* __restrict__ rows, int n,
+                                   uint4* __restrict__ dst) {
+  const int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (idx >= int64_t(n) * row_vecs) return;
+  const int64_t i = idx / row_vecs, v = idx % row_vecs;
+  dst[idx] = src[int64_t(rows[i]) * row_vecs + v];
+}
+
+}  // namespace
+
+void swiglu(const __nv_bfloat16* gu, int64_t ld_gu, int rows, int inter, float limit,
+            __nv_bfloat16* out, cudaStream_t stream) {
+  DSV4_CHECK(rows >= 0 && inter > 0 && ld_gu >= 2 * inter, "swiglu: bad shape");
+  if (rows == 0) return;
+  swiglu_kernel<<<blocks_for(int64_t(rows) * inter), kThreads, 0, stream>>>(gu, ld_gu, rows, inter,
+                                                                            limit, out);
+  DSV4_CUDA_CHECK(cudaGetLastError());
+}
+
+void mtp_combine(const __nv_bfloat16* e, const __nv_bfloat16* h, int tokens, int hc, int dim,
+                 __nv_bfloat16* x, cudaStream_t stream) {
+  if (tokens == 0) return;
+  mtp_combine_kernel<<<blocks_for(int64_t(tokens) * hc * dim), kThreads, 0, stream>>>(e, h, tokens,
+                                                                                      hc, dim, x);
+  DSV4_CUDA_CHECK(cudaGetLastError());
+}
+
+void gather_rows(const __nv_bfloat16* src, int64_t row_elems, const int32_t* rows, int n,
+                 __nv_bfloat16* dst, cudaStream_t stream) {
+  DSV4_CHECK(row_elems % 8 == 0, "gather_rows: row of ", row_elems, " elements");
+  if (n == 0) return;
+  const int64_t vecs = row_elems / 8;
+  gather_rows_kernel<<<blocks_for(n * vecs), kThreads, 0, stream>>>(
+      reinterpret_cast<const uint4*>(src), vecs, rows, n, reinterpret_cast<uint4*>(dst));
+  DSV4_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace dsv4::glue

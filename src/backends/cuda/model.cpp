@@ -1,0 +1,869 @@
+#include "backends/cuda/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "backends/cuda/glue.h"
+#include "backends/cuda/verify.h"
+#include "core/error.h"
+#include "core/formats.h"
+#include "ops/cuda/attn_frontend/attn_frontend.h"
+#include "ops/cuda/attn_output/attn_output.h"
+#include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/compressor/compressor.h"
+#include "ops/cuda/gemm/fp8_gemm.h"
+#include "ops/cuda/gemm/fp8_gemm_config.h"
+#include "ops/cuda/gemm/w8a16_linear.h"
+#include "ops/cuda/head/head.h"
+#include "ops/cuda/indexer/indexer.h"
+#include "ops/cuda/mhc/mhc.h"
+#include "ops/cuda/moe/moe.h"
+#include "ops/cuda/norm/norm.h"
+#include "ops/cuda/sparse_attention/sparse_attention.h"
+// The split-KV partial size, to bound the attention scratch (the public API sizes one launch).
+#include "ops/cuda/sparse_attention/sparse_attention_config.h"
+#include "ops/cuda/sparse_attention/sparse_attention_internal.h"
+
+namespace dsv4 {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kKvEntry = 584;  // KvEntryLayout{}.entry_bytes()
+
+size_t align256(size_t n) {
+  return (n + 255) / 256 * 256;
+}
+
+// Largest workspace of the FP8 GEMM over 1 <= m <= m_max for one weight shape (the tensor-core
+// path's stream-K partials depend on the number of 128-row tiles).
+size_t gemm_ws_upto(int m_max, int n, int k) {
+  size_t best = cuda::fp8_gemm_workspace_bytes(m_max, n, k);
+  for (int m = cuda::gemm_cfg::kStreamMaxTokens + 1; m < m_max; m += cuda::gemm_cfg::kPrefillTileM)
+    best = std::max(best, cuda::fp8_gemm_workspace_bytes(m, n, k));
+  return best;
+}
+
+cuda::HcShape hc_shape(const ModelConfig& c) {
+  cuda::HcShape s;
+  s.hc = c.hc_mult;
+  s.dim = c.dim;
+  s.sinkhorn_iters = c.hc_sinkhorn_iters;
+  s.norm_eps = c.norm_eps;
+  s.hc_eps = c.hc_eps;
+  return s;
+}
+
+}  // namespace
+
+CudaModel::CudaModel(DeviceContext& ctx, const ModelConfig& config, CudaModelWeights weights,
+                     const CudaModelLimits& limits)
+    : cfg_(config),
+      w_(std::move(weights)),
+      limits_(limits),
+      ctx_(ctx),
+      stream_(ctx.stream()),
+      blas_(&ctx.blas()) {
+  cfg_.validate();
+  check_cuda_supported(cfg_);
+  DSV4_CHECK(int(w_.blocks.size()) == cfg_.num_blocks(), "CUDA weights hold ", w_.blocks.size(),
+             " blocks, config ", cfg_.num_blocks());
+  DSV4_CHECK(limits.max_tokens >= 1 && limits.max_seqs >= 1 && limits.max_context >= 1 &&
+                 limits.max_logit_rows >= 0,
+             "CUDA model: bad limits");
+  if (limits_.max_logit_rows == 0 || limits_.max_logit_rows > limits_.max_tokens)
+    limits_.max_logit_rows = limits_.max_tokens;
+  plan(limits_);
+  std::vector<int32_t> c(size_t(2) * limits.max_tokens, 0);
+  std::iota(c.begin(), c.begin() + limits.max_tokens, 0);
+  consts_ = DeviceBuffer<int32_t>(c);
+  iota_ = consts_.data();
+  zeros_ = consts_.data() + limits.max_tokens;
+}
+
+CudaModel::~CudaModel() {
+  set_block_timing(false);
+  cudaStreamSynchronize(stream_);
+}
+
+void CudaModel::plan(const CudaModelLimits& lim) {
+  const ModelConfig& c = cfg_;
+  const int64_t T = lim.max_tokens, hc = c.hc_mult, dim = c.dim, H = c.n_heads, D = c.head_dim;
+  const int64_t HI = c.index_n_heads, DI = c.index_head_dim > 0 ? c.index_head_dim : 128;
+  const int64_t inter = c.moe_inter_dim, G = c.o_groups, OL = c.o_lora_rank;
+  bool csa = false, mtp = c.n_mtp_layers > 0;
+  comp_ld_ = 0;
+  for (const CudaBlockWeights& b : w_.blocks) {
+    comp_ld_ = std::max<int64_t>(comp_ld_, b.comp_rows);
+    csa |= b.ratio == 4;
+  }
+  score_stride_ = csa ? (lim.max_context / 4 + 8) / 8 * 8 : 0;
+  act_m_max_ = mtp ? T * hc : T;
+  act_k_max_ = std::max<int64_t>({dim, c.q_lora_rank, G * OL, inter});
+
+  // Workspaces.
+  size_t gemm_ws = 0;
+  for (const CudaBlockWeights& b : w_.blocks) {
+    for (const CudaFp8Linear* l : {&b.wq_a, &b.wq_b, &b.wkv, &b.wo_b, &b.index_wq_b, &b.shared_w13,
+                                   &b.shared_w1, &b.shared_w3, &b.shared_w2})
+      if (!l->empty()) gemm_ws = std::max(gemm_ws, gemm_ws_upto(int(T), l->n, l->k));
+    if (b.has_mtp) {
+      gemm_ws = std::max(gemm_ws, gemm_ws_upto(int(T), b.e_proj.n, b.e_proj.k));
+      gemm_ws = std::max(gemm_ws, gemm_ws_upto(int(T * hc), b.h_proj.n, b.h_proj.k));
+    }
+  }
+  size_t moe_ws = 0;
+  {
+    const cuda::moe::MoeDeviceWeights& mw = w_.blocks[0].moe;
+    const int top_k = c.n_activated_experts;
+    for (int m = 1; m <= std::min<int64_t>(T, 4096); ++m)
+      moe_ws = std::max(moe_ws, cuda::moe::moe_workspace_bytes(mw, m, top_k));
+    moe_ws = std::max(moe_ws, cuda::moe::moe_workspace_bytes(mw, int(T), top_k));
+  }
+  size_t idx_ws = 0;
+  if (csa) {
+    cuda::IndexerParams ip;
+    ip.batch.num_tokens = int(T);
+    ip.batch.num_seqs = 1;
+    ip.batch.max_position = lim.max_context - 1;
+    ip.n_heads = int(HI);
+    ip.topk = c.index_topk;
+    idx_ws = cuda::indexer_workspace_bytes(ip);
+  }
+  // Split-KV scratch: at most every key block a split, bounded by the configured budget
+  // (attention() caps the splits of a launch to what fits).
+  {
+    const int64_t ncomp = std::max<int64_t>(csa ? c.index_topk : 0, lim.max_context / 128);
+    const int64_t blocks = (c.window_size + ncomp + 63) / 64;
+    const int64_t need = T * H * blocks * cuda::sparse_attn_detail::kPartialFloats * 4;
+    act_.attn_ws_bytes = size_t(std::min<int64_t>(need, lim.attn_workspace_bytes));
+  }
+  act_.gemm_ws_bytes = gemm_ws;
+  act_.moe_ws_bytes = moe_ws;
+  act_.idx_ws_bytes = idx_ws;
+
+  // Carve (twice: sizes, then pointers).
+  auto carve = [&](uint8_t* base) {
+    size_t off = 0;
+    auto take = [&](size_t bytes) -> uint8_t* {
+      uint8_t* p = base ? base + off : nullptr;
+      off += align256(std::max<size_t>(bytes, 1));
+      return p;
+    };
+    auto bf = [&](int64_t n) { return reinterpret_cast<bf16*>(take(size_t(n) * 2)); };
+    auto f32 = [&](int64_t n) { return reinterpret_cast<float*>(take(size_t(n) * 4)); };
+    ActPtrs& a = act_;
+    for (int i = 0; i < 2; ++i) {
+      a.streams[i] = bf(T * hc * dim);
+      a.post[i] = f32(T * hc);
+      a.comb[i] = f32(T * hc * hc);
+      a.cs[i] = reinterpret_cast<float2*>(take(size_t(T) * 32 * sizeof(float2)));
+    }
+    a.x = bf(T * dim);
+    a.sub_out = bf(T * dim);
+    a.qr = bf(T * c.q_lora_rank);
+    a.qr_n = bf(T * c.q_lora_rank);
+    a.q = bf(T * H * D);
+    a.kv = bf(T * D);
+    a.staging = take(size_t(KvEntryLayout{}.page_bytes(int(T))));
+    a.staged = take(size_t(T) * kKvEntry);
+    a.comp = f32(T * comp_ld_);
+    a.qi = bf(csa ? T * HI * DI : 0);
+    a.q_fp4 = bf(csa ? T * HI * DI : 0);
+    a.wproj = bf(csa ? T * HI : 0);
+    a.iw = bf(csa ? T * HI : 0);
+    a.scores = bf(T * score_stride_);
+    a.topk = reinterpret_cast<int32_t*>(take(size_t(csa ? T * c.index_topk : 0) * 4));
+    a.o = bf(T * H * D);
+    a.z = bf(T * G * OL);
+    a.gu = bf(T * 2 * inter);
+    a.sact = bf(T * inter);
+    a.shared = bf(T * dim);
+    const int64_t R = lim.max_logit_rows;
+    a.rows = bf(R * hc * dim);
+    a.head_y = bf(R * dim);
+    a.logits = f32(R * c.vocab_size);
+    a.e = bf(mtp ? T * dim : 0);
+    a.e_n = bf(mtp ? T * dim : 0);
+    a.ep = bf(mtp ? T * dim : 0);
+    a.h_n = bf(mtp ? T * hc * dim : 0);
+    a.hp = bf(mtp ? T * hc * dim : 0);
+    for (int i = 0; i < 2; ++i) {
+      a.act_xq[i] = bf(limits_.exact_linears ? act_m_max_ * act_k_max_ : 0);
+      a.act_codes[i] = take(size_t(act_m_max_ * act_k_max_));
+      a.act_scales[i] = f32((act_k_max_ / 128) * cuda::fp8_scale_ld(int(act_m_max_)));
+    }
+    a.gemm_ws = take(a.gemm_ws_bytes);
+    a.moe_ws = take(a.moe_ws_bytes);
+    a.idx_ws = take(a.idx_ws_bytes);
+    a.attn_ws = take(a.attn_ws_bytes);
+    return off;
+  };
+  act_bytes_ = int64_t(carve(nullptr));
+  carve(ctx_.allocate(size_t(act_bytes_)));
+}
+
+void CudaModel::set_block_timing(bool on) {
+  for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  events_.clear();
+  if (!on) return;
+  events_.resize(size_t(cfg_.n_layers) + 2);
+  for (cudaEvent_t& e : events_) DSV4_CUDA_CHECK(cudaEventCreate(&e));
+}
+
+std::vector<float> CudaModel::block_times_ms() const {
+  std::vector<float> t;
+  for (size_t i = 0; i + 1 < events_.size(); ++i) {
+    float ms = 0;
+    DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[i], events_[i + 1]));
+    t.push_back(ms);
+  }
+  return t;
+}
+
+// ---- FP8 linears ---------------------------------------------------------------------------
+
+CudaModel::Fp8Act CudaModel::quantize(const bf16* x, int64_t ldx, int m, int k, int slot) {
+  DSV4_CHECK(m <= act_m_max_ && k <= act_k_max_, "activation quantisation of [", m, ", ", k,
+             "] exceeds the planned [", act_m_max_, ", ", act_k_max_, "]");
+  cuda::ActQuantParams q;
+  q.x = x;
+  q.m = m;
+  q.k = k;
+  q.ldx = ldx;
+  q.codes = act_.act_codes[slot];
+  q.scales_t = act_.act_scales[slot];
+  q.ld_scales = cuda::fp8_scale_ld(m);
+  if (limits_.exact_linears) {
+    // The exact path multiplies the decoded (BF16) quantised activations instead of the codes.
+    cuda::fake_quant_act_bf16(x, ldx, m, k, act_.act_xq[slot], stream_);
+    return {nullptr, nullptr, 0, m, act_.act_xq[slot], k};
+  }
+  cuda::quantize_act_fp8(q, stream_);
+  return {q.codes, q.scales_t, q.ld_scales, m, nullptr, 0};
+}
+
+void CudaModel::gemm(const Fp8Act& a, const CudaFp8Linear& w, bf16* y, int64_t ldy, bool pdl) {
+  if (limits_.exact_linears) {
+    DSV4_CHECK(a.xq != nullptr && w.scale_rows.size() > 0,
+               "exact linears: the weight has no prepared scale rows (n = ", w.n,
+               " not a multiple of 128)");
+    cuda::W8A16LinearParams p;
+    p.x = a.xq;
+    p.ldx = a.k;
+    p.m = a.m;
+    p.n = w.n;
+    p.k = w.k;
+    p.w = w.codes.data();
+    p.w_scale = w.scale_e8m0.data();
+    p.scale_rows = reinterpret_cast<const bf16*>(w.scale_rows.data());
+    p.y = y;
+    p.ldy = ldy;
+    p.quantize = false;
+    cuda::w8a16_linear(p, stream_);
+    return;
+  }
+  cuda::Fp8GemmParams g;
+  g.a_codes = a.codes;
+  g.a_scales_t = a.scales_t;
+  g.a_ld_scales = a.ld;
+  g.m = a.m;
+  g.w = w.view();
+  g.y = y;
+  g.ldy = ldy;
+  g.workspace = act_.gemm_ws;
+  g.workspace_bytes = act_.gemm_ws_bytes;
+  // Only right after the quantisation kernel (fp8_gemm.h: the streaming GEMM may start loading
+  // weights while its producer finishes).
+  g.pdl = pdl;
+  cuda::fp8_gemm(g, stream_);
+}
+
+// ---- step preparation ------------------------------------------------------------------------
+
+void CudaModel::rope_tables(const DeviceStep& st) {
+  DSV4_CHECK(st.num_tokens <= limits_.max_tokens && st.num_seqs <= limits_.max_seqs, "step of ",
+             st.num_tokens, " tokens / ", st.num_seqs, " sequences exceeds the plan (",
+             limits_.max_tokens, " / ", limits_.max_seqs, ")");
+  DSV4_CHECK(st.max_position < limits_.max_context, "position ", st.max_position,
+             " beyond the planned context of ", limits_.max_context);
+  for (int i = 0; i < 2; ++i) {
+    cuda::RopeTableParams r;
+    r.positions = st.positions;
+    r.inv_freq = i ? w_.inv_freq_yarn.data() : w_.inv_freq_plain.data();
+    r.num_tokens = st.num_tokens;
+    r.cos_sin = act_.cs[i];
+    cuda::rope_cos_sin(r, stream_);
+  }
+}
+
+void CudaModel::trace_rows(int block, const DeviceStep& st, const char* name, const bf16* x,
+                           int width) {
+  if (!trace_) return;
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::vector<uint16_t> raw(size_t(st.num_tokens) * width);
+  DSV4_CUDA_CHECK(cudaMemcpy(raw.data(), x, raw.size() * 2, cudaMemcpyDeviceToHost));
+  std::vector<float> v(raw.size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = bf16_to_float(raw[i]);
+  const bool streams = width == cfg_.hc_mult * cfg_.dim;
+  int row = 0;
+  for (size_t i = 0; i < st.chunks.size(); ++i) {
+    const int n = st.chunks[i].n;
+    std::vector<int64_t> shape =
+        streams ? std::vector<int64_t>{n, cfg_.hc_mult, cfg_.dim} : std::vector<int64_t>{n, width};
+    trace_->tensor(block, int(i), name, v.data() + size_t(row) * width, shape);
+    row += n;
+  }
+}
+
+// ---- mHC -------------------------------------------------------------------------------------
+
+void CudaModel::hc_pre(int block, bool ffn, const DeviceStep& st, const bf16* streams) {
+  const CudaBlockWeights& b = w_.blocks[block];
+  cuda::HcPreParams p;
+  p.shape = hc_shape(cfg_);
+  p.tokens = st.num_tokens;
+  p.streams = streams;
+  p.unit = ffn ? b.hc_ffn.params() : b.hc_attn.params();
+  p.norm.weight = ffn ? b.ffn_norm.ptr() : b.attn_norm.ptr();
+  p.norm.eps = cfg_.norm_eps;
+  p.y = act_.x;
+  p.post = act_.post[pp_];
+  p.comb = act_.comb[pp_];
+  std::vector<float> in;
+  if (verify_) in = verify_->bf16(streams, size_t(st.num_tokens) * cfg_.hc_mult * cfg_.dim);
+  cuda::hc_pre(p, stream_);
+  if (verify_) verify_->hc_pre(block, ffn, in, p.y, p.post, p.comb);
+}
+
+// out = hc_post(sub_out) into the other streams buffer; then, when next_block >= 0, hc_pre of
+// (next_block, next_ffn) fused into the same pass.
+void CudaModel::hc_post(int block, bool ffn, const DeviceStep& st, const bf16* sub_out,
+                        int next_block, bool next_ffn) {
+  const int T = st.num_tokens, hc = cfg_.hc_mult, dim = cfg_.dim;
+  cuda::HcPostParams q;
+  q.shape = hc_shape(cfg_);
+  q.tokens = T;
+  q.x = sub_out;
+  q.res = act_.streams[cur_];
+  q.post = act_.post[pp_];
+  q.comb = act_.comb[pp_];
+  q.out = act_.streams[cur_ ^ 1];
+  std::vector<float> v_sub, v_res, v_post, v_comb;
+  if (verify_) {
+    v_sub = verify_->bf16(sub_out, size_t(T) * dim);
+    v_res = verify_->bf16(q.res, size_t(T) * hc * dim);
+    v_post = verify_->f32(q.post, size_t(T) * hc);
+    v_comb = verify_->f32(q.comb, size_t(T) * hc * hc);
+  }
+  if (next_block < 0) {
+    cuda::hc_post(q, stream_);
+    cur_ ^= 1;
+    if (verify_)
+      verify_->hc_post(block, ffn, v_sub, v_res, v_post, v_comb, q.out, -1, false, nullptr, nullptr,
+                       nullptr);
+    return;
+  }
+  const CudaBlockWeights& nb = w_.blocks[next_block];
+  cuda::HcPostPreParams p;
+  p.post = q;
+  p.unit = next_ffn ? nb.hc_ffn.params() : nb.hc_attn.params();
+  p.norm.weight = next_ffn ? nb.ffn_norm.ptr() : nb.attn_norm.ptr();
+  p.norm.eps = cfg_.norm_eps;
+  p.y = act_.x;
+  p.next_post = act_.post[pp_ ^ 1];
+  p.next_comb = act_.comb[pp_ ^ 1];
+  cuda::hc_post_pre(p, stream_);
+  cur_ ^= 1;
+  pp_ ^= 1;
+  if (verify_)
+    verify_->hc_post(block, ffn, v_sub, v_res, v_post, v_comb, q.out, next_block, next_ffn, p.y,
+                     p.next_post, p.next_comb);
+}
+
+// ---- attention ---------------------------------------------------------------------------------
+
+int64_t CudaModel::attn_splits_for(int tokens, int heads) const {
+  // Split rows the scratch holds for this launch: (token, head, split) partials.
+  const int64_t per = int64_t(cuda::sparse_attn_detail::kPartialFloats) * 4;
+  return int64_t(act_.attn_ws_bytes) / (per * std::max(1, tokens) * heads);
+}
+
+void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, const bf16* x,
+                          bf16* out) {
+  const ModelConfig& c = cfg_;
+  const CudaBlockWeights& b = w_.blocks[block];
+  const int T = st.num_tokens, H = c.n_heads, D = c.head_dim, QL = c.q_lora_rank;
+  const int ratio = b.ratio;
+  const float2* cs = act_.cs[ratio > 0 ? 1 : 0];
+  const int64_t Tmax = limits_.max_tokens;
+  CudaVerifier* V = verify_;
+
+  // q and window KV projections share the quantised x.
+  const Fp8Act ax = quantize(x, c.dim, T, c.dim, 0);
+  gemm(ax, b.wq_a, act_.qr, QL, true);
+  gemm(ax, b.wkv, act_.kv, D, false);
+  if (V) {
+    V->linear(block, VLinear::kWqA, x, c.dim, T, act_.qr, QL, false);
+    V->linear(block, VLinear::kWkv, x, c.dim, T, act_.kv, D, false);
+  }
+  cuda::RmsNormParams rn;
+  rn.x = act_.qr;
+  rn.rows = T;
+  rn.n = QL;
+  rn.weight = b.q_norm.ptr();
+  rn.eps = c.norm_eps;
+  rn.y = act_.qr_n;
+  cuda::rms_norm(rn, stream_);
+  if (V) V->rms_norm(block, VNorm::kQNorm, act_.qr, T, QL, act_.qr_n);
+  const Fp8Act aq = quantize(act_.qr_n, QL, T, QL, 1);
+  gemm(aq, b.wq_b, act_.q, int64_t(H) * D, true);
+  if (V) V->linear(block, VLinear::kWqB, act_.qr_n, QL, T, act_.q, int64_t(H) * D, false);
+  std::vector<float> q_in;
+  if (V) q_in = V->bf16(act_.q, size_t(T) * H * D);
+  cuda::QNormRopeParams qp;
+  qp.q = act_.q;
+  qp.out = act_.q;
+  qp.cos_sin = cs;
+  qp.num_tokens = T;
+  qp.num_heads = H;
+  qp.eps = c.norm_eps;
+  cuda::q_norm_rope(qp, stream_);
+  if (V) V->q_norm_rope(block, q_in, act_.q);
+
+  // Window KV entries. One token per sequence: straight into the ring (its slot held position
+  // p - window, outside every query's window). Otherwise staged: a staging page the attention
+  // reads (entry t at slot t) and packed entries inserted into the ring after attention.
+  const bool direct = st.decode_only;
+  cuda::KvInsertParams kp;
+  kp.kv = act_.kv;
+  kp.norm_weight = b.kv_norm.ptr();
+  kp.cos_sin = cs;
+  kp.eps = c.norm_eps;
+  kp.num_tokens = T;
+  if (direct) {
+    kp.token_seq = st.token_seq;
+    kp.positions = st.positions;
+    kp.window = c.window_size;
+    kp.cache =
+        cache.window_view(block, st.table(PageKind::kWindow), st.table_stride(PageKind::kWindow));
+  } else {
+    // Staging "store": one page of Tmax slots, every token of sequence row 0 at slot = its
+    // batch index (positions = iota, window = Tmax).
+    kp.token_seq = zeros_;
+    kp.positions = iota_;
+    kp.window = int(Tmax);
+    kp.cache = cuda::kv_store_view(act_.staging, int(Tmax), zeros_, 1);
+    kp.staged = act_.staged;
+  }
+  cuda::kv_norm_rope_insert(kp, stream_);
+  if (V) V->kv_entries(block, act_.kv, direct ? nullptr : act_.staged);
+
+  // Compressors (and indexer keys) before attention.
+  if (ratio > 0) {
+    blas_->linear(x, c.dim, T, b.comp_proj.ptr(), b.comp_rows, c.dim, act_.comp, comp_ld_, true,
+                  stream_);
+    if (V) {
+      V->linear(block, VLinear::kCompWkv, x, c.dim, T, act_.comp, comp_ld_, true);
+      V->linear(block, VLinear::kCompWgate, x, c.dim, T, act_.comp + b.main_width, comp_ld_, true);
+      if (ratio == 4) {
+        V->linear(block, VLinear::kIndexCompWkv, x, c.dim, T, act_.comp + 2 * b.main_width,
+                  comp_ld_, true);
+        V->linear(block, VLinear::kIndexCompWgate, x, c.dim, T,
+                  act_.comp + 2 * b.main_width + b.index_width, comp_ld_, true);
+      }
+    }
+    for (bool indexer : {false, true}) {
+      if (indexer && ratio != 4) continue;
+      cuda::CompressorParams cp;
+      cp.ratio = indexer ? 4 : ratio;
+      cp.dim = indexer ? (c.index_head_dim) : D;
+      cp.indexer = indexer;
+      const int64_t a_off = indexer ? 2 * b.main_width : 0;
+      const int width = indexer ? b.index_width : b.main_width;
+      cp.a = act_.comp + a_off;
+      cp.g = act_.comp + a_off + width;
+      cp.a_stride = comp_ld_;
+      cp.g_stride = comp_ld_;
+      cp.ape = indexer ? b.index_ape.data() : b.main_ape.data();
+      cp.norm_weight = indexer ? b.index_norm.ptr() : b.main_norm.ptr();
+      cp.inv_freq = w_.inv_freq(ratio);
+      cp.eps = c.norm_eps;
+      cp.num_seqs = st.num_seqs;
+      cp.num_tokens = T;
+      cp.max_seq_tokens = st.max_seq_tokens;
+      cp.cu_seqlens = st.cu_seqlens;
+      cp.start_pos = st.seq_pos0;
+      cp.state_slot = st.state_slot;
+      cp.states = indexer ? cache.index_states(block) : cache.main_states(block);
+      const PageKind kind = indexer || ratio == 4 ? PageKind::kC4 : PageKind::kC128;
+      cp.store = indexer ? cache.index_view(block, st.table(kind), st.table_stride(kind))
+                         : cache.compressed_view(block, st.table(kind), st.table_stride(kind));
+      if (V) V->before_compressor(block, indexer);
+      cuda::compressor_forward(cp, stream_);
+      if (V) V->compressor(block, indexer, cp.a, cp.g, comp_ld_);
+    }
+  }
+
+  // Lightning indexer (CSA).
+  if (ratio == 4) {
+    const int HI = c.index_n_heads, DI = c.index_head_dim;
+    gemm(aq, b.index_wq_b, act_.qi, int64_t(HI) * DI, false);
+    if (V) V->linear(block, VLinear::kIndexWqB, act_.qr_n, QL, T, act_.qi, int64_t(HI) * DI, false);
+    blas_->linear(x, c.dim, T, b.weights_proj.ptr(), HI, c.dim, act_.wproj, HI, false, stream_);
+    if (V) V->linear(block, VLinear::kWeightsProj, x, c.dim, T, act_.wproj, HI, false);
+    cuda::IndexerParams ip;
+    ip.batch = st.attn_batch();
+    ip.n_heads = HI;
+    ip.head_dim = DI;
+    ip.rope_dim = c.rope_head_dim;
+    ip.ratio = 4;
+    ip.topk = c.index_topk;
+    ip.q = act_.qi;
+    ip.wproj = act_.wproj;
+    ip.inv_freq = w_.inv_freq(4);
+    ip.keys = cache.index_view(block, st.table(PageKind::kC4), st.table_stride(PageKind::kC4));
+    ip.q_fp4 = act_.q_fp4;
+    ip.weights = act_.iw;
+    ip.scores = act_.scores;
+    ip.score_stride = score_stride_;
+    ip.topk_idx = act_.topk;
+    ip.workspace = act_.idx_ws;
+    ip.workspace_bytes = act_.idx_ws_bytes;
+    cuda::lightning_indexer(ip, stream_);
+    if (V)
+      V->indexer(block, act_.qi, act_.wproj, act_.q_fp4, act_.iw, act_.scores, score_stride_,
+                 act_.topk);
+    if (trace_) {
+      DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      std::vector<int32_t> sel(size_t(T) * c.index_topk);
+      DSV4_CUDA_CHECK(cudaMemcpy(sel.data(), act_.topk, sel.size() * 4, cudaMemcpyDeviceToHost));
+      int row = 0;
+      for (size_t i = 0; i < st.chunks.size(); ++i) {
+        const int n = st.chunks[i].n;
+        std::vector<int32_t> s(sel.begin() + size_t(row) * c.index_topk,
+                               sel.begin() + size_t(row + n) * c.index_topk);
+        // The CPU traces each row's selection ascending, -1 padded at the end.
+        for (int t = 0; t < n; ++t) {
+          auto first = s.begin() + size_t(t) * c.index_topk, last = first + c.index_topk;
+          std::sort(first, last,
+                    [](int32_t a, int32_t b2) { return (a < 0) != (b2 < 0) ? b2 < 0 : a < b2; });
+        }
+        trace_->ints(block, int(i), "indexer.selected", s.data(), {n, c.index_topk});
+        row += n;
+      }
+    }
+  }
+
+  // Sparse attention over the window (+ staged chunk) and the compressed entries.
+  cuda::SparseAttnParams sp;
+  sp.batch = st.attn_batch();
+  sp.n_heads = H;
+  sp.head_dim = D;
+  sp.softmax_scale = static_cast<float>(1.0 / std::sqrt(double(D)));
+  sp.sink = b.sink.data();
+  sp.q = act_.q;
+  sp.out = act_.o;
+  sp.window = c.window_size;
+  sp.window_cache =
+      cache.window_view(block, st.table(PageKind::kWindow), st.table_stride(PageKind::kWindow));
+  if (!direct) {
+    sp.staged_data = act_.staging;
+    sp.staged_scales = act_.staging + Tmax * KvEntryLayout{}.data_bytes();
+  }
+  sp.ratio = ratio;
+  if (ratio > 0) {
+    const PageKind kind = ratio == 4 ? PageKind::kC4 : PageKind::kC128;
+    sp.comp_cache = cache.compressed_view(block, st.table(kind), st.table_stride(kind));
+  }
+  if (ratio == 4) {
+    sp.topk_idx = act_.topk;
+    sp.topk = c.index_topk;
+    sp.topk_stride = c.index_topk;
+  }
+  sp.workspace = act_.attn_ws;
+  sp.workspace_bytes = act_.attn_ws_bytes;
+  {
+    const cuda::SparseAttnPlan plan = cuda::sparse_attention_plan(sp);
+    const int64_t fits = attn_splits_for(T, H);
+    // Fewer key splits when the planned ones do not fit the scratch (long contexts at
+    // mid-size batches); the split count changes only the order of the fp32 combine.
+    if (plan.num_splits > 1 && plan.num_splits > fits)
+      sp.num_splits = int(std::max<int64_t>(1, fits));
+  }
+  cuda::sparse_attention(sp, stream_);
+  if (V)
+    V->attention(block, act_.q, direct ? nullptr : act_.staging, int(Tmax),
+                 ratio == 4 ? act_.topk : nullptr, act_.o);
+
+  // Output path: inverse RoPE + grouped wo_a, then wo_b.
+  cuda::WoAParams wp;
+  wp.o = act_.o;
+  wp.cos_sin = cs;
+  wp.num_tokens = T;
+  wp.num_heads = H;
+  wp.o_groups = c.o_groups;
+  wp.o_lora = c.o_lora_rank;
+  wp.w = b.wo_a.codes.data();
+  wp.w_scale = b.wo_a.scale_e8m0.data();
+  wp.w_scale_rows = b.wo_a_scale_rows.ptr();
+  wp.z = act_.z;
+  cuda::attn_output_wo_a(wp, stream_);
+  if (V) V->wo_a(block, act_.z);
+  const int GOL = c.o_groups * c.o_lora_rank;
+  const Fp8Act az = quantize(act_.z, GOL, T, GOL, 0);
+  gemm(az, b.wo_b, out, c.dim, true);
+  if (V) V->linear(block, VLinear::kWoB, act_.z, GOL, T, out, c.dim, false);
+
+  // The chunk's window entries go into the ring last.
+  if (!direct) {
+    cuda::KvInsertStagedParams ins;
+    ins.staged = act_.staged;
+    ins.num_tokens = T;
+    ins.token_seq = st.insert_seq;
+    ins.positions = st.positions;
+    ins.window = c.window_size;
+    ins.cache =
+        cache.window_view(block, st.table(PageKind::kWindow), st.table_stride(PageKind::kWindow));
+    cuda::kv_insert_staged(ins, stream_);
+    if (V) V->window_insert(block, act_.staged);
+  }
+}
+
+// ---- MoE ---------------------------------------------------------------------------------------
+
+void CudaModel::moe(int block, const DeviceStep& st, const bf16* x, bf16* out) {
+  const ModelConfig& c = cfg_;
+  const CudaBlockWeights& b = w_.blocks[block];
+  const int T = st.num_tokens, inter = b.shared_inter;
+  CudaVerifier* V = verify_;
+  // Shared expert: [w1; w3] -> SwiGLU -> w2.
+  const Fp8Act ax = quantize(x, c.dim, T, c.dim, 0);
+  if (b.shared_fused) {
+    gemm(ax, b.shared_w13, act_.gu, 2 * inter, true);
+  } else {
+    gemm(ax, b.shared_w1, act_.gu, 2 * inter, true);
+    gemm(ax, b.shared_w3, act_.gu + inter, 2 * inter, false);
+  }
+  if (V) {
+    V->linear(block, VLinear::kSharedW1, x, c.dim, T, act_.gu, 2 * inter, false);
+    V->linear(block, VLinear::kSharedW3, x, c.dim, T, act_.gu + inter, 2 * inter, false);
+  }
+  glue::swiglu(act_.gu, 2 * inter, T, inter, c.swiglu_limit, act_.sact, stream_);
+  if (V) V->swiglu(block, act_.gu, 2 * inter, T, inter, act_.sact);
+  const Fp8Act aa = quantize(act_.sact, inter, T, inter, 1);
+  gemm(aa, b.shared_w2, act_.shared, c.dim, true);
+  if (V) V->linear(block, VLinear::kSharedW2, act_.sact, inter, T, act_.shared, c.dim, false);
+
+  cuda::moe::MoeArgs m;
+  m.x = x;
+  m.tokens = st.tokens;
+  m.shared = act_.shared;
+  m.y = out;
+  m.m = T;
+  m.p.top_k = c.n_activated_experts;
+  m.p.score_func = c.score_func;
+  m.p.route_scale = c.route_scale;
+  m.p.swiglu_limit = c.swiglu_limit;
+  m.workspace = act_.moe_ws;
+  m.workspace_bytes = act_.moe_ws_bytes;
+  m.stream = stream_;
+  cuda::moe::moe_forward(b.moe, m);
+  if (V || trace_) {
+    const cuda::moe::MoeWorkspace ws =
+        cuda::moe::carve_moe_workspace(b.moe, T, c.n_activated_experts, act_.moe_ws);
+    if (V) V->moe(block, x, act_.shared, ws.sel, ws.wt, out);
+    if (trace_) {
+      DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      const int K = c.n_activated_experts;
+      std::vector<int32_t> sel(size_t(T) * K);
+      std::vector<float> wt(size_t(T) * K);
+      DSV4_CUDA_CHECK(cudaMemcpy(sel.data(), ws.sel, sel.size() * 4, cudaMemcpyDeviceToHost));
+      DSV4_CUDA_CHECK(cudaMemcpy(wt.data(), ws.wt, wt.size() * 4, cudaMemcpyDeviceToHost));
+      int row = 0;
+      for (size_t i = 0; i < st.chunks.size(); ++i) {
+        const int n = st.chunks[i].n;
+        trace_->ints(block, int(i), "route.experts", sel.data() + size_t(row) * K, {n, K});
+        trace_->tensor(block, int(i), "route.weights", wt.data() + size_t(row) * K, {n, K});
+        row += n;
+      }
+    }
+  }
+}
+
+// ---- blocks, head, entry points ----------------------------------------------------------------
+
+// One block on act_.streams[cur_], whose attention input (hc_pre of the block) is in act_.x.
+// Ends with hc_post of the MoE fused into the next block's hc_pre when `fuse_next`.
+void CudaModel::block_body(int block, const DeviceStep& st, DeviceCache& cache, bool fuse_next) {
+  const int hcd = cfg_.hc_mult * cfg_.dim;
+  trace_rows(block, st, "hidden.in", act_.streams[cur_], hcd);
+  trace_rows(block, st, "attn_in", act_.x, cfg_.dim);
+  attention(block, st, cache, act_.x, act_.sub_out);
+  trace_rows(block, st, "attn_out", act_.sub_out, cfg_.dim);
+  hc_post(block, false, st, act_.sub_out, block, true);
+  trace_rows(block, st, "ffn_in", act_.x, cfg_.dim);
+  moe(block, st, act_.x, act_.sub_out);
+  trace_rows(block, st, "ffn_out", act_.sub_out, cfg_.dim);
+  hc_post(block, true, st, act_.sub_out, fuse_next ? block + 1 : -1, false);
+  trace_rows(block, st, "hidden.out", act_.streams[cur_], hcd);
+}
+
+void CudaModel::head(const CudaHcUnit& unit, const CudaBf16& norm, const bf16* streams, int rows,
+                     const int32_t* row_ids, int mtp) {
+  const int hcd = cfg_.hc_mult * cfg_.dim;
+  DSV4_CHECK(rows <= limits_.max_logit_rows, rows, " logits rows exceed the planned ",
+             limits_.max_logit_rows, " per step");
+  const bf16* src = streams;
+  if (row_ids) {
+    glue::gather_rows(streams, hcd, row_ids, rows, act_.rows, stream_);
+    src = act_.rows;
+  }
+  cuda::HcHeadParams hp;
+  hp.shape = hc_shape(cfg_);
+  hp.tokens = rows;
+  hp.streams = src;
+  hp.unit = unit.params();
+  hp.norm.weight = norm.ptr();
+  hp.norm.eps = cfg_.norm_eps;
+  hp.y = act_.head_y;
+  cuda::hc_head(hp, stream_);
+  if (verify_) verify_->hc_head(mtp, src, rows, act_.head_y);
+  cuda::LogitsParams lp;
+  lp.x = act_.head_y;
+  lp.m = rows;
+  lp.w = w_.head.ptr();
+  lp.vocab = cfg_.vocab_size;
+  lp.dim = cfg_.dim;
+  lp.logits = act_.logits;
+  lp.cublas = blas_->handle();
+  cuda::head_logits(lp, stream_);
+  if (verify_) verify_->logits(act_.head_y, rows, act_.logits);
+}
+
+void CudaModel::forward(const DeviceStep& st, DeviceCache& cache) {
+  const ModelConfig& c = cfg_;
+  const bool timed = !events_.empty();
+  // Inside a stream capture a plain cudaEventRecord only orders work and never records, so a
+  // replayed graph would leave the events unset: there the record is an external event node.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (timed) DSV4_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+  auto mark = [&](cudaEvent_t e) {
+    if (capture == cudaStreamCaptureStatusActive)
+      DSV4_CUDA_CHECK(cudaEventRecordWithFlags(e, stream_, cudaEventRecordExternal));
+    else
+      DSV4_CUDA_CHECK(cudaEventRecord(e, stream_));
+  };
+  if (timed) mark(events_[0]);
+  rope_tables(st);
+  if (verify_) verify_->begin_step(st);
+  cuda::EmbedParams ep;
+  ep.tokens = st.tokens;
+  ep.n = st.num_tokens;
+  ep.table = w_.embed.ptr();
+  ep.vocab = c.vocab_size;
+  ep.dim = c.dim;
+  ep.repeat = c.hc_mult;
+  ep.out = act_.streams[0];
+  cuda::embed(ep, stream_);
+  cur_ = 0;
+  pp_ = 0;
+  if (verify_) verify_->embed(act_.streams[0]);
+  hc_pre(0, false, st, act_.streams[cur_]);
+  for (int b = 0; b < c.n_layers; ++b) {
+    block_body(b, st, cache, b + 1 < c.n_layers);
+    if (timed) mark(events_[b + 1]);
+  }
+  head(w_.hc_head, w_.norm, act_.streams[cur_], st.num_logit_rows, st.logit_rows, -1);
+  if (timed) mark(events_[c.n_layers + 1]);
+  if (verify_) verify_->end_step();
+}
+
+void CudaModel::mtp_forward(int j, const DeviceStep& st, const bf16* main_streams,
+                            DeviceCache& cache) {
+  const ModelConfig& c = cfg_;
+  DSV4_CHECK(j >= 0 && j < c.n_mtp_layers, "MTP block ", j, " does not exist");
+  const int b = c.n_layers + j, T = st.num_tokens, hc = c.hc_mult;
+  const CudaBlockWeights& bw = w_.blocks[b];
+  CudaVerifier* V = verify_;
+  rope_tables(st);
+  if (V) V->begin_step(st);
+  cuda::EmbedParams ep;
+  ep.tokens = st.tokens;
+  ep.n = T;
+  ep.table = w_.embed.ptr();
+  ep.vocab = c.vocab_size;
+  ep.dim = c.dim;
+  ep.repeat = 1;
+  ep.out = act_.e;
+  cuda::embed(ep, stream_);
+  auto norm = [&](const bf16* x, int rows, const CudaBf16& w, bf16* y, VNorm which) {
+    cuda::RmsNormParams rn;
+    rn.x = x;
+    rn.rows = rows;
+    rn.n = c.dim;
+    rn.weight = w.ptr();
+    rn.eps = c.norm_eps;
+    rn.y = y;
+    cuda::rms_norm(rn, stream_);
+    if (V) V->rms_norm(b, which, x, rows, c.dim, y);
+  };
+  norm(act_.e, T, bw.enorm, act_.e_n, VNorm::kEnorm);
+  norm(main_streams, T * hc, bw.hnorm, act_.h_n, VNorm::kHnorm);
+  const Fp8Act ae = quantize(act_.e_n, c.dim, T, c.dim, 0);
+  gemm(ae, bw.e_proj, act_.ep, c.dim, true);
+  if (V) V->linear(b, VLinear::kEProj, act_.e_n, c.dim, T, act_.ep, c.dim, false);
+  const Fp8Act ah = quantize(act_.h_n, c.dim, T * hc, c.dim, 1);
+  gemm(ah, bw.h_proj, act_.hp, c.dim, true);
+  if (V) V->linear(b, VLinear::kHProj, act_.h_n, c.dim, T * hc, act_.hp, c.dim, false);
+  glue::mtp_combine(act_.ep, act_.hp, T, hc, c.dim, act_.streams[0], stream_);
+  cur_ = 0;
+  pp_ = 0;
+  if (V) V->mtp_combine(act_.ep, act_.hp, act_.streams[0]);
+  hc_pre(b, false, st, act_.streams[cur_]);
+  block_body(b, st, cache, false);
+  head(bw.mtp_hc_head, bw.mtp_norm, act_.streams[cur_], T, nullptr, j);
+  if (V) V->end_step();
+}
+
+void CudaModel::run_block(int block, const DeviceStep& st, DeviceCache& cache, bf16* streams) {
+  DSV4_CHECK(block >= 0 && block < cfg_.num_blocks(), "block ", block, " does not exist");
+  const size_t bytes = size_t(st.num_tokens) * cfg_.hc_mult * cfg_.dim * 2;
+  rope_tables(st);
+  if (verify_) verify_->begin_step(st);
+  cur_ = 0;
+  pp_ = 0;
+  DSV4_CUDA_CHECK(
+      cudaMemcpyAsync(act_.streams[0], streams, bytes, cudaMemcpyDeviceToDevice, stream_));
+  hc_pre(block, false, st, act_.streams[cur_]);
+  block_body(block, st, cache, false);
+  DSV4_CUDA_CHECK(
+      cudaMemcpyAsync(streams, act_.streams[cur_], bytes, cudaMemcpyDeviceToDevice, stream_));
+  if (verify_) verify_->end_step();
+}
+
+void CudaModel::run_attention(int block, const DeviceStep& st, DeviceCache& cache, const bf16* x,
+                              bf16* out) {
+  DSV4_CHECK(block >= 0 && block < cfg_.num_blocks(), "block ", block, " does not exist");
+  rope_tables(st);
+  if (verify_) verify_->begin_step(st);
+  attention(block, st, cache, x, out);
+  if (verify_) verify_->end_step();
+}
+
+void CudaModel::logits_of(const bf16* streams, int rows) {
+  DSV4_CHECK(rows >= 0, "logits_of: ", rows, " rows");
+  head(w_.hc_head, w_.norm, streams, rows, nullptr, -1);
+}
+
+void CudaModel::run_moe(int block, const DeviceStep& st, const bf16* x, bf16* out) {
+  DSV4_CHECK(block >= 0 && block < cfg_.num_blocks(), "block ", block, " does not exist");
+  DSV4_CHECK(st.num_tokens <= limits_.max_tokens, "step exceeds the plan");
+  if (verify_) verify_->begin_step(st);
+  moe(block, st, x, out);
+  if (verify_) verify_->end_step();
+}
+
+}  // namespace dsv4

@@ -1,0 +1,161 @@
+// The DeepSeek-V4 forward pass on the GPU, op for op the CPU model's (CpuModel): embedding,
+// every block (hc_pre -> RMSNorm -> attention -> hc_post -> hc_pre -> RMSNorm -> MoE ->
+// hc_post, with each hc_post fused into the next hc_pre), hc_head -> norm -> head, and the
+// MTP block. Cache writes in the CPU model's order: the compressors and the indexer keys
+// before attention (a query sees a block that completes at its own position), the chunk's
+// window entries after attention (staged until then; a decode step whose sequences bring one
+// token each inserts them before attention, which is the same thing for one token).
+//
+// Everything runs on the context's stream without host synchronisation; the activations are planned
+// up front for the largest step (CudaModelLimits) and reused, so a forward can be captured as a
+// CUDA graph. An optional CudaVerifier re-runs every op on the CPU from the op's own inputs
+// (verify mode); an optional TraceSink receives the CPU model's named tensors.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backends/cuda/blas.h"
+#include "backends/cuda/device_cache.h"
+#include "backends/cuda/device_context.h"
+#include "backends/cuda/step.h"
+#include "backends/cuda/weights.h"
+#include "model/model_config.h"
+#include "model/trace.h"
+
+namespace dsv4 {
+
+class CudaVerifier;
+
+// The largest step the activations are planned for.
+struct CudaModelLimits {
+  int max_tokens = 1;       // token rows per forward
+  int max_seqs = 1;         // sequences per forward
+  int64_t max_context = 1;  // positions per sequence (every position < max_context)
+  int max_logit_rows = 0;   // logits rows per forward ([rows, vocab] fp32); 0: max_tokens
+  int64_t attn_workspace_bytes = 64ll << 20;  // split-KV scratch of the sparse attention
+  // FP8 linears on the exact W8A16 path (ops/cuda/gemm/w8a16_linear.h: the reference's exact
+  // sums, BF16 tensor-core rate) instead of FP8 tensor cores (faster; ~14-bit sums inside each
+  // K block). Plans the BF16 quantised-activation buffers it needs.
+  bool exact_linears = false;
+};
+
+class CudaModel {
+ public:
+  // Runs on `ctx` (its stream, cuBLAS handle and device memory), which outlives the model.
+  CudaModel(DeviceContext& ctx, const ModelConfig& config, CudaModelWeights weights,
+            const CudaModelLimits& limits);
+  ~CudaModel();
+  CudaModel(const CudaModel&) = delete;
+  CudaModel& operator=(const CudaModel&) = delete;
+
+  const ModelConfig& config() const { return cfg_; }
+  const CudaModelWeights& weights() const { return w_; }
+  const CudaModelLimits& limits() const { return limits_; }
+  cudaStream_t stream() const { return stream_; }
+  DeviceContext& context() const { return ctx_; }
+  // Device bytes of the planned activations and workspaces.
+  int64_t activation_bytes() const { return act_bytes_; }
+
+  // Verify mode and traces (both synchronise per op; never while capturing a graph).
+  void set_verifier(CudaVerifier* v) { verify_ = v; }
+  void set_trace(TraceSink* t) { trace_ = t; }
+  // Benchmarks: CUDA events around every decoder block of each (eager) forward.
+  // block_times_ms() after the forward completed: [n_layers] per block (block 0 includes the
+  // embedding), then the head (hc_head + norm + logits).
+  void set_block_timing(bool on);
+  bool block_timing() const { return !events_.empty(); }
+  std::vector<float> block_times_ms() const;
+
+  // Embedding, every decoder block, and the logits of st's logit rows: logits() [R, vocab] fp32.
+  void forward(const DeviceStep& st, DeviceCache& cache);
+  const float* logits() const { return act_.logits; }
+  // The last decoder block's streams of the last forward, [T, hc, dim] BF16 (MTP input).
+  const __nv_bfloat16* hidden() const { return act_.streams[cur_]; }
+
+  // MTP block j: from the decoder's last streams at the step's rows and the step's tokens,
+  // logits for every row [T, vocab] into logits() (predicting two ahead).
+  void mtp_forward(int j, const DeviceStep& st, const __nv_bfloat16* main_streams,
+                   DeviceCache& cache);
+
+  // Sub-layers alone, for layer-local tests (device BF16 in/out; rows in chunk order).
+  // run_block: streams [T, hc, dim] in place. run_attention: x = attn_norm output [T, dim] ->
+  // out [T, dim]. run_moe: x = ffn_norm output -> out. All cache reads and writes included.
+  void run_block(int block, const DeviceStep& st, DeviceCache& cache, __nv_bfloat16* streams);
+  void run_attention(int block, const DeviceStep& st, DeviceCache& cache, const __nv_bfloat16* x,
+                     __nv_bfloat16* out);
+  void run_moe(int block, const DeviceStep& st, const __nv_bfloat16* x, __nv_bfloat16* out);
+  // hc_head -> norm -> head of `rows` stream rows [rows, hc, dim] into logits().
+  void logits_of(const __nv_bfloat16* streams, int rows);
+
+ private:
+  struct Fp8Act {
+    const uint8_t* codes;
+    const float* scales_t;
+    int ld;
+    int m;
+    const __nv_bfloat16* xq;  // exact linears: the quantised activations decoded, [m, k]
+    int k;
+  };
+
+  void plan(const CudaModelLimits& limits);
+  void rope_tables(const DeviceStep& st);
+  void block_body(int block, const DeviceStep& st, DeviceCache& cache, bool fuse_next);
+  void attention(int block, const DeviceStep& st, DeviceCache& cache, const __nv_bfloat16* x,
+                 __nv_bfloat16* out);
+  void moe(int block, const DeviceStep& st, const __nv_bfloat16* x, __nv_bfloat16* out);
+  void hc_pre(int block, bool ffn, const DeviceStep& st, const __nv_bfloat16* streams);
+  void hc_post(int block, bool ffn, const DeviceStep& st, const __nv_bfloat16* sub_out,
+               int next_block, bool next_ffn);
+  void head(const CudaHcUnit& unit, const CudaBf16& norm, const __nv_bfloat16* streams, int rows,
+            const int32_t* row_ids, int mtp);
+
+  // FP8 linears: activation quantisation once, then one GEMM per weight.
+  Fp8Act quantize(const __nv_bfloat16* x, int64_t ldx, int m, int k, int slot);
+  void gemm(const Fp8Act& a, const CudaFp8Linear& w, __nv_bfloat16* y, int64_t ldy, bool pdl);
+  int64_t attn_splits_for(int tokens, int heads_per_cta) const;
+
+  void trace_rows(int block, const DeviceStep& st, const char* name, const __nv_bfloat16* x,
+                  int width);
+
+  ModelConfig cfg_;
+  CudaModelWeights w_;
+  CudaModelLimits limits_;
+  DeviceContext& ctx_;
+  cudaStream_t stream_ = nullptr;
+  CudaBlas* blas_ = nullptr;
+  DeviceBuffer<int32_t> consts_;  // iota [max_tokens], zeros [max_tokens] (the staging page)
+  const int32_t* iota_ = nullptr;
+  const int32_t* zeros_ = nullptr;
+  struct ActPtrs {
+    __nv_bfloat16* streams[2];
+    float* post[2];
+    float* comb[2];
+    __nv_bfloat16 *x, *sub_out, *qr, *qr_n, *q, *kv;
+    uint8_t *staging, *staged;
+    float2* cs[2];  // [T, 32] RoPE angles: plain (ratio 0), YaRN (compressed layers)
+    float* comp;    // [T, comp_ld] fp32 compressor projections
+    __nv_bfloat16 *qi, *wproj, *q_fp4, *iw, *scores;
+    int32_t* topk;
+    __nv_bfloat16 *o, *z, *gu, *sact, *shared, *rows, *head_y;
+    float* logits;
+    __nv_bfloat16 *e, *e_n, *h_n, *ep, *hp;
+    __nv_bfloat16* act_xq[2];
+    uint8_t* act_codes[2];
+    float* act_scales[2];
+    void *gemm_ws, *moe_ws, *idx_ws, *attn_ws;
+    size_t gemm_ws_bytes, moe_ws_bytes, idx_ws_bytes, attn_ws_bytes;
+  } act_{};
+  int64_t comp_ld_ = 0, score_stride_ = 0, act_k_max_ = 0, act_m_max_ = 0;
+  int64_t act_bytes_ = 0;
+  int cur_ = 0, pp_ = 0;  // current streams buffer, current post/comb buffer
+  CudaVerifier* verify_ = nullptr;
+  TraceSink* trace_ = nullptr;
+  std::vector<cudaEvent_t> events_;  // block timing: n_layers + 2 events when on
+};
+
+}  // namespace dsv4

@@ -1,0 +1,153 @@
+#include "backends/cuda/runner.h"
+
+#include <algorithm>
+#include <set>
+
+#include "backends/cuda/verify.h"
+#include "core/error.h"
+#include "ops/cpu/sampler.h"
+#include "ops/cuda/common/cuda_check.h"
+
+namespace dsv4 {
+namespace {
+
+StepLimits step_limits(const CudaModel& m, const CacheConfig& c) {
+  const ModelConfig& mc = m.config();
+  StepLimits l;
+  l.max_tokens = m.limits().max_tokens;
+  l.max_seqs = std::min(m.limits().max_seqs, c.max_seqs);
+  auto pages = [&](int64_t entries) {
+    return int(std::max<int64_t>(1, (entries + c.page_size - 1) / c.page_size));
+  };
+  const int64_t ctx = m.limits().max_context;
+  l.stride[int(PageKind::kWindow)] = pages(mc.window_size);
+  l.stride[int(PageKind::kC4)] = pages(ctx / 4);
+  l.stride[int(PageKind::kC128)] = pages(ctx / 128);
+  return l;
+}
+
+int64_t next_pow2(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+PagedRunner::Limits runner_limits(const CudaModel& m, const CacheConfig& c) {
+  PagedRunner::Limits l;
+  l.max_step_tokens = m.limits().max_tokens;
+  l.max_step_seqs = std::min(m.limits().max_seqs, c.max_seqs);
+  l.max_context = m.limits().max_context;
+  l.max_logit_rows = m.limits().max_logit_rows;
+  return l;
+}
+
+}  // namespace
+
+CudaRunner::CudaRunner(CudaModel& model, const CacheConfig& cache, const CudaRunnerOptions& o)
+    : PagedRunner(model.config(), cache, runner_limits(model, cache)),
+      model_(model),
+      cache_(model.config(), cache),
+      meta_(step_limits(model, cache), model.config().window_size),
+      opt_(o) {
+  const size_t n = size_t(model.limits().max_logit_rows) * size_t(model.config().vocab_size);
+  DSV4_CUDA_CHECK(cudaMallocHost(&host_logits_, n * sizeof(float)));
+}
+
+CudaRunner::~CudaRunner() {
+  for (auto& [key, g] : graphs_) {
+    if (g.exec) cudaGraphExecDestroy(g.exec);
+    if (g.graph) cudaGraphDestroy(g.graph);
+  }
+  if (host_logits_) cudaFreeHost(host_logits_);
+}
+
+void CudaRunner::set_verifier(CudaVerifier* v) {
+  verify_ = v;
+  model_.set_verifier(v);
+}
+
+CudaRunner::Owned::Owned() = default;
+CudaRunner::Owned::~Owned() = default;
+
+void CudaRunner::adopt(std::unique_ptr<Owned> owned) {
+  owned_ = std::move(owned);
+}
+
+void CudaRunner::copy_pages(const std::vector<PageCopy>& copies) {
+  for (const PageCopy& c : copies) cache_.copy_page(c, model_.stream());
+}
+
+std::string CudaRunner::report() const {
+  return verify_ ? verify_->summary() : std::string();
+}
+
+// The end of the context bucket of a decode step: the next power of two >= 1024 of its
+// largest position + 1, capped by the planned context.
+int64_t CudaRunner::bucket(const std::vector<ChunkRef>& chunks) const {
+  int64_t max_pos = 0;
+  for (const ChunkRef& c : chunks) max_pos = std::max(max_pos, c.start + c.n - 1);
+  return std::min(std::max<int64_t>(1024, next_pow2(max_pos + 1)), model_.limits().max_context);
+}
+
+void CudaRunner::run_graph(const std::vector<ChunkRef>& chunks, const std::vector<int>& rows) {
+  const int64_t end = bucket(chunks);
+  const cudaStream_t stream = model_.stream();
+  const DeviceStep st = meta_.build(chunks, rows, end - 1, stream);
+  const std::pair<int, int64_t> key{int(chunks.size()), end};
+  if (auto it = graphs_.find(key); it != graphs_.end()) {
+    DSV4_CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream));
+    ++replays_;
+    return;
+  }
+  if (seen_[key]++ == 0) {
+    model_.forward(st, cache_);  // warm-up: kernels set their attributes outside the capture
+    return;
+  }
+  Graph g;
+  DSV4_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    model_.forward(st, cache_);
+  } catch (const std::exception& e) {
+    cudaGraph_t broken = nullptr;
+    cudaStreamEndCapture(stream, &broken);
+    if (broken) cudaGraphDestroy(broken);
+    cudaGetLastError();
+    throw Error(
+        cat("capturing the decode step of ", chunks.size(),
+            " sequences as a CUDA graph failed (run without CUDA graphs to bypass): ", e.what()));
+  }
+  DSV4_CUDA_CHECK(cudaStreamEndCapture(stream, &g.graph));
+  DSV4_CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
+  graphs_[key] = g;
+  DSV4_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
+}
+
+StepOutput CudaRunner::forward(const Batch& b) {
+  const std::vector<ChunkRef>& chunks = b.chunks;
+  const cudaStream_t stream = model_.stream();
+  if (opt_.cuda_graphs && !verify_ && b.decode_only &&
+      opt_.graph_batch_sizes.count(int(chunks.size()))) {
+    run_graph(chunks, b.rows);
+  } else {
+    const int64_t bound = b.decode_only && opt_.bucket_eager_decode ? bucket(chunks) - 1 : -1;
+    const DeviceStep st = meta_.build(chunks, b.rows, bound, stream);
+    model_.forward(st, cache_);
+  }
+  // Every computed row (the wanted logits first, then rows only sampled) in one copy.
+  const int V = config().vocab_size;
+  const size_t n = b.rows.size() * size_t(V);
+  if (n)
+    DSV4_CUDA_CHECK(cudaMemcpyAsync(host_logits_, model_.logits(), n * sizeof(float),
+                                    cudaMemcpyDeviceToHost, stream));
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));
+  StepOutput out;
+  for (size_t i = 0; i < b.samples.size(); ++i) {
+    const SampleSpec& s = *b.samples[i];
+    out.samples.push_back(cpu::sample_row(host_logits_ + size_t(b.sample_rows[i]) * V, V, *s.params,
+                                          s.index, s.counts, s.forced));
+  }
+  out.logits.assign(host_logits_, host_logits_ + size_t(b.num_logit_rows) * V);
+  return out;
+}
+
+}  // namespace dsv4

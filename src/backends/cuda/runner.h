@@ -1,0 +1,97 @@
+// The CUDA backend's runner: the CUDA model over a device cache pool in the shared byte
+// layout (DeviceCache), with the page bookkeeping of PagedRunner. A step's metadata
+// (positions, block tables of the three page kinds, state slots, logit rows) is built on the
+// host and uploaded in one go.
+//
+// Decode steps (every sequence one token) of the batch sizes in `graph_batch_sizes` are
+// captured as CUDA graphs, one per (batch size, context bucket): the launch bounds of a graph
+// use the bucket's end (the next power of two >= 1024 of the longest sequence) as the largest
+// position, so one graph serves every step whose positions fall in the bucket. The first step
+// of a (size, bucket) runs eagerly (it also sets the kernels' function attributes), the second
+// captures, later ones replay. Graph replay and eager runs give the same bits.
+//
+// Logits rows and the rows to sample come back through a pinned buffer planned for the
+// largest step; the samples are drawn with the reference sampler (ops/cpu/sampler.h).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backends/cpu/weights.h"
+#include "backends/cuda/device_cache.h"
+#include "backends/cuda/model.h"
+#include "backends/cuda/step.h"
+#include "model/paged_runner.h"
+
+namespace dsv4 {
+
+class CudaVerifier;
+
+struct CudaRunnerOptions {
+  bool cuda_graphs = true;
+  std::set<int> graph_batch_sizes = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+  // Eager decode steps size their launches with the same bucketed position bound as graphs
+  // (so an eager run and a graph replay compute the same bits; tests compare them).
+  bool bucket_eager_decode = false;
+};
+
+class CudaRunner final : public PagedRunner {
+ public:
+  CudaRunner(CudaModel& model, const CacheConfig& cache, const CudaRunnerOptions& options = {});
+  ~CudaRunner() override;
+
+  // Verify mode (graphs off while it is set); null turns it off.
+  void set_verifier(CudaVerifier* v);
+  std::string report() const override;
+
+  // What a runner opened from a model directory keeps alive: the context, the model, and in
+  // verify mode the CPU weights and the verifier (destroyed in reverse order).
+  struct Owned {
+    Owned();
+    ~Owned();
+    std::unique_ptr<DeviceContext> context;
+    std::unique_ptr<CudaModel> model;
+    cpu::ModelWeights cpu_weights;
+    std::unique_ptr<CudaVerifier> verifier;
+  };
+  void adopt(std::unique_ptr<Owned> owned);
+
+  DeviceCache& cache() { return cache_; }
+  CudaModel& model() { return model_; }
+  int graphs_captured() const { return int(graphs_.size()); }
+  int64_t graph_replays() const { return replays_; }
+
+ private:
+  struct Graph {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+  };
+  void reset_states(int slot) override { cache_.reset_states(slot, model_.stream()); }
+  void copy_sequence(const SequenceCache& from, const SequenceCache& to) override {
+    cache_.copy_sequence(from, to, model_.stream());
+  }
+  void copy_pages(const std::vector<PageCopy>& copies) override;
+  StepOutput forward(const Batch& batch) override;
+  void run_graph(const std::vector<ChunkRef>& chunks, const std::vector<int>& rows);
+  int64_t bucket(const std::vector<ChunkRef>& chunks) const;
+
+  std::unique_ptr<Owned> owned_;  // destroyed last
+  CudaModel& model_;
+  DeviceCache cache_;
+  StepBuffers meta_;
+  CudaRunnerOptions opt_;
+  CudaVerifier* verify_ = nullptr;
+  std::map<std::pair<int, int64_t>, int> seen_;  // (batch, bucket) -> eager runs
+  std::map<std::pair<int, int64_t>, Graph> graphs_;
+  int64_t replays_ = 0;
+  float* host_logits_ = nullptr;  // pinned [max_logit_rows, vocab]
+};
+
+}  // namespace dsv4

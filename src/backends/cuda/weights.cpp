@@ -1,0 +1,263 @@
+#include "backends/cuda/weights.h"
+
+#include <cstdio>
+#include <cstring>
+
+#include "core/error.h"
+#include "ops/cpu/rope.h"
+#include "ops/cuda/attn_output/attn_output.h"
+#include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/gemm/w8a16_linear.h"
+#include "ops/cuda/moe/moe_config.h"
+
+namespace dsv4 {
+namespace {
+
+template <typename T>
+DeviceBuffer<T> upload_raw(const TensorView& t) {
+  DSV4_CHECK(t.nbytes % sizeof(T) == 0, "tensor '", t.name, "': ", t.nbytes,
+             " bytes is not a whole number of elements");
+  DeviceBuffer<T> d(t.nbytes / sizeof(T));
+  if (t.nbytes) DSV4_CUDA_CHECK(cudaMemcpy(d.data(), t.data, t.nbytes, cudaMemcpyHostToDevice));
+  return d;
+}
+
+CudaBf16 bf16_tensor(const TensorView* t, const char* what) {
+  DSV4_CHECK(t != nullptr, "CUDA weights: ", what, " missing");
+  DSV4_CHECK(t->dtype == DType::kBF16, "tensor '", t->name, "': expected BF16, got ",
+             dtype_name(t->dtype));
+  return {upload_raw<uint16_t>(*t)};
+}
+
+DeviceBuffer<float> f32_tensor(const TensorView* t, const char* what) {
+  DSV4_CHECK(t != nullptr, "CUDA weights: ", what, " missing");
+  DSV4_CHECK(t->dtype == DType::kF32, "tensor '", t->name, "': expected F32, got ",
+             dtype_name(t->dtype));
+  return upload_raw<float>(*t);
+}
+
+CudaHcUnit hc_unit(const HcRef& r) {
+  return {f32_tensor(r.fn, "hc fn"), f32_tensor(r.base, "hc base"),
+          f32_tensor(r.scale, "hc scale")};
+}
+
+void check_fp8(const Fp8Ref& r) {
+  DSV4_CHECK(r.weight && r.scale, "CUDA weights: FP8 linear missing");
+  DSV4_CHECK(r.weight->dtype == DType::kF8E4M3 && r.weight->shape.size() == 2, "tensor '",
+             r.weight->name, "': expected F8_E4M3 [out, in]");
+  DSV4_CHECK(r.weight->shape[1] % 128 == 0, "tensor '", r.weight->name,
+             "': in = ", r.weight->shape[1], " is not a multiple of 128 (FP8 GEMM)");
+}
+
+// e4m3 rows of the given linears stacked into one [sum n, k] matrix; every part but the last
+// must have n % 128 == 0 so that the 128-row scale blocks stay aligned.
+CudaFp8Linear fp8_stack(const std::vector<const Fp8Ref*>& parts) {
+  CudaFp8Linear l;
+  l.k = int(parts[0]->weight->shape[1]);
+  int64_t rows = 0, scale_rows = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Fp8Ref& r = *parts[i];
+    check_fp8(r);
+    DSV4_CHECK(r.weight->shape[1] == l.k, "tensor '", r.weight->name, "': in differs");
+    DSV4_CHECK(i + 1 == parts.size() || r.weight->shape[0] % 128 == 0, "tensor '", r.weight->name,
+               "': rows not a multiple of 128 cannot be stacked");
+    rows += r.weight->shape[0];
+    scale_rows += r.scale->shape[0];
+  }
+  l.n = int(rows);
+  l.codes = DeviceBuffer<uint8_t>(size_t(rows) * l.k);
+  DeviceBuffer<uint8_t> e8m0(size_t(scale_rows) * (l.k / 128));
+  size_t off = 0, soff = 0;
+  for (const Fp8Ref* r : parts) {
+    DSV4_CUDA_CHECK(cudaMemcpy(l.codes.data() + off, r->weight->data, r->weight->nbytes,
+                               cudaMemcpyHostToDevice));
+    DSV4_CHECK(r->scale->nbytes == size_t(r->scale->shape[0]) * (l.k / 128), "tensor '",
+               r->scale->name, "': unexpected scale size");
+    DSV4_CUDA_CHECK(
+        cudaMemcpy(e8m0.data() + soff, r->scale->data, r->scale->nbytes, cudaMemcpyHostToDevice));
+    off += r->weight->nbytes;
+    soff += r->scale->nbytes;
+  }
+  l.scales_t = DeviceBuffer<float>(size_t(l.k / 128) * ((l.n + 127) / 128));
+  cuda::fp8_weight_scales_to_f32(e8m0.data(), l.n, l.k, l.scales_t.data(), nullptr);
+  // The exact W8A16 path (--exact-linears) reads the UE8M0 blocks and per-row BF16 scales
+  // (1/64 of the weight bytes); both are kept so either path can run.
+  if (l.n % 128 == 0) {
+    l.scale_rows = DeviceBuffer<uint16_t>(cuda::w8a16_scale_rows_elems(l.n, l.k));
+    cuda::w8a16_prepare_scales(e8m0.data(), l.n, l.k,
+                               reinterpret_cast<__nv_bfloat16*>(l.scale_rows.data()), nullptr);
+  }
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+  l.scale_e8m0 = std::move(e8m0);
+  return l;
+}
+
+CudaFp8Linear fp8(const Fp8Ref& r) {
+  return fp8_stack({&r});
+}
+
+// BF16 rows of several [rows_i, dim] tensors stacked.
+CudaBf16 bf16_stack(const std::vector<const TensorView*>& parts) {
+  size_t n = 0;
+  for (const TensorView* t : parts) {
+    DSV4_CHECK(t && t->dtype == DType::kBF16, "CUDA weights: compressor projection must be BF16");
+    n += t->nbytes / 2;
+  }
+  CudaBf16 out{DeviceBuffer<uint16_t>(n)};
+  size_t off = 0;
+  for (const TensorView* t : parts) {
+    DSV4_CUDA_CHECK(cudaMemcpy(out.bits.data() + off, t->data, t->nbytes, cudaMemcpyHostToDevice));
+    off += t->nbytes / 2;
+  }
+  return out;
+}
+
+size_t free_device_bytes() {
+  size_t free = 0, total = 0;
+  DSV4_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return free;
+}
+
+}  // namespace
+
+void check_cuda_supported(const ModelConfig& c) {
+  auto need = [](bool ok, auto&&... what) {
+    if (!ok) throw Error(cat("CUDA backend: unsupported model: ", what...));
+  };
+  need(c.hc_mult == 4, "hc_mult ", c.hc_mult, " (the mHC kernels take 4)");
+  need(c.head_dim == 512 && c.rope_head_dim == 64, "head_dim ", c.head_dim, " / rope ",
+       c.rope_head_dim, " (the KV cache and attention kernels take 512 = 448 + 64)");
+  need(c.dim % 256 == 0 && (c.dim / 256 <= 16 || c.dim / 512 <= 16), "dim ", c.dim,
+       " (mHC needs a multiple of 256, at most 8192)");
+  need(c.q_lora_rank % 128 == 0 && c.o_lora_rank % 128 == 0 && c.moe_inter_dim % 128 == 0,
+       "q_lora ", c.q_lora_rank, ", o_lora ", c.o_lora_rank, ", moe_inter ", c.moe_inter_dim,
+       " (FP8 / FP4 GEMMs need multiples of 128)");
+  need(c.n_heads == 4 || c.n_heads == 8 || (c.n_heads % 16 == 0 && c.n_heads <= 256), "n_heads ",
+       c.n_heads, " (sparse attention takes 4, 8 or a multiple of 16)");
+  need(c.window_size >= 1 && c.window_size <= 4096, "window ", c.window_size);
+  need(c.score_func == ScoreFunc::kSqrtSoftplus, "score function (only sqrt-softplus on CUDA)");
+  need(c.n_shared_experts == 1, "n_shared_experts ", c.n_shared_experts, " (one shared expert)");
+  bool csa = false;
+  for (int r : c.compress_ratios) {
+    need(r == 0 || r == 4 || r == 128, "compress ratio ", r);
+    csa |= r == 4;
+  }
+  if (csa) {
+    need(c.index_head_dim == 128, "index_head_dim ", c.index_head_dim, " (128 only)");
+    need(c.index_n_heads == 8 || c.index_n_heads == 16 || c.index_n_heads == 32 ||
+             c.index_n_heads == 64,
+         "index_n_heads ", c.index_n_heads, " (8, 16, 32 or 64)");
+    need(c.index_topk >= 1 && c.index_topk <= 1024, "index_topk ", c.index_topk);
+  }
+}
+
+CudaModelWeights upload_cuda_weights(const ModelConfig& c, const WeightsRef& ref, bool progress) {
+  check_cuda_supported(c);
+  const size_t free0 = free_device_bytes();
+  CudaModelWeights m;
+  const int units = int(ref.blocks.size()) + 1;
+  auto report = [&](int done) {
+    if (!progress) return;
+    const double gb = double(free0 - free_device_bytes()) / double(1ull << 30);
+    const int width = 40, filled = width * done / units;
+    std::fprintf(stderr, "\rloading weights [%.*s%*s] %3d%% %6.1f GiB on the GPU", filled,
+                 "########################################", width - filled, "", 100 * done / units,
+                 gb);
+    if (done == units) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+  };
+  report(0);
+  m.embed = bf16_tensor(ref.embed, "embed");
+  m.head = bf16_tensor(ref.head, "head");
+  m.norm = bf16_tensor(ref.norm, "norm");
+  m.hc_head = hc_unit(ref.hc_head);
+  const cpu::RopeTable plain = cpu::RopeTable::make(c.rope_head_dim, c.rope_theta, 0, c.rope_factor,
+                                                    c.beta_fast, c.beta_slow);
+  const cpu::RopeTable yarn =
+      cpu::RopeTable::make(c.rope_head_dim, c.compress_rope_theta, c.original_seq_len,
+                           c.rope_factor, c.beta_fast, c.beta_slow);
+  m.inv_freq_plain = DeviceBuffer<float>(plain.inv_freq);
+  m.inv_freq_yarn = DeviceBuffer<float>(yarn.inv_freq);
+  report(1);
+
+  for (const BlockRef& br : ref.blocks) {
+    CudaBlockWeights b;
+    b.index = br.index;
+    b.ratio = c.ratio(br.index);
+    b.hc_attn = hc_unit(br.hc_attn);
+    b.hc_ffn = hc_unit(br.hc_ffn);
+    b.attn_norm = bf16_tensor(br.attn_norm, "attn_norm");
+    b.ffn_norm = bf16_tensor(br.ffn_norm, "ffn_norm");
+
+    const AttentionRef& a = br.attn;
+    b.wq_a = fp8(a.wq_a);
+    b.wq_b = fp8(a.wq_b);
+    b.wkv = fp8(a.wkv);
+    b.wo_b = fp8(a.wo_b);
+    b.q_norm = bf16_tensor(a.q_norm, "q_norm");
+    b.kv_norm = bf16_tensor(a.kv_norm, "kv_norm");
+    b.sink = f32_tensor(a.attn_sink, "attn_sink");
+    // wo_a: codes and UE8M0 scales as in the checkpoint, plus the tensor-core path's scales.
+    check_fp8(a.wo_a);
+    b.wo_a.n = int(a.wo_a.weight->shape[0]);
+    b.wo_a.k = int(a.wo_a.weight->shape[1]);
+    b.wo_a.codes = upload_raw<uint8_t>(*a.wo_a.weight);
+    b.wo_a.scale_e8m0 = upload_raw<uint8_t>(*a.wo_a.scale);
+    const int in_g = c.heads_per_group() * c.head_dim;
+    DSV4_CHECK(b.wo_a.n == c.o_groups * c.o_lora_rank && b.wo_a.k == in_g, "tensor '",
+               a.wo_a.weight->name, "': unexpected shape");
+    b.wo_a_scale_rows.bits =
+        DeviceBuffer<uint16_t>(cuda::wo_a_scale_rows_elems(c.o_groups, c.o_lora_rank, in_g));
+    cuda::wo_a_prepare_scales(b.wo_a.scale_e8m0.data(), c.o_groups, c.o_lora_rank, in_g,
+                              reinterpret_cast<__nv_bfloat16*>(b.wo_a_scale_rows.bits.data()),
+                              nullptr);
+
+    if (a.compressor) {
+      const CompressorRef& cr = *a.compressor;
+      std::vector<const TensorView*> rows{cr.wkv, cr.wgate};
+      b.main_width = int(cr.wkv->shape[0]);
+      b.main_ape = f32_tensor(cr.ape, "compressor ape");
+      b.main_norm = bf16_tensor(cr.norm, "compressor norm");
+      if (a.indexer) {
+        const IndexerRef& ix = *a.indexer;
+        rows.push_back(ix.compressor.wkv);
+        rows.push_back(ix.compressor.wgate);
+        b.index_width = int(ix.compressor.wkv->shape[0]);
+        b.index_ape = f32_tensor(ix.compressor.ape, "indexer compressor ape");
+        b.index_norm = bf16_tensor(ix.compressor.norm, "indexer compressor norm");
+        b.index_wq_b = fp8(ix.wq_b);
+        b.weights_proj = bf16_tensor(ix.weights_proj, "indexer weights_proj");
+      }
+      b.comp_rows = 2 * b.main_width + 2 * b.index_width;
+      b.comp_proj = bf16_stack(rows);
+    }
+
+    b.moe = cuda::moe::upload_moe_weights(br.ffn);
+    b.shared_inter = int(br.ffn.shared_w1.weight->shape[0]);
+    b.shared_fused = b.shared_inter % 128 == 0;
+    if (b.shared_fused) {
+      b.shared_w13 = fp8_stack({&br.ffn.shared_w1, &br.ffn.shared_w3});
+    } else {
+      b.shared_w1 = fp8(br.ffn.shared_w1);
+      b.shared_w3 = fp8(br.ffn.shared_w3);
+    }
+    b.shared_w2 = fp8(br.ffn.shared_w2);
+
+    if (br.mtp) {
+      b.has_mtp = true;
+      b.e_proj = fp8(br.mtp->e_proj);
+      b.h_proj = fp8(br.mtp->h_proj);
+      b.enorm = bf16_tensor(br.mtp->enorm, "mtp enorm");
+      b.hnorm = bf16_tensor(br.mtp->hnorm, "mtp hnorm");
+      b.mtp_norm = bf16_tensor(br.mtp->norm, "mtp norm");
+      b.mtp_hc_head = hc_unit(br.mtp->hc_head);
+    }
+    DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+    m.blocks.push_back(std::move(b));
+    report(int(m.blocks.size()) + 1);
+  }
+  m.device_bytes = free0 - free_device_bytes();
+  return m;
+}
+
+}  // namespace dsv4

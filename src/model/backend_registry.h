@@ -1,0 +1,35 @@
+// Backends by name: each registers a factory that opens a model directory into a Runner. The
+// CPU backend is always there (the runtime registers it); the CUDA backend registers itself
+// when a program links it and calls register_cuda_backend() (backends/cuda/backend.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/runner.h"
+
+namespace dsv4 {
+
+struct RunnerOptions {
+  std::string model_dir;
+  int page_size = 64;
+  int max_sequences = 1;       // sequences alive at once (compressor-state slots)
+  int64_t max_tokens = 4096;   // per sequence
+  int64_t cache_bytes = 0;     // 0: room for max_sequences x max_tokens
+  int max_step_tokens = 0;     // 0: the backend's default
+  bool verify = false;         // CUDA
+  bool cuda_graphs = true;     // CUDA
+  bool exact_linears = false;  // CUDA
+};
+
+using RunnerFactory = std::unique_ptr<Runner> (*)(const RunnerOptions& options);
+
+// A later registration of the same name replaces the earlier one.
+void register_backend(const std::string& name, RunnerFactory factory);
+// Null when no backend of that name is registered.
+RunnerFactory find_backend(const std::string& name);
+std::vector<std::string> backend_names();
+
+}  // namespace dsv4

@@ -1,0 +1,91 @@
+// The interface both backends implement: sequences in a paged cache and forward steps over a
+// mixed batch of prefill chunks and decode tokens. The engine loop (runtime/) drives it; it
+// never sees tensors, only token ids in and sampled ids (and, when asked, logits) out.
+//
+// A sequence holds its cache pages. fork_sequence() makes a sequence at another's length that
+// shares its compressed pages (copy-on-write) and owns copies of its window ring and
+// compressor states: the prefix cache keeps forks as resumable snapshots, n > 1 forks the
+// prompt. Capacity queries never throw, so a scheduler can plan a step that will not fail.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvcache/block_manager.h"
+#include "model/model_config.h"
+#include "ops/common/sampling.h"
+
+namespace dsv4 {
+
+// Choose the token after a step input's last token.
+struct SampleSpec {
+  const SamplingParams* params = nullptr;
+  int64_t index = 0;                    // the request's output-token index (the draw's counter)
+  const TokenCounts* counts = nullptr;  // penalties' history; null: none
+  int32_t forced = -1;                  // >= 0: emit this id instead (test facility)
+};
+
+struct StepInput {
+  int seq = -1;                 // from open_sequence() / fork_sequence()
+  std::vector<int32_t> tokens;  // appended at the sequence's next positions
+  bool all_logits = false;      // logits rows for every token, else for the last one
+  bool logits = true;           // logits wanted at all (a sampled decode step needs none)
+  const SampleSpec* sample = nullptr;
+};
+
+struct StepOutput {
+  // Rows in input order: per input with `logits`, tokens.size() rows if all_logits else 1;
+  // [rows, vocab] fp32.
+  std::vector<float> logits;
+  // Per input with `sample`, in input order.
+  std::vector<SampledToken> samples;
+};
+
+// Cache occupancy, for schedulers and metrics.
+struct CacheUsage {
+  int pages_used[kNumPageKinds] = {0, 0, 0};
+  int pages_total[kNumPageKinds] = {0, 0, 0};
+  int slots_used = 0, slots_total = 0;
+  // The fullest paged store's used fraction (0 when none has pages).
+  double fraction() const;
+};
+
+class Runner {
+ public:
+  virtual ~Runner() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  // The largest step: tokens over all inputs, inputs, and positions per sequence.
+  virtual int max_step_tokens() const = 0;
+  virtual int max_step_seqs() const = 0;
+  virtual int64_t max_context() const = 0;
+  virtual int max_logit_rows() const = 0;  // logits rows (wanted or sampled) per step
+
+  // Throw dsv4::Error when the cache has no room (check can_open() first).
+  virtual int open_sequence() = 0;
+  virtual int fork_sequence(int src) = 0;
+  virtual void close_sequence(int seq) = 0;
+  virtual int64_t length(int seq) const = 0;
+
+  virtual bool can_open() const = 0;
+  // Room for `seq` to grow by `n` tokens (copies of shared pages included).
+  virtual bool can_append(int seq, int64_t n) const = 0;
+  // Pages of kind `k` growing `seq` by `n` tokens takes from the pool (new + copies).
+  virtual int64_t pages_to_append(int seq, int64_t n, PageKind k) const = 0;
+  virtual const CacheSpec& cache_spec() const = 0;
+  virtual int page_size() const = 0;
+  virtual CacheUsage usage() const = 0;
+  // Diagnostics worth printing after a run (verify mode's summary); empty when none.
+  virtual std::string report() const { return {}; }
+
+  // Validates every input (ids, lengths, room) before touching any state; throws dsv4::Error.
+  virtual StepOutput step(const std::vector<StepInput>& inputs) = 0;
+  // step(inputs).logits.
+  std::vector<float> step_logits(const std::vector<StepInput>& inputs) {
+    return step(inputs).logits;
+  }
+};
+
+}  // namespace dsv4

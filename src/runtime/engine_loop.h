@@ -1,0 +1,64 @@
+// The engine loop: requests in, one step at a time: schedule -> run the batch on the Runner ->
+// postprocess (append sampled tokens, check stops and lengths, finish, free). One thread
+// drives it; the server's HTTP threads never call it directly.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dsv4/engine.h"
+#include "model/runner.h"
+#include "runtime/request.h"
+#include "runtime/scheduler.h"
+
+namespace dsv4 {
+
+struct EngineLoopOptions {
+  int max_running = 1;      // choices holding sequences at once
+  int max_step_tokens = 0;  // 0: the runner's, at most kDefaultStepTokens
+  int64_t max_tokens = 0;   // per sequence (prompt + output); 0: the runner's context
+  static constexpr int kDefaultStepTokens = 8192;
+};
+
+class EngineLoop {
+ public:
+  EngineLoop(std::unique_ptr<Runner> runner, const EngineLoopOptions& options);
+  ~EngineLoop();
+
+  const ModelInfo& info() const { return info_; }
+  Runner& runner() { return *runner_; }
+
+  // Validates and queues a request; throws dsv4::Error naming what is wrong. With
+  // `prompt_logits` every prompt row's logits are kept (`chunk` tokens per step, 0: any),
+  // for take_prompt_logits().
+  uint64_t add(const std::vector<int32_t>& prompt, const SamplingOptions& sampling, int n = 1,
+               bool prompt_logits = false, int chunk = 0);
+  std::vector<RequestOutput> step();
+  void cancel(uint64_t id);
+  // Requests not finished, or whose finish step() has not returned yet.
+  bool has_work() const;
+  EngineStats stats() const;
+  // The kept logits of a finished prompt-logits request (removes it).
+  std::vector<float> take_prompt_logits(uint64_t id);
+
+ private:
+  void validate(const std::vector<int32_t>& prompt, const SamplingOptions& s, int n) const;
+  void postprocess(const std::vector<ScheduledChunk>& chunks, StepOutput& out);
+  void fail(const std::vector<ScheduledChunk>& chunks, const std::string& why);
+  void finish(Request& r, Choice& c, FinishReason why);
+  void emit(std::vector<RequestOutput>& out);
+
+  std::unique_ptr<Runner> runner_;
+  EngineLoopOptions opt_;
+  ModelInfo info_;
+  std::unique_ptr<Scheduler> sched_;
+  std::map<uint64_t, std::unique_ptr<Request>> requests_;
+  uint64_t next_id_ = 1;
+  uint64_t arrivals_ = 0;
+  EngineStats counters_;
+};
+
+}  // namespace dsv4

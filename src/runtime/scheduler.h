@@ -1,0 +1,97 @@
+// Which choices run in the next step, and how many tokens each brings: continuous batching
+// with chunked prefill mixed into decode steps under a per-step token budget, admission by
+// cache capacity, and preemption by recompute when the pages run out.
+//
+// Each step, in this order:
+//  1. every running choice that is decoding brings its one token (decodes never wait behind a
+//     long prefill);
+//  2. running choices still prefilling bring the next chunk of their prompt, FCFS, while the
+//     budget lasts;
+//  3. waiting choices are admitted FCFS (the queue never reorders: a request that does not fit
+//     blocks the ones behind it) while max_running, the budget, the state slots and the pages
+//     allow. A choice is admitted only when the pages its whole prefill and first decode need
+//     are free after what the running prefills will still take, so admission never
+//     over-commits the cache.
+// A running choice whose next tokens find no pages (decode growth is not reserved ahead)
+// preempts the latest-arrived running choice, repeatedly, itself last: the victim's sequence
+// is closed (its pages freed) and it waits again at the front (its arrival is earlier than any
+// newcomer's), to recompute prompt + output so far when readmitted. Its output is unchanged:
+// the draw of output token i depends on (seed, i) alone, and on the CPU backend chunking does
+// not change a bit.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/runner.h"
+#include "runtime/request.h"
+
+namespace dsv4 {
+
+struct SchedulerOptions {
+  int max_running = 1;        // choices holding sequences at once
+  int max_step_tokens = 512;  // tokens per step over all inputs
+  int max_step_seqs = 1 << 30;
+  int max_logit_rows = 1 << 30;  // logits rows (wanted or sampled) per step
+};
+
+// One choice's work in a step: tokens [start, start + n) of prompt ++ output.
+struct ScheduledChunk {
+  Request* request = nullptr;
+  Choice* choice = nullptr;
+  int64_t start = 0;
+  int n = 0;
+  bool sample = false;  // the chunk ends at the last known token: sample the next one
+  int64_t rows = 0;     // logits rows it takes
+  int64_t pages[kNumPageKinds] = {0, 0, 0};  // pages it takes from the pool
+};
+
+class Scheduler {
+ public:
+  Scheduler(Runner& runner, const SchedulerOptions& options);
+
+  // Queues a new request (all its choices wait).
+  void add(Request* r);
+  // Drops every choice of the request from the queues, closing their sequences.
+  void remove(Request* r);
+  // Closes a finished choice's sequence and drops it from the running set.
+  void finish(Request* r, Choice* c);
+  // After a step: forks the choices of an n > 1 request whose shared prefill completed.
+  void after_step(Request* r);
+
+  // The next step's work. Admits and preempts as it goes.
+  std::vector<ScheduledChunk> schedule();
+
+  int running() const { return int(running_.size()); }
+  int waiting() const;
+  int64_t preemptions() const { return preemptions_; }
+
+  // The tokens a choice needs in the cache before it samples next: prompt + output, or, for
+  // choice 0 of an n > 1 request before its fork, the prompt but its last token.
+  static int64_t target(const Request& r, const Choice& c);
+
+ private:
+  struct Entry {
+    Request* request;
+    int choice;
+    Choice& c() const { return request->choices[size_t(choice)]; }
+    bool operator<(const Entry& o) const {
+      return request->arrival != o.request->arrival ? request->arrival < o.request->arrival
+                                                    : choice < o.choice;
+    }
+  };
+  int64_t computed(const Choice& c) const;
+  // Pages of kind k a new sequence of `tokens` tokens holds.
+  int64_t pages_for(PageKind k, int64_t tokens) const;
+  bool try_admit(const Entry& e, int64_t budget);
+  void preempt(const Entry& e);
+  void drop_running(const Entry& e);
+
+  Runner& runner_;
+  SchedulerOptions opt_;
+  std::vector<Entry> waiting_;  // sorted by (arrival, choice)
+  std::vector<Entry> running_;  // sorted by (arrival, choice)
+  int64_t preemptions_ = 0;
+};
+
+}  // namespace dsv4

@@ -1,0 +1,304 @@
+// The engine loop on the CPU backend: every request's tokens and logprobs are what it gets
+// alone, bit for bit, whatever else is in flight (mixed lengths and sampling parameters,
+// chunked prefills mixed into decode steps, preemption under a small cache, n > 1 choices
+// sharing the prompt's pages with copy-on-write); cancelling frees the cache; bad requests
+// are errors before anything runs.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+
+#include "core/error.h"
+#include "dsv4/engine.h"
+#include "model/cache_spec.h"
+#include "model/model_config.h"
+#include "model/tiny_checkpoint.h"
+#include "support/temp_dir.h"
+
+namespace dsv4::test {
+namespace {
+
+struct Case {
+  std::vector<int32_t> prompt;
+  SamplingOptions s;
+  int n = 1;
+};
+
+struct Result {
+  std::vector<std::vector<int32_t>> tokens;  // per choice
+  std::vector<std::vector<TokenLogprob>> logprobs;
+  std::vector<FinishReason> finish;
+};
+
+class EngineLoopTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    write_tiny_checkpoint(tiny_preset("flash"), ExpertFormat::kMxfp4, 5, dir_->path(),
+                          tiny_init("flash"));
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+
+  static EngineOptions options(int seqs, int64_t cache_bytes = 0, int step_tokens = 0) {
+    EngineOptions o;
+    o.model_dir = dir_->path();
+    o.page_size = 4;
+    o.max_sequences = seqs;
+    o.max_tokens = 96;
+    o.cache_bytes = cache_bytes;
+    o.max_step_tokens = step_tokens;
+    return o;
+  }
+
+  static std::vector<Case> cases() {
+    std::mt19937 rng(11);
+    auto prompt = [&](int n) {
+      std::vector<int32_t> p{0};
+      while (int(p.size()) < n) p.push_back(2 + int32_t(rng() % 2000));
+      return p;
+    };
+    std::vector<Case> c;
+    const int lens[] = {1, 3, 17, 40, 5, 63, 9, 30};
+    for (int i = 0; i < 8; ++i) {
+      Case k;
+      k.prompt = prompt(lens[i]);
+      k.s.max_new_tokens = 6 + i % 3;
+      k.s.stop_at_eos = false;
+      k.s.seed = 100 + uint64_t(i);
+      switch (i % 4) {
+        case 0:
+          break;  // greedy
+        case 1:
+          k.s.temperature = 0.8f;
+          k.s.top_k = 20;
+          k.s.logprobs = true;
+          k.s.top_logprobs = 3;
+          break;
+        case 2:
+          k.s.temperature = 1.2f;
+          k.s.top_p = 0.9f;
+          k.s.min_p = 0.01f;
+          k.s.repetition_penalty = 1.3f;
+          k.s.frequency_penalty = 0.5f;
+          break;
+        case 3:
+          k.s.temperature = 1.0f;
+          k.s.presence_penalty = 1.0f;
+          k.s.logit_bias = {{7, 5.0f}, {9, -3.0f}};
+          k.s.logprobs = true;
+          break;
+      }
+      c.push_back(k);
+    }
+    return c;
+  }
+
+  // Runs the cases concurrently (all queued at once) and collects every choice's output.
+  static std::vector<Result> run(Engine& e, const std::vector<Case>& cs,
+                                 std::vector<uint64_t>* ids_out = nullptr) {
+    std::map<uint64_t, size_t> index;
+    std::vector<Result> res(cs.size());
+    for (size_t i = 0; i < cs.size(); ++i) {
+      index[e.add_request(cs[i].prompt, cs[i].s, cs[i].n)] = i;
+      res[i].tokens.resize(size_t(cs[i].n));
+      res[i].logprobs.resize(size_t(cs[i].n));
+      res[i].finish.resize(size_t(cs[i].n), FinishReason::kNone);
+    }
+    if (ids_out)
+      for (auto& [id, i] : index) ids_out->push_back(id);
+    int steps = 0;
+    while (e.has_work()) {
+      EXPECT_LT(++steps, 10000) << "engine loop does not finish";
+      if (steps >= 10000) break;
+      for (const RequestOutput& o : e.step()) {
+        Result& r = res[index.at(o.request)];
+        auto& t = r.tokens[size_t(o.choice)];
+        t.insert(t.end(), o.tokens.begin(), o.tokens.end());
+        auto& l = r.logprobs[size_t(o.choice)];
+        l.insert(l.end(), o.logprobs.begin(), o.logprobs.end());
+        if (o.finish != FinishReason::kNone) {
+          EXPECT_EQ(r.finish[size_t(o.choice)], FinishReason::kNone) << "finished twice";
+          r.finish[size_t(o.choice)] = o.finish;
+          EXPECT_EQ(o.error, "");
+        }
+      }
+    }
+    return res;
+  }
+
+  static Result solo(const Case& c) {
+    std::unique_ptr<Engine> e = Engine::open(options(4));
+    return run(*e, {c})[0];
+  }
+
+  static void expect_equal(const Result& got, const Result& want, const std::string& what) {
+    ASSERT_EQ(got.tokens.size(), want.tokens.size()) << what;
+    for (size_t j = 0; j < got.tokens.size(); ++j) {
+      EXPECT_EQ(got.tokens[j], want.tokens[j]) << what << " choice " << j;
+      EXPECT_EQ(got.finish[j], want.finish[j]) << what << " choice " << j;
+      ASSERT_EQ(got.logprobs[j].size(), want.logprobs[j].size()) << what;
+      for (size_t k = 0; k < got.logprobs[j].size(); ++k) {
+        EXPECT_EQ(got.logprobs[j][k].token, want.logprobs[j][k].token);
+        EXPECT_EQ(got.logprobs[j][k].logprob, want.logprobs[j][k].logprob) << what;
+        EXPECT_EQ(got.logprobs[j][k].top, want.logprobs[j][k].top) << what;
+      }
+    }
+  }
+
+  static TempDir* dir_;
+};
+
+TempDir* EngineLoopTest::dir_ = nullptr;
+
+TEST_F(EngineLoopTest, ConcurrentRequestsEqualTheirSoloRuns) {
+  const std::vector<Case> cs = cases();
+  std::vector<Result> want;
+  for (const Case& c : cs) want.push_back(solo(c));
+  for (const Result& w : want) {
+    EXPECT_EQ(w.finish[0], FinishReason::kLength);
+    EXPECT_FALSE(w.tokens[0].empty());
+  }
+  // All at once, and again with a small step budget so prefills are chunked and mixed into
+  // decode steps.
+  for (int budget : {0, 16}) {
+    std::unique_ptr<Engine> e = Engine::open(options(8, 0, budget));
+    const std::vector<Result> got = run(*e, cs);
+    for (size_t i = 0; i < cs.size(); ++i)
+      expect_equal(got[i], want[i],
+                   "request " + std::to_string(i) + " budget " + std::to_string(budget));
+    EXPECT_EQ(e->stats().running, 0);
+    EXPECT_EQ(e->stats().cache_usage, 0.0);
+  }
+}
+
+TEST_F(EngineLoopTest, PreemptionUnderASmallCacheGivesTheSameOutputs) {
+  std::vector<Case> cs = cases();
+  for (Case& c : cs) c.s.max_new_tokens = 24;  // decode growth runs the pages out
+  std::vector<Result> want;
+  for (const Case& c : cs) want.push_back(solo(c));
+  // Room for the window rings of 8 sequences but compressed pages for about three of them.
+  const ModelConfig cfg = load_model_config(dir_->path() + "/config.json");
+  CacheConfig small = cache_capacity(cfg, 8, 96, 4);
+  CacheConfig few = cache_capacity(cfg, 3, 96, 4);
+  for (PageKind k : {PageKind::kC4, PageKind::kC128}) small.pages[int(k)] = few.pages[int(k)];
+  std::unique_ptr<Engine> e = Engine::open(options(8, cache_bytes(cfg, small)));
+  const std::vector<Result> got = run(*e, cs);
+  for (size_t i = 0; i < cs.size(); ++i)
+    expect_equal(got[i], want[i], "request " + std::to_string(i));
+  EXPECT_GT(e->stats().preemptions, 0);
+  EXPECT_EQ(e->stats().cache_usage, 0.0);
+}
+
+TEST_F(EngineLoopTest, ChoicesShareThePromptAndEqualTheirSoloRuns) {
+  std::mt19937 rng(5);
+  Case c;
+  c.prompt = {0};
+  while (c.prompt.size() < 30) c.prompt.push_back(2 + int32_t(rng() % 2000));
+  c.s.max_new_tokens = 8;
+  c.s.stop_at_eos = false;
+  // Greedy: every choice is the solo greedy run. 29 shared tokens leave the shared C4 page
+  // partly filled, so each choice's first compressed entry copies it.
+  c.n = 3;
+  const Result g = run(*Engine::open(options(4)), {c})[0];
+  Case one = c;
+  one.n = 1;
+  const Result g1 = solo(one);
+  for (int j = 0; j < 3; ++j) EXPECT_EQ(g.tokens[size_t(j)], g1.tokens[0]) << "choice " << j;
+  // Sampled: choice 0 draws with the request's seed, so it is the solo run with that seed;
+  // the choices differ from each other.
+  c.s.temperature = 1.0f;
+  c.s.seed = 9;
+  one = c;
+  one.n = 1;
+  const Result s = run(*Engine::open(options(4)), {c})[0];
+  EXPECT_EQ(s.tokens[0], solo(one).tokens[0]);
+  EXPECT_NE(s.tokens[1], s.tokens[2]);
+  // And alongside other requests.
+  std::vector<Case> mix = cases();
+  mix.insert(mix.begin() + 2, c);
+  const std::vector<Result> m = run(*Engine::open(options(12)), mix);
+  expect_equal(m[2], s, "n = 3 among others");
+}
+
+TEST_F(EngineLoopTest, CancelFreesTheCache) {
+  std::unique_ptr<Engine> e = Engine::open(options(4));
+  Case c = cases()[5];
+  c.s.max_new_tokens = 30;
+  const uint64_t a = e->add_request(c.prompt, c.s, 1);
+  const uint64_t b = e->add_request(cases()[3].prompt, cases()[3].s, 2);
+  e->step();
+  e->step();
+  EXPECT_GT(e->stats().cache_usage, 0.0);
+  e->cancel(a);
+  e->cancel(b);
+  int aborted = 0;
+  while (e->has_work())
+    for (const RequestOutput& o : e->step()) aborted += o.finish == FinishReason::kAbort;
+  EXPECT_EQ(aborted, 3);
+  EXPECT_EQ(e->stats().cache_usage, 0.0);
+  EXPECT_EQ(e->stats().running, 0);
+  e->cancel(a);  // finished: ignored
+  EXPECT_FALSE(e->has_work());
+}
+
+TEST_F(EngineLoopTest, StopTokensAndZeroNewTokens) {
+  std::unique_ptr<Engine> e = Engine::open(options(2));
+  Case c = cases()[2];
+  const Result full = run(*e, {c})[0];
+  ASSERT_GE(full.tokens[0].size(), 3u);
+  c.s.stop_token_ids = {full.tokens[0][2]};
+  const Result stopped = run(*e, {c})[0];
+  const size_t first =
+      size_t(std::find(full.tokens[0].begin(), full.tokens[0].end(), full.tokens[0][2]) -
+             full.tokens[0].begin());
+  EXPECT_EQ(stopped.tokens[0],
+            std::vector<int32_t>(full.tokens[0].begin(), full.tokens[0].begin() + long(first) + 1));
+  EXPECT_EQ(stopped.finish[0], FinishReason::kStop);
+  c.s.max_new_tokens = 0;
+  const Result none = run(*e, {c})[0];
+  EXPECT_TRUE(none.tokens[0].empty());
+  EXPECT_EQ(none.finish[0], FinishReason::kLength);
+}
+
+TEST_F(EngineLoopTest, ForcedOutputGoesThroughTheSampler) {
+  std::unique_ptr<Engine> e = Engine::open(options(2));
+  Case c = cases()[1];
+  c.s.forced_output = {5, 6, 7};
+  c.s.max_new_tokens = 3;
+  const Result r = run(*e, {c})[0];
+  EXPECT_EQ(r.tokens[0], (std::vector<int32_t>{5, 6, 7}));
+  ASSERT_EQ(r.logprobs[0].size(), 3u);
+  EXPECT_EQ(r.logprobs[0][1].token, 6);
+  EXPECT_LT(r.logprobs[0][1].logprob, 0.0f);
+}
+
+TEST_F(EngineLoopTest, BadRequestsAreErrors) {
+  std::unique_ptr<Engine> e = Engine::open(options(2));
+  SamplingOptions s;
+  EXPECT_THROW(e->add_request({}, s, 1), Error);
+  EXPECT_THROW(e->add_request({2048}, s, 1), Error);
+  EXPECT_THROW(e->add_request(std::vector<int32_t>(97, 3), s, 1), Error);
+  s.max_new_tokens = 90;
+  EXPECT_THROW(e->add_request(std::vector<int32_t>(10, 3), s, 1), Error);
+  s = SamplingOptions{};
+  EXPECT_THROW(e->add_request({3}, s, 0), Error);
+  EXPECT_THROW(e->add_request({3}, s, 3), Error);  // more choices than sequences
+  s.top_p = 0;
+  EXPECT_THROW(e->add_request({3}, s, 1), Error);
+  s = SamplingOptions{};
+  s.temperature = -1;
+  EXPECT_THROW(e->add_request({3}, s, 1), Error);
+  s = SamplingOptions{};
+  s.logit_bias = {{-1, 1.0f}};
+  EXPECT_THROW(e->add_request({3}, s, 1), Error);
+  s = SamplingOptions{};
+  s.top_logprobs = 21;
+  EXPECT_THROW(e->add_request({3}, s, 1), Error);
+  EXPECT_FALSE(e->has_work());
+}
+
+}  // namespace
+}  // namespace dsv4::test
