@@ -5,6 +5,8 @@
 // are errors before anything runs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <random>
 
@@ -273,6 +275,36 @@ TEST_F(EngineLoopTest, ForcedOutputGoesThroughTheSampler) {
   ASSERT_EQ(r.logprobs[0].size(), 3u);
   EXPECT_EQ(r.logprobs[0][1].token, 6);
   EXPECT_LT(r.logprobs[0][1].logprob, 0.0f);
+}
+
+TEST_F(EngineLoopTest, PromptLogprobsAreTheLogSoftmaxOfThePromptLogits) {
+  std::unique_ptr<Engine> e = Engine::open(options(2, 0, 8));  // chunks of 8: scored in pieces
+  const Case c = cases()[3];                                   // 40 tokens
+  const std::vector<float> l = e->prompt_logits(c.prompt, 0);
+  const int V = e->info().vocab_size;
+  SamplingOptions s = c.s;
+  s.prompt_logprobs = 2;
+  s.max_new_tokens = 1;
+  const uint64_t id = e->add_request(c.prompt, s, 1);
+  std::vector<TokenLogprob> got;
+  int outputs_with = 0;
+  while (e->has_work())
+    for (const RequestOutput& o : e->step())
+      if (o.request == id && !o.prompt_logprobs.empty()) got = o.prompt_logprobs, ++outputs_with;
+  EXPECT_EQ(outputs_with, 1);
+  ASSERT_EQ(got.size(), c.prompt.size() - 1);
+  for (size_t p = 0; p + 1 < c.prompt.size(); ++p) {
+    const float* row = l.data() + p * size_t(V);
+    double m = row[0], sum = 0;
+    for (int v = 0; v < V; ++v) m = std::max(m, double(row[v]));
+    for (int v = 0; v < V; ++v) sum += std::exp(double(row[v]) - m);
+    const double lse = m + std::log(sum);
+    EXPECT_EQ(got[p].token, c.prompt[p + 1]);
+    EXPECT_NEAR(got[p].logprob, double(row[c.prompt[p + 1]]) - lse, 1e-5) << p;
+    ASSERT_EQ(got[p].top.size(), 2u);
+    EXPECT_NEAR(got[p].top[0].second, double(row[got[p].top[0].first]) - lse, 1e-5);
+    EXPECT_GE(got[p].top[0].second, got[p].top[1].second);
+  }
 }
 
 TEST_F(EngineLoopTest, BadRequestsAreErrors) {

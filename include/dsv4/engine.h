@@ -55,6 +55,9 @@ struct SamplingOptions {
   std::vector<int32_t> stop_token_ids;                // finish after emitting any of these
   bool logprobs = false;  // report each chosen token's logprob (raw logits' log-softmax)
   int top_logprobs = 0;   // and this many most likely alternatives (<= 20)
+  // >= 0: the logprob of every prompt token after the first (and this many alternatives,
+  // <= 20), in the request's first output (OpenAI completions' echo with logprobs).
+  int prompt_logprobs = -1;
   // Test facility: emit these ids (through the sampler and the stream) instead of the draws.
   std::vector<int32_t> forced_output;
 };
@@ -94,6 +97,9 @@ struct RequestOutput {
   std::string error;
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;  // prompt tokens served from the prefix cache
+  // When asked (SamplingOptions::prompt_logprobs), in the first output of choice 0: one per
+  // prompt token from the second on.
+  std::vector<TokenLogprob> prompt_logprobs;
 };
 
 // Counters and gauges of the serving loop (the server's /metrics).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 
 #include "core/error.h"
@@ -108,7 +109,22 @@ void check_sampling(const SampleSpec& s, int vocab) {
 
 }  // namespace
 
-PagedRunner::Batch PagedRunner::prepare(const std::vector<StepInput>& inputs) {
+std::set<int> PagedRunner::rows_of(const StepInput& in) {
+  std::set<int> r;
+  const int n = static_cast<int>(in.tokens.size());
+  if (in.logits) {
+    if (in.all_logits)
+      for (int j = 0; j < n; ++j) r.insert(j);
+    else
+      r.insert(n - 1);
+  }
+  if (in.sample) r.insert(n - 1);
+  for (size_t j = 0; j < in.score.size(); ++j)
+    if (in.score[j] >= 0) r.insert(int(j));
+  return r;
+}
+
+StepBatch PagedRunner::prepare(const std::vector<StepInput>& inputs) {
   const int V = cfg_.vocab_size;
   DSV4_CHECK(!inputs.empty(), "empty step");
   DSV4_CHECK(int(inputs.size()) <= lim_.max_step_seqs, "step of ", inputs.size(),
@@ -130,8 +146,12 @@ PagedRunner::Batch PagedRunner::prepare(const std::vector<StepInput>& inputs) {
                " tokens exceeds the planned context of ", lim_.max_context);
     if (in.sample) check_sampling(*in.sample, V);
     total += int64_t(in.tokens.size());
-    rows_wanted += in.logits ? (in.all_logits ? int64_t(in.tokens.size()) : 1) : 0;
-    rows_wanted += in.sample && !(in.logits && !in.all_logits) ? 1 : 0;
+    DSV4_CHECK(in.score.empty() || in.score.size() == in.tokens.size(), "score list of ",
+               in.score.size(), " ids for ", in.tokens.size(), " tokens");
+    DSV4_CHECK(in.score_top >= 0 && in.score_top <= kMaxTopLogprobs, "score_top must be in [0, ",
+               kMaxTopLogprobs, "]");
+    for (int32_t t : in.score) DSV4_CHECK(t < V, "scored token ", t, " out of range");
+    rows_wanted += int64_t(rows_of(in).size());
   }
   DSV4_CHECK(total <= lim_.max_step_tokens, "step of ", total, " tokens exceeds the planned ",
              lim_.max_step_tokens, " per step");
@@ -147,12 +167,10 @@ PagedRunner::Batch PagedRunner::prepare(const std::vector<StepInput>& inputs) {
   }
   if (!copies.empty()) copy_pages(copies);
 
-  Batch b;
+  StepBatch b;
   b.decode_only = true;
-  std::vector<int> last_row(inputs.size(), -1);  // index into rows of an input's last row
   int row = 0;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const StepInput& in = inputs[i];
+  for (const auto& in : inputs) {
     SequenceCache& s = sequence(in.seq);
     const int n = static_cast<int>(in.tokens.size());
     b.chunks.push_back({&s, s.tokens, in.tokens.data(), n});
@@ -162,22 +180,31 @@ PagedRunner::Batch PagedRunner::prepare(const std::vector<StepInput>& inputs) {
         for (int j = 0; j < n; ++j) b.rows.push_back(row + j);
       else
         b.rows.push_back(row + n - 1);
-      last_row[i] = int(b.rows.size()) - 1;
     }
     row += n;
   }
   b.num_logit_rows = int(b.rows.size());
+  // Rows sampled or scored: their index in `rows`, appending the ones not already there.
+  std::map<int, int> index;
+  for (int i = 0; i < b.num_logit_rows; ++i) index[b.rows[size_t(i)]] = i;
+  auto at = [&](int r) {
+    auto [it, fresh] = index.emplace(r, int(b.rows.size()));
+    if (fresh) b.rows.push_back(r);
+    return it->second;
+  };
   row = 0;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const StepInput& in = inputs[i];
+  for (const auto& in : inputs) {
     const int n = static_cast<int>(in.tokens.size());
     if (in.sample) {
-      if (last_row[i] < 0) {
-        b.rows.push_back(row + n - 1);
-        last_row[i] = int(b.rows.size()) - 1;
-      }
-      b.sample_rows.push_back(last_row[i]);
+      b.sample_rows.push_back(at(row + n - 1));
       b.samples.push_back(in.sample);
+    }
+    if (!in.score.empty()) {
+      StepBatch::Score sc;
+      sc.ids = &in.score;
+      sc.top = in.score_top;
+      for (int j = 0; j < n; ++j) sc.rows.push_back(in.score[size_t(j)] >= 0 ? at(row + j) : -1);
+      b.scores.push_back(std::move(sc));
     }
     row += n;
   }
@@ -185,7 +212,7 @@ PagedRunner::Batch PagedRunner::prepare(const std::vector<StepInput>& inputs) {
 }
 
 StepOutput PagedRunner::step(const std::vector<StepInput>& inputs) {
-  const Batch b = prepare(inputs);
+  const StepBatch b = prepare(inputs);
   StepOutput out = forward(b);
   for (const auto& in : inputs) sequence(in.seq).tokens += int64_t(in.tokens.size());
   return out;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "kvcache/block_manager.h"
@@ -47,19 +48,6 @@ class PagedRunner : public Runner {
   const SequenceCache& sequence(int seq) const;
 
  protected:
-  // A validated step: one chunk per input (input order), the token rows whose logits the
-  // step computes (`rows`: first the rows StepOutput::logits returns, `num_logit_rows` of
-  // them, then the rows only sampled), and per sampled input the index into `rows` of its
-  // row and its spec.
-  struct Batch {
-    std::vector<ChunkRef> chunks;
-    std::vector<int> rows;
-    int num_logit_rows = 0;
-    std::vector<int> sample_rows;  // indices into `rows`
-    std::vector<const SampleSpec*> samples;
-    bool decode_only = false;  // every input one token
-  };
-
   PagedRunner(const ModelConfig& config, const CacheConfig& cache, const Limits& limits);
 
   // A fresh sequence's compressor states (kv 0, score -inf).
@@ -70,12 +58,14 @@ class PagedRunner : public Runner {
   virtual void copy_pages(const std::vector<PageCopy>& copies) = 0;
   // The forward pass of a validated batch whose pages are reserved; logits of rows
   // [0, num_logit_rows) and the samples.
-  virtual StepOutput forward(const Batch& batch) = 0;
+  virtual StepOutput forward(const StepBatch& batch) = 0;
 
   const Limits& limits() const { return lim_; }
 
  private:
-  Batch prepare(const std::vector<StepInput>& inputs);
+  StepBatch prepare(const std::vector<StepInput>& inputs);
+  // The token rows (0 .. tokens - 1) of an input whose logits the step computes.
+  static std::set<int> rows_of(const StepInput& in);
 
   ModelConfig cfg_;
   Limits lim_;

@@ -33,6 +33,10 @@ struct StepInput {
   bool all_logits = false;      // logits rows for every token, else for the last one
   bool logits = true;           // logits wanted at all (a sampled decode step needs none)
   const SampleSpec* sample = nullptr;
+  // Score the tokens that follow: score[j] >= 0 asks for the logprob of that id at row j (the
+  // token after tokens[j]) and `score_top` alternatives; empty: none.
+  std::vector<int32_t> score;
+  int score_top = 0;
 };
 
 struct StepOutput {
@@ -41,6 +45,8 @@ struct StepOutput {
   std::vector<float> logits;
   // Per input with `sample`, in input order.
   std::vector<SampledToken> samples;
+  // Per input with `score`, in input order: one per scored row (id -1 where score[j] < 0).
+  std::vector<std::vector<SampledToken>> scores;
 };
 
 // Cache occupancy, for schedulers and metrics.

@@ -4,7 +4,10 @@
 
 #include <cstdint>
 
+#include <vector>
+
 #include "kvcache/block_manager.h"
+#include "model/runner.h"
 
 namespace dsv4 {
 
@@ -14,6 +17,26 @@ struct ChunkRef {
   int64_t start = 0;
   const int32_t* tokens = nullptr;
   int n = 0;
+};
+
+// A validated step as a runner's forward pass sees it: one chunk per input (input order), the
+// token rows whose logits the step computes (`rows`: first the rows StepOutput::logits
+// returns, `num_logit_rows` of them, then rows only sampled or scored), and per sampled input
+// the index into `rows` of its row and its spec.
+struct StepBatch {
+  std::vector<ChunkRef> chunks;
+  std::vector<int> rows;
+  int num_logit_rows = 0;
+  std::vector<int> sample_rows;  // indices into `rows`
+  std::vector<const SampleSpec*> samples;
+  // Per scored input: per token row, the index into `rows` (-1: not scored).
+  struct Score {
+    const std::vector<int32_t>* ids = nullptr;
+    int top = 0;
+    std::vector<int> rows;
+  };
+  std::vector<Score> scores;
+  bool decode_only = false;  // every input one token
 };
 
 }  // namespace dsv4

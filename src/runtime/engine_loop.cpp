@@ -75,6 +75,8 @@ void EngineLoop::validate(const std::vector<int32_t>& prompt, const SamplingOpti
              "repetition_penalty must be > 0");
   DSV4_CHECK(s.top_logprobs >= 0 && s.top_logprobs <= kMaxTopLogprobs,
              "top_logprobs must be in [0, ", kMaxTopLogprobs, "]");
+  DSV4_CHECK(s.prompt_logprobs >= -1 && s.prompt_logprobs <= kMaxTopLogprobs,
+             "prompt_logprobs must be in [-1, ", kMaxTopLogprobs, "]");
   for (const auto& [t, b] : s.logit_bias)
     DSV4_CHECK(t >= 0 && t < V && std::isfinite(b), "logit_bias token ", t, " out of range [0, ", V,
                ") or bias not finite");
@@ -158,7 +160,7 @@ void EngineLoop::fail(const std::vector<ScheduledChunk>& chunks, const std::stri
 
 void EngineLoop::postprocess(const std::vector<ScheduledChunk>& chunks, StepOutput& out) {
   const int V = info_.vocab_size;
-  size_t row = 0, sample = 0;
+  size_t row = 0, sample = 0, score = 0;
   std::set<Request*> touched;
   for (const ScheduledChunk& ch : chunks) {
     Request& r = *ch.request;
@@ -168,6 +170,10 @@ void EngineLoop::postprocess(const std::vector<ScheduledChunk>& chunks, StepOutp
       r.prompt_logits.insert(r.prompt_logits.end(), out.logits.begin() + row * V,
                              out.logits.begin() + (row + size_t(ch.n)) * V);
       row += size_t(ch.n);
+    }
+    if (r.scores_prompt(c)) {
+      for (const SampledToken& s : out.scores.at(score++))
+        if (s.id >= 0) r.prompt_logprobs.push_back({s.id, s.logprob, s.top});
     }
     if (ch.sample) {
       const SampledToken& t = out.samples.at(sample++);
@@ -221,6 +227,11 @@ void EngineLoop::emit(std::vector<RequestOutput>& out) {
       o.error = c.error;
       o.prompt_tokens = r.prompt_len();
       o.cached_tokens = r.cached_tokens;
+      if (c.index == 0 && r.opts.prompt_logprobs >= 0 && !r.prompt_logprobs_reported &&
+          int64_t(r.prompt_logprobs.size()) == r.prompt_len() - 1) {
+        o.prompt_logprobs = std::move(r.prompt_logprobs);
+        r.prompt_logprobs_reported = true;
+      }
       c.finish_reported = c.finish != FinishReason::kNone;
       out.push_back(std::move(o));
     }
@@ -248,6 +259,17 @@ std::vector<RequestOutput> EngineLoop::step() {
         in.tokens.push_back(p < P ? r.prompt[size_t(p)] : c.output[size_t(p - P)]);
       in.logits = r.want_prompt_logits;
       in.all_logits = r.want_prompt_logits;
+      if (r.scores_prompt(c)) {
+        // Row p scores prompt token p + 1 (positions already collected are not re-scored
+        // after a preemption).
+        in.score.assign(size_t(ch.n), -1);
+        for (int j = 0; j < ch.n; ++j) {
+          const int64_t next = ch.start + j + 1;
+          if (next < P && next > int64_t(r.prompt_logprobs.size()))
+            in.score[size_t(j)] = r.prompt[size_t(next)];
+        }
+        in.score_top = r.opts.prompt_logprobs;
+      }
       if (ch.sample) {
         SampleSpec& s = specs[i];
         s.params = &c.params;

@@ -42,8 +42,18 @@ struct Request {
   bool want_prompt_logits = false;
   int chunk = 0;
   std::vector<float> prompt_logits;
+  // SamplingOptions::prompt_logprobs: collected by choice 0's prefill, reported once.
+  std::vector<TokenLogprob> prompt_logprobs;
+  bool prompt_logprobs_reported = false;
 
   int64_t prompt_len() const { return int64_t(prompt.size()); }
+  // Choice c's prefill still has prompt logprobs to collect.
+  bool scores_prompt(const Choice& c) const {
+    return opts.prompt_logprobs >= 0 && c.index == 0 &&
+           int64_t(prompt_logprobs.size()) < prompt_len() - 1;
+  }
+  // The chunk's rows need logits (every row: prompt logits or prompt logprobs).
+  bool wants_rows(const Choice& c) const { return want_prompt_logits || scores_prompt(c); }
   bool finished() const {
     for (const Choice& c : choices)
       if (c.finish == FinishReason::kNone) return false;

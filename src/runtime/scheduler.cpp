@@ -152,15 +152,16 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
     const int64_t done = computed(c), need = target(r, c) - done;
     if (need <= 0 || budget <= 0 || seqs <= 0) return;
     int64_t n = std::min(need, budget);
-    if (r.want_prompt_logits) {
-      if (r.chunk > 0) n = std::min<int64_t>(n, r.chunk);
+    const bool wants_rows = r.wants_rows(c);
+    if (r.want_prompt_logits && r.chunk > 0) n = std::min<int64_t>(n, r.chunk);
+    if (wants_rows) {
       n = std::min(n, rows);
       if (n <= 0) return;
     }
     const bool pre_fork = r.choices.size() > 1 && !r.forked;
     const bool sample =
         done + n == target(r, c) && !pre_fork && int64_t(c.output.size()) < r.opts.max_new_tokens;
-    const int64_t row_cost = r.want_prompt_logits ? n : (sample ? 1 : 0);
+    const int64_t row_cost = wants_rows ? n : (sample ? 1 : 0);
     if (row_cost > rows) return;
     // Pages: preempt the latest-arrived running choice until this chunk fits.
     for (;;) {

@@ -1,6 +1,6 @@
 #include "backends/cpu/runner.h"
 
-#include "ops/cpu/sampler.h"
+#include "backends/cpu/host_sampling.h"
 
 namespace dsv4 {
 
@@ -11,15 +11,10 @@ void CpuRunner::copy_pages(const std::vector<PageCopy>& copies) {
   for (const PageCopy& c : copies) cache_.copy_page(c);
 }
 
-StepOutput CpuRunner::forward(const Batch& b) {
+StepOutput CpuRunner::forward(const StepBatch& b) {
   const int V = config().vocab_size;
   std::vector<float> logits = model_.forward(b.chunks, cache_, b.rows, trace_, hidden_out_);
-  StepOutput out;
-  for (size_t i = 0; i < b.samples.size(); ++i) {
-    const SampleSpec& s = *b.samples[i];
-    out.samples.push_back(cpu::sample_row(logits.data() + size_t(b.sample_rows[i]) * V, V,
-                                          *s.params, s.index, s.counts, s.forced));
-  }
+  StepOutput out = sample_on_host(b, logits.data(), V);
   logits.resize(size_t(b.num_logit_rows) * V);
   out.logits = std::move(logits);
   return out;

@@ -34,7 +34,7 @@ class CpuRunner final : public PagedRunner {
     cache_.copy_sequence(from, to);
   }
   void copy_pages(const std::vector<PageCopy>& copies) override;
-  StepOutput forward(const Batch& batch) override;
+  StepOutput forward(const StepBatch& batch) override;
 
   std::unique_ptr<LoadedModel> owned_;  // destroyed last
   const CpuModel& model_;

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <set>
 
+#include "backends/cpu/host_sampling.h"
 #include "backends/cuda/verify.h"
 #include "core/error.h"
-#include "ops/cpu/sampler.h"
 #include "ops/cuda/common/cuda_check.h"
 
 namespace dsv4 {
@@ -122,7 +122,7 @@ void CudaRunner::run_graph(const std::vector<ChunkRef>& chunks, const std::vecto
   DSV4_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
 }
 
-StepOutput CudaRunner::forward(const Batch& b) {
+StepOutput CudaRunner::forward(const StepBatch& b) {
   const std::vector<ChunkRef>& chunks = b.chunks;
   const cudaStream_t stream = model_.stream();
   if (opt_.cuda_graphs && !verify_ && b.decode_only &&

@@ -78,7 +78,7 @@ class CudaRunner final : public PagedRunner {
     cache_.copy_sequence(from, to, model_.stream());
   }
   void copy_pages(const std::vector<PageCopy>& copies) override;
-  StepOutput forward(const Batch& batch) override;
+  StepOutput forward(const StepBatch& batch) override;
   void run_graph(const std::vector<ChunkRef>& chunks, const std::vector<int>& rows);
   int64_t bucket(const std::vector<ChunkRef>& chunks) const;
 

@@ -113,11 +113,22 @@ SampledToken sample_row(const float* logits, int vocab, const SamplingParams& p,
   }
   // 1. Logprobs of the raw row.
   if (p.logprobs || p.top_logprobs > 0) {
-    const double lse = log_sum_exp(logits, vocab);
-    out.logprob = float(double(logits[out.id]) - lse);
-    for (int32_t t : top_indices(logits, vocab, p.top_logprobs))
-      out.top.emplace_back(t, float(double(logits[t]) - lse));
+    SampledToken s = score_row(logits, vocab, out.id, p.top_logprobs);
+    out.logprob = s.logprob;
+    out.top = std::move(s.top);
   }
+  return out;
+}
+
+SampledToken score_row(const float* logits, int vocab, int32_t token, int top) {
+  DSV4_CHECK(token >= 0 && token < vocab, "scored token ", token, " out of range [0, ", vocab, ")");
+  DSV4_CHECK(top >= 0 && top <= kMaxTopLogprobs, "top must be in [0, ", kMaxTopLogprobs, "]");
+  const double lse = log_sum_exp(logits, vocab);
+  SampledToken out;
+  out.id = token;
+  out.logprob = float(double(logits[token]) - lse);
+  for (int32_t t : top_indices(logits, vocab, top))
+    out.top.emplace_back(t, float(double(logits[t]) - lse));
   return out;
 }
 

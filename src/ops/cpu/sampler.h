@@ -14,6 +14,9 @@ namespace dsv4::cpu {
 SampledToken sample_row(const float* logits, int vocab, const SamplingParams& p, int64_t index,
                         const TokenCounts* counts, int32_t forced = -1);
 
+// The logprob of `token` in the raw row (log-softmax) and the `top` most likely ids.
+SampledToken score_row(const float* logits, int vocab, int32_t token, int top);
+
 // The first index of the largest value.
 int32_t argmax(const float* x, int n);
 

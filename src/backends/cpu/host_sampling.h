@@ -1,0 +1,17 @@
+// A step's samples and scores drawn on the host from its computed logits rows, with the
+// reference sampler. The CPU runner always does this; the CUDA runner does it from the rows
+// it downloads.
+#pragma once
+
+#include <cstdint>
+
+#include "model/runner.h"
+#include "model/step.h"
+
+namespace dsv4 {
+
+// `logits`: [batch.rows.size(), vocab], row i for batch.rows[i]. Returns the samples and
+// scores; StepOutput::logits is left to the caller.
+StepOutput sample_on_host(const StepBatch& batch, const float* logits, int vocab);
+
+}  // namespace dsv4
