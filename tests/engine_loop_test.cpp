@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <random>
 
@@ -44,7 +45,10 @@ class EngineLoopTest : public ::testing::Test {
     dir_ = nullptr;
   }
 
-  static EngineOptions options(int seqs, int64_t cache_bytes = 0, int step_tokens = 0) {
+  // The prefix cache is on everywhere (block 16: snapshot points every 64 tokens and at the
+  // last multiple of 16 before a choice's target), so every test also runs through it.
+  static EngineOptions options(int seqs, int64_t cache_bytes = 0, int step_tokens = 0,
+                               int snapshots = -1) {
     EngineOptions o;
     o.model_dir = dir_->path();
     o.page_size = 4;
@@ -52,6 +56,8 @@ class EngineLoopTest : public ::testing::Test {
     o.max_tokens = 96;
     o.cache_bytes = cache_bytes;
     o.max_step_tokens = step_tokens;
+    o.prefix_snapshots = snapshots;
+    o.prefix_block = 16;
     return o;
   }
 
@@ -124,7 +130,7 @@ class EngineLoopTest : public ::testing::Test {
         if (o.finish != FinishReason::kNone) {
           EXPECT_EQ(r.finish[size_t(o.choice)], FinishReason::kNone) << "finished twice";
           r.finish[size_t(o.choice)] = o.finish;
-          EXPECT_EQ(o.error, "");
+          EXPECT_EQ(o.error.empty(), o.finish != FinishReason::kError) << o.error;
         }
       }
     }
@@ -186,12 +192,100 @@ TEST_F(EngineLoopTest, PreemptionUnderASmallCacheGivesTheSameOutputs) {
   CacheConfig small = cache_capacity(cfg, 8, 96, 4);
   CacheConfig few = cache_capacity(cfg, 3, 96, 4);
   for (PageKind k : {PageKind::kC4, PageKind::kC128}) small.pages[int(k)] = few.pages[int(k)];
-  std::unique_ptr<Engine> e = Engine::open(options(8, cache_bytes(cfg, small)));
+  std::unique_ptr<Engine> e = Engine::open(options(8, cache_bytes(cfg, small), 0, 0));
   const std::vector<Result> got = run(*e, cs);
   for (size_t i = 0; i < cs.size(); ++i)
     expect_equal(got[i], want[i], "request " + std::to_string(i));
   EXPECT_GT(e->stats().preemptions, 0);
   EXPECT_EQ(e->stats().cache_usage, 0.0);
+}
+
+TEST_F(EngineLoopTest, PreemptionWithThePrefixCacheGivesTheSameOutputs) {
+  std::vector<Case> cs = cases();
+  for (Case& c : cs) c.s.max_new_tokens = 24;
+  std::vector<Result> want;
+  for (const Case& c : cs) want.push_back(solo(c));
+  // Window rings for 8 running + 4 snapshots, compressed pages for about three sequences:
+  // snapshots are evicted first, then running choices preempted.
+  const ModelConfig cfg = load_model_config(dir_->path() + "/config.json");
+  CacheConfig small = plan_cache(cfg, 8, 96, 4, 0, 4);
+  CacheConfig few = cache_capacity(cfg, 3, 96, 4);
+  for (PageKind k : {PageKind::kC4, PageKind::kC128}) small.pages[int(k)] = few.pages[int(k)];
+  std::unique_ptr<Engine> e = Engine::open(options(8, cache_bytes(cfg, small), 0, 4));
+  for (int round = 0; round < 2; ++round) {  // the second round hits the cache
+    const std::vector<Result> got = run(*e, cs);
+    for (size_t i = 0; i < cs.size(); ++i)
+      expect_equal(got[i], want[i], "round " + std::to_string(round) + " request " +
+                                        std::to_string(i));
+  }
+  EXPECT_GT(e->stats().preemptions, 0);
+  EXPECT_EQ(e->stats().cache_usage, 0.0);
+  std::printf("preemptions %lld, prefix hits %lld tokens\n",
+              (long long)e->stats().preemptions, (long long)e->stats().prefix_hits);
+}
+
+// A resend resumes from the prefix cache and gives the cold run's bits; so does a prompt that
+// shares a prefix with an earlier one, and a second turn that extends a first turn's output.
+TEST_F(EngineLoopTest, PrefixHitsEqualColdRuns) {
+  std::mt19937 rng(17);
+  auto tokens = [&](int n) {
+    std::vector<int32_t> p;
+    while (int(p.size()) < n) p.push_back(2 + int32_t(rng() % 2000));
+    return p;
+  };
+  Case a;
+  a.prompt = tokens(70);
+  a.prompt[0] = 0;
+  a.s.max_new_tokens = 8;
+  a.s.stop_at_eos = false;
+  a.s.temperature = 0.9f;
+  a.s.seed = 3;
+  a.s.logprobs = true;
+  a.s.top_logprobs = 2;
+  Case b = a;  // shares the first 66 tokens
+  b.prompt.resize(66);
+  for (int32_t t : tokens(14)) b.prompt.push_back(t);
+  const Result cold_a = solo(a), cold_b = solo(b);
+
+  std::unique_ptr<Engine> e = Engine::open(options(4));
+  auto run_one = [&](const Case& c, int64_t* cached) {
+    const uint64_t id = e->add_request(c.prompt, c.s, 1);
+    Result r;
+    r.tokens.resize(1);
+    r.logprobs.resize(1);
+    r.finish.resize(1);
+    while (e->has_work())
+      for (const RequestOutput& o : e->step()) {
+        if (o.request != id) continue;
+        *cached = o.cached_tokens;
+        r.tokens[0].insert(r.tokens[0].end(), o.tokens.begin(), o.tokens.end());
+        r.logprobs[0].insert(r.logprobs[0].end(), o.logprobs.begin(), o.logprobs.end());
+        if (o.finish != FinishReason::kNone) r.finish[0] = o.finish;
+      }
+    return r;
+  };
+  int64_t cached = -1;
+  expect_equal(run_one(a, &cached), cold_a, "first");
+  EXPECT_EQ(cached, 0);
+  // Resend: P = 70, block 16: at least P - 16 cached (the snapshot at 64).
+  expect_equal(run_one(a, &cached), cold_a, "resend");
+  EXPECT_GE(cached, 70 - 16);
+  EXPECT_LT(cached, 70);
+  // Shared prefix of 66: the snapshot at 64.
+  expect_equal(run_one(b, &cached), cold_b, "shared prefix");
+  EXPECT_EQ(cached, 64);
+  // Second turn: the first turn's prompt and output, then more. The first turn's tail
+  // snapshot (64) is there, and b's decode passed 64 + ... ; at least 64 found.
+  Case turn2 = a;
+  turn2.prompt.insert(turn2.prompt.end(), cold_a.tokens[0].begin(), cold_a.tokens[0].end());
+  for (int32_t t : tokens(5)) turn2.prompt.push_back(t);
+  const Result cold_t2 = solo(turn2);
+  expect_equal(run_one(turn2, &cached), cold_t2, "second turn");
+  EXPECT_GE(cached, 64);
+  const EngineStats s = e->stats();
+  EXPECT_EQ(s.prefix_queries, 70 + 70 + 80 + int64_t(turn2.prompt.size()));
+  EXPECT_EQ(s.prefix_hits, 64 + 64 + cached);
+  EXPECT_EQ(s.cache_usage, 0.0);  // what the snapshots hold is evictable
 }
 
 TEST_F(EngineLoopTest, ChoicesShareThePromptAndEqualTheirSoloRuns) {
@@ -305,6 +399,19 @@ TEST_F(EngineLoopTest, PromptLogprobsAreTheLogSoftmaxOfThePromptLogits) {
     EXPECT_NEAR(got[p].top[0].second, double(row[got[p].top[0].first]) - lse, 1e-5);
     EXPECT_GE(got[p].top[0].second, got[p].top[1].second);
   }
+}
+
+TEST_F(EngineLoopTest, ARequestTheCacheCannotHoldFailsAndOthersGoOn) {
+  const ModelConfig cfg = load_model_config(dir_->path() + "/config.json");
+  CacheConfig small = cache_capacity(cfg, 2, 96, 4);
+  const CacheConfig few = cache_capacity(cfg, 1, 40, 4);
+  for (PageKind k : {PageKind::kC4, PageKind::kC128}) small.pages[int(k)] = few.pages[int(k)];
+  std::unique_ptr<Engine> e = Engine::open(options(2, cache_bytes(cfg, small), 0, 0));
+  std::vector<Case> cs = {cases()[5], cases()[2]};  // 63 tokens: too many; 17: fine
+  const std::vector<Result> got = run(*e, cs);
+  EXPECT_EQ(got[0].finish[0], FinishReason::kError);
+  EXPECT_EQ(got[1].finish[0], FinishReason::kLength);
+  expect_equal(got[1], solo(cs[1]), "the other request");
 }
 
 TEST_F(EngineLoopTest, BadRequestsAreErrors) {

@@ -29,6 +29,13 @@ struct EngineOptions {
   int64_t max_tokens = 4096;    // per sequence: prompt + generated tokens
   int64_t cache_bytes = 0;      // cache pool size; 0: room for max_sequences x max_tokens
   int max_step_tokens = 0;      // tokens per forward step (longer prefills are chunked); 0: auto
+  // The prefix cache: resumable snapshots at multiples of `prefix_block` tokens (a hit skips
+  // that much prefill; an identical resend of a P-token prompt finds at least P - block
+  // tokens when P > 2 block). Each snapshot holds a compressor-state slot and a window ring of
+  // its own (V4-Flash: ~15 MB) and shares its compressed pages; -1: max_sequences snapshots,
+  // 0: no prefix cache.
+  int prefix_snapshots = -1;
+  int prefix_block = 256;
   // CUDA backend only.
   bool verify = false;      // re-run every op on the CPU from the GPU's inputs; the first
                             // divergence is thrown as a dsv4::Error naming block, op, metric

@@ -16,6 +16,7 @@ struct RunnerOptions {
   std::string model_dir;
   int page_size = 64;
   int max_sequences = 1;       // sequences alive at once (compressor-state slots)
+  int snapshot_slots = 0;      // more slots and window rings, for prefix-cache snapshots
   int64_t max_tokens = 4096;   // per sequence
   int64_t cache_bytes = 0;     // 0: room for max_sequences x max_tokens
   int max_step_tokens = 0;     // 0: the backend's default

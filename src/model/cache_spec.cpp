@@ -76,15 +76,21 @@ int64_t cache_bytes(const ModelConfig& m, const CacheConfig& c) {
 }
 
 CacheConfig plan_cache(const ModelConfig& c, int max_seqs, int64_t max_context, int page_size,
-                       int64_t budget) {
+                       int64_t budget, int extra_slots) {
+  DSV4_CHECK(extra_slots >= 0, "negative extra cache slots");
   CacheConfig want = cache_capacity(c, max_seqs, max_context, page_size);
+  if (extra_slots > 0) {
+    const CacheConfig extra = cache_capacity(c, extra_slots, 0, page_size);
+    want.max_seqs += extra_slots;
+    want.pages[int(PageKind::kWindow)] += extra.pages[int(PageKind::kWindow)];
+  }
   if (budget <= 0) return want;
   CacheConfig fixed = want;
   fixed.pages[int(PageKind::kC4)] = fixed.pages[int(PageKind::kC128)] = 0;
   const int64_t base = cache_bytes(c, fixed);
   DSV4_CHECK(base <= budget, "cache budget of ", budget, " bytes is below the ", base, " bytes (",
              (base + (1 << 20) - 1) >> 20, " MiB) that the window rings and compressor ",
-             "states of ", max_seqs, " sequence(s) need");
+             "states of ", want.max_seqs, " sequence(s) need");
   // Bytes per page of each kind over all blocks, and the tokens one page covers.
   CacheConfig one = fixed;
   one.pages[int(PageKind::kC4)] = 1;

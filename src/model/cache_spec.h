@@ -41,9 +41,11 @@ int64_t cache_bytes(const ModelConfig& m, const CacheConfig& c);
 
 // The pool for `max_seqs` sequences of up to `max_context` tokens (`budget_bytes` <= 0), or
 // one of at most `budget_bytes` (window pages and state slots for max_seqs sequences, the rest
-// shared by the C4 and C128 stores in the model's per-token proportion). Throws when the
-// window rings and states alone do not fit.
+// shared by the C4 and C128 stores in the model's per-token proportion). `extra_slots` more
+// state slots and window rings (prefix-cache snapshots, whose compressed pages are shared
+// with the requests) get no compressed pages of their own. Throws when the window rings and
+// states alone do not fit.
 CacheConfig plan_cache(const ModelConfig& c, int max_seqs, int64_t max_context, int page_size,
-                       int64_t budget_bytes);
+                       int64_t budget_bytes, int extra_slots = 0);
 
 }  // namespace dsv4

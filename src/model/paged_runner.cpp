@@ -81,6 +81,19 @@ CacheUsage PagedRunner::usage() const {
   return u;
 }
 
+CacheUsage PagedRunner::usage_excluding(const std::vector<int>& seqs) const {
+  CacheUsage u = usage();
+  for (PageKind k : kPageKinds) {
+    std::map<int, int> refs;  // page -> references from seqs
+    for (int s : seqs)
+      for (int p : sequence(s).pages[int(k)]) ++refs[p];
+    for (const auto& [p, n] : refs)
+      if (n == blocks_.refcount(k, p)) --u.pages_used[int(k)];
+  }
+  u.slots_used -= int(seqs.size());
+  return u;
+}
+
 namespace {
 
 void check_sampling(const SampleSpec& s, int vocab) {

@@ -41,6 +41,7 @@ class PagedRunner : public Runner {
   const CacheSpec& cache_spec() const override { return blocks_.spec(); }
   int page_size() const override { return blocks_.config().page_size; }
   CacheUsage usage() const override;
+  CacheUsage usage_excluding(const std::vector<int>& seqs) const override;
   StepOutput step(const std::vector<StepInput>& inputs) override;
 
   const BlockManager& blocks() const { return blocks_; }

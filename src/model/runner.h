@@ -83,6 +83,9 @@ class Runner {
   virtual const CacheSpec& cache_spec() const = 0;
   virtual int page_size() const = 0;
   virtual CacheUsage usage() const = 0;
+  // usage() with what only `seqs` hold (their slots, window pages and the pages no other
+  // sequence shares) counted as free: the occupancy net of evictable prefix-cache snapshots.
+  virtual CacheUsage usage_excluding(const std::vector<int>& seqs) const = 0;
   // Diagnostics worth printing after a run (verify mode's summary); empty when none.
   virtual std::string report() const { return {}; }
 

@@ -59,7 +59,12 @@ class LoopEngine final : public Engine {
     l.max_running = o.max_sequences;
     l.max_step_tokens = o.max_step_tokens;
     l.max_tokens = o.max_tokens;
+    l.prefix_snapshots = snapshots(o);
+    l.prefix_block = o.prefix_block;
     return l;
+  }
+  static int snapshots(const EngineOptions& o) {
+    return o.prefix_snapshots < 0 ? o.max_sequences : o.prefix_snapshots;
   }
   // Verify mode: what was checked, on stderr (stdout stays the command's output).
   void report() {
@@ -77,6 +82,8 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& o) {
   DSV4_CHECK(o.max_sequences > 0, "max_sequences must be positive");
   DSV4_CHECK(o.max_tokens > 0, "max_tokens must be positive");
   DSV4_CHECK(o.max_step_tokens >= 0 && o.cache_bytes >= 0, "negative step or cache size");
+  DSV4_CHECK(o.prefix_snapshots >= -1 && o.prefix_block > 0,
+             "prefix_snapshots must be >= -1 and prefix_block > 0");
   RunnerFactory factory = o.backend == "cpu" ? &open_cpu_runner : find_backend(o.backend);
   if (!factory) {
     if (o.backend == "cuda")
@@ -89,6 +96,7 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& o) {
   ro.model_dir = o.model_dir;
   ro.page_size = o.page_size;
   ro.max_sequences = o.max_sequences;
+  ro.snapshot_slots = o.prefix_snapshots < 0 ? o.max_sequences : o.prefix_snapshots;
   ro.max_tokens = o.max_tokens;
   ro.cache_bytes = o.cache_bytes;
   ro.max_step_tokens = o.max_step_tokens;

@@ -46,12 +46,14 @@ EngineLoop::EngineLoop(std::unique_ptr<Runner> runner, const EngineLoopOptions& 
                o.max_step_tokens > 0 ? o.max_step_tokens : EngineLoopOptions::kDefaultStepTokens);
   so.max_step_seqs = runner_->max_step_seqs();
   so.max_logit_rows = runner_->max_logit_rows();
-  sched_ = std::make_unique<Scheduler>(*runner_, so);
+  prefix_ = std::make_unique<PrefixCache>(*runner_, o.prefix_block, o.prefix_snapshots);
+  sched_ = std::make_unique<Scheduler>(*runner_, so, prefix_.get());
 }
 
 EngineLoop::~EngineLoop() {
   // Sequences go back to the runner before it is destroyed.
   for (auto& [id, r] : requests_) sched_->remove(r.get());
+  prefix_->clear();
 }
 
 void EngineLoop::validate(const std::vector<int32_t>& prompt, const SamplingOptions& s,
@@ -148,14 +150,16 @@ void EngineLoop::finish(Request& r, Choice& c, FinishReason why) {
   sched_->finish(&r, &c);
 }
 
+void EngineLoop::fail_request(Request& r, const std::string& why) {
+  sched_->remove(&r);
+  for (Choice& c : r.choices)
+    if (c.finish == FinishReason::kNone) c.finish = FinishReason::kError, c.error = why;
+}
+
 void EngineLoop::fail(const std::vector<ScheduledChunk>& chunks, const std::string& why) {
   std::set<Request*> failed;
   for (const ScheduledChunk& ch : chunks) failed.insert(ch.request);
-  for (Request* r : failed) {
-    sched_->remove(r);
-    for (Choice& c : r->choices)
-      if (c.finish == FinishReason::kNone) c.finish = FinishReason::kError, c.error = why;
-  }
+  for (Request* r : failed) fail_request(*r, why);
 }
 
 void EngineLoop::postprocess(const std::vector<ScheduledChunk>& chunks, StepOutput& out) {
@@ -166,6 +170,7 @@ void EngineLoop::postprocess(const std::vector<ScheduledChunk>& chunks, StepOutp
     Request& r = *ch.request;
     Choice& c = *ch.choice;
     touched.insert(&r);
+    sched_->snapshot(ch);  // before a finish closes the sequence
     if (r.want_prompt_logits) {
       r.prompt_logits.insert(r.prompt_logits.end(), out.logits.begin() + row * V,
                              out.logits.begin() + (row + size_t(ch.n)) * V);
@@ -245,7 +250,17 @@ void EngineLoop::emit(std::vector<RequestOutput>& out) {
 std::vector<RequestOutput> EngineLoop::step() {
   std::vector<RequestOutput> outputs;
   const std::vector<ScheduledChunk> chunks = sched_->schedule();
-  if (!chunks.empty()) {
+  if (chunks.empty()) {
+    if (Request* r = sched_->blocked()) {
+      const CacheUsage u = runner_->usage();
+      fail_request(*r, cat("the cache cannot hold this request (", r->prompt_len(),
+                           " prompt tokens, ", r->opts.max_new_tokens, " new, ", r->choices.size(),
+                           " choice(s)) even with nothing else running: ",
+                           u.pages_total[int(PageKind::kC4)], " C4 and ",
+                           u.pages_total[int(PageKind::kC128)], " C128 pages of ",
+                           runner_->page_size(), " entries, ", u.slots_total, " slots"));
+    }
+  } else {
     std::vector<StepInput> inputs(chunks.size());
     std::vector<SampleSpec> specs(chunks.size());
     for (size_t i = 0; i < chunks.size(); ++i) {
@@ -304,8 +319,11 @@ EngineStats EngineLoop::stats() const {
     for (const Choice& c : r->choices) any_seq |= c.seq >= 0;
     (any_seq ? s.running : s.waiting) += 1;
   }
-  s.cache_usage = runner_->usage().fraction();
+  // As vLLM counts it: what the snapshots alone hold is evictable, so free.
+  s.cache_usage = runner_->usage_excluding(prefix_->sequences()).fraction();
   s.preemptions = sched_->preemptions();
+  s.prefix_queries = sched_->prefix_queries();
+  s.prefix_hits = sched_->prefix_hits();
   return s;
 }
 

@@ -11,6 +11,7 @@
 
 #include "dsv4/engine.h"
 #include "model/runner.h"
+#include "runtime/prefix_cache.h"
 #include "runtime/request.h"
 #include "runtime/scheduler.h"
 
@@ -20,6 +21,8 @@ struct EngineLoopOptions {
   int max_running = 1;      // choices holding sequences at once
   int max_step_tokens = 0;  // 0: the runner's, at most kDefaultStepTokens
   int64_t max_tokens = 0;   // per sequence (prompt + output); 0: the runner's context
+  int prefix_snapshots = 0;  // prefix-cache snapshots (the runner has slots for them); 0: off
+  int prefix_block = 256;
   static constexpr int kDefaultStepTokens = 8192;
 };
 
@@ -48,12 +51,14 @@ class EngineLoop {
   void validate(const std::vector<int32_t>& prompt, const SamplingOptions& s, int n) const;
   void postprocess(const std::vector<ScheduledChunk>& chunks, StepOutput& out);
   void fail(const std::vector<ScheduledChunk>& chunks, const std::string& why);
+  void fail_request(Request& r, const std::string& why);
   void finish(Request& r, Choice& c, FinishReason why);
   void emit(std::vector<RequestOutput>& out);
 
   std::unique_ptr<Runner> runner_;
   EngineLoopOptions opt_;
   ModelInfo info_;
+  std::unique_ptr<PrefixCache> prefix_;
   std::unique_ptr<Scheduler> sched_;
   std::map<uint64_t, std::unique_ptr<Request>> requests_;
   uint64_t next_id_ = 1;

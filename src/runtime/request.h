@@ -37,7 +37,8 @@ struct Request {
   SamplingOptions opts;
   std::vector<Choice> choices;
   bool forked = false;  // n > 1: the choices have their own sequences
-  int64_t cached_tokens = 0;
+  bool admitted = false;      // choice 0 was admitted once
+  int64_t cached_tokens = 0;  // prompt tokens its first admission found in the prefix cache
   // Engine::prompt_logits: every prompt row's logits, `chunk` tokens per step (0: any).
   bool want_prompt_logits = false;
   int chunk = 0;

@@ -3,11 +3,12 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "runtime/prefix_cache.h"
 
 namespace dsv4 {
 
-Scheduler::Scheduler(Runner& runner, const SchedulerOptions& options)
-    : runner_(runner), opt_(options) {
+Scheduler::Scheduler(Runner& runner, const SchedulerOptions& options, PrefixCache* prefix)
+    : runner_(runner), opt_(options), prefix_(prefix && prefix->enabled() ? prefix : nullptr) {
   DSV4_CHECK(opt_.max_running > 0 && opt_.max_step_tokens > 0 && opt_.max_step_seqs > 0 &&
                  opt_.max_logit_rows > 0,
              "scheduler limits must be positive");
@@ -33,6 +34,10 @@ int Scheduler::waiting() const {
   for (const Entry& e : waiting_)
     if (e.request != last) ++n, last = e.request;
   return n;
+}
+
+Request* Scheduler::blocked() const {
+  return running_.empty() && !waiting_.empty() ? waiting_.front().request : nullptr;
 }
 
 void Scheduler::add(Request* r) {
@@ -93,33 +98,78 @@ void Scheduler::preempt(const Entry& e) {
   ++preemptions_;
 }
 
+std::vector<int32_t> Scheduler::tokens_of(const Request& r, const Choice& c, int64_t n) {
+  std::vector<int32_t> t(r.prompt.begin(), r.prompt.begin() + std::min<int64_t>(n, r.prompt_len()));
+  for (int64_t i = r.prompt_len(); i < n; ++i) t.push_back(c.output[size_t(i - r.prompt_len())]);
+  return t;
+}
+
 bool Scheduler::try_admit(const Entry& e, int64_t /*budget*/) {
   Request& r = *e.request;
   Choice& c = e.c();
   if (int(running_.size()) >= opt_.max_running || !runner_.can_open()) return false;
-  const CacheUsage u = runner_.usage();
-  if (u.slots_total - u.slots_used < 1) return false;
-  // Pages: the whole prefill and the first decode, after what the running choices' prefills
-  // (and first decodes) still take.
   const int64_t t = target(r, c);
-  for (PageKind k : {PageKind::kC4, PageKind::kC128}) {
-    int64_t reserved = 0;
-    for (const Entry& x : running_) {
-      const int64_t left = target(*x.request, x.c()) + 1 - computed(x.c());
-      if (left > 0)
-        reserved += runner_.pages_to_append(
-            x.c().seq, std::min(left, runner_.max_context() - computed(x.c())), k);
-    }
-    const int64_t free = u.pages_total[int(k)] - u.pages_used[int(k)];
-    const int64_t need = pages_for(k, std::min(t + 1, runner_.max_context()));
-    if (need + reserved > free) return false;
+  // The longest cached prefix of all but the last token (which must run to give logits).
+  int64_t hit = 0;
+  int snap = -1;
+  std::vector<int32_t> toks;
+  if (prefix_ && t > 1) {
+    toks = tokens_of(r, c, t);
+    std::tie(hit, snap) = prefix_->lookup(toks, t - 1);
   }
-  c.seq = runner_.open_sequence();
+  // Pages: the whole prefill and the first decode (from the hit on, plus a copy of the shared
+  // page it writes into), after what the running choices' prefills and first decodes still
+  // take. Snapshots are evicted to make room.
+  for (;;) {
+    const CacheUsage u = runner_.usage();
+    bool fits = true;
+    for (PageKind k : {PageKind::kC4, PageKind::kC128}) {
+      int64_t reserved = 0;
+      for (const Entry& x : running_) {
+        const int64_t left = target(*x.request, x.c()) + 1 - computed(x.c());
+        if (left > 0)
+          reserved += runner_.pages_to_append(
+              x.c().seq, std::min(left, runner_.max_context() - computed(x.c())), k);
+      }
+      const int64_t free = u.pages_total[int(k)] - u.pages_used[int(k)];
+      const int64_t end = std::min(t + 1, runner_.max_context());
+      // A hit shares the snapshot's pages; the partly filled last one is copied on write.
+      const int64_t shared = snap >= 0 ? pages_for(k, hit) : 0;
+      const bool partial =
+          snap >= 0 && runner_.cache_spec().entries(k, hit) % runner_.page_size() != 0;
+      const int64_t need = pages_for(k, end) - shared + (partial ? 1 : 0);
+      fits &= need + reserved <= free;
+    }
+    if (fits) break;
+    // The snapshot being hit stays: its pages are the ones this choice reuses.
+    if (!prefix_ || prefix_->size() <= (snap >= 0 ? 1 : 0) || !prefix_->evict_one()) return false;
+    if (snap >= 0) {
+      std::tie(hit, snap) = prefix_->lookup(toks, t - 1);  // it may have been the one evicted
+    }
+  }
+  c.seq = snap >= 0 ? runner_.fork_sequence(snap) : runner_.open_sequence();
+  if (c.index == 0 && !r.admitted) {
+    r.admitted = true;
+    r.cached_tokens = hit;
+    if (prefix_) {
+      prefix_queries_ += r.prompt_len();
+      prefix_hits_ += std::min(hit, r.prompt_len());
+    }
+  }
   waiting_.erase(std::find_if(waiting_.begin(), waiting_.end(), [&](const Entry& x) {
     return x.request == e.request && x.choice == e.choice;
   }));
   running_.insert(std::upper_bound(running_.begin(), running_.end(), e), e);
   return true;
+}
+
+void Scheduler::snapshot(const ScheduledChunk& ch) {
+  if (!prefix_ || !ch.snapshot || ch.choice->seq < 0) return;
+  const int64_t end = ch.start + ch.n;
+  const Request& r = *ch.request;
+  if (runner_.length(ch.choice->seq) != end) return;
+  const std::vector<int32_t> toks = tokens_of(r, *ch.choice, end);
+  if (!prefix_->contains(toks)) prefix_->insert(toks, ch.choice->seq);
 }
 
 std::vector<ScheduledChunk> Scheduler::schedule() {
@@ -154,9 +204,17 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
     int64_t n = std::min(need, budget);
     const bool wants_rows = r.wants_rows(c);
     if (r.want_prompt_logits && r.chunk > 0) n = std::min<int64_t>(n, r.chunk);
-    if (wants_rows) {
-      n = std::min(n, rows);
-      if (n <= 0) return;
+    // Prefix cache: the chunk ends at the first snapshot point after `done` it would cross:
+    // every multiple of the stride (4 blocks), and the last block boundary before the target
+    // (a resend then finds all but less than a block).
+    bool snap = false;
+    if (prefix_ && !r.want_prompt_logits) {
+      const int64_t B = prefix_->block(), S = 4 * B, tgt = target(r, c);
+      const int64_t tail = (tgt - 1) / B * B;
+      int64_t cut = (done / S + 1) * S;
+      if (tail > done) cut = std::min(cut, tail);
+      if (cut < done + n) n = cut - done;
+      snap = done + n == cut;
     }
     const bool pre_fork = r.choices.size() > 1 && !r.forked;
     const bool sample =
@@ -169,6 +227,7 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
       for (PageKind k : {PageKind::kC4, PageKind::kC128})
         fits &= runner_.pages_to_append(c.seq, n, k) <= free_pages(k);
       if (fits) break;
+      if (prefix_ && prefix_->evict_one()) continue;
       const Entry victim = running_.back();
       if (victim.request == e.request && victim.choice == e.choice) {
         preempt(e);
@@ -177,7 +236,7 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
       unschedule(&victim.c());
       preempt(victim);
     }
-    ScheduledChunk s{&r, &c, done, int(n), sample, row_cost, {0, 0, 0}};
+    ScheduledChunk s{&r, &c, done, int(n), sample, snap, row_cost, {0, 0, 0}};
     for (PageKind k : {PageKind::kC4, PageKind::kC128}) {
       s.pages[int(k)] = runner_.pages_to_append(c.seq, n, k);
       used[int(k)] += s.pages[int(k)];

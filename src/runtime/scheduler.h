@@ -12,6 +12,13 @@
 //     allow. A choice is admitted only when the pages its whole prefill and first decode need
 //     are free after what the running prefills will still take, so admission never
 //     over-commits the cache.
+// With the prefix cache (block B), an admitted choice resumes from the longest cached prefix
+// of its tokens (all but the last, which must run to give logits). Snapshot points are every
+// multiple of 4 B and the last multiple of B before the choice's target: prefill chunks end at
+// the first one they would cross, and each is snapshotted after its step (decode too, at the
+// multiples of 4 B), so a resend finds all but less than B of its prompt and a shared prefix
+// all but less than 4 B. Snapshots are evicted (LRU) before any running choice is preempted.
+//
 // A running choice whose next tokens find no pages (decode growth is not reserved ahead)
 // preempts the latest-arrived running choice, repeatedly, itself last: the victim's sequence
 // is closed (its pages freed) and it waits again at the front (its arrival is earlier than any
@@ -41,14 +48,18 @@ struct ScheduledChunk {
   Choice* choice = nullptr;
   int64_t start = 0;
   int n = 0;
-  bool sample = false;  // the chunk ends at the last known token: sample the next one
+  bool sample = false;    // the chunk ends at the last known token: sample the next one
+  bool snapshot = false;  // the chunk ends at a prefix-cache snapshot point
   int64_t rows = 0;     // logits rows it takes
   int64_t pages[kNumPageKinds] = {0, 0, 0};  // pages it takes from the pool
 };
 
+class PrefixCache;
+
 class Scheduler {
  public:
-  Scheduler(Runner& runner, const SchedulerOptions& options);
+  // `prefix` may be null (no prefix cache).
+  Scheduler(Runner& runner, const SchedulerOptions& options, PrefixCache* prefix = nullptr);
 
   // Queues a new request (all its choices wait).
   void add(Request* r);
@@ -58,13 +69,21 @@ class Scheduler {
   void finish(Request* r, Choice* c);
   // After a step: forks the choices of an n > 1 request whose shared prefill completed.
   void after_step(Request* r);
+  // After a step: snapshots the chunk's end into the prefix cache when it is a block
+  // boundary not cached yet.
+  void snapshot(const ScheduledChunk& ch);
 
   // The next step's work. Admits and preempts as it goes.
   std::vector<ScheduledChunk> schedule();
 
   int running() const { return int(running_.size()); }
   int waiting() const;
+  // After a schedule() that planned nothing: the request at the head of the queue when nothing
+  // runs, i.e. one the cache cannot hold even empty (the loop fails it); else null.
+  Request* blocked() const;
   int64_t preemptions() const { return preemptions_; }
+  int64_t prefix_queries() const { return prefix_queries_; }
+  int64_t prefix_hits() const { return prefix_hits_; }
 
   // The tokens a choice needs in the cache before it samples next: prompt + output, or, for
   // choice 0 of an n > 1 request before its fork, the prompt but its last token.
@@ -87,8 +106,13 @@ class Scheduler {
   void preempt(const Entry& e);
   void drop_running(const Entry& e);
 
+  // Prompt ++ output of a choice, the first n tokens.
+  static std::vector<int32_t> tokens_of(const Request& r, const Choice& c, int64_t n);
+
   Runner& runner_;
   SchedulerOptions opt_;
+  PrefixCache* prefix_ = nullptr;
+  int64_t prefix_queries_ = 0, prefix_hits_ = 0;
   std::vector<Entry> waiting_;  // sorted by (arrival, choice)
   std::vector<Entry> running_;  // sorted by (arrival, choice)
   int64_t preemptions_ = 0;

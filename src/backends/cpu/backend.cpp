@@ -16,7 +16,8 @@ std::unique_ptr<Runner> open_cpu_runner(const RunnerOptions& o) {
              "verify mode checks the CUDA backend against the CPU ops: it needs backend 'cuda'");
   auto lm = std::make_unique<LoadedModel>(load_cpu_model(o.model_dir));
   const CacheConfig cc =
-      plan_cache(lm->config, o.max_sequences, o.max_tokens, o.page_size, o.cache_bytes);
+      plan_cache(lm->config, o.max_sequences, o.max_tokens, o.page_size, o.cache_bytes,
+                 o.snapshot_slots);
   auto r = std::make_unique<CpuRunner>(*lm->model, cc);
   r->adopt(std::move(lm));
   return r;

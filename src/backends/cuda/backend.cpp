@@ -73,14 +73,16 @@ std::unique_ptr<Runner> open_cuda_runner(const RunnerOptions& o) {
   // memory left when that does not fit.
   CacheConfig cc;
   if (o.cache_bytes > 0) {
-    cc = plan_cache(config, o.max_sequences, o.max_tokens, o.page_size, o.cache_bytes);
+    cc = plan_cache(config, o.max_sequences, o.max_tokens, o.page_size, o.cache_bytes,
+                    o.snapshot_slots);
   } else {
-    cc = cache_capacity(config, o.max_sequences, o.max_tokens, o.page_size);
+    cc = plan_cache(config, o.max_sequences, o.max_tokens, o.page_size, 0, o.snapshot_slots);
     size_t free = 0, total = 0;
     DSV4_CUDA_CHECK(cudaMemGetInfo(&free, &total));
     const int64_t avail = int64_t(free) - kReserveBytes;
     if (cache_bytes(config, cc) > avail) {
-      cc = plan_cache(config, o.max_sequences, o.max_tokens, o.page_size, avail);
+      cc = plan_cache(config, o.max_sequences, o.max_tokens, o.page_size, avail,
+                      o.snapshot_slots);
       std::fprintf(stderr,
                    "dsv4: the GPU has room for a %lld MiB cache pool, less than %d sequences "
                    "of %lld tokens need; long sequences may find the cache full\n",
