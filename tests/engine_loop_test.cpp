@@ -8,11 +8,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "core/error.h"
 #include "dsv4/engine.h"
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
 #include "model/cache_spec.h"
 #include "model/model_config.h"
 #include "model/tiny_checkpoint.h"
@@ -215,13 +220,13 @@ TEST_F(EngineLoopTest, PreemptionWithThePrefixCacheGivesTheSameOutputs) {
   for (int round = 0; round < 2; ++round) {  // the second round hits the cache
     const std::vector<Result> got = run(*e, cs);
     for (size_t i = 0; i < cs.size(); ++i)
-      expect_equal(got[i], want[i], "round " + std::to_string(round) + " request " +
-                                        std::to_string(i));
+      expect_equal(got[i], want[i],
+                   "round " + std::to_string(round) + " request " + std::to_string(i));
   }
   EXPECT_GT(e->stats().preemptions, 0);
   EXPECT_EQ(e->stats().cache_usage, 0.0);
-  std::printf("preemptions %lld, prefix hits %lld tokens\n",
-              (long long)e->stats().preemptions, (long long)e->stats().prefix_hits);
+  std::printf("preemptions %lld, prefix hits %lld tokens\n", (long long)e->stats().preemptions,
+              (long long)e->stats().prefix_hits);
 }
 
 // A resend resumes from the prefix cache and gives the cold run's bits; so does a prompt that
@@ -412,6 +417,60 @@ TEST_F(EngineLoopTest, ARequestTheCacheCannotHoldFailsAndOthersGoOn) {
   EXPECT_EQ(got[0].finish[0], FinishReason::kError);
   EXPECT_EQ(got[1].finish[0], FinishReason::kLength);
   expect_equal(got[1], solo(cs[1]), "the other request");
+}
+
+// Finite weights that overflow at run time (an embedding row at the BF16 maximum): the
+// request that reads it fails naming the position and the first block with non-finite
+// output; the others in the same steps are unaffected.
+TEST_F(EngineLoopTest, NonFiniteHiddenStatesFailTheRequestAndNameTheBlock) {
+  TempDir d;
+  write_tiny_checkpoint(tiny_preset("flash"), ExpertFormat::kMxfp4, 5, d.path(),
+                        tiny_init("flash"));
+  // Patch embed.weight row 7 in place: safetensors = 8-byte header size, JSON, data.
+  const Checkpoint ck(d.path());
+  std::string shard;
+  for (const auto& f : std::filesystem::directory_iterator(d.path()))
+    if (f.path().extension() == ".safetensors" &&
+        SafetensorsFile(f.path().string()).contains("embed.weight"))
+      shard = f.path().string();
+  ASSERT_FALSE(shard.empty());
+  {
+    std::fstream fs(shard, std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t n = 0;
+    fs.read(reinterpret_cast<char*>(&n), 8);
+    std::string header(n, '\0');
+    fs.read(header.data(), std::streamsize(n));
+    const auto j = nlohmann::json::parse(header);
+    const int64_t begin = j["embed.weight"]["data_offsets"][0].get<int64_t>();
+    const int dim = tiny_preset("flash").dim;
+    std::vector<uint16_t> row(size_t(dim), 0x7F7F);  // BF16 3.39e38
+    fs.seekp(std::streamoff(8 + n + begin + 7 * dim * 2));
+    fs.write(reinterpret_cast<const char*>(row.data()), std::streamsize(row.size() * 2));
+  }
+  EngineOptions o = options(4);
+  o.model_dir = d.path();
+  Case bad = cases()[2], good = cases()[3];
+  bad.prompt[5] = 7;
+  for (int32_t& t : good.prompt)
+    if (t == 7) t = 8;
+  const std::vector<Result> got = run(*Engine::open(o), {bad, good});
+  EXPECT_EQ(got[0].finish[0], FinishReason::kError);
+  EXPECT_TRUE(got[0].tokens[0].empty());
+  EXPECT_EQ(got[1].finish[0], FinishReason::kLength);
+  expect_equal(got[1], run(*Engine::open(o), {good})[0], "the other request");
+  // The message, through generate().
+  try {
+    SamplingOptions s;
+    s.max_new_tokens = 2;
+    Engine::open(o)->generate(bad.prompt, s);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    std::printf("error: %s\n", m.c_str());
+    EXPECT_NE(m.find("non-finite"), std::string::npos) << m;
+    EXPECT_NE(m.find("position 5"), std::string::npos) << m;
+    EXPECT_NE(m.find("block"), std::string::npos) << m;
+  }
 }
 
 TEST_F(EngineLoopTest, BadRequestsAreErrors) {

@@ -194,15 +194,17 @@ StepBatch PagedRunner::prepare(const std::vector<StepInput>& inputs) {
       else
         b.rows.push_back(row + n - 1);
     }
+    b.row_input.resize(b.rows.size(), int(b.chunks.size()) - 1);
     row += n;
   }
   b.num_logit_rows = int(b.rows.size());
   // Rows sampled or scored: their index in `rows`, appending the ones not already there.
   std::map<int, int> index;
   for (int i = 0; i < b.num_logit_rows; ++i) index[b.rows[size_t(i)]] = i;
+  int input = 0;
   auto at = [&](int r) {
     auto [it, fresh] = index.emplace(r, int(b.rows.size()));
-    if (fresh) b.rows.push_back(r);
+    if (fresh) b.rows.push_back(r), b.row_input.push_back(input);
     return it->second;
   };
   row = 0;
@@ -220,6 +222,7 @@ StepBatch PagedRunner::prepare(const std::vector<StepInput>& inputs) {
       b.scores.push_back(std::move(sc));
     }
     row += n;
+    ++input;
   }
   return b;
 }

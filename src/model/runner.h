@@ -47,6 +47,10 @@ struct StepOutput {
   std::vector<SampledToken> samples;
   // Per input with `score`, in input order: one per scored row (id -1 where score[j] < 0).
   std::vector<std::vector<SampledToken>> scores;
+  // Per input: empty, or why its results are garbage (non-finite logits or hidden states,
+  // naming the position and, where the backend can tell, the first block). Its samples and
+  // scores are then id -1; the other inputs are unaffected.
+  std::vector<std::string> errors;
 };
 
 // Cache occupancy, for schedulers and metrics.

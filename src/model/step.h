@@ -26,6 +26,7 @@ struct ChunkRef {
 struct StepBatch {
   std::vector<ChunkRef> chunks;
   std::vector<int> rows;
+  std::vector<int> row_input;  // the input each entry of `rows` belongs to
   int num_logit_rows = 0;
   std::vector<int> sample_rows;  // indices into `rows`
   std::vector<const SampleSpec*> samples;

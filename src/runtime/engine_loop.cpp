@@ -166,9 +166,25 @@ void EngineLoop::postprocess(const std::vector<ScheduledChunk>& chunks, StepOutp
   const int V = info_.vocab_size;
   size_t row = 0, sample = 0, score = 0;
   std::set<Request*> touched;
-  for (const ScheduledChunk& ch : chunks) {
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const ScheduledChunk& ch = chunks[i];
     Request& r = *ch.request;
     Choice& c = *ch.choice;
+    if (i < out.errors.size() && !out.errors[i].empty()) {
+      // Garbage is never sampled from: the choice (before an n > 1 fork: the request) fails,
+      // the others go on.
+      if (r.want_prompt_logits) row += size_t(ch.n);
+      if (r.scores_prompt(c)) ++score;
+      if (ch.sample) ++sample;
+      const std::string why = cat(out.errors[i], ", output token ", c.output.size());
+      if (r.choices.size() > 1 && !r.forked) {
+        fail_request(r, why);
+      } else {
+        c.error = why;
+        finish(r, c, FinishReason::kError);
+      }
+      continue;
+    }
     touched.insert(&r);
     sched_->snapshot(ch);  // before a finish closes the sequence
     if (r.want_prompt_logits) {
@@ -253,12 +269,12 @@ std::vector<RequestOutput> EngineLoop::step() {
   if (chunks.empty()) {
     if (Request* r = sched_->blocked()) {
       const CacheUsage u = runner_->usage();
-      fail_request(*r, cat("the cache cannot hold this request (", r->prompt_len(),
-                           " prompt tokens, ", r->opts.max_new_tokens, " new, ", r->choices.size(),
-                           " choice(s)) even with nothing else running: ",
-                           u.pages_total[int(PageKind::kC4)], " C4 and ",
-                           u.pages_total[int(PageKind::kC128)], " C128 pages of ",
-                           runner_->page_size(), " entries, ", u.slots_total, " slots"));
+      fail_request(
+          *r, cat("the cache cannot hold this request (", r->prompt_len(), " prompt tokens, ",
+                  r->opts.max_new_tokens, " new, ", r->choices.size(),
+                  " choice(s)) even with nothing else running: ", u.pages_total[int(PageKind::kC4)],
+                  " C4 and ", u.pages_total[int(PageKind::kC128)], " C128 pages of ",
+                  runner_->page_size(), " entries, ", u.slots_total, " slots"));
     }
   } else {
     std::vector<StepInput> inputs(chunks.size());

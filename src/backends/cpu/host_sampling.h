@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "model/runner.h"
 #include "model/step.h"
@@ -11,7 +13,10 @@
 namespace dsv4 {
 
 // `logits`: [batch.rows.size(), vocab], row i for batch.rows[i]. Returns the samples and
-// scores; StepOutput::logits is left to the caller.
-StepOutput sample_on_host(const StepBatch& batch, const float* logits, int vocab);
+// scores; StepOutput::logits is left to the caller. An input any of whose rows holds a
+// non-finite logit gets an error (`errors`, when given, holds errors the caller found
+// already, one per input) and no samples or scores.
+StepOutput sample_on_host(const StepBatch& batch, const float* logits, int vocab,
+                          std::vector<std::string> errors = {});
 
 }  // namespace dsv4

@@ -358,7 +358,8 @@ void CpuModel::logits(const float* streams, int n, float* out) const {
 
 std::vector<float> CpuModel::forward(const std::vector<ChunkRef>& chunks, HostCache& cache,
                                      const std::vector<int>& rows, TraceSink* trace,
-                                     std::vector<float>* hidden_out) const {
+                                     std::vector<float>* hidden_out,
+                                     std::vector<int>* first_nonfinite) const {
   const int hc = cfg_.hc_mult, dim = cfg_.dim;
   int total = 0;
   for (const auto& ch : chunks) total += ch.n;
@@ -368,7 +369,21 @@ std::vector<float> CpuModel::forward(const std::vector<ChunkRef>& chunks, HostCa
     embed(ch.tokens, ch.n, streams.data() + size_t(off) * hc * dim);
     off += ch.n;
   }
-  for (int b = 0; b < cfg_.n_layers; ++b) run_block(b, chunks, streams.data(), cache, trace);
+  if (first_nonfinite) first_nonfinite->assign(size_t(total), -1);
+  for (int b = 0; b < cfg_.n_layers; ++b) {
+    run_block(b, chunks, streams.data(), cache, trace);
+    if (!first_nonfinite) continue;
+    for (int r = 0; r < total; ++r) {
+      int& bad = (*first_nonfinite)[size_t(r)];
+      if (bad >= 0) continue;
+      const float* s = streams.data() + size_t(r) * hc * dim;
+      for (size_t i = 0; i < size_t(hc) * dim; ++i)
+        if (!std::isfinite(s[i])) {
+          bad = b;
+          break;
+        }
+    }
+  }
   std::vector<float> picked(rows.size() * size_t(hc) * dim);
   for (size_t i = 0; i < rows.size(); ++i) {
     DSV4_CHECK(rows[i] >= 0 && rows[i] < total, "logit row ", rows[i], " out of range");

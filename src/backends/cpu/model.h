@@ -46,9 +46,13 @@ class CpuModel {
   // Decoder: embed, every layer, and logits of the requested rows. `rows` lists row indices
   // (into the concatenated chunks) whose logits are wanted; logits are [rows.size(), vocab].
   // If `hidden_out` is given it receives the last layer's streams [total rows, hc, dim].
+  // If `first_nonfinite` is given it receives per token row the first block whose output
+  // streams hold a non-finite value, or -1 when every block's output is finite (a cheap scan
+  // after each block).
   std::vector<float> forward(const std::vector<ChunkRef>& chunks, HostCache& cache,
                              const std::vector<int>& rows, TraceSink* trace = nullptr,
-                             std::vector<float>* hidden_out = nullptr) const;
+                             std::vector<float>* hidden_out = nullptr,
+                             std::vector<int>* first_nonfinite = nullptr) const;
 
   // MTP block `j`: from the decoder's last streams at positions start.. and the next tokens,
   // logits [n_rows, vocab] predicting two ahead. Chunks carry the MTP positions and tokens.
