@@ -10,6 +10,20 @@
 
 namespace dsv4 {
 
+CacheUsage Runner::usage() const {
+  CacheUsage u;
+  for (int g = 0; g < dp_size(); ++g) {
+    const CacheUsage x = usage_on(g);
+    for (int k = 0; k < kNumPageKinds; ++k) {
+      u.pages_used[k] += x.pages_used[k];
+      u.pages_total[k] += x.pages_total[k];
+    }
+    u.slots_used += x.slots_used;
+    u.slots_total += x.slots_total;
+  }
+  return u;
+}
+
 double CacheUsage::fraction() const {
   double f = 0;
   for (int k = 0; k < kNumPageKinds; ++k)
@@ -17,78 +31,112 @@ double CacheUsage::fraction() const {
   return f;
 }
 
-PagedRunner::PagedRunner(const ModelConfig& config, const CacheConfig& cache, const Limits& limits)
-    : cfg_(config), lim_(limits), blocks_(dsv4::cache_spec(config), cache) {
+PagedRunner::PagedRunner(const ModelConfig& config, const CacheConfig& cache, const Limits& limits,
+                         int dp_groups)
+    : cfg_(config), lim_(limits) {
   lim_.max_context = std::min<int64_t>(lim_.max_context, cfg_.max_position_embeddings);
   DSV4_CHECK(lim_.max_step_tokens > 0 && lim_.max_step_seqs > 0 && lim_.max_context > 0 &&
-                 lim_.max_logit_rows > 0,
+                 lim_.max_logit_rows > 0 && dp_groups >= 1,
              "runner limits must be positive");
+  for (int g = 0; g < dp_groups; ++g) groups_.push_back({BlockManager(dsv4::cache_spec(config), cache), {}});
+}
+
+PagedRunner::Group& PagedRunner::group_of(int seq) {
+  auto it = seq_group_.find(seq);
+  DSV4_CHECK(it != seq_group_.end(), "unknown sequence ", seq);
+  return groups_[size_t(it->second)];
+}
+
+const PagedRunner::Group& PagedRunner::group_of(int seq) const {
+  auto it = seq_group_.find(seq);
+  DSV4_CHECK(it != seq_group_.end(), "unknown sequence ", seq);
+  return groups_[size_t(it->second)];
+}
+
+int PagedRunner::dp_rank(int seq) const {
+  auto it = seq_group_.find(seq);
+  DSV4_CHECK(it != seq_group_.end(), "unknown sequence ", seq);
+  return it->second;
 }
 
 SequenceCache& PagedRunner::sequence(int seq) {
-  auto it = seqs_.find(seq);
-  DSV4_CHECK(it != seqs_.end(), "unknown sequence ", seq);
-  return it->second;
+  return group_of(seq).seqs.at(seq);
 }
 
 const SequenceCache& PagedRunner::sequence(int seq) const {
-  auto it = seqs_.find(seq);
-  DSV4_CHECK(it != seqs_.end(), "unknown sequence ", seq);
-  return it->second;
+  return group_of(seq).seqs.at(seq);
 }
 
-int PagedRunner::open_sequence() {
-  SequenceCache s = blocks_.begin_sequence();
-  reset_states(s.state_slot);
+int PagedRunner::open_sequence_on(int g) {
+  DSV4_CHECK(g >= 0 && g < dp_size(), "data-parallel rank ", g, " out of range [0, ", dp_size(),
+             ")");
+  SequenceCache s = groups_[size_t(g)].blocks.begin_sequence();
+  reset_states(g, s.state_slot);
   const int id = next_id_++;
-  seqs_.emplace(id, std::move(s));
+  groups_[size_t(g)].seqs.emplace(id, std::move(s));
+  seq_group_[id] = g;
   return id;
 }
 
 int PagedRunner::fork_sequence(int src) {
-  const SequenceCache& from = sequence(src);
-  SequenceCache s = blocks_.fork(from);
-  copy_sequence(from, s);
+  const int g = dp_rank(src);
+  Group& gr = groups_[size_t(g)];
+  const SequenceCache& from = gr.seqs.at(src);
+  SequenceCache s = gr.blocks.fork(from);
+  copy_sequence(g, from, s);
   const int id = next_id_++;
-  seqs_.emplace(id, std::move(s));
+  gr.seqs.emplace(id, std::move(s));
+  seq_group_[id] = g;
   return id;
 }
 
 void PagedRunner::close_sequence(int seq) {
-  SequenceCache& s = sequence(seq);
-  blocks_.end_sequence(s);
-  seqs_.erase(seq);
+  Group& g = group_of(seq);
+  g.blocks.end_sequence(g.seqs.at(seq));
+  g.seqs.erase(seq);
+  seq_group_.erase(seq);
 }
 
 int64_t PagedRunner::length(int seq) const {
   return sequence(seq).tokens;
 }
 
-bool PagedRunner::can_append(int seq, int64_t n) const {
-  auto it = seqs_.find(seq);
-  return it != seqs_.end() && it->second.tokens + n <= lim_.max_context &&
-         blocks_.can_append(it->second, n);
+bool PagedRunner::can_open_on(int g) const {
+  return g >= 0 && g < dp_size() && groups_[size_t(g)].blocks.can_begin();
 }
 
-CacheUsage PagedRunner::usage() const {
+bool PagedRunner::can_append(int seq, int64_t n) const {
+  auto it = seq_group_.find(seq);
+  if (it == seq_group_.end()) return false;
+  const Group& g = groups_[size_t(it->second)];
+  const SequenceCache& s = g.seqs.at(seq);
+  return s.tokens + n <= lim_.max_context && g.blocks.can_append(s, n);
+}
+
+int64_t PagedRunner::pages_to_append(int seq, int64_t n, PageKind k) const {
+  return group_of(seq).blocks.pages_to_append(sequence(seq), n, k);
+}
+
+CacheUsage PagedRunner::usage_on(int g) const {
+  const BlockManager& bm = groups_.at(size_t(g)).blocks;
   CacheUsage u;
   for (PageKind k : kPageKinds) {
-    u.pages_total[int(k)] = blocks_.total_pages(k);
-    u.pages_used[int(k)] = blocks_.total_pages(k) - blocks_.free_pages(k);
+    u.pages_total[int(k)] = bm.total_pages(k);
+    u.pages_used[int(k)] = bm.total_pages(k) - bm.free_pages(k);
   }
-  u.slots_total = blocks_.config().max_seqs;
-  u.slots_used = u.slots_total - blocks_.free_state_slots();
+  u.slots_total = bm.config().max_seqs;
+  u.slots_used = u.slots_total - bm.free_state_slots();
   return u;
 }
 
 CacheUsage PagedRunner::usage_excluding(const std::vector<int>& seqs) const {
   CacheUsage u = usage();
   for (PageKind k : kPageKinds) {
-    std::map<int, int> refs;  // page -> references from seqs
+    std::map<std::pair<int, int>, int> refs;  // (group, page) -> references from seqs
     for (int s : seqs)
-      for (int p : sequence(s).pages[int(k)]) ++refs[p];
-    for (const auto& [p, n] : refs)
-      if (n == blocks_.refcount(k, p)) --u.pages_used[int(k)];
+      for (int p : sequence(s).pages[int(k)]) ++refs[{dp_rank(s), p}];
+    for (const auto& [gp, n] : refs)
+      if (n == groups_[size_t(gp.first)].blocks.refcount(k, gp.second)) --u.pages_used[int(k)];
   }
   u.slots_used -= int(seqs.size());
   return u;
@@ -137,16 +185,15 @@ std::set<int> PagedRunner::rows_of(const StepInput& in) {
   return r;
 }
 
-StepBatch PagedRunner::prepare(const std::vector<StepInput>& inputs) {
+StepBatch PagedRunner::prepare(int group, const std::vector<const StepInput*>& inputs) {
   const int V = cfg_.vocab_size;
-  DSV4_CHECK(!inputs.empty(), "empty step");
   DSV4_CHECK(int(inputs.size()) <= lim_.max_step_seqs, "step of ", inputs.size(),
-             " sequences exceeds the planned ", lim_.max_step_seqs);
-  std::set<int> seen;
+             " sequences exceeds the planned ", lim_.max_step_seqs,
+             dp_size() > 1 ? cat(" (data-parallel rank ", group, ")") : std::string());
   int64_t total = 0;
   int64_t rows_wanted = 0;
-  for (const auto& in : inputs) {
-    DSV4_CHECK(seen.insert(in.seq).second, "sequence ", in.seq, " appears twice in one step");
+  for (const StepInput* ip : inputs) {
+    const StepInput& in = *ip;
     const SequenceCache& s = sequence(in.seq);
     DSV4_CHECK(!in.tokens.empty(), "empty token list for sequence ", in.seq);
     for (int32_t t : in.tokens)
@@ -173,17 +220,20 @@ StepBatch PagedRunner::prepare(const std::vector<StepInput>& inputs) {
   // Every sequence's pages before any state changes: a step that cannot get them fails
   // without running (pages already reserved stay with their sequences).
   std::vector<PageCopy> copies;
-  for (const auto& in : inputs) {
-    SequenceCache& s = sequence(in.seq);
-    std::vector<PageCopy> c = blocks_.reserve(s, s.tokens + int64_t(in.tokens.size()));
+  for (const StepInput* ip : inputs) {
+    SequenceCache& s = sequence(ip->seq);
+    std::vector<PageCopy> c =
+        groups_[size_t(group)].blocks.reserve(s, s.tokens + int64_t(ip->tokens.size()));
     copies.insert(copies.end(), c.begin(), c.end());
   }
-  if (!copies.empty()) copy_pages(copies);
+  if (!copies.empty()) copy_pages(group, copies);
 
   StepBatch b;
-  b.decode_only = true;
+  b.dp_rank = group;
+  b.decode_only = !inputs.empty();
   int row = 0;
-  for (const auto& in : inputs) {
+  for (const StepInput* ip : inputs) {
+    const StepInput& in = *ip;
     SequenceCache& s = sequence(in.seq);
     const int n = static_cast<int>(in.tokens.size());
     b.chunks.push_back({&s, s.tokens, in.tokens.data(), n});
@@ -208,7 +258,8 @@ StepBatch PagedRunner::prepare(const std::vector<StepInput>& inputs) {
     return it->second;
   };
   row = 0;
-  for (const auto& in : inputs) {
+  for (const StepInput* ip : inputs) {
+    const StepInput& in = *ip;
     const int n = static_cast<int>(in.tokens.size());
     if (in.sample) {
       b.sample_rows.push_back(at(row + n - 1));
@@ -227,11 +278,45 @@ StepBatch PagedRunner::prepare(const std::vector<StepInput>& inputs) {
   return b;
 }
 
-StepOutput PagedRunner::step(const std::vector<StepInput>& inputs) {
-  const StepBatch b = prepare(inputs);
-  StepOutput out = forward(b);
-  for (const auto& in : inputs) sequence(in.seq).tokens += int64_t(in.tokens.size());
+std::vector<StepOutput> PagedRunner::forward_groups(const std::vector<StepBatch>& batches) {
+  std::vector<StepOutput> out(batches.size());
+  for (size_t g = 0; g < batches.size(); ++g)
+    if (!batches[g].chunks.empty()) out[g] = forward(batches[g]);
   return out;
+}
+
+StepOutput PagedRunner::step(const std::vector<StepInput>& inputs) {
+  DSV4_CHECK(!inputs.empty(), "empty step");
+  // Split by data-parallel group, keeping the input order within each.
+  std::vector<std::vector<const StepInput*>> by_group(groups_.size());
+  std::set<int> seen;
+  for (const StepInput& in : inputs) {
+    DSV4_CHECK(seen.insert(in.seq).second, "sequence ", in.seq, " appears twice in one step");
+    by_group[size_t(dp_rank(in.seq))].push_back(&in);
+  }
+  std::vector<StepBatch> batches;
+  for (size_t g = 0; g < groups_.size(); ++g) batches.push_back(prepare(int(g), by_group[g]));
+  std::vector<StepOutput> outs = forward_groups(batches);
+  for (const StepInput& in : inputs) sequence(in.seq).tokens += int64_t(in.tokens.size());
+  if (groups_.size() == 1) return std::move(outs[0]);
+  // Merge the groups' outputs back into input order.
+  const int V = cfg_.vocab_size;
+  StepOutput merged;
+  std::vector<size_t> next_input(groups_.size(), 0), next_row(groups_.size(), 0),
+      next_sample(groups_.size(), 0), next_score(groups_.size(), 0);
+  for (const StepInput& in : inputs) {
+    const size_t g = size_t(dp_rank(in.seq));
+    StepOutput& o = outs[g];
+    const size_t rows = in.logits ? (in.all_logits ? in.tokens.size() : 1) : 0;
+    merged.logits.insert(merged.logits.end(), o.logits.begin() + long(next_row[g] * V),
+                         o.logits.begin() + long((next_row[g] + rows) * V));
+    next_row[g] += rows;
+    if (in.sample) merged.samples.push_back(std::move(o.samples[next_sample[g]++]));
+    if (!in.score.empty()) merged.scores.push_back(std::move(o.scores[next_score[g]++]));
+    merged.errors.push_back(next_input[g] < o.errors.size() ? o.errors[next_input[g]] : "");
+    ++next_input[g];
+  }
+  return merged;
 }
 
 }  // namespace dsv4

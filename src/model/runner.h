@@ -73,20 +73,29 @@ class Runner {
   virtual int64_t max_context() const = 0;
   virtual int max_logit_rows() const = 0;  // logits rows (wanted or sampled) per step
 
-  // Throw dsv4::Error when the cache has no room (check can_open() first).
-  virtual int open_sequence() = 0;
+  // Data parallelism: the parallel engine runs dp_size() groups of ranks, each with its own
+  // caches; a sequence lives in one group (forks stay in their source's). One backend: 1.
+  virtual int dp_size() const { return 1; }
+  virtual int dp_rank(int seq) const = 0;
+
+  // Throw dsv4::Error when the cache has no room (check can_open_on() first).
+  virtual int open_sequence_on(int dp_rank) = 0;
+  int open_sequence() { return open_sequence_on(0); }
   virtual int fork_sequence(int src) = 0;
   virtual void close_sequence(int seq) = 0;
   virtual int64_t length(int seq) const = 0;
 
-  virtual bool can_open() const = 0;
+  virtual bool can_open_on(int dp_rank) const = 0;
+  bool can_open() const { return can_open_on(0); }
   // Room for `seq` to grow by `n` tokens (copies of shared pages included).
   virtual bool can_append(int seq, int64_t n) const = 0;
-  // Pages of kind `k` growing `seq` by `n` tokens takes from the pool (new + copies).
+  // Pages of kind `k` growing `seq` by `n` tokens takes from its group's pool (new + copies).
   virtual int64_t pages_to_append(int seq, int64_t n, PageKind k) const = 0;
   virtual const CacheSpec& cache_spec() const = 0;
   virtual int page_size() const = 0;
-  virtual CacheUsage usage() const = 0;
+  virtual CacheUsage usage_on(int dp_rank) const = 0;
+  // Summed over the groups.
+  CacheUsage usage() const;
   // usage() with what only `seqs` hold (their slots, window pages and the pages no other
   // sequence shares) counted as free: the occupancy net of evictable prefix-cache snapshots.
   virtual CacheUsage usage_excluding(const std::vector<int>& seqs) const = 0;

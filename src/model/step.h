@@ -24,6 +24,7 @@ struct ChunkRef {
 // returns, `num_logit_rows` of them, then rows only sampled or scored), and per sampled input
 // the index into `rows` of its row and its spec.
 struct StepBatch {
+  int dp_rank = 0;  // the data-parallel group whose sequences these are
   std::vector<ChunkRef> chunks;
   std::vector<int> rows;
   std::vector<int> row_input;  // the input each entry of `rows` belongs to

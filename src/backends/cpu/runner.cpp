@@ -17,7 +17,7 @@ std::string trim_dot(std::string s) {
 CpuRunner::CpuRunner(const CpuModel& model, const CacheConfig& cache)
     : PagedRunner(model.config(), cache, Limits{}), model_(model), cache_(model.config(), cache) {}
 
-void CpuRunner::copy_pages(const std::vector<PageCopy>& copies) {
+void CpuRunner::copy_pages(int, const std::vector<PageCopy>& copies) {
   for (const PageCopy& c : copies) cache_.copy_page(c);
 }
 

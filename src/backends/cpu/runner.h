@@ -29,11 +29,11 @@ class CpuRunner final : public PagedRunner {
   void adopt(std::unique_ptr<LoadedModel> model) { owned_ = std::move(model); }
 
  private:
-  void reset_states(int slot) override { cache_.reset_states(slot); }
-  void copy_sequence(const SequenceCache& from, const SequenceCache& to) override {
+  void reset_states(int, int slot) override { cache_.reset_states(slot); }
+  void copy_sequence(int, const SequenceCache& from, const SequenceCache& to) override {
     cache_.copy_sequence(from, to);
   }
-  void copy_pages(const std::vector<PageCopy>& copies) override;
+  void copy_pages(int, const std::vector<PageCopy>& copies) override;
   StepOutput forward(const StepBatch& batch) override;
 
   std::unique_ptr<LoadedModel> owned_;  // destroyed last

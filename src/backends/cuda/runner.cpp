@@ -73,7 +73,7 @@ void CudaRunner::adopt(std::unique_ptr<Owned> owned) {
   owned_ = std::move(owned);
 }
 
-void CudaRunner::copy_pages(const std::vector<PageCopy>& copies) {
+void CudaRunner::copy_pages(int, const std::vector<PageCopy>& copies) {
   for (const PageCopy& c : copies) cache_.copy_page(c, model_.stream());
 }
 

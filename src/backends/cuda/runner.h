@@ -73,11 +73,11 @@ class CudaRunner final : public PagedRunner {
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
   };
-  void reset_states(int slot) override { cache_.reset_states(slot, model_.stream()); }
-  void copy_sequence(const SequenceCache& from, const SequenceCache& to) override {
+  void reset_states(int, int slot) override { cache_.reset_states(slot, model_.stream()); }
+  void copy_sequence(int, const SequenceCache& from, const SequenceCache& to) override {
     cache_.copy_sequence(from, to, model_.stream());
   }
-  void copy_pages(const std::vector<PageCopy>& copies) override;
+  void copy_pages(int, const std::vector<PageCopy>& copies) override;
   StepOutput forward(const StepBatch& batch) override;
   void run_graph(const std::vector<ChunkRef>& chunks, const std::vector<int>& rows);
   int64_t bucket(const std::vector<ChunkRef>& chunks) const;
