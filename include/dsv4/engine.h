@@ -36,6 +36,10 @@ struct EngineOptions {
   // 0: no prefix cache.
   int prefix_snapshots = -1;
   int prefix_block = 256;
+  // The parallel engine: attention as dp groups of tp ranks, routed experts over ep ranks, on
+  // max(dp x tp, ep) ranks (the CPU backend runs them as threads). With dp > 1,
+  // max_sequences, the cache and the prefix cache are per data-parallel rank.
+  int dp = 1, ep = 1, tp = 1;
   // CUDA backend only.
   bool verify = false;      // re-run every op on the CPU from the GPU's inputs; the first
                             // divergence is thrown as a dsv4::Error naming block, op, metric

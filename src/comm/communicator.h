@@ -29,6 +29,9 @@ class Communicator {
   // A communicator of the ranks that pass the same `color`, ordered by (key, rank). Every rank
   // calls it (collective).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+  // A rank that failed: every rank waiting in (or later entering) a collective of this
+  // communicator or of any split from it throws dsv4::Error instead of waiting forever.
+  virtual void abort() = 0;
 
   // Typed helpers.
   template <typename T>

@@ -21,13 +21,30 @@ struct Hub {
   void barrier() {
     std::unique_lock<std::mutex> lock(mu);
     const uint64_t gen = generation;
+    if (aborted) throw Error("a rank of the parallel engine failed (collective aborted)");
     if (++arrived == size) {
       arrived = 0;
       ++generation;
       cv.notify_all();
     } else {
-      cv.wait(lock, [&] { return generation != gen; });
+      cv.wait(lock, [&] { return generation != gen || aborted; });
+      if (generation == gen)
+        throw Error("a rank of the parallel engine failed (collective aborted)");
     }
+  }
+
+  void abort() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      aborted = true;
+    }
+    cv.notify_all();
+    std::vector<std::shared_ptr<Hub>> kids;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto& [k, h] : children) kids.push_back(h);
+    }
+    for (auto& h : kids) h->abort();
   }
 
   const int size;
@@ -46,6 +63,7 @@ struct Hub {
   // Sub-communicators made by split(): (split number, color) -> hub.
   std::map<std::pair<uint64_t, int>, std::shared_ptr<Hub>> children;
   uint64_t splits = 0;
+  bool aborted = false;  // guarded by mu; abort() passes it on to the children
 };
 
 class InProcCommunicator final : public Communicator {
@@ -55,6 +73,7 @@ class InProcCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return hub_->size; }
   void barrier() override { hub_->barrier(); }
+  void abort() override { hub_->abort(); }
 
   void all_gather(const void* send, size_t bytes, void* recv) override {
     hub_->slots[size_t(rank_)] = {send, bytes, nullptr, 0, 0};
@@ -75,7 +94,8 @@ class InProcCommunicator final : public Communicator {
     hub_->slots[size_t(rank_)] = {nullptr, 0, &send, 0, 0};
     hub_->barrier();
     recv.resize(size_t(size()));
-    for (int r = 0; r < size(); ++r) recv[size_t(r)] = (*hub_->slots[size_t(r)].buffers)[size_t(rank_)];
+    for (int r = 0; r < size(); ++r)
+      recv[size_t(r)] = (*hub_->slots[size_t(r)].buffers)[size_t(rank_)];
     hub_->barrier();
   }
 
@@ -84,7 +104,8 @@ class InProcCommunicator final : public Communicator {
     hub_->barrier();
     std::vector<std::pair<int, int>> members;  // (key, rank) of my color
     for (int r = 0; r < size(); ++r)
-      if (hub_->slots[size_t(r)].color == color) members.emplace_back(hub_->slots[size_t(r)].key, r);
+      if (hub_->slots[size_t(r)].color == color)
+        members.emplace_back(hub_->slots[size_t(r)].key, r);
     std::sort(members.begin(), members.end());
     const int my = int(std::find(members.begin(), members.end(), std::make_pair(key, rank_)) -
                        members.begin());

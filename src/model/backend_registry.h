@@ -23,6 +23,9 @@ struct RunnerOptions {
   bool verify = false;         // CUDA
   bool cuda_graphs = true;     // CUDA
   bool exact_linears = false;  // CUDA
+  // The parallel engine (model/parallel_layout.h); max_sequences and the cache are then per
+  // data-parallel rank.
+  int dp = 1, ep = 1, tp = 1;
 };
 
 using RunnerFactory = std::unique_ptr<Runner> (*)(const RunnerOptions& options);

@@ -11,8 +11,8 @@ int ParallelConfig::world() const {
 }
 
 ParallelLayout::ParallelLayout(const ModelConfig& m, const ParallelConfig& p) : p_(p) {
-  DSV4_CHECK(p.dp >= 1 && p.ep >= 1 && p.tp >= 1, "--dp, --ep and --tp must be >= 1 (got dp ",
-             p.dp, ", ep ", p.ep, ", tp ", p.tp, ")");
+  DSV4_CHECK(p.dp >= 1 && p.ep >= 1 && p.tp >= 1, "--dp, --ep and --tp must be >= 1 (got dp ", p.dp,
+             ", ep ", p.ep, ", tp ", p.tp, ")");
   world_ = p.world();
   DSV4_CHECK(world_ % (p.dp * p.tp) == 0 && world_ % p.ep == 0, "dp x tp = ", p.dp * p.tp,
              " and ep = ", p.ep, " must both divide the world size ", world_,
@@ -32,8 +32,9 @@ ParallelLayout::ParallelLayout(const ModelConfig& m, const ParallelConfig& p) : 
 }
 
 std::string ParallelLayout::describe() const {
-  return cat("dp ", p_.dp, " x tp ", p_.tp, " attention", replicas() > 1 ? cat(" (x", replicas(), " replicas)") : std::string(),
-             ", ep ", p_.ep, " experts over ", world_, " rank(s)");
+  return cat("dp ", p_.dp, " x tp ", p_.tp, " attention",
+             replicas() > 1 ? cat(" (x", replicas(), " replicas)") : std::string(), ", ep ", p_.ep,
+             " experts over ", world_, " rank(s)");
 }
 
 }  // namespace dsv4

@@ -103,6 +103,9 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& o) {
   ro.verify = o.verify;
   ro.cuda_graphs = o.cuda_graphs;
   ro.exact_linears = o.exact_linears;
+  ro.dp = o.dp;
+  ro.ep = o.ep;
+  ro.tp = o.tp;
   return std::make_unique<LoopEngine>(factory(ro), o);
 }
 

@@ -46,14 +46,19 @@ EngineLoop::EngineLoop(std::unique_ptr<Runner> runner, const EngineLoopOptions& 
                o.max_step_tokens > 0 ? o.max_step_tokens : EngineLoopOptions::kDefaultStepTokens);
   so.max_step_seqs = runner_->max_step_seqs();
   so.max_logit_rows = runner_->max_logit_rows();
-  prefix_ = std::make_unique<PrefixCache>(*runner_, o.prefix_block, o.prefix_snapshots);
-  sched_ = std::make_unique<Scheduler>(*runner_, so, prefix_.get());
+  std::vector<PrefixCache*> caches;
+  for (int g = 0; g < runner_->dp_size(); ++g) {
+    prefix_.push_back(
+        std::make_unique<PrefixCache>(*runner_, o.prefix_block, o.prefix_snapshots, g));
+    caches.push_back(prefix_.back().get());
+  }
+  sched_ = std::make_unique<Scheduler>(*runner_, so, caches);
 }
 
 EngineLoop::~EngineLoop() {
   // Sequences go back to the runner before it is destroyed.
   for (auto& [id, r] : requests_) sched_->remove(r.get());
-  prefix_->clear();
+  for (auto& p : prefix_) p->clear();
 }
 
 void EngineLoop::validate(const std::vector<int32_t>& prompt, const SamplingOptions& s,
@@ -336,7 +341,10 @@ EngineStats EngineLoop::stats() const {
     (any_seq ? s.running : s.waiting) += 1;
   }
   // As vLLM counts it: what the snapshots alone hold is evictable, so free.
-  s.cache_usage = runner_->usage_excluding(prefix_->sequences()).fraction();
+  std::vector<int> snapshots;
+  for (const auto& p : prefix_)
+    for (int seq : p->sequences()) snapshots.push_back(seq);
+  s.cache_usage = runner_->usage_excluding(snapshots).fraction();
   s.preemptions = sched_->preemptions();
   s.prefix_queries = sched_->prefix_queries();
   s.prefix_hits = sched_->prefix_hits();

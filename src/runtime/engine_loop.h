@@ -18,10 +18,11 @@
 namespace dsv4 {
 
 struct EngineLoopOptions {
-  int max_running = 1;      // choices holding sequences at once
+  int max_running = 1;      // choices holding sequences at once, per data-parallel rank
   int max_step_tokens = 0;  // 0: the runner's, at most kDefaultStepTokens
   int64_t max_tokens = 0;   // per sequence (prompt + output); 0: the runner's context
-  int prefix_snapshots = 0;  // prefix-cache snapshots (the runner has slots for them); 0: off
+  int prefix_snapshots = 0;  // prefix-cache snapshots per data-parallel rank (the runner has
+                             // slots for them); 0: off
   int prefix_block = 256;
   static constexpr int kDefaultStepTokens = 8192;
 };
@@ -58,7 +59,7 @@ class EngineLoop {
   std::unique_ptr<Runner> runner_;
   EngineLoopOptions opt_;
   ModelInfo info_;
-  std::unique_ptr<PrefixCache> prefix_;
+  std::vector<std::unique_ptr<PrefixCache>> prefix_;  // per data-parallel rank
   std::unique_ptr<Scheduler> sched_;
   std::map<uint64_t, std::unique_ptr<Request>> requests_;
   uint64_t next_id_ = 1;

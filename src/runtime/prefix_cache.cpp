@@ -6,8 +6,8 @@
 
 namespace dsv4 {
 
-PrefixCache::PrefixCache(Runner& runner, int block, int max_snapshots)
-    : runner_(runner), block_(block), max_(max_snapshots) {
+PrefixCache::PrefixCache(Runner& runner, int block, int max_snapshots, int dp_rank)
+    : runner_(runner), dp_rank_(dp_rank), block_(block), max_(max_snapshots) {
   DSV4_CHECK(block > 0 && max_snapshots >= 0, "prefix cache: block must be positive");
 }
 
@@ -56,6 +56,15 @@ std::pair<int64_t, int> PrefixCache::lookup(const std::vector<int32_t>& tokens, 
   return {0, -1};
 }
 
+int64_t PrefixCache::peek(const std::vector<int32_t>& tokens, int64_t limit) {
+  if (!enabled()) return 0;
+  limit = std::min<int64_t>(limit, int64_t(tokens.size()));
+  const std::vector<uint64_t> h = chain(tokens, limit);
+  for (int64_t k = int64_t(h.size()) - 1; k >= 0; --k)
+    if (find(h[size_t(k)], tokens, (k + 1) * block_) != lru_.end()) return (k + 1) * block_;
+  return 0;
+}
+
 bool PrefixCache::contains(const std::vector<int32_t>& tokens) const {
   const int64_t n = int64_t(tokens.size());
   if (!enabled() || n == 0 || n % block_) return false;
@@ -71,7 +80,7 @@ bool PrefixCache::insert(const std::vector<int32_t>& tokens, int seq) {
   DSV4_CHECK(n > 0 && n % block_ == 0 && runner_.length(seq) == n,
              "prefix cache: a snapshot is taken at a block boundary of the sequence");
   if (!enabled() || contains(tokens)) return false;
-  while (int(lru_.size()) >= max_ || !runner_.can_open())
+  while (int(lru_.size()) >= max_ || !runner_.can_open_on(dp_rank_))
     if (!evict_one()) return false;
   Entry e{chain(tokens, n).back(), tokens, runner_.fork_sequence(seq)};
   lru_.push_front(std::move(e));

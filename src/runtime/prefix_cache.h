@@ -24,8 +24,8 @@ namespace dsv4 {
 
 class PrefixCache {
  public:
-  // `max_snapshots` 0: off.
-  PrefixCache(Runner& runner, int block, int max_snapshots);
+  // `max_snapshots` 0: off. Snapshots of the sequences of data-parallel rank `dp_rank`.
+  PrefixCache(Runner& runner, int block, int max_snapshots, int dp_rank = 0);
   ~PrefixCache();
 
   bool enabled() const { return max_ > 0; }
@@ -36,6 +36,8 @@ class PrefixCache {
   // The longest cached prefix of tokens[0, limit): its length (a multiple of block, <= limit)
   // and snapshot sequence, or {0, -1}. A hit counts as a use (LRU).
   std::pair<int64_t, int> lookup(const std::vector<int32_t>& tokens, int64_t limit);
+  // The length lookup() would find, without counting a use.
+  int64_t peek(const std::vector<int32_t>& tokens, int64_t limit);
   // Snapshots `seq` (at length tokens.size(), a multiple of block) unless that prefix is
   // cached already; evicts the least recently used snapshot when full. False when the runner
   // has no slot or window pages for it even after evicting.
@@ -59,6 +61,7 @@ class PrefixCache {
                                   int64_t n);
 
   Runner& runner_;
+  int dp_rank_ = 0;
   int block_ = 256;
   int max_ = 0;
   std::list<Entry> lru_;  // most recently used first

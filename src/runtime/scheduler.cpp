@@ -7,11 +7,36 @@
 
 namespace dsv4 {
 
-Scheduler::Scheduler(Runner& runner, const SchedulerOptions& options, PrefixCache* prefix)
-    : runner_(runner), opt_(options), prefix_(prefix && prefix->enabled() ? prefix : nullptr) {
+// One step's room on each data-parallel rank.
+struct Scheduler::Budget {
+  struct Rank {
+    int64_t tokens = 0;
+    int seqs = 0;
+    int64_t rows = 0;
+    int64_t used[kNumPageKinds] = {0, 0, 0};  // pages this step's chunks take
+  };
+  std::vector<Rank> rank;
+  bool any() const {
+    for (const Rank& r : rank)
+      if (r.tokens > 0 && r.seqs > 0) return true;
+    return false;
+  }
+};
+
+Scheduler::Scheduler(Runner& runner, const SchedulerOptions& options,
+                     std::vector<PrefixCache*> prefix)
+    : runner_(runner), opt_(options) {
   DSV4_CHECK(opt_.max_running > 0 && opt_.max_step_tokens > 0 && opt_.max_step_seqs > 0 &&
                  opt_.max_logit_rows > 0,
              "scheduler limits must be positive");
+  bool on = false;
+  for (PrefixCache* p : prefix) on |= p && p->enabled();
+  if (on) {
+    DSV4_CHECK(int(prefix.size()) == runner.dp_size(), "one prefix cache per data-parallel rank");
+    prefix_ = std::move(prefix);
+    for (PrefixCache*& p : prefix_)
+      if (p && !p->enabled()) p = nullptr;
+  }
 }
 
 int64_t Scheduler::target(const Request& r, const Choice& c) {
@@ -33,6 +58,19 @@ int Scheduler::waiting() const {
   const Request* last = nullptr;
   for (const Entry& e : waiting_)
     if (e.request != last) ++n, last = e.request;
+  return n;
+}
+
+int Scheduler::running_on(int g) const {
+  int n = 0;
+  for (const Entry& e : running_) n += rank_of(e) == g;
+  return n;
+}
+
+int64_t Scheduler::load_on(int g) const {
+  int64_t n = 0;
+  for (const Entry& e : running_)
+    if (rank_of(e) == g) n += target(*e.request, e.c());
   return n;
 }
 
@@ -82,7 +120,7 @@ void Scheduler::after_step(Request* r) {
   for (size_t j = 1; j < r->choices.size(); ++j) {
     Choice& c = r->choices[j];
     if (c.seq < 0) continue;  // preempted while waiting: it prefills its own
-    // The placeholder held the slot and window pages the fork takes.
+    // The placeholder held the slot and window pages the fork takes (on the same rank).
     runner_.close_sequence(c.seq);
     c.seq = runner_.fork_sequence(first.seq);
   }
@@ -104,28 +142,24 @@ std::vector<int32_t> Scheduler::tokens_of(const Request& r, const Choice& c, int
   return t;
 }
 
-bool Scheduler::try_admit(const Entry& e, int64_t /*budget*/) {
+bool Scheduler::admit_on(const Entry& e, int g, int64_t t, const std::vector<int32_t>& toks) {
   Request& r = *e.request;
   Choice& c = e.c();
-  if (int(running_.size()) >= opt_.max_running || !runner_.can_open()) return false;
-  const int64_t t = target(r, c);
+  PrefixCache* pc = prefix(g);
   // The longest cached prefix of all but the last token (which must run to give logits).
   int64_t hit = 0;
   int snap = -1;
-  std::vector<int32_t> toks;
-  if (prefix_ && t > 1) {
-    toks = tokens_of(r, c, t);
-    std::tie(hit, snap) = prefix_->lookup(toks, t - 1);
-  }
+  if (pc && t > 1) std::tie(hit, snap) = pc->lookup(toks, t - 1);
   // Pages: the whole prefill and the first decode (from the hit on, plus a copy of the shared
-  // page it writes into), after what the running choices' prefills and first decodes still
-  // take. Snapshots are evicted to make room.
+  // page it writes into), after what the rank's running choices' prefills and first decodes
+  // still take. Snapshots are evicted to make room.
   for (;;) {
-    const CacheUsage u = runner_.usage();
+    const CacheUsage u = runner_.usage_on(g);
     bool fits = true;
     for (PageKind k : {PageKind::kC4, PageKind::kC128}) {
       int64_t reserved = 0;
       for (const Entry& x : running_) {
+        if (rank_of(x) != g) continue;
         const int64_t left = target(*x.request, x.c()) + 1 - computed(x.c());
         if (left > 0)
           reserved += runner_.pages_to_append(
@@ -142,16 +176,14 @@ bool Scheduler::try_admit(const Entry& e, int64_t /*budget*/) {
     }
     if (fits) break;
     // The snapshot being hit stays: its pages are the ones this choice reuses.
-    if (!prefix_ || prefix_->size() <= (snap >= 0 ? 1 : 0) || !prefix_->evict_one()) return false;
-    if (snap >= 0) {
-      std::tie(hit, snap) = prefix_->lookup(toks, t - 1);  // it may have been the one evicted
-    }
+    if (!pc || pc->size() <= (snap >= 0 ? 1 : 0) || !pc->evict_one()) return false;
+    if (snap >= 0) std::tie(hit, snap) = pc->lookup(toks, t - 1);  // it may have been evicted
   }
-  c.seq = snap >= 0 ? runner_.fork_sequence(snap) : runner_.open_sequence();
+  c.seq = snap >= 0 ? runner_.fork_sequence(snap) : runner_.open_sequence_on(g);
   if (c.index == 0 && !r.admitted) {
     r.admitted = true;
     r.cached_tokens = hit;
-    if (prefix_) {
+    if (!prefix_.empty()) {
       prefix_queries_ += r.prompt_len();
       prefix_hits_ += std::min(hit, r.prompt_len());
     }
@@ -163,88 +195,130 @@ bool Scheduler::try_admit(const Entry& e, int64_t /*budget*/) {
   return true;
 }
 
+bool Scheduler::try_admit(const Entry& e, Budget& b) {
+  Request& r = *e.request;
+  Choice& c = e.c();
+  const int64_t t = target(r, c);
+  std::vector<int32_t> toks;
+  if (!prefix_.empty() && t > 1) toks = tokens_of(r, c, t);
+  // The ranks this choice may go to, best first: a placeholder of an n > 1 request stays with
+  // its first choice; else the longest prefix hit, then the lightest load.
+  std::vector<int> ranks;
+  const Choice& first = r.choices[0];
+  if (r.choices.size() > 1 && !r.forked && c.index > 0 && first.seq >= 0) {
+    ranks.push_back(runner_.dp_rank(first.seq));
+  } else {
+    std::vector<std::pair<int64_t, int64_t>> score(size_t(runner_.dp_size()));
+    for (int g = 0; g < runner_.dp_size(); ++g) {
+      const int64_t hit = prefix(g) && t > 1 ? prefix(g)->peek(toks, t - 1) : 0;
+      score[size_t(g)] = {-hit, load_on(g)};
+      ranks.push_back(g);
+    }
+    std::stable_sort(ranks.begin(), ranks.end(),
+                     [&](int a, int c2) { return score[size_t(a)] < score[size_t(c2)]; });
+  }
+  for (int g : ranks) {
+    const Budget::Rank& br = b.rank[size_t(g)];
+    if (br.tokens <= 0 || br.seqs <= 0) continue;
+    if (running_on(g) >= opt_.max_running || !runner_.can_open_on(g)) continue;
+    if (admit_on(e, g, t, toks)) return true;
+  }
+  return false;
+}
+
 void Scheduler::snapshot(const ScheduledChunk& ch) {
-  if (!prefix_ || !ch.snapshot || ch.choice->seq < 0) return;
+  if (prefix_.empty() || !ch.snapshot || ch.choice->seq < 0) return;
+  PrefixCache* pc = prefix(runner_.dp_rank(ch.choice->seq));
   const int64_t end = ch.start + ch.n;
-  const Request& r = *ch.request;
-  if (runner_.length(ch.choice->seq) != end) return;
-  const std::vector<int32_t> toks = tokens_of(r, *ch.choice, end);
-  if (!prefix_->contains(toks)) prefix_->insert(toks, ch.choice->seq);
+  if (!pc || runner_.length(ch.choice->seq) != end) return;
+  const std::vector<int32_t> toks = tokens_of(*ch.request, *ch.choice, end);
+  if (!pc->contains(toks)) pc->insert(toks, ch.choice->seq);
 }
 
 std::vector<ScheduledChunk> Scheduler::schedule() {
   std::vector<ScheduledChunk> out;
-  int64_t budget = opt_.max_step_tokens;
-  int seqs = opt_.max_step_seqs;
-  int64_t rows = opt_.max_logit_rows;
-  int64_t used[kNumPageKinds] = {0, 0, 0};  // pages this step's chunks take
+  Budget b;
+  b.rank.resize(size_t(runner_.dp_size()));
+  for (Budget::Rank& r : b.rank) {
+    r.tokens = opt_.max_step_tokens;
+    r.seqs = opt_.max_step_seqs;
+    r.rows = opt_.max_logit_rows;
+  }
 
-  auto free_pages = [&](PageKind k) {
-    const CacheUsage u = runner_.usage();
-    return int64_t(u.pages_total[int(k)] - u.pages_used[int(k)]) - used[int(k)];
+  auto free_pages = [&](int g, PageKind k) {
+    const CacheUsage u = runner_.usage_on(g);
+    return int64_t(u.pages_total[int(k)] - u.pages_used[int(k)]) - b.rank[size_t(g)].used[int(k)];
   };
   auto unschedule = [&](const Choice* c) {
     for (auto it = out.begin(); it != out.end(); ++it) {
       if (it->choice != c) continue;
-      budget += it->n;
-      ++seqs;
-      rows += it->rows;
-      for (int k = 0; k < kNumPageKinds; ++k) used[k] -= it->pages[k];
+      Budget::Rank& br = b.rank[size_t(runner_.dp_rank(c->seq))];
+      br.tokens += it->n;
+      ++br.seqs;
+      br.rows += it->rows;
+      for (int k = 0; k < kNumPageKinds; ++k) br.used[k] -= it->pages[k];
       out.erase(it);
       return;
     }
   };
-  // Plans the next chunk of a running choice, unless the step has no room left for it or it
-  // had to preempt itself.
+  // Plans the next chunk of a running choice, unless its rank's step has no room left for it
+  // or it had to preempt itself.
   auto plan = [&](const Entry& e) {
     Request& r = *e.request;
     Choice& c = e.c();
+    const int g = rank_of(e);
+    Budget::Rank& br = b.rank[size_t(g)];
     const int64_t done = computed(c), need = target(r, c) - done;
-    if (need <= 0 || budget <= 0 || seqs <= 0) return;
-    int64_t n = std::min(need, budget);
+    if (need <= 0 || br.tokens <= 0 || br.seqs <= 0) return;
+    int64_t n = std::min(need, br.tokens);
     const bool wants_rows = r.wants_rows(c);
     if (r.want_prompt_logits && r.chunk > 0) n = std::min<int64_t>(n, r.chunk);
     // Prefix cache: the chunk ends at the first snapshot point after `done` it would cross:
     // every multiple of the stride (4 blocks), and the last block boundary before the target
     // (a resend then finds all but less than a block).
     bool snap = false;
-    if (prefix_ && !r.want_prompt_logits) {
-      const int64_t B = prefix_->block(), S = 4 * B, tgt = target(r, c);
+    if (prefix(g) && !r.want_prompt_logits) {
+      const int64_t B = prefix(g)->block(), S = 4 * B, tgt = target(r, c);
       const int64_t tail = (tgt - 1) / B * B;
       int64_t cut = (done / S + 1) * S;
       if (tail > done) cut = std::min(cut, tail);
       if (cut < done + n) n = cut - done;
       snap = done + n == cut;
     }
+    if (wants_rows) n = std::min(n, br.rows);
+    if (n <= 0) return;
     const bool pre_fork = r.choices.size() > 1 && !r.forked;
     const bool sample =
         done + n == target(r, c) && !pre_fork && int64_t(c.output.size()) < r.opts.max_new_tokens;
     const int64_t row_cost = wants_rows ? n : (sample ? 1 : 0);
-    if (row_cost > rows) return;
-    // Pages: preempt the latest-arrived running choice until this chunk fits.
+    if (row_cost > br.rows) return;
+    // Pages: evict the rank's snapshots, then preempt its latest-arrived running choice, until
+    // this chunk fits.
     for (;;) {
       bool fits = true;
       for (PageKind k : {PageKind::kC4, PageKind::kC128})
-        fits &= runner_.pages_to_append(c.seq, n, k) <= free_pages(k);
+        fits &= runner_.pages_to_append(c.seq, n, k) <= free_pages(g, k);
       if (fits) break;
-      if (prefix_ && prefix_->evict_one()) continue;
-      const Entry victim = running_.back();
-      if (victim.request == e.request && victim.choice == e.choice) {
+      if (prefix(g) && prefix(g)->evict_one()) continue;
+      auto victim = std::find_if(running_.rbegin(), running_.rend(),
+                                 [&](const Entry& x) { return rank_of(x) == g; });
+      if (victim->request == e.request && victim->choice == e.choice) {
         preempt(e);
         return;
       }
-      unschedule(&victim.c());
-      preempt(victim);
+      const Entry v = *victim;
+      unschedule(&v.c());
+      preempt(v);
     }
     ScheduledChunk s{&r, &c, done, int(n), sample, snap, row_cost, {0, 0, 0}};
     for (PageKind k : {PageKind::kC4, PageKind::kC128}) {
       s.pages[int(k)] = runner_.pages_to_append(c.seq, n, k);
-      used[int(k)] += s.pages[int(k)];
+      br.used[int(k)] += s.pages[int(k)];
     }
     out.push_back(s);
-    budget -= n;
-    --seqs;
-    rows -= row_cost;
+    br.tokens -= n;
+    --br.seqs;
+    br.rows -= row_cost;
   };
 
   // 1. Decodes, 2. running prefills (FCFS). Entries are copied: preemption edits running_.
@@ -257,9 +331,9 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
     }
   }
   // 3. Admissions, FCFS.
-  while (!waiting_.empty() && budget > 0 && seqs > 0) {
+  while (!waiting_.empty() && b.any()) {
     const Entry e = waiting_.front();
-    if (!try_admit(e, budget)) break;
+    if (!try_admit(e, b)) break;
     plan(e);
   }
   return out;

@@ -35,6 +35,7 @@
 
 namespace dsv4 {
 
+// Limits per data-parallel rank (each rank runs its own batch, in its own caches).
 struct SchedulerOptions {
   int max_running = 1;        // choices holding sequences at once
   int max_step_tokens = 512;  // tokens per step over all inputs
@@ -56,10 +57,15 @@ struct ScheduledChunk {
 
 class PrefixCache;
 
+// With data parallelism (Runner::dp_size() > 1) every rank has its own budget, cache and
+// prefix cache; a newly admitted choice goes to the rank with the longest prefix hit, then
+// the fewest tokens held or to hold (its running choices' targets); a rank preempts only its
+// own choices; forks stay on their rank.
 class Scheduler {
  public:
-  // `prefix` may be null (no prefix cache).
-  Scheduler(Runner& runner, const SchedulerOptions& options, PrefixCache* prefix = nullptr);
+  // `prefix`: one per data-parallel rank, or empty (no prefix cache).
+  Scheduler(Runner& runner, const SchedulerOptions& options,
+            std::vector<PrefixCache*> prefix = {});
 
   // Queues a new request (all its choices wait).
   void add(Request* r);
@@ -102,16 +108,23 @@ class Scheduler {
   int64_t computed(const Choice& c) const;
   // Pages of kind k a new sequence of `tokens` tokens holds.
   int64_t pages_for(PageKind k, int64_t tokens) const;
-  bool try_admit(const Entry& e, int64_t budget);
+  struct Budget;  // one step's room per rank
+  bool try_admit(const Entry& e, Budget& b);
+  // Admission on rank g: fits (evicting snapshots as needed) and opens the sequence.
+  bool admit_on(const Entry& e, int g, int64_t t, const std::vector<int32_t>& toks);
   void preempt(const Entry& e);
   void drop_running(const Entry& e);
+  int rank_of(const Entry& e) const { return runner_.dp_rank(e.c().seq); }
+  int running_on(int g) const;
+  int64_t load_on(int g) const;
+  PrefixCache* prefix(int g) const { return prefix_.empty() ? nullptr : prefix_[size_t(g)]; }
 
   // Prompt ++ output of a choice, the first n tokens.
   static std::vector<int32_t> tokens_of(const Request& r, const Choice& c, int64_t n);
 
   Runner& runner_;
   SchedulerOptions opt_;
-  PrefixCache* prefix_ = nullptr;
+  std::vector<PrefixCache*> prefix_;
   int64_t prefix_queries_ = 0, prefix_hits_ = 0;
   std::vector<Entry> waiting_;  // sorted by (arrival, choice)
   std::vector<Entry> running_;  // sorted by (arrival, choice)

@@ -1,6 +1,11 @@
 #include "backends/cpu/backend.h"
 
+#include <filesystem>
+
 #include "backends/cpu/loader.h"
+#include "backends/cpu/parallel_runner.h"
+#include "io/checkpoint.h"
+#include "model/weights.h"
 #include "backends/cpu/runner.h"
 #include "core/error.h"
 #include "model/cache_spec.h"
@@ -14,6 +19,20 @@ std::unique_ptr<Runner> open_cpu_runner(const RunnerOptions& o) {
   DSV4_CHECK(o.cache_bytes >= 0, "negative cache size");
   DSV4_CHECK(!o.verify,
              "verify mode checks the CUDA backend against the CPU ops: it needs backend 'cuda'");
+  const ParallelConfig par{o.dp, o.ep, o.tp};
+  if (!par.single()) {
+    DSV4_CHECK(std::filesystem::is_directory(o.model_dir), o.model_dir,
+               ": model directory does not exist");
+    const ModelConfig config =
+        load_model_config((std::filesystem::path(o.model_dir) / "config.json").string());
+    const QuantScheme scheme = QuantScheme::load(o.model_dir, config);
+    const Checkpoint ckpt(o.model_dir);
+    const WeightsRef ref = bind_weights(ckpt, config, scheme);
+    const CacheConfig cc =
+        plan_cache(config, o.max_sequences, o.max_tokens, o.page_size, o.cache_bytes,
+                   o.snapshot_slots);
+    return std::make_unique<ParallelCpuRunner>(config, ref, par, cc);
+  }
   auto lm = std::make_unique<LoadedModel>(load_cpu_model(o.model_dir));
   const CacheConfig cc =
       plan_cache(lm->config, o.max_sequences, o.max_tokens, o.page_size, o.cache_bytes,

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "model/weights.h"
 #include "ops/cpu/sampler.h"
 
 namespace dsv4 {
@@ -48,6 +49,24 @@ StepOutput sample_on_host(const StepBatch& b, const float* logits, int V,
     out.scores.push_back(std::move(row));
   }
   return out;
+}
+
+std::vector<std::string> nonfinite_errors(const ModelConfig& c, const StepBatch& b,
+                                          const std::vector<int>& bad) {
+  std::vector<std::string> errors(b.chunks.size());
+  int row = 0;
+  for (size_t i = 0; i < b.chunks.size(); ++i) {
+    for (int j = 0; j < b.chunks[i].n && errors[i].empty(); ++j) {
+      const int block = bad[size_t(row + j)];
+      if (block < 0) continue;
+      std::string name = block_prefix(c, block);
+      if (!name.empty() && name.back() == '.') name.pop_back();
+      errors[i] = cat("non-finite hidden state at position ", b.chunks[i].start + j,
+                      ", first in block ", block, " (", name, ")");
+    }
+    row += b.chunks[i].n;
+  }
+  return errors;
 }
 
 }  // namespace dsv4

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "model/model_config.h"
 #include "model/runner.h"
 #include "model/step.h"
 
@@ -18,5 +19,11 @@ namespace dsv4 {
 // already, one per input) and no samples or scores.
 StepOutput sample_on_host(const StepBatch& batch, const float* logits, int vocab,
                           std::vector<std::string> errors = {});
+
+// Per input of the batch: empty, or the error naming the first position whose hidden state
+// went non-finite and the block it happened in (`first_nonfinite`: per token row, from
+// CpuModel::forward).
+std::vector<std::string> nonfinite_errors(const ModelConfig& config, const StepBatch& batch,
+                                          const std::vector<int>& first_nonfinite);
 
 }  // namespace dsv4

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "backends/cpu/parallel_moe.h"
 #include "core/error.h"
 #include "core/formats.h"
 #include "ops/cpu/attention.h"
@@ -78,7 +79,9 @@ void CpuModel::attention(const BlockWeights& bw, const ChunkRef& ch, int chunk_i
                          const float* x, float* out, HostCache& cache, TraceSink* trace) const {
   const ModelConfig& c = cfg_;
   const AttentionWeights& a = bw.attn;
-  const int b = bw.index, n = ch.n, H = c.n_heads, D = c.head_dim, R = c.rope_head_dim;
+  // Heads and output groups this rank holds (all of them on one rank; a tensor-parallel rank
+  // holds a contiguous share, its weights sliced to it).
+  const int b = bw.index, n = ch.n, H = int(a.sink.size()), D = c.head_dim, R = c.rope_head_dim;
   const int NOPE = D - R, W = c.window_size, ratio = bw.ratio;
   const int64_t P0 = ch.start;
   SequenceCache& seq = *ch.cache;
@@ -133,12 +136,12 @@ void CpuModel::attention(const BlockWeights& bw, const ChunkRef& ch, int chunk_i
                      EntryRef r = cache.index_key(b, seq, i);
                      encode_index_key(il, entry, r.data, r.scales);
                    });
-    const int HI = c.index_n_heads, DI = c.index_head_dim;
-    std::vector<float> qi(size_t(n) * HI * DI), wi(size_t(n) * HI);
+    const int HI = c.index_n_heads, DI = c.index_head_dim, HIl = ix.weights_proj.out;
+    std::vector<float> qi(size_t(n) * HIl * DI), wi(size_t(n) * HIl);
     linear(ix.wq_b, qr.data(), n, qi.data());
     for (int t = 0; t < n; ++t)
-      for (int h = 0; h < HI; ++h) {
-        float* v = qi.data() + (size_t(t) * HI + h) * DI;
+      for (int h = 0; h < HIl; ++h) {
+        float* v = qi.data() + (size_t(t) * HIl + h) * DI;
         rope_apply(v + DI - R, R, ang[t].cos.data(), ang[t].sin.data(), false);
         hadamard_rotate(v, DI);
         fake_quant_fp4(v, DI, IndexKeyLayout::kQuantBlock, v);
@@ -146,6 +149,12 @@ void CpuModel::attention(const BlockWeights& bw, const ChunkRef& ch, int chunk_i
     linear(ix.weights_proj, x, n, wi.data());
     const float wscale = static_cast<float>(1.0 / std::sqrt(double(DI)) / std::sqrt(double(HI)));
     for (float& v : wi) v = round_bf16(v * wscale);
+    // Tensor parallel: every rank scores with all heads, gathered in head order (the scores'
+    // sums over heads stay the one-rank sums).
+    if (HIl != HI) {
+      qi = gather_heads(qi, n, HIl * DI);
+      wi = gather_heads(wi, n, HIl);
+    }
     const int64_t nkeys = (P0 + n) / 4;
     std::vector<float> keys(size_t(nkeys) * DI);
     for (int64_t i = 0; i < nkeys; ++i) {
@@ -222,7 +231,7 @@ void CpuModel::attention(const BlockWeights& bw, const ChunkRef& ch, int chunk_i
   }
 
   // Grouped low-rank output: heads of group g (concatenated) -> wo_a[g] (BF16) -> wo_b (FP8).
-  const int G = c.o_groups, in_g = c.heads_per_group() * D, OL = c.o_lora_rank;
+  const int G = int(a.wo_a.size()), in_g = c.heads_per_group() * D, OL = c.o_lora_rank;
   std::vector<float> z(size_t(n) * G * OL), zg(size_t(n) * OL), og(size_t(n) * in_g);
   for (int g = 0; g < G; ++g) {
     for (int t = 0; t < n; ++t)
@@ -232,6 +241,8 @@ void CpuModel::attention(const BlockWeights& bw, const ChunkRef& ch, int chunk_i
     for (int t = 0; t < n; ++t)
       std::copy_n(zg.data() + size_t(t) * OL, OL, z.data() + size_t(t) * G * OL + size_t(g) * OL);
   }
+  // Tensor parallel: wo_b runs whole on the gathered groups, so its sums are the one-rank sums.
+  if (G != c.o_groups) z = gather_heads(z, n, G * OL);
   linear(a.wo_b, z.data(), n, out);
 
   // The chunk's window entries go into the ring last: earlier queries of the chunk needed the
@@ -242,6 +253,21 @@ void CpuModel::attention(const BlockWeights& bw, const ChunkRef& ch, int chunk_i
     std::memcpy(r.data, e, kvl.data_bytes());
     std::memcpy(r.scales, e + kvl.data_bytes(), kvl.scale_bytes());
   }
+}
+
+std::vector<float> CpuModel::gather_heads(const std::vector<float>& mine, int rows,
+                                          int width) const {
+  DSV4_CHECK(rank_ && rank_->tp, "heads are split but the model has no tensor-parallel group");
+  Communicator& tp = *rank_->tp;
+  std::vector<float> all(size_t(tp.size()) * rows * width);
+  tp.all_gather(mine.data(), mine.size() * sizeof(float), all.data());
+  // [rank][row][width] -> [row][rank][width]
+  std::vector<float> out(all.size());
+  for (int r = 0; r < tp.size(); ++r)
+    for (int t = 0; t < rows; ++t)
+      std::copy_n(all.data() + (size_t(r) * rows + t) * width, width,
+                  out.data() + (size_t(t) * tp.size() + r) * width);
+  return out;
 }
 
 void CpuModel::run_block(int block, const std::vector<ChunkRef>& chunks, float* streams,
@@ -338,8 +364,12 @@ void CpuModel::run_moe(int block, const int32_t* tokens, int rows, const float* 
   mp.score_func = cfg_.score_func;
   mp.route_scale = cfg_.route_scale;
   mp.swiglu_limit = cfg_.swiglu_limit;
-  moe_forward(w_.blocks.at(block).ffn, mp, x, tokens, rows, cfg_.dim, out, route_experts,
-              route_weights);
+  if (rank_ && (rank_->ep->size() > 1 || rank_->group->size() > 1))
+    moe_forward_parallel(w_.blocks.at(block).ffn, mp, x, tokens, rows, cfg_.dim, out, *rank_,
+                         route_experts, route_weights);
+  else
+    moe_forward(w_.blocks.at(block).ffn, mp, x, tokens, rows, cfg_.dim, out, route_experts,
+                route_weights);
 }
 
 void CpuModel::head_logits(const HcWeights& hcw, const std::vector<float>& norm,

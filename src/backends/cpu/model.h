@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backends/cpu/host_cache.h"
+#include "backends/cpu/rank_context.h"
 #include "backends/cpu/weights.h"
 #include "kvcache/block_manager.h"
 #include "model/model_config.h"
@@ -26,6 +27,10 @@ class CpuModel {
 
   const ModelConfig& config() const { return cfg_; }
   const cpu::ModelWeights& weights() const { return w_; }
+  // The parallel engine: this model is one rank's shard (its weights prepared with the rank's
+  // cpu::WeightShard) and runs the collectives of `rank` (which outlives the model). Null:
+  // one rank.
+  void set_rank(const RankContext* rank) { rank_ = rank; }
 
   // embed[tokens] repeated over the hc streams: [n, hc, dim].
   void embed(const int32_t* tokens, int n, float* streams) const;
@@ -65,9 +70,12 @@ class CpuModel {
                  float* out, HostCache& cache, TraceSink* trace) const;
   void head_logits(const cpu::HcWeights& hc, const std::vector<float>& norm, const float* streams,
                    int n, float* out) const;
+  // Every tensor-parallel rank's [rows, width] slab, as [rows, ranks x width] in rank order.
+  std::vector<float> gather_heads(const std::vector<float>& mine, int rows, int width) const;
 
   ModelConfig cfg_;
   cpu::ModelWeights w_;
+  const RankContext* rank_ = nullptr;
 };
 
 }  // namespace dsv4

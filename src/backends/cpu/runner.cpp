@@ -1,18 +1,8 @@
 #include "backends/cpu/runner.h"
 
 #include "backends/cpu/host_sampling.h"
-#include "core/error.h"
-#include "model/weights.h"
 
 namespace dsv4 {
-namespace {
-
-std::string trim_dot(std::string s) {
-  if (!s.empty() && s.back() == '.') s.pop_back();
-  return s;
-}
-
-}  // namespace
 
 CpuRunner::CpuRunner(const CpuModel& model, const CacheConfig& cache)
     : PagedRunner(model.config(), cache, Limits{}), model_(model), cache_(model.config(), cache) {}
@@ -25,17 +15,7 @@ StepOutput CpuRunner::forward(const StepBatch& b) {
   const int V = config().vocab_size;
   std::vector<int> bad;  // per token row: the first block with non-finite output, or -1
   std::vector<float> logits = model_.forward(b.chunks, cache_, b.rows, trace_, hidden_out_, &bad);
-  std::vector<std::string> errors(b.chunks.size());
-  int row = 0;
-  for (size_t i = 0; i < b.chunks.size(); ++i) {
-    for (int j = 0; j < b.chunks[i].n && errors[i].empty(); ++j)
-      if (bad[size_t(row + j)] >= 0)
-        errors[i] = cat("non-finite hidden state at position ", b.chunks[i].start + j,
-                        ", first in block ", bad[size_t(row + j)], " (",
-                        trim_dot(block_prefix(config(), bad[size_t(row + j)])), ")");
-    row += b.chunks[i].n;
-  }
-  StepOutput out = sample_on_host(b, logits.data(), V, std::move(errors));
+  StepOutput out = sample_on_host(b, logits.data(), V, nonfinite_errors(config(), b, bad));
   logits.resize(size_t(b.num_logit_rows) * V);
   out.logits = std::move(logits);
   return out;

@@ -1,5 +1,6 @@
 #include "backends/cpu/weights.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -57,7 +58,38 @@ HcParams hc_params(const ModelConfig& c, const HcWeights& w) {
   return p;
 }
 
-ModelWeights prepare_weights(const ModelConfig& c, const WeightsRef& ref) {
+namespace {
+
+// Output rows [lo, lo + n) of a linear (its per-output sums do not depend on the others).
+Linear slice_out(const Linear& w, int lo, int n) {
+  DSV4_CHECK(lo >= 0 && n >= 0 && lo + n <= w.out, "weight slice [", lo, ", ", lo + n,
+             ") of ", w.out, " rows");
+  if (lo == 0 && n == w.out) return w;
+  Linear s;
+  s.kind = w.kind;
+  s.out = n;
+  s.in = w.in;
+  s.wt.resize(size_t(w.in) * n);
+  for (int k = 0; k < w.in; ++k)
+    std::copy_n(w.wt.begin() + size_t(k) * w.out + lo, n, s.wt.begin() + size_t(k) * n);
+  return s;
+}
+
+int resolve(int n, int all) {
+  return n < 0 ? all : n;
+}
+
+}  // namespace
+
+ModelWeights prepare_weights(const ModelConfig& c, const WeightsRef& ref, const WeightShard& sh) {
+  const int H = resolve(sh.heads, c.n_heads), G = resolve(sh.groups, c.o_groups);
+  const int HI = resolve(sh.index_heads, c.index_n_heads);
+  const int E = resolve(sh.experts, c.n_routed_experts);
+  DSV4_CHECK(sh.heads_lo >= 0 && sh.heads_lo + H <= c.n_heads && sh.groups_lo >= 0 &&
+                 sh.groups_lo + G <= c.o_groups && sh.index_heads_lo >= 0 &&
+                 sh.index_heads_lo + HI <= c.index_n_heads && sh.experts_lo >= 0 &&
+                 sh.experts_lo + E <= c.n_routed_experts,
+             "weight shard out of the model's ranges");
   ModelWeights m;
   m.embed = to_float(*ref.embed);
   m.head = plain_linear(LinearKind::kF32, *ref.head);
@@ -74,26 +106,30 @@ ModelWeights prepare_weights(const ModelConfig& c, const WeightsRef& ref) {
 
     AttentionWeights& a = b.attn;
     a.wq_a = fp8_linear(br.attn.wq_a);
-    a.wq_b = fp8_linear(br.attn.wq_b);
+    a.wq_b = slice_out(fp8_linear(br.attn.wq_b), sh.heads_lo * c.head_dim, H * c.head_dim);
     a.wkv = fp8_linear(br.attn.wkv);
     a.wo_b = fp8_linear(br.attn.wo_b);
     // wo_a is applied in BF16 by the reference; its FP8 x UE8M0 values are exact in BF16.
     const std::vector<float> wo_a = dequant_fp8(br.attn.wo_a);
     const int in_g = c.heads_per_group() * c.head_dim;
-    for (int g = 0; g < c.o_groups; ++g) {
+    for (int g = sh.groups_lo; g < sh.groups_lo + G; ++g) {
       std::vector<float> rows(wo_a.begin() + size_t(g) * c.o_lora_rank * in_g,
                               wo_a.begin() + size_t(g + 1) * c.o_lora_rank * in_g);
       a.wo_a.push_back(Linear::from_rows(LinearKind::kBf16, c.o_lora_rank, in_g, rows));
     }
     a.q_norm = to_float(*br.attn.q_norm);
     a.kv_norm = to_float(*br.attn.kv_norm);
-    a.sink = to_float(*br.attn.attn_sink);
+    const std::vector<float> sink = to_float(*br.attn.attn_sink);
+    a.sink.assign(sink.begin() + sh.heads_lo, sink.begin() + sh.heads_lo + H);
     if (br.attn.compressor)
       a.compressor = compressor(*br.attn.compressor, b.ratio, c.head_dim, false);
     if (br.attn.indexer) {
       IndexerWeights ix;
-      ix.wq_b = fp8_linear(br.attn.indexer->wq_b);
-      ix.weights_proj = plain_linear(LinearKind::kBf16, *br.attn.indexer->weights_proj);
+      ix.wq_b = slice_out(fp8_linear(br.attn.indexer->wq_b), sh.index_heads_lo * c.index_head_dim,
+                          HI * c.index_head_dim);
+      ix.weights_proj =
+          slice_out(plain_linear(LinearKind::kBf16, *br.attn.indexer->weights_proj),
+                    sh.index_heads_lo, HI);
       ix.compressor = compressor(br.attn.indexer->compressor, 4, c.index_head_dim, true);
       a.indexer = std::move(ix);
     }
@@ -124,8 +160,13 @@ ModelWeights prepare_weights(const ModelConfig& c, const WeightsRef& ref) {
         f.tid2eid[i] = static_cast<int32_t>(v);
       }
     }
-    for (const ExpertRef& e : br.ffn.experts)
-      f.experts.push_back({fp4_linear(e.w1), fp4_linear(e.w2), fp4_linear(e.w3)});
+    for (int e = 0; e < int(br.ffn.experts.size()); ++e) {
+      const ExpertRef& x = br.ffn.experts[size_t(e)];
+      if (e >= sh.experts_lo && e < sh.experts_lo + E)
+        f.experts.push_back({fp4_linear(x.w1), fp4_linear(x.w2), fp4_linear(x.w3)});
+      else
+        f.experts.emplace_back();  // another rank's
+    }
     f.shared = fp8_expert(br.ffn.shared_w1, br.ffn.shared_w2, br.ffn.shared_w3);
 
     if (br.mtp) {

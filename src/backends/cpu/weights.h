@@ -61,7 +61,19 @@ struct ModelWeights {
 // The mHC parameters of one unit (hc_pre/hc_post pair or head) for the CPU ops.
 HcParams hc_params(const ModelConfig& c, const HcWeights& w);
 
-// Dequantises and validates values (NaN scales, expert ids in range).
-ModelWeights prepare_weights(const ModelConfig& config, const WeightsRef& ref);
+// What one rank of the parallel engine keeps: contiguous shares of the attention heads (wq_b
+// rows, sinks), output groups (wo_a), indexer heads (its wq_b and weights_proj rows) and routed
+// experts (the others stay empty, indices global). The default keeps everything.
+struct WeightShard {
+  int heads_lo = 0, heads = -1;  // -1: all
+  int groups_lo = 0, groups = -1;
+  int index_heads_lo = 0, index_heads = -1;
+  int experts_lo = 0, experts = -1;
+};
+
+// Dequantises and validates values (NaN scales, expert ids in range); only the shard's share
+// of what is split (an expert outside it is not even read).
+ModelWeights prepare_weights(const ModelConfig& config, const WeightsRef& ref,
+                             const WeightShard& shard = {});
 
 }  // namespace dsv4::cpu

@@ -118,23 +118,29 @@ void moe_forward(const MoeWeights& w, const MoeParams& p, const float* x, const 
       used[o] = 1;
     }
   }
-  std::vector<float> shared(size_t(n) * dim), acc(dim);
+  std::vector<float> shared(size_t(n) * dim);
   expert_forward(w.shared, p.swiglu_limit, x, n, nullptr, shared.data());
+  moe_combine(sel.data(), K, out.data(), used.data(), shared.data(), n, dim, y);
+}
+
+void moe_combine(const int32_t* sel, int K, const float* out, const char* used,
+                 const float* shared, int n, int dim, float* y) {
   // fp32 sum over the row's experts in ascending expert index (the reference's loop order),
   // then the shared expert, rounded to BF16.
-  std::vector<int> order(K);
+  std::vector<float> acc(static_cast<size_t>(dim));
+  std::vector<int> order(static_cast<size_t>(K));
   for (int r = 0; r < n; ++r) {
     std::iota(order.begin(), order.end(), 0);
-    const int32_t* s = sel.data() + size_t(r) * K;
+    const int32_t* s = sel + size_t(r) * K;
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return s[a] < s[b]; });
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (int i : order) {
       const size_t o = size_t(r) * K + i;
       if (!used[o]) continue;
-      for (int d = 0; d < dim; ++d) acc[d] += out[o * dim + d];
+      for (int d = 0; d < dim; ++d) acc[size_t(d)] += out[o * dim + d];
     }
     float* yr = y + size_t(r) * dim;
-    for (int d = 0; d < dim; ++d) yr[d] = round_bf16(acc[d] + shared[size_t(r) * dim + d]);
+    for (int d = 0; d < dim; ++d) yr[d] = round_bf16(acc[size_t(d)] + shared[size_t(r) * dim + d]);
   }
 }
 
