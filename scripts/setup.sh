@@ -26,9 +26,15 @@ if ! python3 -c 'import tokenizers' >/dev/null 2>&1; then
     echo "dsv4: could not install the Python package tokenizers; tokenizer_oracle_test will skip" >&2
 fi
 
-# CUTLASS/CuTe headers for the CUDA backend, from PyPI (only where nvcc can use them).
+# CUTLASS/CuTe headers for the CUDA backend, from PyPI (only where nvcc can use them), and
+# NCCL for the parallel engine's device collectives (PyPI's nvidia-nccl-cu13 wheel).
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   scripts/fetch_cutlass.sh
+  if ! python3 -c 'import nvidia.nccl' >/dev/null 2>&1; then
+    python3 -m pip install --quiet nvidia-nccl-cu13 >/dev/null 2>&1 ||
+      python3 -m pip install --quiet --break-system-packages nvidia-nccl-cu13 >/dev/null 2>&1 ||
+      echo "dsv4: could not install nvidia-nccl-cu13; the NCCL communicator is not built" >&2
+  fi
 fi
 
 JOBS="${DSV4_JOBS:-$(nproc)}"

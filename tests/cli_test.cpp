@@ -135,5 +135,25 @@ TEST_F(Cli, BadInputIsAOneLineErrorAndNonZeroExit) {
   }
 }
 
+// The parallel engine from the command line: the logits file of every layout is byte for byte
+// the one-rank file (CPU backend, ranks as threads).
+TEST_F(Cli, ParallelLogitsEqualOneRank) {
+  auto bytes = [&](const std::string& n) {
+    std::ifstream is(*tmp_ / n, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(is), {});
+  };
+  const std::string base =
+      "logits --model " + model() + " --prompt-ids 0,5,6,7,8,9,10,11,12 --prefill-chunk 4 --out ";
+  ASSERT_EQ(run(base + *tmp_ / "one.safetensors", *tmp_).code, 0);
+  for (const char* layout : {"--dp 2 --ep 2", "--ep 4", "--tp 2", "--dp 2 --ep 2 --tp 2"}) {
+    const Result r = run(base + *tmp_ / "par.safetensors " + layout, *tmp_);
+    ASSERT_EQ(r.code, 0) << layout << ": " << r.err;
+    EXPECT_EQ(bytes("par.safetensors"), bytes("one.safetensors")) << layout;
+  }
+  const Result bad = run(base + *tmp_ / "x.safetensors --ep 3", *tmp_);
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("--ep 3 does not divide"), std::string::npos) << bad.err;
+}
+
 }  // namespace
 }  // namespace dsv4::test

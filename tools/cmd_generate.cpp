@@ -1,5 +1,6 @@
 // dsv4 generate --model DIR --prompt-ids 1,2,3 [--max-new-tokens N] [--temperature T]
 //               [--seed S] [--ignore-eos] [--backend cpu|cuda] [--page-size P]
+//               [--dp N] [--ep N] [--tp N]
 //               [--verify] [--cache-mb N] [--no-cuda-graphs] [--exact-linears]   (cuda only)
 // Prints the generated ids comma-separated on one line.
 #include <cstdio>
@@ -16,7 +17,7 @@ namespace dsv4::cli {
 int cmd_generate(const Argv& argv) {
   Args a(argv,
          {"--model", "--prompt-ids", "--prompt", "--messages", "--max-new-tokens", "--temperature",
-          "--seed", "--backend", "--page-size", "--cache-mb"},
+          "--seed", "--backend", "--page-size", "--cache-mb", "--dp", "--ep", "--tp"},
          {"--ignore-eos", "--verify", "--no-cuda-graphs", "--exact-linears"});
   const std::vector<int32_t> prompt = has_text_prompt(a)
                                           ? text_prompt_ids(a, a.str("--model"))

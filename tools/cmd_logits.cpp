@@ -16,7 +16,7 @@ namespace dsv4::cli {
 int cmd_logits(const Argv& argv) {
   Args a(argv,
          {"--model", "--prompt-ids", "--prompt-file", "--prompt", "--messages", "--prefill-chunk",
-          "--backend", "--out", "--page-size", "--cache-mb"},
+          "--backend", "--out", "--page-size", "--cache-mb", "--dp", "--ep", "--tp"},
          {"--verify", "--no-cuda-graphs", "--exact-linears"});
   DSV4_CHECK(has_text_prompt(a) || a.has("--prompt-ids") != a.has("--prompt-file"),
              "give exactly one of --prompt-ids, --prompt-file, --prompt and --messages");

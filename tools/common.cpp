@@ -19,6 +19,11 @@ std::unique_ptr<Engine> open_engine(const Args& a, int64_t max_tokens) {
   o.verify = a.has("--verify");
   o.cuda_graphs = !a.has("--no-cuda-graphs");
   o.exact_linears = a.has("--exact-linears");
+  o.dp = int(a.integer("--dp", 1));
+  o.ep = int(a.integer("--ep", 1));
+  o.tp = int(a.integer("--tp", 1));
+  DSV4_CHECK(o.dp >= 1 && o.dp <= 1024 && o.ep >= 1 && o.ep <= 1024 && o.tp >= 1 && o.tp <= 1024,
+             "--dp, --ep and --tp must be in [1, 1024]");
   const int64_t cache_mb = a.integer("--cache-mb", 0);
   DSV4_CHECK(cache_mb >= 0 && cache_mb <= (int64_t(1) << 30), "--cache-mb must be >= 0");
   o.cache_bytes = cache_mb << 20;

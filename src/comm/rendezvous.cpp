@@ -1,0 +1,172 @@
+#include "comm/rendezvous.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "core/error.h"
+
+namespace dsv4 {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Waits until fd is readable (or writable) or the deadline passes.
+void wait_fd(int fd, short events, Clock::time_point start, double timeout,
+             const std::string& who) {
+  for (;;) {
+    const double left = timeout - seconds_since(start);
+    DSV4_CHECK(left > 0, "rendezvous: timed out after ", timeout, " s waiting for ", who);
+    pollfd p{fd, events, 0};
+    const int r = poll(&p, 1, int(std::min(left, 1.0) * 1000) + 1);
+    if (r > 0) return;
+    DSV4_CHECK(r == 0 || errno == EINTR, "rendezvous: poll: ", std::strerror(errno));
+  }
+}
+
+void send_all(int fd, const void* p, size_t n, double timeout, const std::string& who) {
+  const auto start = Clock::now();
+  const uint8_t* b = static_cast<const uint8_t*>(p);
+  while (n) {
+    wait_fd(fd, POLLOUT, start, timeout, who);
+    const ssize_t k = ::send(fd, b, n, MSG_NOSIGNAL);
+    DSV4_CHECK(k > 0 || errno == EINTR || errno == EAGAIN, "rendezvous: sending to ", who, ": ",
+               std::strerror(errno));
+    if (k > 0) b += k, n -= size_t(k);
+  }
+}
+
+void recv_all(int fd, void* p, size_t n, double timeout, const std::string& who) {
+  const auto start = Clock::now();
+  uint8_t* b = static_cast<uint8_t*>(p);
+  while (n) {
+    wait_fd(fd, POLLIN, start, timeout, who);
+    const ssize_t k = ::recv(fd, b, n, 0);
+    DSV4_CHECK(k != 0, "rendezvous: ", who, " closed the connection");
+    DSV4_CHECK(k > 0 || errno == EINTR || errno == EAGAIN, "rendezvous: receiving from ", who, ": ",
+               std::strerror(errno));
+    if (k > 0) b += k, n -= size_t(k);
+  }
+}
+
+void send_blob(int fd, const std::vector<uint8_t>& b, double t, const std::string& who) {
+  const uint64_t n = b.size();
+  send_all(fd, &n, 8, t, who);
+  send_all(fd, b.data(), b.size(), t, who);
+}
+
+std::vector<uint8_t> recv_blob(int fd, double t, const std::string& who) {
+  uint64_t n = 0;
+  recv_all(fd, &n, 8, t, who);
+  DSV4_CHECK(n <= (uint64_t(1) << 30), "rendezvous: ", who, " sent a blob of ", n, " bytes");
+  std::vector<uint8_t> b(n);
+  recv_all(fd, b.data(), n, t, who);
+  return b;
+}
+
+sockaddr_in address(const std::string& host, int port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  DSV4_CHECK(inet_pton(AF_INET, host.c_str(), &a.sin_addr) == 1, "rendezvous: '", host,
+             "' is not an IPv4 address");
+  return a;
+}
+
+}  // namespace
+
+Rendezvous::Rendezvous(const RendezvousOptions& o) : o_(o) {
+  DSV4_CHECK(o.world >= 1 && o.rank >= 0 && o.rank < o.world, "rendezvous: rank ", o.rank, " of ",
+             o.world);
+  DSV4_CHECK(o.master_port > 0 && o.master_port < 65536, "--master-port must be in [1, 65535]");
+  const sockaddr_in addr = address(o.master_addr, o.master_port);
+  const auto start = Clock::now();
+  if (o.world == 1) return;
+  if (o.rank == 0) {
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    DSV4_CHECK(listen_fd_ >= 0, "rendezvous: socket: ", std::strerror(errno));
+    const int one = 1;
+    setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    DSV4_CHECK(::bind(listen_fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0,
+               "rendezvous: cannot listen on ", o.master_addr, ":", o.master_port, ": ",
+               std::strerror(errno));
+    DSV4_CHECK(::listen(listen_fd_, o.world) == 0, "rendezvous: listen: ", std::strerror(errno));
+    peers_.assign(size_t(o.world), -1);
+    for (int k = 1; k < o.world; ++k) {
+      wait_fd(listen_fd_, POLLIN, start, o.timeout_s, cat(o.world - k, " more rank(s)"));
+      const int fd = ::accept(listen_fd_, nullptr, nullptr);
+      DSV4_CHECK(fd >= 0, "rendezvous: accept: ", std::strerror(errno));
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      int32_t r = -1;
+      recv_all(fd, &r, 4, o.timeout_s, "a connecting rank");
+      DSV4_CHECK(r > 0 && r < o.world && peers_[size_t(r)] < 0,
+                 "rendezvous: a peer says it is rank ", r, " (world ", o.world,
+                 ", or that rank came twice)");
+      peers_[size_t(r)] = fd;
+    }
+  } else {
+    int fd = -1;
+    for (;;) {  // the master may not be listening yet
+      fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      DSV4_CHECK(fd >= 0, "rendezvous: socket: ", std::strerror(errno));
+      if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) break;
+      ::close(fd);
+      DSV4_CHECK(seconds_since(start) < o.timeout_s, "rendezvous: no master at ", o.master_addr,
+                 ":", o.master_port, " within ", o.timeout_s, " s");
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    const int32_t r = o.rank;
+    send_all(fd, &r, 4, o.timeout_s, "the master");
+    peers_ = {fd};
+  }
+  barrier();
+}
+
+Rendezvous::~Rendezvous() {
+  for (int fd : peers_)
+    if (fd >= 0) ::close(fd);
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+}
+
+std::vector<std::vector<uint8_t>> Rendezvous::all_gather(const std::vector<uint8_t>& blob) {
+  std::vector<std::vector<uint8_t>> all(size_t(o_.world));
+  if (o_.world == 1) {
+    all[0] = blob;
+    return all;
+  }
+  if (o_.rank == 0) {
+    all[0] = blob;
+    for (int r = 1; r < o_.world; ++r)
+      all[size_t(r)] = recv_blob(peers_[size_t(r)], o_.timeout_s, cat("rank ", r));
+    for (int r = 1; r < o_.world; ++r)
+      for (const auto& b : all) send_blob(peers_[size_t(r)], b, o_.timeout_s, cat("rank ", r));
+  } else {
+    send_blob(peers_[0], blob, o_.timeout_s, "the master");
+    for (auto& b : all) b = recv_blob(peers_[0], o_.timeout_s, "the master");
+  }
+  return all;
+}
+
+std::vector<uint8_t> Rendezvous::broadcast(const std::vector<uint8_t>& blob) {
+  return all_gather(o_.rank == 0 ? blob : std::vector<uint8_t>{})[0];
+}
+
+void Rendezvous::barrier() {
+  all_gather({});
+}
+
+}  // namespace dsv4
