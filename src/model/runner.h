@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvcache/block_manager.h"
@@ -28,6 +29,10 @@ struct SampleSpec {
 };
 
 struct StepInput {
+  StepInput() = default;
+  StepInput(int seq_, std::vector<int32_t> tokens_, bool all_logits_ = false)
+      : seq(seq_), tokens(std::move(tokens_)), all_logits(all_logits_) {}
+
   int seq = -1;                 // from open_sequence() / fork_sequence()
   std::vector<int32_t> tokens;  // appended at the sequence's next positions
   bool all_logits = false;      // logits rows for every token, else for the last one

@@ -140,12 +140,7 @@ StepOutput CudaRunner::forward(const StepBatch& b) {
     DSV4_CUDA_CHECK(cudaMemcpyAsync(host_logits_, model_.logits(), n * sizeof(float),
                                     cudaMemcpyDeviceToHost, stream));
   DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));
-  StepOutput out;
-  for (size_t i = 0; i < b.samples.size(); ++i) {
-    const SampleSpec& s = *b.samples[i];
-    out.samples.push_back(cpu::sample_row(host_logits_ + size_t(b.sample_rows[i]) * V, V, *s.params,
-                                          s.index, s.counts, s.forced));
-  }
+  StepOutput out = sample_on_host(b, host_logits_, V);
   out.logits.assign(host_logits_, host_logits_ + size_t(b.num_logit_rows) * V);
   return out;
 }
