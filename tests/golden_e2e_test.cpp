@@ -14,53 +14,17 @@
 namespace dsv4::test {
 namespace {
 
-// The golden README's suggested acceptance. A "near tie" is a row whose reference top-2 logit
-// gap is below `near_tie`: max(0.1, the reference's own largest prefill-vs-token-by-token
-// logit difference on the set, from summary.json). These tiny random models move logits by up
-// to 0.3 for a single BF16 ulp anywhere (README), so an argmax that flips at such a gap is
-// within the reference's own evaluation-order noise; argmax agreement counts those rows as
-// excused, and greedy continuations may part there. Raw agreement is printed and the raw
+// The golden README's suggested acceptance (E2eTolerance, support/golden.h). A "near tie" is a
+// row whose reference top-2 logit gap is below `near_tie`: max(0.1, the reference's own largest
+// prefill-vs-token-by-token logit difference on the set, from summary.json). These tiny random
+// models move logits by up to 0.3 for a single BF16 ulp anywhere (README), so an argmax that flips
+// at such a gap is within the reference's own evaluation-order noise; argmax agreement counts those
+// rows as excused, and greedy continuations may part there. Raw agreement is printed and the raw
 // figure over all rows of a set must still reach 97 %.
-struct Tolerance {
-  double min_cos = 0.999, mean_cos = 0.9999, argmax = 0.97, max_abs = 0.7, near_tie = 0.1;
-};
-
 class GoldenE2E : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     if (golden_root().empty()) GTEST_SKIP() << "golden data not found (set DSV4_GOLDEN_DIR)";
-  }
-};
-
-// Teacher-forced logits of one sequence: prefill `prompt_len` tokens of `tokens`, then decode
-// the rest one token at a time. Returns rows for positions 0..tokens.size()-1.
-std::vector<float> forced_logits(CpuRunner& r, const std::vector<int32_t>& tokens, int prompt_len) {
-  const int seq = r.open_sequence();
-  std::vector<float> all =
-      r.step_logits({{seq, {tokens.begin(), tokens.begin() + prompt_len}, true}});
-  for (size_t p = prompt_len; p < tokens.size(); ++p) {
-    std::vector<float> row = r.step_logits({{seq, {tokens[p]}, false}});
-    all.insert(all.end(), row.begin(), row.end());
-  }
-  r.close_sequence(seq);
-  return all;
-}
-
-// Per-case checks; also accumulates the raw argmax agreement of the set.
-struct Checker {
-  Tolerance t;
-  size_t rows = 0, agree = 0;
-  void check(const std::string& what, const float* ours, const float* gold, size_t n, int V) {
-    const LogitStats s = logit_stats(ours, gold, n, V);
-    const double excused = argmax_excusing_ties(ours, gold, n, V, t.near_tie);
-    std::printf("    %-28s %s; argmax excusing near ties %.2f%%\n", what.c_str(),
-                to_string(s).c_str(), 100 * excused);
-    EXPECT_GE(s.min_cos, t.min_cos) << what;
-    EXPECT_GE(s.mean_cos, t.mean_cos) << what;
-    EXPECT_LE(s.max_abs, t.max_abs) << what;
-    EXPECT_GE(excused, t.argmax) << what;
-    rows += n;
-    agree += static_cast<size_t>(std::llround(s.argmax_agree * n));
   }
 };
 
@@ -71,10 +35,10 @@ TEST_P(GoldenE2E, LogitsAndGreedyTokens) {
   CpuRunner runner(*lm.model, cache_capacity(lm.config, 2, 320, 64));
   nlohmann::json summary = nlohmann::json::parse(std::ifstream(g.dir + "/summary.json"));
   const auto& self = summary["self_agreement_prefill_vs_tbt"]["per_case"];
-  Checker chk;
+  E2eChecker chk;
   chk.t.near_tie =
       std::max(0.1, summary["self_agreement_prefill_vs_tbt"]["ALL"]["max_abs_diff"].get<double>());
-  const Tolerance& tol = chk.t;
+  const E2eTolerance& tol = chk.t;
   std::printf("[%s] near-tie gap %.3f\n", g.name.c_str(), tol.near_tie);
   auto print_ref = [&](const nlohmann::json& ref) {
     std::printf("    %-28s min cos %.7f, mean cos %.7f, max|d| %.4f, argmax %.2f%%\n",
@@ -112,42 +76,20 @@ TEST_P(GoldenE2E, LogitsAndGreedyTokens) {
   // The batch: two prompts (150 and 61 tokens) run together, as the reference did: one
   // prefill of the common 61 tokens, then lockstep 1-token steps (each row forced inside its
   // prompt). Our engine gives every row its own chunk; the rows must not affect each other.
-  std::vector<int64_t> lens = to_ints(g.get("batch.prompt_lens"));
-  std::vector<int64_t> bt = to_ints(g.get("batch.prefill.tokens"));
-  const size_t width = bt.size() / 2;
-  std::vector<std::vector<int32_t>> rows_tok(2);
-  for (int b = 0; b < 2; ++b)
-    rows_tok[b].assign(bt.begin() + b * width, bt.begin() + (b + 1) * width);
-  const int common = static_cast<int>(std::min(lens[0], lens[1]));
-  const int s0 = runner.open_sequence(), s1 = runner.open_sequence();
-  std::vector<float> r0, r1;
-  {
-    std::vector<float> l =
-        runner.step_logits({{s0, {rows_tok[0].begin(), rows_tok[0].begin() + common}, true},
-                            {s1, {rows_tok[1].begin(), rows_tok[1].begin() + common}, true}});
-    r0.assign(l.begin(), l.begin() + size_t(common) * V);
-    r1.assign(l.begin() + size_t(common) * V, l.end());
-  }
-  for (size_t p = common; p < width; ++p) {
-    std::vector<float> l =
-        runner.step_logits({{s0, {rows_tok[0][p]}, false}, {s1, {rows_tok[1][p]}, false}});
-    r0.insert(r0.end(), l.begin(), l.begin() + V);
-    r1.insert(r1.end(), l.begin() + V, l.end());
-  }
-  runner.close_sequence(s0);
-  runner.close_sequence(s1);
+  const GoldenBatch batch = golden_batch(g);
+  const std::vector<std::vector<float>> batch_rows = batch_logits(runner, batch, V);
 
   for (int b = 0; b < 2; ++b) {
     const std::string name = "batch.prefill.logits.row" + std::to_string(b);
     std::vector<float> gold = to_floats(g.get(name));
     const size_t rows = gold.size() / V;
-    const std::vector<float>& ours = b ? r1 : r0;
+    const std::vector<float>& ours = batch_rows[b];
     std::printf("[%s] batch row %d\n", g.name.c_str(), b);
     chk.check("prefill mode", ours.data(), gold.data(), rows, V);
     print_ref(self["batch"]["row" + std::to_string(b)]);
     std::vector<int64_t> pos(rows);
     for (size_t i = 0; i < rows; ++i) pos[i] = int64_t(i);
-    EXPECT_EQ(check_greedy(ours, gold, pos, rows_tok[b], int(lens[b]), V, tol.near_tie), "")
+    EXPECT_EQ(check_greedy(ours, gold, pos, batch.rows[b], int(batch.lens[b]), V, tol.near_tie), "")
         << name;
     // Token-by-token batch logits (positions 0..60 of both rows).
     std::vector<float> gt = to_floats(g.get("batch.tbt.logits"));

@@ -38,14 +38,6 @@ constexpr double kFfnRelL2 = 2e-3;         // README: ffn_out from ffn_in
 constexpr double kFfnWithin1Ulp = 0.99;
 constexpr double kBlockWithin1Ulp = 0.97;  // README: block outputs
 
-std::string L(const std::string& prefix, const std::string& what, int k) {
-  return prefix + "." + what + ".L" + std::to_string(k);
-}
-
-std::vector<float> block_input(const GoldenSet& g, const std::string& pre, int k) {
-  return to_floats(g.get(k == 0 ? L(pre, "hidden.in", 0) : L(pre, "hidden.out", k - 1)));
-}
-
 // The block's residual algebra alone: its output from the stored block input and the stored
 // sub-layer outputs (hc_pre and hc_post of both sub-layers).
 std::vector<float> mhc_only(const LoadedModel& lm, int k, const std::vector<float>& in,
@@ -97,11 +89,11 @@ TEST_P(GoldenLayers, Prefill129) {
   for (int k = 0; k < c.n_layers; ++k) {
     SCOPED_TRACE(g.name + " L" + std::to_string(k));
     const std::vector<float> in = block_input(g, pre, k);
-    const std::vector<float> g_attn_in = to_floats(g.get(L(pre, "attn_in", k)));
-    const std::vector<float> g_attn_out = to_floats(g.get(L(pre, "attn_out", k)));
-    const std::vector<float> g_ffn_in = to_floats(g.get(L(pre, "ffn_in", k)));
-    const std::vector<float> g_ffn_out = to_floats(g.get(L(pre, "ffn_out", k)));
-    const std::vector<float> g_out = to_floats(g.get(L(pre, "hidden.out", k)));
+    const std::vector<float> g_attn_in = to_floats(g.get(layer_key(pre, "attn_in", k)));
+    const std::vector<float> g_attn_out = to_floats(g.get(layer_key(pre, "attn_out", k)));
+    const std::vector<float> g_ffn_in = to_floats(g.get(layer_key(pre, "ffn_in", k)));
+    const std::vector<float> g_ffn_out = to_floats(g.get(layer_key(pre, "ffn_out", k)));
+    const std::vector<float> g_out = to_floats(g.get(layer_key(pre, "hidden.out", k)));
 
     // Attention from the stored attention input (fresh caches).
     Fresh a(c, T, 64);
@@ -159,13 +151,7 @@ TEST_P(GoldenLayers, Prefill129) {
       const std::vector<int64_t> gsel =
           to_ints(g.get(pre + ".indexer.L" + std::to_string(k) + ".selected"));
       const auto& sel = tr.i(k, 0, "indexer.selected");
-      int same_rows = 0;
-      for (int t = 0; t < T; ++t) {
-        bool same = true;
-        for (int j = 0; j < c.index_topk; ++j)
-          same &= sel[size_t(t) * c.index_topk + j] == gsel[size_t(t) * c.index_topk + j];
-        same_rows += same;
-      }
+      const int same_rows = identical_selection_rows(sel, gsel, T, c.index_topk);
       std::printf("    indexer selections identical at %d/%d positions\n", same_rows, T);
       EXPECT_GE(same_rows, T * 99 / 100);
     }
@@ -194,20 +180,21 @@ TEST_P(GoldenLayers, DecodeStepsFromStoredCaches) {
     for (int k = 0; k < c.n_layers; ++k) {
       SCOPED_TRACE(g.name + " step " + std::to_string(step) + " L" + std::to_string(k));
       std::vector<ChunkRef> ca{{&attn.seq, step, &token, 1}};
-      const std::vector<float> g_attn_in = to_floats(g.get(L(pre, "attn_in", k)));
+      const std::vector<float> g_attn_in = to_floats(g.get(layer_key(pre, "attn_in", k)));
       std::vector<float> attn_out(dim), ffn_out(dim);
       lm.model->run_attention(k, ca, g_attn_in.data(), attn_out.data(), attn.cache);
-      const Diff da = compare(attn_out, to_floats(g.get(L(pre, "attn_out", k))));
+      const Diff da = compare(attn_out, to_floats(g.get(layer_key(pre, "attn_out", k))));
       EXPECT_LE(da.rel_l2, kDecodeAttnRelL2);
       sum += da.rel_l2, worst = std::max(worst, da.rel_l2), ++n;
-      lm.model->run_moe(k, &token, 1, to_floats(g.get(L(pre, "ffn_in", k))).data(), ffn_out.data());
-      const Diff df = compare(ffn_out, to_floats(g.get(L(pre, "ffn_out", k))));
+      lm.model->run_moe(k, &token, 1, to_floats(g.get(layer_key(pre, "ffn_in", k))).data(),
+                        ffn_out.data());
+      const Diff df = compare(ffn_out, to_floats(g.get(layer_key(pre, "ffn_out", k))));
       EXPECT_LE(df.rel_l2, kFfnRelL2);
       EXPECT_GE(df.frac_1ulp, kFfnWithin1Ulp);
-      const Diff dm =
-          compare(mhc_only(lm, k, block_input(g, pre, k), to_floats(g.get(L(pre, "attn_out", k))),
-                           to_floats(g.get(L(pre, "ffn_out", k)))),
-                  to_floats(g.get(L(pre, "hidden.out", k))));
+      const Diff dm = compare(
+          mhc_only(lm, k, block_input(g, pre, k), to_floats(g.get(layer_key(pre, "attn_out", k))),
+                   to_floats(g.get(layer_key(pre, "ffn_out", k)))),
+          to_floats(g.get(layer_key(pre, "hidden.out", k))));
       EXPECT_GE(dm.frac_equal, 0.999);
       // The chained run: our own streams through every block, on our own caches.
       std::vector<ChunkRef> cc{{&chain.seq, step, &token, 1}};
@@ -243,7 +230,7 @@ TEST_P(GoldenLayers, DecodeAttentionConditioning) {
   while (c.ratio(k) == 4) ++k;
   const int p = 297, H = c.n_heads, D = c.head_dim, R = c.rope_head_dim;
   const auto& a = lm.model->weights().blocks[k].attn;
-  const std::vector<float> x = to_floats(g.get(L("tbt0300.step0297", "attn_in", k)));
+  const std::vector<float> x = to_floats(g.get(layer_key("tbt0300.step0297", "attn_in", k)));
   std::vector<float> cs(R / 2), sn(R / 2), qr(c.q_lora_rank), q(size_t(H) * D), kv(D);
   a.rope.cos_sin(p, cs.data(), sn.data());
   cpu::linear(a.wq_a, x.data(), 1, qr.data());

@@ -21,16 +21,14 @@
 #include "ops/cpu/moe.h"
 #include "ops/cpu/quant.h"
 #include "ops/cpu/rope.h"
+#include "support/random_values.h"
 
 namespace dsv4::cpu {
 namespace {
 
 std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f, bool bf16 = true) {
   std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = bf16 ? round_bf16(d(rng)) : d(rng);
-  return v;
+  return test::gaussian(n, scale, rng, bf16);
 }
 
 double rel_l2(const std::vector<float>& a, const std::vector<double>& b) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cuda/bench_util.h"
+#include "cuda/cublas_check.h"
 #include "ops/cuda/attn_frontend/attn_frontend.h"
 #include "ops/cuda/attn_output/attn_output.h"
 #include "ops/cuda/common/device_buffer.h"
@@ -25,15 +26,6 @@ using namespace dsv4;
 using cuda::DeviceBuffer;
 
 namespace {
-
-#define CUBLAS_CHECK(x)                                                                  \
-  do {                                                                                   \
-    cublasStatus_t st_ = (x);                                                            \
-    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                  \
-      std::fprintf(stderr, "%s failed: %d (%s:%d)\n", #x, int(st_), __FILE__, __LINE__); \
-      std::exit(1);                                                                      \
-    }                                                                                    \
-  } while (0)
 
 struct Model {
   const char* name;

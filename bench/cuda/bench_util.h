@@ -70,6 +70,38 @@ inline std::string commit() {
   return c ? c : "unknown";
 }
 
+// Each timed operation is captured once per weight copy into a CUDA graph and replayed, so the
+// timings are GPU time (as the engine's decode graphs will run) rather than host launch cost.
+struct GraphSet {
+  std::vector<cudaGraphExec_t> execs;
+  GraphSet(int copies, const std::function<void(int, cudaStream_t)>& op) {
+    cudaStream_t s;
+    DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    op(0, s);  // warm-up outside the capture: one-time attributes, cuBLAS workspaces
+    DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
+    for (int c = 0; c < copies; ++c) {
+      cudaGraph_t g;
+      cudaGraphExec_t e;
+      DSV4_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+      op(c, s);
+      DSV4_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+      DSV4_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+      DSV4_CUDA_CHECK(cudaGraphDestroy(g));
+      execs.push_back(e);
+    }
+    DSV4_CUDA_CHECK(cudaStreamDestroy(s));
+  }
+  ~GraphSet() {
+    for (auto e : execs) cudaGraphExecDestroy(e);
+  }
+  void launch(int i) const {
+    DSV4_CUDA_CHECK(cudaGraphLaunch(execs[size_t(i) % execs.size()], nullptr));
+  }
+  double median_us(int iters) const {
+    return ::dsv4::bench::median_us([&](int i) { launch(i); }, iters);
+  }
+};
+
 // One result line (JSON) to stdout and to $DSV4_BENCH_OUT when set.
 struct Result {
   std::string kernel, shape, peer;

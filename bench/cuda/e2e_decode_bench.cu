@@ -25,7 +25,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <deque>
 #include <memory>
 #include <random>
 #include <string>
@@ -39,6 +38,7 @@
 #include "model/cache_spec.h"
 #include "model/weights.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "support/host_tensors.h"
 
 namespace dsv4 {
 namespace {
@@ -124,19 +124,10 @@ class RandomWeights {
   uint32_t next() { return uint32_t(rng_() >> 32); }
   const TensorView* add(const std::string& n, DType dt, std::vector<int64_t> shape,
                         std::vector<uint8_t> b) {
-    bufs_.push_back(std::move(b));
-    TensorView v;
-    v.name = n;
-    v.dtype = dt;
-    v.shape = std::move(shape);
-    v.data = bufs_.back().data();
-    v.nbytes = bufs_.back().size();
-    views_.push_back(v);
-    return &views_.back();
+    return tensors_.add(n, dt, std::move(shape), std::move(b));
   }
   std::mt19937_64 rng_;
-  std::deque<std::vector<uint8_t>> bufs_;
-  std::deque<TensorView> views_;
+  test::HostTensors tensors_;
 };
 
 // The checkpoint's inventory (as bind_weights binds it) with random contents.

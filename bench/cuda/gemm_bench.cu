@@ -22,6 +22,8 @@
 #include <vector>
 
 #include "cuda/bench_util.h"
+#include "cuda/cublas_check.h"
+#include "cuda/device_fill.cuh"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/gemm/fp8_gemm.h"
 #include "ops/cuda/head/head.h"
@@ -31,84 +33,17 @@ using namespace dsv4::cuda;
 
 namespace {
 
-#define CUBLAS_CHECK(x)                                                                 \
-  do {                                                                                  \
-    cublasStatus_t s_ = (x);                                                            \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                  \
-      std::fprintf(stderr, "%s failed: %d (%s:%d)\n", #x, int(s_), __FILE__, __LINE__); \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
-
 struct Shape {
   const char* name;
   int n, k;
 };
 
-// Random bytes on the device (values do not matter for timing; avoid NaN/Inf codes).
-__global__ void fill_kernel(uint8_t* p, size_t n, uint32_t seed, uint8_t mask) {
-  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
-    x ^= x >> 13;
-    x *= 0x5bd1e995u;
-    x ^= x >> 15;
-    p[i] = uint8_t(x) & mask;
-  }
-}
-__global__ void fill_bf16_kernel(__nv_bfloat16* p, size_t n, uint32_t seed) {
-  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
-    x ^= x >> 13;
-    x *= 0x5bd1e995u;
-    x ^= x >> 15;
-    p[i] = __float2bfloat16(float(int(x % 2001) - 1000) * 1e-3f);
-  }
-}
-__global__ void fill_f32_kernel(float* p, size_t n, float v) {
-  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x)
-    p[i] = v;
-}
 void fill_bytes(void* p, size_t n, uint32_t seed, uint8_t mask = 0x77) {
-  fill_kernel<<<1024, 256>>>(static_cast<uint8_t*>(p), n, seed, mask);
+  bench::fill_bytes_kernel<<<1024, 256>>>(static_cast<uint8_t*>(p), n, seed, mask);
 }
 void fill_bf16(void* p, size_t n, uint32_t seed) {
-  fill_bf16_kernel<<<1024, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed);
+  bench::fill_bf16_kernel<<<1024, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed, 1e-3f);
 }
-
-// Each timed operation is captured once per weight copy into a CUDA graph and replayed, so the
-// timings are GPU time (as the engine's decode graphs will run) rather than host launch cost.
-struct GraphSet {
-  std::vector<cudaGraphExec_t> execs;
-  GraphSet(int copies, const std::function<void(int, cudaStream_t)>& op) {
-    cudaStream_t s;
-    DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    op(0, s);  // warm-up outside the capture: one-time attributes, cuBLAS workspaces
-    DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
-    for (int c = 0; c < copies; ++c) {
-      cudaGraph_t g;
-      cudaGraphExec_t e;
-      DSV4_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
-      op(c, s);
-      DSV4_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-      DSV4_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
-      DSV4_CUDA_CHECK(cudaGraphDestroy(g));
-      execs.push_back(e);
-    }
-    DSV4_CUDA_CHECK(cudaStreamDestroy(s));
-  }
-  ~GraphSet() {
-    for (auto e : execs) cudaGraphExecDestroy(e);
-  }
-  void launch(int i) const {
-    DSV4_CUDA_CHECK(cudaGraphLaunch(execs[size_t(i) % execs.size()], nullptr));
-  }
-  double median_us(int iters) const {
-    return bench::median_us([&](int i) { launch(i); }, iters);
-  }
-};
 
 struct Options {
   bool flash = true, pro = true, head = true;
@@ -149,7 +84,7 @@ struct LtFp8 {
   DeviceBuffer<float> one{1};
   LtFp8() {
     CUBLAS_CHECK(cublasLtCreate(&lt));
-    fill_f32_kernel<<<1, 32>>>(one.data(), 1, 1.0f);
+    bench::fill_f32_const_kernel<<<1, 32>>>(one.data(), 1, 1.0f);
   }
   ~LtFp8() { cublasLtDestroy(lt); }
 
@@ -219,7 +154,7 @@ void bench_linear(const char* model, const Shape& s, int m, const Options& o, cu
     wq.emplace_back(wbytes);
     fill_bytes(wq.back().data(), wbytes, 17 + c);
     wsc.emplace_back(size_t(k / 128) * ((n + 127) / 128));
-    fill_f32_kernel<<<64, 256>>>(wsc.back().data(), wsc.back().size(), 1.0f / 64);
+    bench::fill_f32_const_kernel<<<64, 256>>>(wsc.back().data(), wsc.back().size(), 1.0f / 64);
   }
   DeviceBuffer<uint16_t> x(size_t(m) * k), y(size_t(m) * n);
   fill_bf16(x.data(), x.size(), 3);
@@ -246,8 +181,8 @@ void bench_linear(const char* model, const Shape& s, int m, const Options& o, cu
                             " n=" + std::to_string(n) + " k=" + std::to_string(k);
 
   const double t_quant =
-      GraphSet(1, [&](int, cudaStream_t st) { quantize_act_fp8(q, st); }).median_us(o.iters);
-  const double t_gemm = GraphSet(copies, [&](int c, cudaStream_t st) {
+      bench::GraphSet(1, [&](int, cudaStream_t st) { quantize_act_fp8(q, st); }).median_us(o.iters);
+  const double t_gemm = bench::GraphSet(copies, [&](int c, cudaStream_t st) {
                           Fp8GemmParams g;
                           g.a_codes = xq.data();
                           g.a_scales_t = xs.data();
@@ -259,7 +194,7 @@ void bench_linear(const char* model, const Shape& s, int m, const Options& o, cu
                           g.workspace_bytes = gw.size();
                           fp8_gemm(g, st);
                         }).median_us(o.iters);
-  const double t_linear = GraphSet(copies, [&](int c, cudaStream_t st) {
+  const double t_linear = bench::GraphSet(copies, [&](int c, cudaStream_t st) {
                             Fp8LinearParams p;
                             p.x = bx;
                             p.m = m;
@@ -274,7 +209,7 @@ void bench_linear(const char* model, const Shape& s, int m, const Options& o, cu
   double t_lt = -1;
   if (lt.run(wq[0].data(), xq.data(), by, m, n, k, nullptr)) {
     DSV4_CUDA_CHECK(cudaDeviceSynchronize());
-    t_lt = GraphSet(copies, [&](int c, cudaStream_t st) {
+    t_lt = bench::GraphSet(copies, [&](int c, cudaStream_t st) {
              lt.run(wq[c].data(), xq.data(), by, m, n, k, st);
            }).median_us(o.iters);
   }
@@ -288,7 +223,7 @@ void bench_linear(const char* model, const Shape& s, int m, const Options& o, cu
   }
   const float one = 1.0f, zero = 0.0f;
   const double t_bf16 =
-      GraphSet(copies16, [&](int c, cudaStream_t st) {
+      bench::GraphSet(copies16, [&](int c, cudaStream_t st) {
         CUBLAS_CHECK(cublasSetStream(cb, st));
         CUBLAS_CHECK(cublasGemmEx(cb, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w16[c].data(),
                                   CUDA_R_16BF, k, x.data(), CUDA_R_16BF, k, &zero, y.data(),
@@ -320,9 +255,9 @@ void bench_head(const char* model, int dim, int m, const Options& o, cublasHandl
   p.logits = logits.data();
   p.cublas = cb;
   const double t =
-      GraphSet(1, [&](int, cudaStream_t st) { head_logits(p, st); }).median_us(o.iters);
+      bench::GraphSet(1, [&](int, cudaStream_t st) { head_logits(p, st); }).median_us(o.iters);
   const float one = 1.0f, zero = 0.0f;
-  const double tp = GraphSet(1, [&](int, cudaStream_t st) {
+  const double tp = bench::GraphSet(1, [&](int, cudaStream_t st) {
                       CUBLAS_CHECK(cublasSetStream(cb, st));
                       CUBLAS_CHECK(cublasGemmEx(cb, CUBLAS_OP_T, CUBLAS_OP_N, vocab, m, dim, &one,
                                                 w.data(), CUDA_R_16BF, dim, x.data(), CUDA_R_16BF,

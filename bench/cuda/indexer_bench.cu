@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "device_fill.cuh"
 #include "kvcache/cache_layout.h"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/indexer/indexer.h"
@@ -44,20 +45,6 @@ __global__ void fill_bytes_hash(uint8_t* p, int64_t n, int64_t page_bytes, int p
     if (off >= int64_t(page_size) * 64)
       b = off < int64_t(page_size) * 68 ? uint8_t(124 + (b & 3)) : 0;
     p[i] = b;
-  }
-}
-
-__global__ void fill_bf16(uint16_t* x, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 16;
-    h *= 0x7feb352du;
-    h ^= h >> 15;
-    const float f = 2.4f * (float(h & 0xffff) / 65536.0f + float(h >> 16) / 65536.0f - 1.0f);
-    uint32_t b;
-    memcpy(&b, &f, 4);
-    x[i] = uint16_t(b >> 16);
   }
 }
 
@@ -96,8 +83,8 @@ void run(const Shape& sh, std::mt19937& rng) {
   }
   const size_t qn = size_t(T) * kHeads * 128;
   DeviceBuffer<uint16_t> d_q(qn), d_wp(size_t(T) * kHeads), d_qfp4(qn), d_w(size_t(T) * kHeads);
-  fill_bf16<<<1024, 256>>>(d_q.data(), int64_t(qn), 3u);
-  fill_bf16<<<64, 256>>>(d_wp.data(), int64_t(T) * kHeads, 4u);
+  bench::fill_bf16_triangular_kernel<<<1024, 256>>>(d_q.data(), int64_t(qn), 3u);
+  bench::fill_bf16_triangular_kernel<<<64, 256>>>(d_wp.data(), int64_t(T) * kHeads, 4u);
   std::vector<float> inv(32);
   for (int i = 0; i < 32; ++i) inv[i] = std::pow(160000.0f, -float(2 * i) / 64.0f);
   DeviceBuffer<float> d_inv(inv);

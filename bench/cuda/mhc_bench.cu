@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "cuda/bench_util.h"
+#include "cuda/cuda_support.h"
+#include "cuda/device_fill.cuh"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/head/head.h"
 #include "ops/cuda/mhc/mhc.h"
@@ -25,61 +27,8 @@ using namespace dsv4::cuda;
 
 namespace {
 
+using test::bf16_ptr;
 constexpr int kHc = 4;
-
-__global__ void fill_bf16_kernel(__nv_bfloat16* p, size_t n, uint32_t seed, float scale) {
-  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
-    x ^= x >> 13;
-    x *= 0x5bd1e995u;
-    x ^= x >> 15;
-    p[i] = __float2bfloat16(float(int(x % 2001) - 1000) * scale);
-  }
-}
-__global__ void fill_f32_kernel(float* p, size_t n, uint32_t seed, float lo, float hi) {
-  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
-    x ^= x >> 13;
-    x *= 0x5bd1e995u;
-    x ^= x >> 15;
-    p[i] = lo + (hi - lo) * float(x % 10007) / 10007.0f;
-  }
-}
-template <typename T>
-__nv_bfloat16* bf(DeviceBuffer<T>& b) {
-  return reinterpret_cast<__nv_bfloat16*>(b.data());
-}
-
-struct GraphSet {
-  std::vector<cudaGraphExec_t> execs;
-  GraphSet(int copies, const std::function<void(int, cudaStream_t)>& op) {
-    cudaStream_t s;
-    DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    op(0, s);
-    DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
-    for (int c = 0; c < copies; ++c) {
-      cudaGraph_t g;
-      cudaGraphExec_t e;
-      DSV4_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
-      op(c, s);
-      DSV4_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-      DSV4_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
-      DSV4_CUDA_CHECK(cudaGraphDestroy(g));
-      execs.push_back(e);
-    }
-    DSV4_CUDA_CHECK(cudaStreamDestroy(s));
-  }
-  ~GraphSet() {
-    for (auto e : execs) cudaGraphExecDestroy(e);
-  }
-  double median_us(int iters) const {
-    return bench::median_us(
-        [&](int i) { DSV4_CUDA_CHECK(cudaGraphLaunch(execs[size_t(i) % execs.size()], nullptr)); },
-        iters);
-  }
-};
 
 void emit(const std::string& kernel, const std::string& shape, double us, double bytes,
           const std::string& peer, double peer_us) {
@@ -103,22 +52,22 @@ void bench_width(const char* model, int dim, int tokens, int iters) {
   std::vector<DeviceBuffer<uint16_t>> streams, out;
   for (int c = 0; c < copies; ++c) {
     streams.emplace_back(sd);
-    fill_bf16_kernel<<<1024, 256>>>(bf(streams.back()), sd, 7 + c, 1e-3f);
+    bench::fill_bf16_kernel<<<1024, 256>>>(bf16_ptr(streams.back()), sd, 7 + c, 1e-3f);
     out.emplace_back(sd);
   }
   DeviceBuffer<uint16_t> x(xd), y(xd), nw(dim);
-  fill_bf16_kernel<<<1024, 256>>>(bf(x), xd, 3, 1e-3f);
-  fill_bf16_kernel<<<64, 256>>>(bf(nw), dim, 4, 1e-3f);
+  bench::fill_bf16_kernel<<<1024, 256>>>(bf16_ptr(x), xd, 3, 1e-3f);
+  bench::fill_bf16_kernel<<<64, 256>>>(bf16_ptr(nw), dim, 4, 1e-3f);
   DeviceBuffer<float> fn(size_t(mix) * kHc * dim), base(mix), scale(3),
       hfn(size_t(kHc) * kHc * dim);
-  fill_f32_kernel<<<1024, 256>>>(fn.data(), fn.size(), 1, -0.02f, 0.02f);
-  fill_f32_kernel<<<1024, 256>>>(hfn.data(), hfn.size(), 2, -0.02f, 0.02f);
-  fill_f32_kernel<<<1, 32>>>(base.data(), mix, 3, -1.f, 1.f);
-  fill_f32_kernel<<<1, 32>>>(scale.data(), 3, 4, 0.5f, 1.5f);
+  bench::fill_f32_kernel<<<1024, 256>>>(fn.data(), fn.size(), 1, -0.02f, 0.02f);
+  bench::fill_f32_kernel<<<1024, 256>>>(hfn.data(), hfn.size(), 2, -0.02f, 0.02f);
+  bench::fill_f32_kernel<<<1, 32>>>(base.data(), mix, 3, -1.f, 1.f);
+  bench::fill_f32_kernel<<<1, 32>>>(scale.data(), 3, 4, 0.5f, 1.5f);
   DeviceBuffer<float> post(size_t(tokens) * kHc), comb(size_t(tokens) * kHc * kHc);
   DeviceBuffer<float> post2(post.size()), comb2(comb.size());
-  fill_f32_kernel<<<64, 256>>>(post.data(), post.size(), 5, 0.f, 2.f);
-  fill_f32_kernel<<<64, 256>>>(comb.data(), comb.size(), 6, 0.f, 1.f);
+  bench::fill_f32_kernel<<<64, 256>>>(post.data(), post.size(), 5, 0.f, 2.f);
+  bench::fill_f32_kernel<<<64, 256>>>(comb.data(), comb.size(), 6, 0.f, 1.f);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
 
   HcShape shp;
@@ -134,10 +83,10 @@ void bench_width(const char* model, int dim, int tokens, int iters) {
     HcPreParams p;
     p.shape = shp;
     p.tokens = tokens;
-    p.streams = bf(streams[c]);
+    p.streams = bf16_ptr(streams[c]);
     p.unit = unit;
-    if (norm) p.norm = {bf(nw), 1e-6f};
-    p.y = bf(y);
+    if (norm) p.norm = {bf16_ptr(nw), 1e-6f};
+    p.y = bf16_ptr(y);
     p.post = post2.data();
     p.comb = comb2.data();
     hc_pre(p, s);
@@ -146,65 +95,65 @@ void bench_width(const char* model, int dim, int tokens, int iters) {
     HcPostParams p;
     p.shape = shp;
     p.tokens = tokens;
-    p.x = bf(x);
-    p.res = bf(streams[c]);
+    p.x = bf16_ptr(x);
+    p.res = bf16_ptr(streams[c]);
     p.post = post.data();
     p.comb = comb.data();
-    p.out = bf(out[c]);
+    p.out = bf16_ptr(out[c]);
     hc_post(p, s);
   };
   const double t_pre =
-      GraphSet(copies, [&](int c, cudaStream_t s) { pre(c, s, false); }).median_us(iters);
+      bench::GraphSet(copies, [&](int c, cudaStream_t s) { pre(c, s, false); }).median_us(iters);
   const double t_pre_norm =
-      GraphSet(copies, [&](int c, cudaStream_t s) { pre(c, s, true); }).median_us(iters);
-  const double t_post = GraphSet(copies, postp).median_us(iters);
+      bench::GraphSet(copies, [&](int c, cudaStream_t s) { pre(c, s, true); }).median_us(iters);
+  const double t_post = bench::GraphSet(copies, postp).median_us(iters);
   // Unfused peer of hc_post_pre: hc_post writes the new streams, hc_pre reads them back.
-  const double t_unfused = GraphSet(copies, [&](int c, cudaStream_t s) {
+  const double t_unfused = bench::GraphSet(copies, [&](int c, cudaStream_t s) {
                              postp(c, s);
                              HcPreParams p;
                              p.shape = shp;
                              p.tokens = tokens;
-                             p.streams = bf(out[c]);
+                             p.streams = bf16_ptr(out[c]);
                              p.unit = unit;
-                             p.norm = {bf(nw), 1e-6f};
-                             p.y = bf(y);
+                             p.norm = {bf16_ptr(nw), 1e-6f};
+                             p.y = bf16_ptr(y);
                              p.post = post2.data();
                              p.comb = comb2.data();
                              hc_pre(p, s);
                            }).median_us(iters);
-  const double t_fused = GraphSet(copies, [&](int c, cudaStream_t s) {
+  const double t_fused = bench::GraphSet(copies, [&](int c, cudaStream_t s) {
                            HcPostPreParams p;
                            p.post.shape = shp;
                            p.post.tokens = tokens;
-                           p.post.x = bf(x);
-                           p.post.res = bf(streams[c]);
+                           p.post.x = bf16_ptr(x);
+                           p.post.res = bf16_ptr(streams[c]);
                            p.post.post = post.data();
                            p.post.comb = comb.data();
-                           p.post.out = bf(out[c]);
+                           p.post.out = bf16_ptr(out[c]);
                            p.unit = unit;
-                           p.norm = {bf(nw), 1e-6f};
-                           p.y = bf(y);
+                           p.norm = {bf16_ptr(nw), 1e-6f};
+                           p.y = bf16_ptr(y);
                            p.next_post = post2.data();
                            p.next_comb = comb2.data();
                            hc_post_pre(p, s);
                          }).median_us(iters);
-  const double t_head = GraphSet(copies, [&](int c, cudaStream_t s) {
+  const double t_head = bench::GraphSet(copies, [&](int c, cudaStream_t s) {
                           HcHeadParams p;
                           p.shape = shp;
                           p.tokens = tokens;
-                          p.streams = bf(streams[c]);
+                          p.streams = bf16_ptr(streams[c]);
                           p.unit = hunit;
-                          p.norm = {bf(nw), 1e-6f};
-                          p.y = bf(y);
+                          p.norm = {bf16_ptr(nw), 1e-6f};
+                          p.y = bf16_ptr(y);
                           hc_head(p, s);
                         }).median_us(iters);
-  const double t_norm = GraphSet(copies, [&](int c, cudaStream_t s) {
+  const double t_norm = bench::GraphSet(copies, [&](int c, cudaStream_t s) {
                           RmsNormParams p;
-                          p.x = bf(streams[c]);
+                          p.x = bf16_ptr(streams[c]);
                           p.rows = tokens;
                           p.n = dim;
-                          p.weight = bf(nw);
-                          p.y = bf(y);
+                          p.weight = bf16_ptr(nw);
+                          p.y = bf16_ptr(y);
                           rms_norm(p, s);
                         }).median_us(iters);
 
@@ -220,19 +169,19 @@ void bench_width(const char* model, int dim, int tokens, int iters) {
   {
     const int vocab = 129280;
     DeviceBuffer<uint16_t> table(size_t(vocab) * dim);
-    fill_bf16_kernel<<<1024, 256>>>(bf(table), table.size(), 9, 1e-3f);
+    bench::fill_bf16_kernel<<<1024, 256>>>(bf16_ptr(table), table.size(), 9, 1e-3f);
     std::vector<int32_t> ids(tokens);
     for (int t = 0; t < tokens; ++t) ids[t] = int32_t((uint64_t(t) * 2654435761u) % vocab);
     DeviceBuffer<int32_t> dids(ids);
-    const double t_emb = GraphSet(copies, [&](int c, cudaStream_t s) {
+    const double t_emb = bench::GraphSet(copies, [&](int c, cudaStream_t s) {
                            EmbedParams p;
                            p.tokens = dids.data();
                            p.n = tokens;
-                           p.table = bf(table);
+                           p.table = bf16_ptr(table);
                            p.vocab = vocab;
                            p.dim = dim;
                            p.repeat = kHc;
-                           p.out = bf(out[c]);
+                           p.out = bf16_ptr(out[c]);
                            embed(p, s);
                          }).median_us(iters);
     emit("embed(repeat 4)", shape, t_emb, b_x + b_streams + tokens * 4.0, "", 0);

@@ -27,20 +27,17 @@
 
 #include "core/formats.h"
 #include "cuda/bench_util.h"
+#include "cuda/cublas_check.h"
 #include "ops/cuda/common/device_buffer.h"
+#include "ops/cuda/common/sm90/sync.cuh"
 #include "ops/cuda/moe/moe.h"
+#include "support/host_tensors.h"
 
 namespace dsv4 {
 namespace {
 
 namespace cm = cuda::moe;
 using cuda::DeviceBuffer;
-
-#define CUBLAS_CHECK(call)                                                                 \
-  do {                                                                                     \
-    cublasStatus_t s_ = (call);                                                            \
-    if (s_ != CUBLAS_STATUS_SUCCESS) throw Error(cat(#call, " failed: status ", int(s_))); \
-  } while (0)
 
 struct Config {
   const char* name;
@@ -51,21 +48,8 @@ struct Config {
 // Host tensors of a layer: `distinct` random experts referenced cyclically by all E (the
 // device gets E separately packed copies; values do not matter for timing).
 struct HostLayer {
-  std::vector<std::vector<uint8_t>> bufs;
-  std::vector<TensorView> views;
+  test::HostTensors t;
   MoeRef ref;
-  const TensorView* add(const std::string& n, DType dt, std::vector<int64_t> shape,
-                        std::vector<uint8_t> b) {
-    bufs.push_back(std::move(b));
-    TensorView v;
-    v.name = n;
-    v.dtype = dt;
-    v.shape = std::move(shape);
-    v.data = bufs.back().data();
-    v.nbytes = bufs.back().size();
-    views.push_back(v);
-    return &views.back();
-  }
 };
 
 std::vector<uint8_t> random_bytes(size_t n, uint64_t& state, uint8_t lo = 0, uint8_t span = 0) {
@@ -83,37 +67,31 @@ std::vector<uint8_t> random_bytes(size_t n, uint64_t& state, uint8_t lo = 0, uin
 std::unique_ptr<HostLayer> make_layer(const Config& c, ExpertFormat f) {
   auto h = std::make_unique<HostLayer>();
   const int distinct = std::min(c.E, 8);
-  h->bufs.reserve(size_t(distinct) * 12 + 8);
-  h->views.reserve(size_t(distinct) * 12 + 8);
   uint64_t st = 0x9e3779b97f4a7c15ull;
   std::mt19937 rng(1);
   std::normal_distribution<float> nd(0.0f, 1.0f / std::sqrt(float(c.dim)));
   std::vector<uint16_t> gate(size_t(c.E) * c.dim);
   for (uint16_t& g : gate) g = float_to_bf16(nd(rng));
-  std::vector<uint8_t> gb(gate.size() * 2);
-  std::memcpy(gb.data(), gate.data(), gb.size());
-  h->ref.gate = h->add("gate", DType::kBF16, {c.E, c.dim}, std::move(gb));
+  h->ref.gate = h->t.add("gate", DType::kBF16, {c.E, c.dim}, test::as_bytes(gate));
   std::vector<float> bias(c.E, 0.0f);
-  std::vector<uint8_t> bb(bias.size() * 4);
-  std::memcpy(bb.data(), bias.data(), bb.size());
-  h->ref.bias = h->add("bias", DType::kF32, {c.E}, std::move(bb));
+  h->ref.bias = h->t.add("bias", DType::kF32, {c.E}, test::as_bytes(bias));
   std::vector<ExpertRef> uniq;
   for (int e = 0; e < distinct; ++e) {
     ExpertRef x;
     auto proj = [&](const std::string& n, int out, int in) {
       Fp4Ref r;
       r.format = f;
-      r.weight = h->add(n, DType::kU8, {out, in / 2}, random_bytes(size_t(out) * in / 2, st));
+      r.weight = h->t.add(n, DType::kU8, {out, in / 2}, random_bytes(size_t(out) * in / 2, st));
       if (f == ExpertFormat::kMxfp4) {
-        r.scale = h->add(n + ".s", DType::kF8E8M0, {out, in / 32},
-                         random_bytes(size_t(out) * in / 32, st, 115, 6));
+        r.scale = h->t.add(n + ".s", DType::kF8E8M0, {out, in / 32},
+                           random_bytes(size_t(out) * in / 32, st, 115, 6));
       } else {
-        r.scale = h->add(n + ".s", DType::kF8E4M3, {out, in / 16},
-                         random_bytes(size_t(out) * in / 16, st, 0x30, 16));
+        r.scale = h->t.add(n + ".s", DType::kF8E4M3, {out, in / 16},
+                           random_bytes(size_t(out) * in / 16, st, 0x30, 16));
         std::vector<uint8_t> g(4);
         const float s2 = 1.37e-3f;
         std::memcpy(g.data(), &s2, 4);
-        r.scale_2 = h->add(n + ".s2", DType::kF32, {}, std::move(g));
+        r.scale_2 = h->t.add(n + ".s2", DType::kF32, {}, std::move(g));
       }
       return r;
     };
@@ -135,8 +113,8 @@ __global__ void fill_bf16(__nv_bfloat16* p, size_t n, uint32_t seed, float scale
   }
 }
 __global__ void empty_kernel() {
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  cuda::sm90::griddep_wait();
+  cuda::sm90::griddep_launch_dependents();
 }
 
 // The launch floor: `n` empty kernels back to back on the stream, launched as the MoE stages

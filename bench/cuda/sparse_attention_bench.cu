@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "device_fill.cuh"
 #include "kvcache/cache_layout.h"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/sparse_attention/sparse_attention.h"
@@ -54,22 +55,6 @@ __global__ void fill_kv_pages(uint8_t* pages, int64_t n_pages, int64_t page_byte
       b = 0;
     }
     pages[i] = b;
-  }
-}
-
-// Pseudo-random BF16 values with roughly unit variance.
-__global__ void fill_bf16(uint16_t* x, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 16;
-    h *= 0x7feb352du;
-    h ^= h >> 15;
-    const float u = float(h & 0xffff) / 65536.0f + float(h >> 16) / 65536.0f - 1.0f;  // ~triangular
-    const float f = 2.4f * u;
-    uint32_t b;
-    memcpy(&b, &f, 4);
-    x[i] = uint16_t(b >> 16);
   }
 }
 
@@ -139,7 +124,7 @@ void run(const Shape& sh, std::mt19937& rng) {
   DeviceBuffer<int32_t> d_idx(idx), d_cu(cu), d_pos0(pos0);
   const size_t q_elems = size_t(T) * H * 512;
   DeviceBuffer<uint16_t> d_q(q_elems), d_out(q_elems);
-  fill_bf16<<<1024, 256>>>(d_q.data(), int64_t(q_elems), 77u);
+  bench::fill_bf16_triangular_kernel<<<1024, 256>>>(d_q.data(), int64_t(q_elems), 77u);
   DSV4_CUDA_CHECK(cudaGetLastError());
   // The batch's own window entries (staged), random too.
   DeviceBuffer<uint8_t> d_staged(size_t(T) * 584);

@@ -17,6 +17,8 @@
 
 #include "core/error.h"
 #include "core/formats.h"
+#include "cuda/cuda_support.h"
+#include "cuda/gpu_test.h"
 #include "kvcache/cache_layout.h"
 #include "ops/cpu/cache_codec.h"
 #include "ops/cpu/norm.h"
@@ -25,36 +27,23 @@
 #include "ops/cuda/attn_frontend/attn_frontend.h"
 #include "ops/cuda/common/device.h"
 #include "ops/cuda/common/device_buffer.h"
+#include "support/bf16_vectors.h"
+#include "support/rope_tables.h"
 
 namespace dsv4 {
 namespace {
 
 using cuda::DeviceBuffer;
+using test::bf16_ptr;
+using test::to_bf16_bits;
+using test::v4_yarn_table;
 constexpr int D = 512, NOPE = 448, R = 64;
 constexpr float kEps = 1e-6f;
 
-class CudaAttnFrontend : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "needs a GPU: " << cuda::describe_device();
-  }
-};
+class CudaAttnFrontend : public test::GpuTest {};
 
 cpu::RopeTable plain_table() {
   return cpu::RopeTable::make(64, 10000, 0, 16, 32, 1);
-}
-cpu::RopeTable yarn_table() {
-  return cpu::RopeTable::make(64, 160000, 65536, 16, 32, 1);
-}
-
-std::vector<uint16_t> to_bits(const std::vector<float>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = float_to_bf16(v[i]);
-  return b;
-}
-template <typename T>
-T* dptr(DeviceBuffer<uint16_t>& b) {
-  return reinterpret_cast<T*>(b.data());
 }
 
 // Random BF16 rows whose magnitudes vary row to row (2^-8 .. 2^8), with some exact zeros.
@@ -195,32 +184,32 @@ TEST_F(CudaAttnFrontend, SmokeSmallShape) {
   std::mt19937 rng(1);
   const int T = 3, H = 4;
   const std::vector<int32_t> pos = {0, 5, 200};
-  const auto table = yarn_table();
+  const auto table = v4_yarn_table();
   auto cs = gpu_cos_sin(table, pos);
   std::vector<float> q = random_rows(rng, T * H, D), kv = random_rows(rng, T, D);
   std::vector<float> w(D, 1.0f);
-  DeviceBuffer<uint16_t> dq(to_bits(q)), dkv(to_bits(kv)), dw(to_bits(w)), dout(q.size()),
-      ddec(kv.size());
+  DeviceBuffer<uint16_t> dq(to_bf16_bits(q)), dkv(to_bf16_bits(kv)), dw(to_bf16_bits(w)),
+      dout(q.size()), ddec(kv.size());
   dout.fill_bytes(0xff);
   ddec.fill_bytes(0xff);
   DeviceBuffer<uint8_t> staged(size_t(T) * 584);
   staged.fill_bytes(0xff);
   cuda::QNormRopeParams qp;
-  qp.q = dptr<__nv_bfloat16>(dq);
-  qp.out = dptr<__nv_bfloat16>(dout);
+  qp.q = bf16_ptr(dq);
+  qp.out = bf16_ptr(dout);
   qp.cos_sin = reinterpret_cast<const float2*>(cs.data());
   qp.num_tokens = T;
   qp.num_heads = H;
   qp.eps = kEps;
   cuda::q_norm_rope(qp);
   cuda::KvInsertParams kp;
-  kp.kv = dptr<__nv_bfloat16>(dkv);
-  kp.norm_weight = dptr<__nv_bfloat16>(dw);
+  kp.kv = bf16_ptr(dkv);
+  kp.norm_weight = bf16_ptr(dw);
   kp.cos_sin = qp.cos_sin;
   kp.eps = kEps;
   kp.num_tokens = T;
   kp.staged = staged.data();
-  kp.decoded = dptr<__nv_bfloat16>(ddec);
+  kp.decoded = bf16_ptr(ddec);
   cuda::kv_norm_rope_insert(kp);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -234,7 +223,7 @@ TEST_F(CudaAttnFrontend, SmokeSmallShape) {
     for (int h = 0; h < H; ++h)
       cpu::rope_apply(&cq[(size_t(t) * H + h) * D + NOPE], R, c.data(), s.data(), false);
   }
-  const Bf16Diff dq_diff = compare_bf16(dout.download(), to_bits(cq), 1);
+  const Bf16Diff dq_diff = compare_bf16(dout.download(), to_bf16_bits(cq), 1);
   EXPECT_EQ(dq_diff.worse, 0) << "q: first difference at " << dq_diff.first;
   std::vector<uint8_t> want(size_t(T) * 584);
   KvEntryLayout l;
@@ -261,7 +250,7 @@ TEST_F(CudaAttnFrontend, RopeTableMatchesCpu) {
                               4095, 4096, 65535, 65536, 65537, 131071, 524287, 1048575, 1048576};
   for (int i = 0; i < 3000; ++i) pos.push_back(int32_t(rng() % (1 << 20)));
   for (const auto& [name, table] :
-       {std::pair{"plain", plain_table()}, std::pair{"yarn", yarn_table()}}) {
+       {std::pair{"plain", plain_table()}, std::pair{"yarn", v4_yarn_table()}}) {
     const std::vector<float> want = cpu_cos_sin(table, pos);
     const std::vector<float> got = gpu_cos_sin(table, pos).download();
     int64_t differ = 0, first = -1;
@@ -271,7 +260,7 @@ TEST_F(CudaAttnFrontend, RopeTableMatchesCpu) {
         ++differ;
       }
     // Exact: the device evaluation was checked against glibc on the host for every angle of
-    // both tables at positions < 2^20 + 64 (see numerics.cuh).
+    // both tables at positions < 2^20 + 64 (see ops/cuda/common/numerics.cuh).
     EXPECT_EQ(differ, 0) << name << ": first mismatch at position " << pos[first / 64] << " pair "
                          << (first % 64) / 2 << (first % 2 ? " sin" : " cos") << ": got "
                          << got[first] << " want " << want[first];
@@ -280,7 +269,7 @@ TEST_F(CudaAttnFrontend, RopeTableMatchesCpu) {
 
 TEST_F(CudaAttnFrontend, QNormRopeMatchesCpu) {
   std::mt19937 rng(3);
-  const auto table = yarn_table();
+  const auto table = v4_yarn_table();
   for (int H : {1, 4, 16, 17, 64, 128}) {
     for (int T : {1, 7, 33}) {
       std::vector<int32_t> pos(T);
@@ -288,20 +277,20 @@ TEST_F(CudaAttnFrontend, QNormRopeMatchesCpu) {
       std::vector<float> q = random_rows(rng, T * H, D);
       std::fill(q.begin(), q.begin() + D, 0.0f);  // an all-zero head: rs from eps alone
       auto cs = gpu_cos_sin(table, pos);
-      DeviceBuffer<uint16_t> dq(to_bits(q)), dout(q.size());
+      DeviceBuffer<uint16_t> dq(to_bf16_bits(q)), dout(q.size());
       dout.fill_bytes(0xff);
       cuda::QNormRopeParams p;
-      p.q = dptr<__nv_bfloat16>(dq);
-      p.out = dptr<__nv_bfloat16>(dout);
+      p.q = bf16_ptr(dq);
+      p.out = bf16_ptr(dout);
       p.cos_sin = reinterpret_cast<const float2*>(cs.data());
       p.num_tokens = T;
       p.num_heads = H;
       p.eps = kEps;
       cuda::q_norm_rope(p);
       // In place as well.
-      DeviceBuffer<uint16_t> dq2(to_bits(q));
-      p.q = dptr<__nv_bfloat16>(dq2);
-      p.out = dptr<__nv_bfloat16>(dq2);
+      DeviceBuffer<uint16_t> dq2(to_bf16_bits(q));
+      p.q = bf16_ptr(dq2);
+      p.out = bf16_ptr(dq2);
       cuda::q_norm_rope(p);
       DSV4_CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -314,7 +303,7 @@ TEST_F(CudaAttnFrontend, QNormRopeMatchesCpu) {
         for (int h = 0; h < H; ++h)
           cpu::rope_apply(&cq[(size_t(t) * H + h) * D + NOPE], R, c.data(), s.data(), false);
       }
-      const auto want = to_bits(cq);
+      const auto want = to_bf16_bits(cq);
       for (const auto* out : {&dout, &dq2}) {
         const Bf16Diff d = compare_bf16(out->download(), want, 1);
         // Every rounding point is reproduced; a difference would need a double sum of BF16
@@ -333,7 +322,7 @@ TEST_F(CudaAttnFrontend, QNormRopeMatchesCpu) {
 // crossing the ring's wrap and page boundaries, with padding tokens.
 TEST_F(CudaAttnFrontend, KvNormRopeInsertMatchesCpu) {
   std::mt19937 rng(4);
-  const auto table = yarn_table();
+  const auto table = v4_yarn_table();
   for (int page_size : {16, 48, 64}) {
     // (sequence, first position, tokens); sequence -1 = padding.
     struct Run {
@@ -350,14 +339,14 @@ TEST_F(CudaAttnFrontend, KvNormRopeInsertMatchesCpu) {
     for (auto& x : w) x = round_bf16(0.5f + float(rng() % 1000) / 1000.0f);
 
     auto cs = gpu_cos_sin(table, pos);
-    DeviceBuffer<uint16_t> dkv(to_bits(kv)), dw(to_bits(w)), ddec(kv.size());
+    DeviceBuffer<uint16_t> dkv(to_bf16_bits(kv)), dw(to_bf16_bits(w)), ddec(kv.size());
     DeviceBuffer<int32_t> dseq(seq), dpos(pos), dtable(ring.table);
     DeviceBuffer<uint8_t> dpages(ring.pages), staged(size_t(T) * 584);
     staged.fill_bytes(0xff);
     ddec.fill_bytes(0xff);
     cuda::KvInsertParams p;
-    p.kv = dptr<__nv_bfloat16>(dkv);
-    p.norm_weight = dptr<__nv_bfloat16>(dw);
+    p.kv = bf16_ptr(dkv);
+    p.norm_weight = bf16_ptr(dw);
     p.cos_sin = reinterpret_cast<const float2*>(cs.data());
     p.eps = kEps;
     p.num_tokens = T;
@@ -366,7 +355,7 @@ TEST_F(CudaAttnFrontend, KvNormRopeInsertMatchesCpu) {
     p.window = ring.window;
     p.cache = cuda::kv_store_view(dpages.data(), page_size, dtable.data(), ring.stride);
     p.staged = staged.data();
-    p.decoded = dptr<__nv_bfloat16>(ddec);
+    p.decoded = bf16_ptr(ddec);
     cuda::kv_norm_rope_insert(p);
     DSV4_CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -401,7 +390,7 @@ TEST_F(CudaAttnFrontend, KvNormRopeInsertMatchesCpu) {
     EXPECT_EQ(dc.bad, 0) << "cache, page_size " << page_size << ": " << dc.first_msg;
     EXPECT_LE(ds.differ * 1000, ds.bytes);
     EXPECT_LE(dc.differ * 1000, dc.bytes);
-    const Bf16Diff dd = compare_bf16(ddec.download(), to_bits(want_dec), 0x7fff);
+    const Bf16Diff dd = compare_bf16(ddec.download(), to_bf16_bits(want_dec), 0x7fff);
     // Decoded keys follow the entry: identical whenever the entry's bytes are.
     if (ds.differ == 0) {
       EXPECT_EQ(dd.differ, 0) << "decoded: first difference at " << dd.first;
@@ -455,20 +444,20 @@ TEST_F(CudaAttnFrontend, KvQuantInsertBytesIdentical) {
   const int T = int(seq.size());
   Ring ring(page_size, 4, rng);
   const std::vector<float> kv = edge_rows(rng, T);
-  DeviceBuffer<uint16_t> dkv(to_bits(kv)), ddec(kv.size());
+  DeviceBuffer<uint16_t> dkv(to_bf16_bits(kv)), ddec(kv.size());
   DeviceBuffer<int32_t> dseq(seq), dpos(pos), dtable(ring.table);
   DeviceBuffer<uint8_t> dpages(ring.pages), staged(size_t(T) * 584);
   staged.fill_bytes(0xff);
   ddec.fill_bytes(0xff);
   cuda::KvInsertParams p;
-  p.kv = dptr<__nv_bfloat16>(dkv);
+  p.kv = bf16_ptr(dkv);
   p.num_tokens = T;
   p.token_seq = dseq.data();
   p.positions = dpos.data();
   p.window = ring.window;
   p.cache = cuda::kv_store_view(dpages.data(), page_size, dtable.data(), ring.stride);
   p.staged = staged.data();
-  p.decoded = dptr<__nv_bfloat16>(ddec);
+  p.decoded = bf16_ptr(ddec);
   cuda::kv_quant_insert(p);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -491,7 +480,7 @@ TEST_F(CudaAttnFrontend, KvQuantInsertBytesIdentical) {
         << (i % 584 < 448 ? kv[(i / 584) * D + i % 584] : 0.0f) << ")";
   for (size_t i = 0; i < ring.pages.size(); ++i)
     ASSERT_EQ(int(got_pages[i]), int(ring.pages[i])) << "cache pool byte " << i;
-  const Bf16Diff dd = compare_bf16(ddec.download(), to_bits(want_dec), 0);
+  const Bf16Diff dd = compare_bf16(ddec.download(), to_bf16_bits(want_dec), 0);
   EXPECT_EQ(dd.differ, 0) << "decoded: first difference at " << dd.first;
 }
 
@@ -505,12 +494,12 @@ TEST_F(CudaAttnFrontend, InsertStagedMatchesDirectInsert) {
   const int T = int(seq.size());
   Ring ring(page_size, 3, rng);
   const std::vector<float> kv = random_rows(rng, T, D);
-  DeviceBuffer<uint16_t> dkv(to_bits(kv));
+  DeviceBuffer<uint16_t> dkv(to_bf16_bits(kv));
   DeviceBuffer<int32_t> dseq(seq), dpos(pos), dtable(ring.table);
   DeviceBuffer<uint8_t> direct(ring.pages), via(ring.pages), staged(size_t(T) * 584);
   staged.fill_bytes(0xff);
   cuda::KvInsertParams p;
-  p.kv = dptr<__nv_bfloat16>(dkv);
+  p.kv = bf16_ptr(dkv);
   p.num_tokens = T;
   p.token_seq = dseq.data();
   p.positions = dpos.data();
@@ -548,7 +537,7 @@ TEST_F(CudaAttnFrontend, RejectsBadParams) {
   DeviceBuffer<uint8_t> pages(4096);
   DeviceBuffer<int32_t> table(4), ids(1);
   cuda::KvInsertParams p;
-  p.kv = dptr<__nv_bfloat16>(kv);
+  p.kv = bf16_ptr(kv);
   p.num_tokens = 1;
   EXPECT_THROW(cuda::kv_quant_insert(p), Error);  // no output
   p.token_seq = ids.data();

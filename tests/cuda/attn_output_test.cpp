@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/formats.h"
+#include "cuda/gpu_test.h"
 #include "model/weight_quant.h"
 #include "ops/cpu/linear.h"
 #include "ops/cpu/rope.h"
@@ -24,19 +25,20 @@
 #include "ops/cuda/attn_output/attn_output.h"
 #include "ops/cuda/common/device.h"
 #include "ops/cuda/common/device_buffer.h"
+#include "support/bf16_vectors.h"
+#include "support/fp8_data.h"
+#include "support/rope_tables.h"
 
 namespace dsv4 {
 namespace {
 
 using cuda::DeviceBuffer;
+using test::dequantize_fp8;
+using test::to_bf16_bits;
+using test::v4_yarn_table;
 constexpr int D = 512, NOPE = 448, R = 64;
 
-class CudaAttnOutput : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "needs a GPU: " << cuda::describe_device();
-  }
-};
+class CudaAttnOutput : public test::GpuTest {};
 
 struct Shape {
   int heads, groups, o_lora;
@@ -45,16 +47,6 @@ struct Shape {
   int rows() const { return groups * o_lora; }
 };
 const Shape kTiny{4, 2, 128, "tiny"}, kFlash{64, 8, 1024, "flash"}, kPro{128, 16, 1024, "pro"};
-
-cpu::RopeTable yarn_table() {
-  return cpu::RopeTable::make(64, 160000, 65536, 16, 32, 1);
-}
-
-std::vector<uint16_t> to_bits(const std::vector<float>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = float_to_bf16(v[i]);
-  return b;
-}
 
 // A layer's wo_a: FP8 codes + UE8M0 block scales (checkpoint form) and the exact dequantised
 // values, with per-block magnitudes spread over 2^-12 .. 2^-4.
@@ -73,12 +65,7 @@ WoA make_weight(const Shape& s, std::mt19937& rng) {
       w[size_t(r) * in + k] = nd(rng) * block_scale[size_t(r / 128) * (in / 128) + k / 128];
   WoA out;
   out.q = quantize_fp8_weight(w, rows, in);
-  out.deq.resize(w.size());
-  for (int r = 0; r < rows; ++r)
-    for (int k = 0; k < in; ++k)
-      out.deq[size_t(r) * in + k] =
-          e4m3_to_float(out.q.codes[size_t(r) * in + k]) *
-          e8m0_to_float(out.q.scales[size_t(r / 128) * (in / 128) + k / 128]);
+  out.deq = dequantize_fp8(out.q, rows, in);
   return out;
 }
 
@@ -100,10 +87,10 @@ struct DeviceWoA {
 std::vector<uint16_t> run_gpu(const Shape& s, const DeviceWoA& w, const std::vector<float>& o,
                               const std::vector<int32_t>& pos, cuda::WoAPath path) {
   const int T = int(pos.size());
-  DeviceBuffer<uint16_t> d_o(to_bits(o)), d_z(size_t(T) * s.rows());
+  DeviceBuffer<uint16_t> d_o(to_bf16_bits(o)), d_z(size_t(T) * s.rows());
   d_z.fill_bytes(0xff);
   DeviceBuffer<int32_t> d_pos(pos);
-  const auto table = yarn_table();
+  const auto table = v4_yarn_table();
   DeviceBuffer<float> d_freq(table.inv_freq), d_cs(size_t(T) * 64);
   cuda::RopeTableParams rp;
   rp.positions = d_pos.data();
@@ -131,7 +118,7 @@ std::vector<uint16_t> run_gpu(const Shape& s, const DeviceWoA& w, const std::vec
 // CPU reference for the tokens in `rows_to_check` (indices into pos): z rows [n, rows].
 std::vector<float> run_cpu(const Shape& s, const WoA& w, const std::vector<float>& o,
                            const std::vector<int32_t>& pos, const std::vector<int>& check) {
-  const auto table = yarn_table();
+  const auto table = v4_yarn_table();
   const int H = s.heads, in_g = s.in_g(), n = int(check.size());
   std::vector<float> od(size_t(n) * H * D);
   std::vector<float> c(32), sn(32);
@@ -227,8 +214,8 @@ TEST_F(CudaAttnOutput, InverseRopeMatchesCpu) {
   std::vector<int32_t> pos(T);
   for (auto& p : pos) p = int32_t(rng() % 1000000);
   const std::vector<float> o = random_o(rng, T, H);
-  const auto table = yarn_table();
-  DeviceBuffer<uint16_t> d_o(to_bits(o));
+  const auto table = v4_yarn_table();
+  DeviceBuffer<uint16_t> d_o(to_bf16_bits(o));
   DeviceBuffer<int32_t> d_pos(pos);
   DeviceBuffer<float> d_freq(table.inv_freq), d_cs(size_t(T) * 64);
   cuda::RopeTableParams rp;
@@ -247,7 +234,7 @@ TEST_F(CudaAttnOutput, InverseRopeMatchesCpu) {
       cpu::rope_apply(&want[(size_t(t) * H + h) * D + NOPE], R, c.data(), sn.data(), true);
   }
   const auto got = d_o.download();
-  const auto wb = to_bits(want);
+  const auto wb = to_bf16_bits(want);
   for (size_t i = 0; i < wb.size(); ++i)
     ASSERT_EQ(got[i], wb[i]) << "token " << i / (H * D) << " head " << (i / D) % H << " dim "
                              << i % D;

@@ -20,6 +20,7 @@
 
 #include "core/error.h"
 #include "core/formats.h"
+#include "cuda/gpu_test.h"
 #include "kvcache/cache_layout.h"
 #include "ops/cpu/cache_codec.h"
 #include "ops/cpu/compressor.h"
@@ -27,6 +28,7 @@
 #include "ops/cuda/common/device.h"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/compressor/compressor.h"
+#include "support/rope_tables.h"
 
 namespace dsv4 {
 namespace {
@@ -34,12 +36,7 @@ namespace {
 using cuda::DeviceBuffer;
 constexpr float kEps = 1e-6f;
 
-class CudaCompressor : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "needs a GPU: " << cuda::describe_device();
-  }
-};
+class CudaCompressor : public test::GpuTest {};
 
 struct Kind {
   int ratio, dim;
@@ -68,7 +65,7 @@ struct Harness {
   Kind k;
   CompressorStateLayout l;
   cpu::CompressorWeights w;
-  cpu::RopeTable rope = cpu::RopeTable::make(64, 160000, 65536, 16, 32, 1);
+  cpu::RopeTable rope = test::v4_yarn_table();
   int nseq = 0, slots = 0, stride = 0, data_bytes = 0, scale_bytes = 0;
   int64_t page_bytes = 0;
   std::vector<int32_t> table, slot_of;

@@ -66,27 +66,6 @@ class EngineGolden : public ::testing::TestWithParam<SetFormat> {
 
 // ---- helpers -------------------------------------------------------------------------------
 
-std::string L(const std::string& prefix, const std::string& what, int k) {
-  return prefix + "." + what + ".L" + std::to_string(k);
-}
-
-struct Checker {
-  double near_tie = 0.1;
-  size_t rows = 0, agree = 0;
-  void check(const std::string& what, const float* ours, const float* gold, size_t n, int V) {
-    const LogitStats s = logit_stats(ours, gold, n, V);
-    const double excused = argmax_excusing_ties(ours, gold, n, V, near_tie);
-    std::printf("    %-28s %s; argmax excusing near ties %.2f%%\n", what.c_str(),
-                to_string(s).c_str(), 100 * excused);
-    EXPECT_GE(s.min_cos, 0.999) << what;
-    EXPECT_GE(s.mean_cos, 0.9999) << what;
-    EXPECT_LE(s.max_abs, 0.7) << what;
-    EXPECT_GE(excused, 0.97) << what;
-    rows += n;
-    agree += static_cast<size_t>(std::llround(s.argmax_agree * n));
-  }
-};
-
 // A fresh device cache of one sequence holding `tokens` tokens at `page` entries per page, and
 // the step metadata buffers for it.
 struct Fresh {
@@ -143,10 +122,10 @@ void EngineGolden::logits_and_greedy(bool exact) {
   CudaRunner& runner = *s->runner;
   const int V = s->V();
   nlohmann::json summary = nlohmann::json::parse(std::ifstream(g.dir + "/summary.json"));
-  Checker chk;
-  chk.near_tie =
+  E2eChecker chk;
+  chk.t.near_tie =
       std::max(0.1, summary["self_agreement_prefill_vs_tbt"]["ALL"]["max_abs_diff"].get<double>());
-  std::printf("[%s] near-tie gap %.3f\n", tag(g).c_str(), chk.near_tie);
+  std::printf("[%s] near-tie gap %.3f\n", tag(g).c_str(), chk.t.near_tie);
   for (int Lp : {1, 4, 5, 127, 129, 257, 300}) {
     char key[16];
     std::snprintf(key, sizeof key, "len%04d", Lp);
@@ -158,7 +137,7 @@ void EngineGolden::logits_and_greedy(bool exact) {
     std::vector<float> mine = pick(ours, pos, V);
     std::printf("[%s] %s\n", tag(g).c_str(), k.c_str());
     chk.check("prefill mode", mine.data(), gold.data(), pos.size(), V);
-    EXPECT_EQ(check_greedy(ours, gold, pos, toks, Lp, V, chk.near_tie), "") << k << " prefill";
+    EXPECT_EQ(check_greedy(ours, gold, pos, toks, Lp, V, chk.t.near_tie), "") << k << " prefill";
     if (Lp == 300) {
       std::vector<int32_t> tt = as_tokens(to_ints(g.get(k + ".tbt.tokens")));
       std::vector<float> ours_t = forced_logits(runner, tt, 1, 1);
@@ -168,44 +147,24 @@ void EngineGolden::logits_and_greedy(bool exact) {
       chk.check("token-by-token mode", ours_t.data(), gold_t.data(), rows, V);
       std::vector<int64_t> all_pos(rows);
       for (size_t i = 0; i < rows; ++i) all_pos[i] = int64_t(i);
-      EXPECT_EQ(check_greedy(ours_t, gold_t, all_pos, tt, Lp, V, chk.near_tie), "") << k << " tbt";
+      EXPECT_EQ(check_greedy(ours_t, gold_t, all_pos, tt, Lp, V, chk.t.near_tie), "")
+          << k << " tbt";
     }
   }
   // The batch: both rows in every step (one prefill of the common 61 tokens, then lockstep).
-  std::vector<int64_t> lens = to_ints(g.get("batch.prompt_lens"));
-  std::vector<int64_t> bt = to_ints(g.get("batch.prefill.tokens"));
-  const size_t width = bt.size() / 2;
-  std::vector<std::vector<int32_t>> rows_tok(2);
-  for (int b = 0; b < 2; ++b)
-    rows_tok[b].assign(bt.begin() + b * width, bt.begin() + (b + 1) * width);
-  const int common = static_cast<int>(std::min(lens[0], lens[1]));
-  const int s0 = runner.open_sequence(), s1 = runner.open_sequence();
-  std::vector<float> r0, r1;
-  {
-    std::vector<float> l =
-        runner.step_logits({{s0, {rows_tok[0].begin(), rows_tok[0].begin() + common}, true},
-                            {s1, {rows_tok[1].begin(), rows_tok[1].begin() + common}, true}});
-    r0.assign(l.begin(), l.begin() + size_t(common) * V);
-    r1.assign(l.begin() + size_t(common) * V, l.end());
-  }
-  for (size_t p = common; p < width; ++p) {
-    std::vector<float> l =
-        runner.step_logits({{s0, {rows_tok[0][p]}, false}, {s1, {rows_tok[1][p]}, false}});
-    r0.insert(r0.end(), l.begin(), l.begin() + V);
-    r1.insert(r1.end(), l.begin() + V, l.end());
-  }
-  runner.close_sequence(s0);
-  runner.close_sequence(s1);
+  const GoldenBatch batch = golden_batch(g);
+  const std::vector<std::vector<float>> batch_rows = batch_logits(runner, batch, V);
   for (int b = 0; b < 2; ++b) {
     const std::string name = "batch.prefill.logits.row" + std::to_string(b);
     std::vector<float> gold = to_floats(g.get(name));
     const size_t rows = gold.size() / V;
-    const std::vector<float>& ours = b ? r1 : r0;
+    const std::vector<float>& ours = batch_rows[b];
     std::printf("[%s] batch row %d\n", tag(g).c_str(), b);
     chk.check("prefill mode", ours.data(), gold.data(), rows, V);
     std::vector<int64_t> pos(rows);
     for (size_t i = 0; i < rows; ++i) pos[i] = int64_t(i);
-    EXPECT_EQ(check_greedy(ours, gold, pos, rows_tok[b], int(lens[b]), V, chk.near_tie), "")
+    EXPECT_EQ(check_greedy(ours, gold, pos, batch.rows[b], int(batch.lens[b]), V, chk.t.near_tie),
+              "")
         << name;
     std::vector<float> gt = to_floats(g.get("batch.tbt.logits"));
     const size_t trows = gt.size() / V / 2;
@@ -218,10 +177,6 @@ void EngineGolden::logits_and_greedy(bool exact) {
 }
 
 // ---- layer-local ---------------------------------------------------------------------------
-
-std::vector<float> block_input(const GoldenSet& g, const std::string& pre, int k) {
-  return to_floats(g.get(k == 0 ? L(pre, "hidden.in", 0) : L(pre, "hidden.out", k - 1)));
-}
 
 TEST_P(EngineGolden, LogitsAndGreedyTokens) {
   logits_and_greedy(false);
@@ -241,24 +196,24 @@ TEST_P(EngineGolden, LayersPrefill129) {
   cuda::DeviceBuffer<uint16_t> out(size_t(T) * dim), streams(size_t(T) * c.hc_mult * dim);
   for (int k = 0; k < c.n_layers; ++k) {
     SCOPED_TRACE(tag(g) + " L" + std::to_string(k));
-    const std::vector<float> g_attn_in = to_floats(g.get(L(pre, "attn_in", k)));
-    const std::vector<float> g_attn_out = to_floats(g.get(L(pre, "attn_out", k)));
-    const std::vector<float> g_ffn_in = to_floats(g.get(L(pre, "ffn_in", k)));
-    const std::vector<float> g_ffn_out = to_floats(g.get(L(pre, "ffn_out", k)));
-    const std::vector<float> g_out = to_floats(g.get(L(pre, "hidden.out", k)));
+    const std::vector<float> g_attn_in = to_floats(g.get(layer_key(pre, "attn_in", k)));
+    const std::vector<float> g_attn_out = to_floats(g.get(layer_key(pre, "attn_out", k)));
+    const std::vector<float> g_ffn_in = to_floats(g.get(layer_key(pre, "ffn_in", k)));
+    const std::vector<float> g_ffn_out = to_floats(g.get(layer_key(pre, "ffn_out", k)));
+    const std::vector<float> g_out = to_floats(g.get(layer_key(pre, "hidden.out", k)));
 
     // Attention from the stored attention input (fresh caches).
     RecordingTrace tr;
     m.set_trace(&tr);
     Fresh a(m, T, 64);
     cuda::DeviceBuffer<uint16_t> x = to_device_bf16(g_attn_in);
-    m.run_attention(k, a.step(m, 0, tokens.data(), T), a.cache, bf(x), bf(out));
+    m.run_attention(k, a.step(m, 0, tokens.data(), T), a.cache, bf16_ptr(x), bf16_ptr(out));
     const Diff da = compare(from_device_bf16(out.data(), out.size()), g_attn_out);
     EXPECT_LE(da.rel_l2, 1e-2);
 
     // MoE from the stored MoE input: routing and output.
     cuda::DeviceBuffer<uint16_t> xf = to_device_bf16(g_ffn_in);
-    m.run_moe(k, a.step(m, 0, tokens.data(), T), bf(xf), bf(out));
+    m.run_moe(k, a.step(m, 0, tokens.data(), T), bf16_ptr(xf), bf16_ptr(out));
     const Diff df = compare(from_device_bf16(out.data(), out.size()), g_ffn_out);
     EXPECT_LE(df.rel_l2, 2e-3);
     EXPECT_GE(df.frac_1ulp, 0.99);
@@ -276,7 +231,7 @@ TEST_P(EngineGolden, LayersPrefill129) {
     upload_bf16(streams, block_input(g, pre, k));
     RecordingTrace trb;
     m.set_trace(&trb);
-    m.run_block(k, b.step(m, 0, tokens.data(), T), b.cache, bf(streams));
+    m.run_block(k, b.step(m, 0, tokens.data(), T), b.cache, bf16_ptr(streams));
     m.set_trace(nullptr);
     const Diff din = compare(trb.f(k, 0, "attn_in"), g_attn_in);
     const Diff dout = compare(from_device_bf16(streams.data(), streams.size()), g_out);
@@ -295,13 +250,7 @@ TEST_P(EngineGolden, LayersPrefill129) {
       const std::vector<int64_t> gsel =
           to_ints(g.get(pre + ".indexer.L" + std::to_string(k) + ".selected"));
       const auto& sel = tr.i(k, 0, "indexer.selected");
-      int same_rows = 0;
-      for (int t = 0; t < T; ++t) {
-        bool same = true;
-        for (int j = 0; j < c.index_topk; ++j)
-          same &= sel[size_t(t) * c.index_topk + j] == gsel[size_t(t) * c.index_topk + j];
-        same_rows += same;
-      }
+      const int same_rows = identical_selection_rows(sel, gsel, T, c.index_topk);
       std::printf("    indexer selections identical at %d/%d positions\n", same_rows, T);
       EXPECT_GE(same_rows, T * 99 / 100);
     }
@@ -330,22 +279,24 @@ TEST_P(EngineGolden, DecodeStepsFromStoredCaches) {
     upload_bf16(streams, block_input(g, pre, 0));
     for (int k = 0; k < c.n_layers; ++k) {
       SCOPED_TRACE(tag(g) + " step " + std::to_string(step) + " L" + std::to_string(k));
-      cuda::DeviceBuffer<uint16_t> x = to_device_bf16(to_floats(g.get(L(pre, "attn_in", k))));
-      m.run_attention(k, attn.step(m, step, &token, 1), attn.cache, bf(x), bf(out));
-      const Diff da =
-          compare(from_device_bf16(out.data(), dim), to_floats(g.get(L(pre, "attn_out", k))));
+      cuda::DeviceBuffer<uint16_t> x =
+          to_device_bf16(to_floats(g.get(layer_key(pre, "attn_in", k))));
+      m.run_attention(k, attn.step(m, step, &token, 1), attn.cache, bf16_ptr(x), bf16_ptr(out));
+      const Diff da = compare(from_device_bf16(out.data(), dim),
+                              to_floats(g.get(layer_key(pre, "attn_out", k))));
       EXPECT_LE(da.rel_l2, 3e-2);
       sum += da.rel_l2, worst = std::max(worst, da.rel_l2), ++n;
-      cuda::DeviceBuffer<uint16_t> xf = to_device_bf16(to_floats(g.get(L(pre, "ffn_in", k))));
-      m.run_moe(k, attn.step(m, step, &token, 1), bf(xf), bf(out));
-      const Diff df =
-          compare(from_device_bf16(out.data(), dim), to_floats(g.get(L(pre, "ffn_out", k))));
+      cuda::DeviceBuffer<uint16_t> xf =
+          to_device_bf16(to_floats(g.get(layer_key(pre, "ffn_in", k))));
+      m.run_moe(k, attn.step(m, step, &token, 1), bf16_ptr(xf), bf16_ptr(out));
+      const Diff df = compare(from_device_bf16(out.data(), dim),
+                              to_floats(g.get(layer_key(pre, "ffn_out", k))));
       EXPECT_LE(df.rel_l2, 2e-3);
       EXPECT_GE(df.frac_1ulp, 0.99);
-      m.run_block(k, chain.step(m, step, &token, 1), chain.cache, bf(streams));
+      m.run_block(k, chain.step(m, step, &token, 1), chain.cache, bf16_ptr(streams));
       std::printf("[%s] step %d L%d attn_out %s\n", tag(g).c_str(), step, k, to_string(da).c_str());
     }
-    m.logits_of(bf(streams), 1);
+    m.logits_of(bf16_ptr(streams), 1);
     std::vector<float> logits(V);
     DSV4_CUDA_CHECK(cudaStreamSynchronize(m.stream()));
     DSV4_CUDA_CHECK(cudaMemcpy(logits.data(), m.logits(), V * 4, cudaMemcpyDeviceToHost));
@@ -460,7 +411,7 @@ TEST_P(EngineGolden, CompressedEntriesFromStoredInputs) {
       Fresh f(m, T, page);
       cuda::DeviceBuffer<uint16_t> x =
           to_device_bf16(to_floats(g.get("prefill0129.attn_in.L" + std::to_string(k))));
-      m.run_attention(k, f.step(m, 0, tokens.data(), T), f.cache, bf(x), bf(out));
+      m.run_attention(k, f.step(m, 0, tokens.data(), T), f.cache, bf16_ptr(x), bf16_ptr(out));
       HostCache host(c, f.cc);
       f.cache.download(host);
       const int n = T / ratio;
@@ -526,13 +477,13 @@ TEST_P(EngineGolden, MtpLogits) {
       EXPECT_LE(st.max_abs, 0.7) << what;
     };
     expect_e2e(k + " MTP on our own prefill streams",
-               logit_stats(run_mtp(bf(own)).data(), gold.data(), pos.size(), V), false);
+               logit_stats(run_mtp(bf16_ptr(own)).data(), gold.data(), pos.size(), V), false);
     std::vector<float> h =
         to_floats(g.get("prefill0129.hidden.out.L" + std::to_string(c.n_layers - 1)));
     h.resize(size_t(Lp) * hc * dim);
     cuda::DeviceBuffer<uint16_t> ref = to_device_bf16(h);
     expect_e2e(k + " MTP on the reference's streams",
-               logit_stats(run_mtp(bf(ref)).data(), gold.data(), pos.size(), V), Lp == 129);
+               logit_stats(run_mtp(bf16_ptr(ref)).data(), gold.data(), pos.size(), V), Lp == 129);
     r.close_sequence(id);
   }
 }

@@ -1,6 +1,6 @@
 // Shared pieces of the CUDA engine tests (tests/cuda/engine_*_test.cpp): building the CUDA
-// model, runner and verifier from a checkpoint directory, BF16 host<->device copies, and the
-// end-to-end logit checks of the golden README (the same thresholds as golden_e2e_test).
+// model, runner and verifier from a checkpoint directory, and the end-to-end logit checks of
+// the golden README (the thresholds of golden_e2e_test: E2eTolerance, support/golden.h).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -20,6 +20,8 @@
 #include "backends/cuda/verify.h"
 #include "backends/cuda/weights.h"
 #include "core/formats.h"
+#include "cuda/cuda_support.h"
+#include "cuda/gpu_test.h"
 #include "io/checkpoint.h"
 #include "model/cache_spec.h"
 #include "model/weights.h"
@@ -28,12 +30,6 @@
 #include "support/golden.h"
 
 namespace dsv4::test {
-
-#define DSV4_SKIP_WITHOUT_GPU()                                           \
-  do {                                                                    \
-    if (::dsv4::cuda::device_count() == 0)                                \
-      GTEST_SKIP() << "needs a GPU: " << ::dsv4::cuda::describe_device(); \
-  } while (0)
 
 struct CudaStackOptions {
   int max_seqs = 4;
@@ -85,58 +81,7 @@ inline std::unique_ptr<CudaStack> open_cuda_stack(const std::string& dir,
   return s;
 }
 
-// BF16 device copies of float host values (BF16 values: exact) and back.
-inline cuda::DeviceBuffer<uint16_t> to_device_bf16(const std::vector<float>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = float_to_bf16(v[i]);
-  return cuda::DeviceBuffer<uint16_t>(b);
-}
-inline std::vector<float> from_device_bf16(const void* p, size_t n) {
-  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<uint16_t> b(n);
-  DSV4_CUDA_CHECK(cudaMemcpy(b.data(), p, n * 2, cudaMemcpyDeviceToHost));
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = bf16_to_float(b[i]);
-  return v;
-}
-inline void upload_bf16(cuda::DeviceBuffer<uint16_t>& dst, const std::vector<float>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = float_to_bf16(v[i]);
-  dst.upload(b);
-}
-inline __nv_bfloat16* bf(cuda::DeviceBuffer<uint16_t>& b) {
-  return reinterpret_cast<__nv_bfloat16*>(b.data());
-}
-
-// Teacher-forced logits of one sequence: `prompt_len` tokens in one step (or in chunks of
-// `chunk`), then one token per step. Rows for positions 0..tokens.size()-1.
-template <typename Runner>
-std::vector<float> forced_logits(Runner& r, const std::vector<int32_t>& tokens, int prompt_len,
-                                 int chunk = 0) {
-  const int seq = r.open_sequence();
-  std::vector<float> all;
-  const int step = chunk > 0 ? chunk : prompt_len;
-  for (int i = 0; i < prompt_len; i += step) {
-    const int n = std::min(step, prompt_len - i);
-    std::vector<float> l =
-        r.step_logits({{seq, {tokens.begin() + i, tokens.begin() + i + n}, true}});
-    all.insert(all.end(), l.begin(), l.end());
-  }
-  for (size_t p = prompt_len; p < tokens.size(); ++p) {
-    std::vector<float> row = r.step_logits({{seq, {tokens[p]}, false}});
-    all.insert(all.end(), row.begin(), row.end());
-  }
-  r.close_sequence(seq);
-  return all;
-}
-
-// The golden README's end-to-end acceptance per case. Argmax agreement excuses rows whose
-// reference top-2 logits are within near_tie (the README's greedy rule): two correct
-// implementations that round differently pick either token of a near tie.
-struct E2eTolerance {
-  double min_cos = 0.999, mean_cos = 0.9999, max_abs = 0.7, argmax = 0.97, near_tie = 0.1;
-};
-
+// The golden README's end-to-end acceptance of one comparison (E2eTolerance).
 inline void expect_logits_close(const std::string& what, const std::vector<float>& ours,
                                 const std::vector<float>& ref, int V, bool check_argmax = true,
                                 const E2eTolerance& t = {}) {

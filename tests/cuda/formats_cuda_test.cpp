@@ -7,18 +7,14 @@
 #include <random>
 
 #include "core/formats.h"
+#include "cuda/gpu_test.h"
 #include "ops/cuda/common/device.h"
 #include "ops/cuda/formats/format_kernels.h"
 
 namespace dsv4 {
 namespace {
 
-class CudaFormats : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "needs a GPU: " << cuda::describe_device();
-  }
-};
+class CudaFormats : public test::GpuTest {};
 
 TEST_F(CudaFormats, DecodeEveryCode) {
   std::vector<float> e4m3, e2m1;

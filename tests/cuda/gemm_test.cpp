@@ -16,6 +16,7 @@
 
 #include "core/formats.h"
 #include "core/rng.h"
+#include "cuda/gpu_test.h"
 #include "model/weight_quant.h"
 #include "ops/cpu/linear.h"
 #include "ops/cpu/quant.h"
@@ -26,30 +27,22 @@
 #include "ops/cuda/gemm/fp8_gemm_prefill.h"
 #include "ops/cuda/gemm/stream_gemm.h"
 #include "ops/cuda/gemm/stream_gemm_layout.h"
+#include "support/bf16_compare.h"
+#include "support/bf16_vectors.h"
+#include "support/fp8_data.h"
 
 namespace dsv4 {
 namespace {
 
 using cuda::DeviceBuffer;
+using test::bf16_ulp;
+using test::dequantize_fp8;
+using test::expect_bf16_close;
+using test::from_bf16_bits;
+using test::random_block_acts;
+using test::to_bf16_bits;
 
 // ---- helpers ---------------------------------------------------------------------------------
-
-// BF16 activations with a spread of block magnitudes (scales from 2^-20 to 2^12), an all-zero
-// block (amax floor), and exact ties of the e4m3 grid.
-std::vector<float> random_acts(Rng& rng, int m, int k) {
-  std::vector<float> x(size_t(m) * k);
-  for (int r = 0; r < m; ++r)
-    for (int b = 0; b < k / 128; ++b) {
-      const int kind = int(rng.below(8));
-      const float mag = kind == 0 ? 0.0f : std::ldexp(1.0f, int(rng.below(32)) - 20);
-      for (int i = 0; i < 128; ++i) {
-        float v = float(rng.normal()) * mag;
-        if (kind == 7 && i % 5 == 0) v = mag * 0.5f * float(1 + int(rng.below(30)));  // grid/ties
-        x[size_t(r) * k + b * 128 + i] = round_bf16(v);
-      }
-    }
-  return x;
-}
 
 struct QuantWeight {
   Fp8Weight q;             // codes + UE8M0 scales (checkpoint layout)
@@ -67,90 +60,8 @@ QuantWeight random_weight(Rng& rng, int n, int k) {
       w[size_t(o) * k + i] = float(rng.normal()) * mag[size_t(o / 128) * kb + i / 128];
   QuantWeight r;
   r.q = quantize_fp8_weight(w, n, k);
-  r.deq.resize(w.size());
-  for (int o = 0; o < n; ++o)
-    for (int i = 0; i < k; ++i)
-      r.deq[size_t(o) * k + i] = e4m3_to_float(r.q.codes[size_t(o) * k + i]) *
-                                 e8m0_to_float(r.q.scales[size_t(o / 128) * kb + i / 128]);
+  r.deq = dequantize_fp8(r.q, n, k);
   return r;
-}
-
-std::vector<uint16_t> to_bf16_bits(const std::vector<float>& x) {
-  std::vector<uint16_t> b(x.size());
-  for (size_t i = 0; i < x.size(); ++i) b[i] = float_to_bf16(x[i]);
-  return b;
-}
-
-float bf16_ulp(float v) {
-  v = std::fabs(v);
-  if (v < 1e-30f) return std::ldexp(1.0f, -133);
-  int e;
-  std::frexp(v, &e);               // v = f * 2^e, f in [0.5, 1)
-  return std::ldexp(1.0f, e - 8);  // v in [2^(e-1), 2^e): spacing 2^(e-1-7)
-}
-
-struct Compare {
-  double rel_l2 = 0;
-  double within_ulp = 0;        // fraction of elements within 1 BF16 ulp
-  double within_ulp_large = 0;  // the same over |ref| >= rms(ref)/16 (diagnostic)
-  int64_t nan = 0;
-  int64_t first_bad = -1;  // first element beyond 1 ulp
-};
-
-Compare compare(const std::vector<float>& got, const std::vector<float>& ref) {
-  Compare c;
-  double num = 0, den = 0;
-  int64_t ok = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (std::isnan(got[i])) {
-      ++c.nan;
-      if (c.first_bad < 0) c.first_bad = int64_t(i);
-      continue;
-    }
-    const double d = double(got[i]) - ref[i];
-    num += d * d;
-    den += double(ref[i]) * ref[i];
-    if (std::fabs(d) <= 1.0001 * bf16_ulp(std::max(std::fabs(got[i]), std::fabs(ref[i]))))
-      ++ok;
-    else if (c.first_bad < 0)
-      c.first_bad = int64_t(i);
-  }
-  c.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-  c.within_ulp = ref.empty() ? 1.0 : double(ok) / double(ref.size());
-  // Diagnostic only: the same fraction over the elements not within 1/16 of the RMS of zero,
-  // where an error of a fixed fraction of the output scale (the FP8 tensor cores' ~14-bit
-  // accumulator) exceeds an ulp of the element itself.
-  const double rms = ref.empty() ? 0 : std::sqrt(den / double(ref.size()));
-  int64_t big = 0, big_ok = 0;
-  for (size_t i = 0; i < ref.size(); ++i)
-    if (std::fabs(ref[i]) >= rms / 16 && !std::isnan(got[i])) {
-      ++big;
-      big_ok += std::fabs(double(got[i]) - ref[i]) <=
-                1.0001 * bf16_ulp(std::max(std::fabs(got[i]), std::fabs(ref[i])));
-    }
-  c.within_ulp_large = big ? double(big_ok) / double(big) : 1.0;
-  return c;
-}
-
-// Asserts the tolerance and prints what a failure needs for diagnosis.
-void expect_close(const std::vector<float>& got, const std::vector<float>& ref, int cols,
-                  const std::string& what) {
-  const Compare c = compare(got, ref);
-  std::string where;
-  if (c.first_bad >= 0)
-    where = cat(" first bad [", c.first_bad / cols, ", ", c.first_bad % cols, "]: got ",
-                got[c.first_bad], " want ", ref[c.first_bad]);
-  EXPECT_EQ(c.nan, 0) << what << ": NaN outputs (poison left?)" << where;
-  EXPECT_LE(c.rel_l2, 4e-3) << what << ": relative L2" << where;
-  EXPECT_GE(c.within_ulp, 0.99) << what << ": fraction within 1 BF16 ulp" << where;
-  std::printf("[ metric ] %s rel_l2=%.3g within_1ulp=%.5f (|ref|>=rms/16: %.5f)\n", what.c_str(),
-              c.rel_l2, c.within_ulp, c.within_ulp_large);
-}
-
-std::vector<float> bf16_bits_to_float(const std::vector<uint16_t>& b) {
-  std::vector<float> f(b.size());
-  for (size_t i = 0; i < b.size(); ++i) f[i] = bf16_to_float(b[i]);
-  return f;
 }
 
 // The GPU-side weight: codes, and fp32 transposed scales made by fp8_weight_scales_to_f32.
@@ -212,24 +123,19 @@ std::vector<float> cpu_linear(const std::vector<float>& x, int m, const QuantWei
   return y;
 }
 
-class CudaGemm : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "needs a GPU: " << cuda::describe_device();
-  }
-};
+class CudaGemm : public test::GpuTest {};
 
 void check_shape(int m, int n, int k, cuda::Fp8GemmPath path, uint64_t seed, int64_t ldy = 0) {
   Rng rng(seed);
   const QuantWeight w = random_weight(rng, n, k);
-  const std::vector<float> x = random_acts(rng, m, k);
+  const std::vector<float> x = random_block_acts(rng, m, k, true);
   const DevWeight dw(w, n, k);
   const std::vector<float> got = gpu_linear(x, m, dw, path, ldy);
   const std::vector<float> ref = cpu_linear(x, m, w, n, k);
   const char* pname = path == cuda::Fp8GemmPath::kStream       ? "stream"
                       : path == cuda::Fp8GemmPath::kTensorCore ? "tensorcore"
                                                                : "auto";
-  expect_close(got, ref, n, cat("fp8 gemm ", pname, " m=", m, " n=", n, " k=", k));
+  expect_bf16_close(got, ref, n, cat("fp8 gemm ", pname, " m=", m, " n=", n, " k=", k));
 }
 
 // ---- smoke: one small shape per kernel, cheap to read in a log ----------------------------------
@@ -246,7 +152,7 @@ TEST_F(CudaGemm, ActQuantBytesMatchCpu) {
   Rng rng(11);
   for (const auto& [m, k] :
        std::vector<std::pair<int, int>>{{1, 128}, {3, 4096}, {65, 1024}, {1000, 640}, {17, 7168}}) {
-    std::vector<float> x = random_acts(rng, m, k);
+    std::vector<float> x = random_block_acts(rng, m, k, true);
     // Edge values: signed zeros, BF16 subnormals, the largest BF16, exact e4m3 midpoints.
     x[0] = -0.0f;
     if (x.size() > 300) {
@@ -340,7 +246,7 @@ TEST_F(CudaGemm, StreamEverySplitIsDeterministic) {
   const int m = 17, n = 384, k = 1024;
   Rng rng(300);
   const QuantWeight w = random_weight(rng, n, k);
-  const std::vector<float> x = random_acts(rng, m, k);
+  const std::vector<float> x = random_block_acts(rng, m, k, true);
   const DevWeight dw(w, n, k);
   const std::vector<float> ref = cpu_linear(x, m, w, n, k);
   // Quantise once with the public kernel, then call the streaming launcher directly.
@@ -379,7 +285,7 @@ TEST_F(CudaGemm, StreamEverySplitIsDeterministic) {
       const auto bits = dy.download();
       if (rep == 0) {
         first = bits;
-        expect_close(bf16_bits_to_float(bits), ref, n, cat("stream splits=", splits));
+        expect_bf16_close(from_bf16_bits(bits), ref, n, cat("stream splits=", splits));
       } else {
         EXPECT_TRUE(bits == first) << "splits=" << splits << ": repeated run differs";
       }
@@ -423,7 +329,7 @@ TEST_F(CudaGemm, TensorCoreBothSchedulersAreDeterministic) {
     const int m = sh[0], n = sh[1], k = sh[2];
     Rng rng(seed++);
     const QuantWeight w = random_weight(rng, n, k);
-    const std::vector<float> x = random_acts(rng, m, k);
+    const std::vector<float> x = random_block_acts(rng, m, k, true);
     const DevWeight dw(w, n, k);
     const std::vector<float> ref = cpu_linear(x, m, w, n, k);
     DeviceBuffer<uint16_t> dx(to_bf16_bits(x));
@@ -465,8 +371,8 @@ TEST_F(CudaGemm, TensorCoreBothSchedulersAreDeterministic) {
             sched == cuda::detail::PrefillScheduler::kStreamK ? "stream-K" : "persistent";
         if (rep == 0) {
           first = bits;
-          expect_close(bf16_bits_to_float(bits), ref, n,
-                       cat("tensorcore ", name, " m=", m, " n=", n, " k=", k));
+          expect_bf16_close(from_bf16_bits(bits), ref, n,
+                            cat("tensorcore ", name, " m=", m, " n=", n, " k=", k));
         } else {
           EXPECT_TRUE(bits == first) << name << " m=" << m << ": repeated run differs";
         }
@@ -483,7 +389,7 @@ TEST_F(CudaGemm, TensorCorePadScalesDoNotLeak) {
     const int n = 256, k = 512, kb = k / 128;
     Rng rng(seed++);
     const QuantWeight w = random_weight(rng, n, k);
-    const std::vector<float> x = random_acts(rng, m, k);
+    const std::vector<float> x = random_block_acts(rng, m, k, true);
     const DevWeight dw(w, n, k);
     const std::vector<float> ref = cpu_linear(x, m, w, n, k);
     DeviceBuffer<uint16_t> dx(to_bf16_bits(x));
@@ -533,8 +439,8 @@ TEST_F(CudaGemm, TensorCorePadScalesDoNotLeak) {
         const auto bits = dy.download();
         if (first.empty()) {
           first = bits;
-          expect_close(bf16_bits_to_float(bits), ref, n,
-                       cat("tensorcore ", name, " zero pad scales m=", m));
+          expect_bf16_close(from_bf16_bits(bits), ref, n,
+                            cat("tensorcore ", name, " zero pad scales m=", m));
         } else {
           EXPECT_TRUE(bits == first) << name << " m=" << m << ": NaN pad scales changed y";
         }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/formats.h"
+#include "cuda/gpu_test.h"
 #include "kvcache/cache_layout.h"
 #include "ops/cpu/cache_codec.h"
 #include "ops/cpu/hadamard.h"
@@ -22,33 +23,19 @@
 #include "ops/cuda/common/device.h"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/indexer/indexer.h"
+#include "support/bf16_vectors.h"
+#include "support/rope_tables.h"
 
 namespace dsv4 {
 namespace {
 
 using cuda::DeviceBuffer;
+using test::to_bf16_bits;
+using test::v4_yarn_table;
 
 constexpr int kDim = 128, kRope = 64;
 
-class CudaIndexer : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "needs a GPU: " << cuda::describe_device();
-  }
-};
-
-cpu::RopeTable yarn_table() {
-  return cpu::RopeTable::make(kRope, 160000.0, 65536, 16.0, 32.0, 1.0);
-}
-
-std::vector<uint16_t> to_bf16_bits(const std::vector<float>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = float_to_bf16(v[i]);
-  return b;
-}
-float bits_to_float(uint16_t b) {
-  return bf16_to_float(b);
-}
+class CudaIndexer : public test::GpuTest {};
 
 // A batch: sequences with token counts and first positions.
 struct Batch {
@@ -163,7 +150,7 @@ struct Fixture {
     d_qfp4 = DeviceBuffer<uint16_t>(q.size());
     d_w = DeviceBuffer<uint16_t>(wproj.size());
     d_scores = DeviceBuffer<uint16_t>(size_t(T) * stride);
-    d_inv_freq = DeviceBuffer<float>(yarn_table().inv_freq);
+    d_inv_freq = DeviceBuffer<float>(v4_yarn_table().inv_freq);
     d_topk = DeviceBuffer<int32_t>(size_t(T) * k);
     p.batch = {d_cu.data(), d_pos0.data(),      int(batch.ntok.size()),
                T,           batch.max_tokens(), batch.max_pos()};
@@ -190,7 +177,7 @@ struct Fixture {
 
 // CPU query path of token t, head h (CpuModel::attention's order of operations).
 void cpu_query(const Fixture& f, const cpu::RopeTable& rope, int t, int h, float* v) {
-  for (int d = 0; d < kDim; ++d) v[d] = bits_to_float(f.q[(size_t(t) * f.heads + h) * kDim + d]);
+  for (int d = 0; d < kDim; ++d) v[d] = bf16_to_float(f.q[(size_t(t) * f.heads + h) * kDim + d]);
   std::vector<float> c(kRope / 2), s(kRope / 2);
   rope.cos_sin(f.batch.pos_of(t), c.data(), s.data());
   cpu::rope_apply(v + kDim - kRope, kRope, c.data(), s.data(), false);
@@ -200,7 +187,7 @@ void cpu_query(const Fixture& f, const cpu::RopeTable& rope, int t, int h, float
 float cpu_weight(const Fixture& f, int t, int h) {
   const float wscale =
       static_cast<float>(1.0 / std::sqrt(double(kDim)) / std::sqrt(double(f.heads)));
-  return round_bf16(bits_to_float(f.wproj[size_t(t) * f.heads + h]) * wscale);
+  return round_bf16(bf16_to_float(f.wproj[size_t(t) * f.heads + h]) * wscale);
 }
 
 std::string describe(const Batch& b) {
@@ -211,7 +198,7 @@ std::string describe(const Batch& b) {
 
 // Checks q_fp4 and weights bit for bit.
 void check_query(const Fixture& f) {
-  const auto rope = yarn_table();
+  const auto rope = v4_yarn_table();
   const auto q = f.d_qfp4.download();
   const auto w = f.d_w.download();
   std::vector<float> v(kDim);
@@ -223,13 +210,13 @@ void check_query(const Fixture& f) {
         const uint16_t want = float_to_bf16(v[d]), got = q[(size_t(t) * f.heads + h) * kDim + d];
         if (want != got && bad++ < 5)
           ADD_FAILURE() << "q_fp4 token " << t << " (pos " << f.batch.pos_of(t) << ") head " << h
-                        << " dim " << d << ": gpu " << bits_to_float(got) << " (0x" << std::hex
+                        << " dim " << d << ": gpu " << bf16_to_float(got) << " (0x" << std::hex
                         << got << ") cpu " << v[d] << " (0x" << want << std::dec << ")";
       }
       const uint16_t ww = float_to_bf16(cpu_weight(f, t, h)), gw = w[size_t(t) * f.heads + h];
       if (ww != gw && bad++ < 5)
-        ADD_FAILURE() << "weight token " << t << " head " << h << ": gpu " << bits_to_float(gw)
-                      << " cpu " << bits_to_float(ww);
+        ADD_FAILURE() << "weight token " << t << " head " << h << ": gpu " << bf16_to_float(gw)
+                      << " cpu " << bf16_to_float(ww);
     }
   EXPECT_EQ(bad, 0) << "mismatching q_fp4/weight values, batch " << describe(f.batch);
 }
@@ -246,8 +233,8 @@ void check_scores(const Fixture& f) {
     const int s = f.batch.seq_of(t);
     const int nvis = (f.batch.pos_of(t) + 1) / 4;
     for (int i = 0; i < f.heads * kDim; ++i)
-      qf[i] = bits_to_float(q[size_t(t) * f.heads * kDim + i]);
-    for (int h = 0; h < f.heads; ++h) wf[h] = bits_to_float(w[size_t(t) * f.heads + h]);
+      qf[i] = bf16_to_float(q[size_t(t) * f.heads * kDim + i]);
+    for (int h = 0; h < f.heads; ++h) wf[h] = bf16_to_float(w[size_t(t) * f.heads + h]);
     cpu::indexer_scores(qf.data(), wf.data(), f.heads, kDim, f.keys.decoded[s].data(), nvis,
                         cpu.data());
     for (int64_t i = 0; i < f.stride; ++i) {
@@ -257,10 +244,10 @@ void check_scores(const Fixture& f) {
         const uint16_t want = float_to_bf16(cpu[i]);
         if (want != got && bad++ < 5)
           ADD_FAILURE() << "score token " << t << " (seq " << s << ", pos " << f.batch.pos_of(t)
-                        << ") entry " << i << ": gpu " << bits_to_float(got) << " cpu " << cpu[i];
+                        << ") entry " << i << ": gpu " << bf16_to_float(got) << " cpu " << cpu[i];
       } else if (got != 0xffff && bad++ < 5) {
         ADD_FAILURE() << "score token " << t << " entry " << i << " >= visible " << nvis
-                      << " was written (" << bits_to_float(got) << ")";
+                      << " was written (" << bf16_to_float(got) << ")";
       }
     }
   }
@@ -277,7 +264,7 @@ void check_topk(const Fixture& f) {
   int64_t bad = 0;
   for (int t = 0; t < f.batch.tokens(); ++t) {
     const int nvis = (f.batch.pos_of(t) + 1) / 4;
-    for (int i = 0; i < nvis; ++i) row[i] = bits_to_float(sc[size_t(t) * f.stride + i]);
+    for (int i = 0; i < nvis; ++i) row[i] = bf16_to_float(sc[size_t(t) * f.stride + i]);
     const int kk = cpu::topk_desc(row.data(), nvis, f.topk, want.data());
     for (int r = 0; r < f.topk; ++r) {
       const int32_t g = idx[size_t(t) * f.topk + r], c = r < kk ? want[r] : -1;
@@ -411,7 +398,7 @@ TEST_F(CudaIndexer, EndToEndAgainstCpuPipeline) {
   Fixture f(make_batch({2, 64, 1}, {3001, 999, 70000}), 64, 512, 64, rng);
   cuda::lightning_indexer(f.p, nullptr);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
-  const auto rope = yarn_table();
+  const auto rope = v4_yarn_table();
   const auto idx = f.d_topk.download();
   std::vector<float> q(size_t(f.heads) * kDim), w(f.heads), scores(f.stride);
   std::vector<int32_t> want(f.topk);

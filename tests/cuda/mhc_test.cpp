@@ -15,74 +15,28 @@
 
 #include "core/formats.h"
 #include "core/rng.h"
+#include "cuda/cuda_support.h"
+#include "cuda/gpu_test.h"
 #include "ops/cpu/mhc.h"
 #include "ops/cpu/norm.h"
 #include "ops/cuda/common/device.h"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/mhc/mhc.h"
 #include "ops/cuda/mhc/mhc_config.h"
+#include "support/bf16_compare.h"
+#include "support/bf16_vectors.h"
+#include "support/random_values.h"
 
 namespace dsv4 {
 namespace {
 
 using cuda::DeviceBuffer;
+using test::bf16_ptr;
+using test::expect_bf16_close;
+using test::from_bf16_bits;
+using test::random_bf16;
+using test::to_bf16_bits;
 constexpr int kHc = 4;
-
-std::vector<uint16_t> to_bits(const std::vector<float>& x) {
-  std::vector<uint16_t> b(x.size());
-  for (size_t i = 0; i < x.size(); ++i) b[i] = float_to_bf16(x[i]);
-  return b;
-}
-std::vector<float> from_bits(const std::vector<uint16_t>& b) {
-  std::vector<float> f(b.size());
-  for (size_t i = 0; i < b.size(); ++i) f[i] = bf16_to_float(b[i]);
-  return f;
-}
-__nv_bfloat16* bf(DeviceBuffer<uint16_t>& b) {
-  return reinterpret_cast<__nv_bfloat16*>(b.data());
-}
-
-float bf16_ulp(float v) {
-  v = std::fabs(v);
-  if (v < 1e-30f) return std::ldexp(1.0f, -133);
-  int e;
-  std::frexp(v, &e);
-  return std::ldexp(1.0f, e - 8);  // v in [2^(e-1), 2^e): spacing 2^(e-1-7)
-}
-
-// Issue tolerance for BF16 outputs; prints the first element beyond 1 ulp.
-void expect_bf16_close(const std::vector<float>& got, const std::vector<float>& ref, int cols,
-                       const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size());
-  double num = 0, den = 0;
-  int64_t ok = 0, exact = 0, nan = 0, first = -1;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (std::isnan(got[i])) {
-      ++nan;
-      if (first < 0) first = int64_t(i);
-      continue;
-    }
-    const double d = double(got[i]) - ref[i];
-    num += d * d;
-    den += double(ref[i]) * ref[i];
-    exact += got[i] == ref[i];
-    if (std::fabs(d) <= 1.0001 * bf16_ulp(std::max(std::fabs(got[i]), std::fabs(ref[i]))))
-      ++ok;
-    else if (first < 0)
-      first = int64_t(i);
-  }
-  const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-  const double frac = double(ok) / double(ref.size());
-  std::string where;
-  if (first >= 0)
-    where = cat(" first bad [", first / cols, ", ", first % cols, "]: got ", got[first], " want ",
-                ref[first]);
-  EXPECT_EQ(nan, 0) << what << ": NaN (poison left?)" << where;
-  EXPECT_LE(rel, 4e-3) << what << where;
-  EXPECT_GE(frac, 0.99) << what << where;
-  std::printf("[ metric ] %s rel_l2=%.3g within_1ulp=%.5f exact=%.5f\n", what.c_str(), rel, frac,
-              double(exact) / double(ref.size()));
-}
 
 void expect_bits_equal(const std::vector<uint16_t>& got, const std::vector<float>& ref, int cols,
                        const std::string& what) {
@@ -142,11 +96,6 @@ std::vector<float> random_streams(Rng& rng, int tokens, int dim) {
   }
   return s;
 }
-std::vector<float> random_bf16(Rng& rng, size_t n, float sd) {
-  std::vector<float> x(n);
-  for (auto& v : x) v = round_bf16(float(rng.normal()) * sd);
-  return x;
-}
 
 cpu::HcParams cpu_params(const Unit& u, int dim) {
   cpu::HcParams p;
@@ -164,12 +113,7 @@ cuda::HcShape shape(int dim) {
   return s;
 }
 
-class CudaMhc : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "needs a GPU: " << cuda::describe_device();
-  }
-};
+class CudaMhc : public test::GpuTest {};
 
 // hc_pre (+ optional fused norm) on the GPU vs CPU hc_pre (+ rms_norm).
 void check_pre(int dim, int tokens, bool norm, uint64_t seed) {
@@ -188,7 +132,7 @@ void check_pre(int dim, int tokens, bool norm, uint64_t seed) {
   if (norm) cpu::rms_norm(y.data(), tokens, dim, nw.data(), 1e-6f, y.data());
   // GPU
   const DevUnit du(u);
-  DeviceBuffer<uint16_t> ds(to_bits(streams)), dnw(to_bits(nw)), dy(size_t(tokens) * dim);
+  DeviceBuffer<uint16_t> ds(to_bf16_bits(streams)), dnw(to_bf16_bits(nw)), dy(size_t(tokens) * dim);
   DeviceBuffer<float> dpost(size_t(tokens) * kHc), dcomb(size_t(tokens) * kHc * kHc);
   dy.fill_bytes(0xff);
   dpost.fill_bytes(0xff);
@@ -196,16 +140,16 @@ void check_pre(int dim, int tokens, bool norm, uint64_t seed) {
   cuda::HcPreParams p;
   p.shape = shape(dim);
   p.tokens = tokens;
-  p.streams = bf(ds);
+  p.streams = bf16_ptr(ds);
   p.unit = du.params();
-  if (norm) p.norm = {bf(dnw), 1e-6f};
-  p.y = bf(dy);
+  if (norm) p.norm = {bf16_ptr(dnw), 1e-6f};
+  p.y = bf16_ptr(dy);
   p.post = dpost.data();
   p.comb = dcomb.data();
   cuda::hc_pre(p, nullptr);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
   const std::string what = cat("hc_pre dim=", dim, " tokens=", tokens, norm ? " +norm" : "");
-  expect_bf16_close(from_bits(dy.download()), y, dim, what + " y");
+  expect_bf16_close(from_bf16_bits(dy.download()), y, dim, what + " y");
   expect_f32_close(dpost.download(), post, 1e-4, what + " post");
   expect_f32_close(dcomb.download(), comb, 1e-4, what + " comb");
 }
@@ -254,17 +198,17 @@ void check_post(int dim, int tokens, bool in_place, uint64_t seed) {
     cpu::hc_post(kHc, dim, x.data() + size_t(t) * dim, res.data() + size_t(t) * kHc * dim,
                  post.data() + size_t(t) * kHc, comb.data() + size_t(t) * kHc * kHc,
                  out.data() + size_t(t) * kHc * dim);
-  DeviceBuffer<uint16_t> dres(to_bits(res)), dx(to_bits(x)), dout(res.size());
+  DeviceBuffer<uint16_t> dres(to_bf16_bits(res)), dx(to_bf16_bits(x)), dout(res.size());
   DeviceBuffer<float> dpost(post), dcomb(comb);
   dout.fill_bytes(0xff);
   cuda::HcPostParams p;
   p.shape = shape(dim);
   p.tokens = tokens;
-  p.x = bf(dx);
-  p.res = bf(dres);
+  p.x = bf16_ptr(dx);
+  p.res = bf16_ptr(dres);
   p.post = dpost.data();
   p.comb = dcomb.data();
-  p.out = in_place ? bf(dres) : bf(dout);
+  p.out = in_place ? bf16_ptr(dres) : bf16_ptr(dout);
   cuda::hc_post(p, nullptr);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
   expect_bits_equal(in_place ? dres.download() : dout.download(), out, kHc * dim,
@@ -303,8 +247,8 @@ void check_post_pre(int dim, int tokens, bool norm, bool in_place, uint64_t seed
   if (norm) cpu::rms_norm(y.data(), tokens, dim, nw.data(), 1e-6f, y.data());
   // GPU
   const DevUnit du(u);
-  DeviceBuffer<uint16_t> dres(to_bits(res)), dx(to_bits(x)), dout(res.size()), dnw(to_bits(nw)),
-      dy(size_t(tokens) * dim);
+  DeviceBuffer<uint16_t> dres(to_bf16_bits(res)), dx(to_bf16_bits(x)), dout(res.size()),
+      dnw(to_bf16_bits(nw)), dy(size_t(tokens) * dim);
   DeviceBuffer<float> dpost(post), dcomb(comb), dnpost(post.size()), dncomb(comb.size());
   dout.fill_bytes(0xff);
   dy.fill_bytes(0xff);
@@ -313,14 +257,14 @@ void check_post_pre(int dim, int tokens, bool norm, bool in_place, uint64_t seed
   cuda::HcPostPreParams p;
   p.post.shape = shape(dim);
   p.post.tokens = tokens;
-  p.post.x = bf(dx);
-  p.post.res = bf(dres);
+  p.post.x = bf16_ptr(dx);
+  p.post.res = bf16_ptr(dres);
   p.post.post = dpost.data();
   p.post.comb = dcomb.data();
-  p.post.out = in_place ? bf(dres) : bf(dout);
+  p.post.out = in_place ? bf16_ptr(dres) : bf16_ptr(dout);
   p.unit = du.params();
-  if (norm) p.norm = {bf(dnw), 1e-6f};
-  p.y = bf(dy);
+  if (norm) p.norm = {bf16_ptr(dnw), 1e-6f};
+  p.y = bf16_ptr(dy);
   // In place: the new post/comb overwrite the old ones too.
   p.next_post = in_place ? dpost.data() : dnpost.data();
   p.next_comb = in_place ? dcomb.data() : dncomb.data();
@@ -330,7 +274,7 @@ void check_post_pre(int dim, int tokens, bool norm, bool in_place, uint64_t seed
                                in_place ? " in place" : "");
   expect_bits_equal(in_place ? dres.download() : dout.download(), streams, kHc * dim,
                     what + " streams");
-  expect_bf16_close(from_bits(dy.download()), y, dim, what + " y");
+  expect_bf16_close(from_bf16_bits(dy.download()), y, dim, what + " y");
   expect_f32_close(in_place ? dpost.download() : dnpost.download(), npost, 1e-4, what + " post");
   expect_f32_close(in_place ? dcomb.download() : dncomb.download(), ncomb, 1e-4, what + " comb");
 }
@@ -358,18 +302,18 @@ void check_head(int dim, int tokens, bool norm, uint64_t seed) {
     cpu::hc_head(cp, streams.data() + size_t(t) * kHc * dim, y.data() + size_t(t) * dim);
   if (norm) cpu::rms_norm(y.data(), tokens, dim, nw.data(), 1e-6f, y.data());
   const DevUnit du(u);
-  DeviceBuffer<uint16_t> ds(to_bits(streams)), dnw(to_bits(nw)), dy(size_t(tokens) * dim);
+  DeviceBuffer<uint16_t> ds(to_bf16_bits(streams)), dnw(to_bf16_bits(nw)), dy(size_t(tokens) * dim);
   dy.fill_bytes(0xff);
   cuda::HcHeadParams p;
   p.shape = shape(dim);
   p.tokens = tokens;
-  p.streams = bf(ds);
+  p.streams = bf16_ptr(ds);
   p.unit = du.params();
-  if (norm) p.norm = {bf(dnw), 1e-6f};
-  p.y = bf(dy);
+  if (norm) p.norm = {bf16_ptr(dnw), 1e-6f};
+  p.y = bf16_ptr(dy);
   cuda::hc_head(p, nullptr);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
-  expect_bf16_close(from_bits(dy.download()), y, dim,
+  expect_bf16_close(from_bf16_bits(dy.download()), y, dim,
                     cat("hc_head dim=", dim, " tokens=", tokens, norm ? " +norm" : ""));
 }
 

@@ -27,6 +27,8 @@
 #include <vector>
 
 #include "core/formats.h"
+#include "cuda/cuda_support.h"
+#include "cuda/gpu_test.h"
 #include "model/weight_quant.h"
 #include "ops/cpu/dequant.h"
 #include "ops/cpu/linear.h"
@@ -37,55 +39,23 @@
 #include "ops/cuda/moe/fp4_pack.h"
 #include "ops/cuda/moe/moe.h"
 #include "ops/cuda/moe/moe_gemm.cuh"
+#include "support/bf16_vectors.h"
+#include "support/host_tensors.h"
+#include "support/random_values.h"
 
 namespace dsv4 {
 namespace {
 
 namespace cm = cuda::moe;
+using test::as_bytes;
+using test::fetch;
+using test::fetch_bf16;
+using test::from_bf16_bits;
+using test::gaussian;
+using test::HostTensors;
+using test::to_bf16_bits;
 
 // ---- host checkpoint tensors ---------------------------------------------------------------
-
-struct HostTensors {
-  std::deque<std::vector<uint8_t>> data;
-  std::deque<TensorView> views;
-  const TensorView* add(const std::string& name, DType dt, std::vector<int64_t> shape,
-                        std::vector<uint8_t> bytes) {
-    data.push_back(std::move(bytes));
-    TensorView v;
-    v.name = name;
-    v.dtype = dt;
-    v.shape = std::move(shape);
-    v.data = data.back().data();
-    v.nbytes = data.back().size();
-    views.push_back(v);
-    return &views.back();
-  }
-};
-
-template <typename T>
-std::vector<uint8_t> as_bytes(const std::vector<T>& v) {
-  std::vector<uint8_t> b(v.size() * sizeof(T));
-  std::memcpy(b.data(), v.data(), b.size());
-  return b;
-}
-
-std::vector<float> gaussian(size_t n, float std, std::mt19937& rng, bool bf16 = true) {
-  std::normal_distribution<float> d(0.0f, std);
-  std::vector<float> v(n);
-  for (float& x : v) x = bf16 ? round_bf16(d(rng)) : d(rng);
-  return v;
-}
-
-std::vector<uint16_t> to_bf16_bits(const std::vector<float>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = float_to_bf16(v[i]);
-  return b;
-}
-std::vector<float> from_bf16_bits(const std::vector<uint16_t>& b) {
-  std::vector<float> v(b.size());
-  for (size_t i = 0; i < b.size(); ++i) v[i] = bf16_to_float(b[i]);
-  return v;
-}
 
 // One FP4 projection [out, in] in a checkpoint format. Small shapes quantise Gaussian
 // weights with the checkpoint quantisers (NVFP4 with the given non-power-of-two global
@@ -711,16 +681,6 @@ struct GpuOut {
   std::vector<int32_t> sel, pair_pos, sorted_row, expert_first, tiles4;
 };
 
-template <typename T>
-std::vector<T> fetch(const T* p, size_t n) {
-  std::vector<T> h(n);
-  if (n) DSV4_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
-std::vector<float> fetch_bf16(const __nv_bfloat16* p, size_t n) {
-  return from_bf16_bits(fetch(reinterpret_cast<const uint16_t*>(p), n));
-}
-
 struct Stream {
   cudaStream_t s = nullptr;
   Stream() { DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
@@ -856,9 +816,7 @@ float cpu_score(float logit) {  // sqrt(softplus), as cpu::moe_route computes it
 
 class MoeCuda : public ::testing::TestWithParam<Spec> {
  protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "needs a GPU: " << cuda::describe_device();
-  }
+  void SetUp() override { DSV4_SKIP_WITHOUT_GPU(); }
 };
 
 // Runs one layer on both backends and compares every stage.
@@ -1064,12 +1022,7 @@ INSTANTIATE_TEST_SUITE_P(Layers, MoeCuda, ::testing::ValuesIn(specs()),
                          [](const ::testing::TestParamInfo<Spec>& i) { return i.param.name; });
 
 // A cheap "does it run" check with a one-line result.
-class MoeCudaSmoke : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "needs a GPU: " << cuda::describe_device();
-  }
-};
+class MoeCudaSmoke : public test::GpuTest {};
 
 TEST_F(MoeCudaSmoke, TinyLayerRuns) {
   std::printf("device: %s\n", cuda::describe_device().c_str());

@@ -15,49 +15,27 @@
 
 #include "core/formats.h"
 #include "core/rng.h"
+#include "cuda/cuda_support.h"
+#include "cuda/gpu_test.h"
 #include "ops/cpu/linear.h"
 #include "ops/cpu/norm.h"
 #include "ops/cuda/common/device.h"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/head/head.h"
 #include "ops/cuda/norm/norm.h"
+#include "support/bf16_vectors.h"
+#include "support/random_values.h"
 
 namespace dsv4 {
 namespace {
 
 using cuda::DeviceBuffer;
+using test::bf16_ptr;
+using test::bf16_ulp;
+using test::random_bf16;
+using test::to_bf16_bits;
 
-std::vector<uint16_t> to_bits(const std::vector<float>& x) {
-  std::vector<uint16_t> b(x.size());
-  for (size_t i = 0; i < x.size(); ++i) b[i] = float_to_bf16(x[i]);
-  return b;
-}
-std::vector<float> random_bf16(Rng& rng, size_t n, float sd) {
-  std::vector<float> x(n);
-  for (auto& v : x) v = round_bf16(float(rng.normal()) * sd);
-  return x;
-}
-const __nv_bfloat16* bf(const DeviceBuffer<uint16_t>& b) {
-  return reinterpret_cast<const __nv_bfloat16*>(b.data());
-}
-__nv_bfloat16* bf(DeviceBuffer<uint16_t>& b) {
-  return reinterpret_cast<__nv_bfloat16*>(b.data());
-}
-
-float bf16_ulp(float v) {
-  v = std::fabs(v);
-  if (v < 1e-30f) return std::ldexp(1.0f, -133);
-  int e;
-  std::frexp(v, &e);
-  return std::ldexp(1.0f, e - 8);  // v in [2^(e-1), 2^e): spacing 2^(e-1-7)
-}
-
-class CudaNormHead : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "needs a GPU: " << cuda::describe_device();
-  }
-};
+class CudaNormHead : public test::GpuTest {};
 
 // ---- RMSNorm ---------------------------------------------------------------------------------
 
@@ -78,16 +56,16 @@ void check_norm(int rows, int n, bool in_place, int64_t ld, uint64_t seed) {
     std::copy_n(x.begin() + size_t(r) * stride, n, dense.begin() + size_t(r) * n);
   cpu::rms_norm(dense.data(), rows, n, w.data(), 1e-6f, ref.data());
 
-  DeviceBuffer<uint16_t> dx(to_bits(x)), dw(to_bits(w)), dy(size_t(rows) * stride);
+  DeviceBuffer<uint16_t> dx(to_bf16_bits(x)), dw(to_bf16_bits(w)), dy(size_t(rows) * stride);
   dy.fill_bytes(0xff);
   cuda::RmsNormParams p;
-  p.x = bf(dx);
+  p.x = bf16_ptr(dx);
   p.ldx = ld;
   p.rows = rows;
   p.n = n;
-  p.weight = bf(dw);
+  p.weight = bf16_ptr(dw);
   p.eps = 1e-6f;
-  p.y = in_place ? bf(dx) : bf(dy);
+  p.y = in_place ? bf16_ptr(dx) : bf16_ptr(dy);
   p.ldy = ld;
   cuda::rms_norm(p, nullptr);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
@@ -131,7 +109,7 @@ TEST_F(CudaNormHead, EmbedGatherAndRepeat) {
   Rng rng(20);
   const int vocab = 1000, dim = 264;
   const std::vector<float> table = random_bf16(rng, size_t(vocab) * dim, 1.0f);
-  DeviceBuffer<uint16_t> dt(to_bits(table));
+  DeviceBuffer<uint16_t> dt(to_bf16_bits(table));
   for (int repeat : {1, 4}) {
     std::vector<int32_t> ids = {0, 999, 17, 17, 500, -1, 1000, 3};
     DeviceBuffer<int32_t> di(ids);
@@ -142,11 +120,11 @@ TEST_F(CudaNormHead, EmbedGatherAndRepeat) {
     cuda::EmbedParams p;
     p.tokens = di.data();
     p.n = int(ids.size());
-    p.table = bf(dt);
+    p.table = bf16_ptr(dt);
     p.vocab = vocab;
     p.dim = dim;
     p.repeat = repeat;
-    p.out = bf(dout);
+    p.out = bf16_ptr(dout);
     p.bad_tokens = bad.data();
     cuda::embed(p, nullptr);
     DSV4_CUDA_CHECK(cudaDeviceSynchronize());
@@ -191,13 +169,13 @@ void check_logits(const HeadCase& c, cublasHandle_t handle, uint64_t seed) {
         ref[size_t(r) * c.vocab + o] = float(s);
       }
   }
-  DeviceBuffer<uint16_t> dw(to_bits(w)), dx(to_bits(x));
+  DeviceBuffer<uint16_t> dw(to_bf16_bits(w)), dx(to_bf16_bits(x));
   DeviceBuffer<float> dl(size_t(c.m) * c.vocab);
   dl.fill_bytes(0xff);
   cuda::LogitsParams p;
-  p.x = bf(dx);
+  p.x = bf16_ptr(dx);
   p.m = c.m;
-  p.w = bf(dw);
+  p.w = bf16_ptr(dw);
   p.vocab = c.vocab;
   p.dim = c.dim;
   p.logits = dl.data();
@@ -254,8 +232,8 @@ TEST_F(CudaNormHead, LogitsCublas) {
   p.dim = 64;
   DeviceBuffer<uint16_t> dx(65 * 64), dw(8 * 64);
   DeviceBuffer<float> dl(65 * 8);
-  p.x = bf(dx);
-  p.w = bf(dw);
+  p.x = bf16_ptr(dx);
+  p.w = bf16_ptr(dw);
   p.logits = dl.data();
   EXPECT_THROW(cuda::head_logits(p, nullptr), Error);
 }

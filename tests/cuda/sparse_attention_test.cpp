@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/formats.h"
+#include "cuda/gpu_test.h"
 #include "kvcache/cache_layout.h"
 #include "ops/cpu/attention.h"
 #include "ops/cpu/cache_codec.h"
@@ -29,12 +30,7 @@ using cuda::DeviceBuffer;
 constexpr int kD = 512;
 constexpr double kTol = 5e-3;  // relative L2, issue 3 deliverable 6
 
-class CudaSparseAttention : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "needs a GPU: " << cuda::describe_device();
-  }
-};
+class CudaSparseAttention : public test::GpuTest {};
 
 // A paged store of 584-byte entries: counts[s] entries for sequence s on shuffled pages,
 // unwritten bytes 0xff (e4m3 NaN: a read of a slot the reference does not attend to shows).

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/formats.h"
 #include "core/rng.h"
+#include "cuda/gpu_test.h"
 #include "model/weight_quant.h"
 #include "ops/cpu/linear.h"
 #include "ops/cpu/quant.h"
@@ -21,46 +22,20 @@
 #include "ops/cuda/common/device.h"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/gemm/w8a16_linear.h"
+#include "support/bf16_vectors.h"
+#include "support/fp8_data.h"
 
 namespace dsv4 {
 namespace {
 
 using cuda::DeviceBuffer;
+using test::bf16_ulp;
+using test::dequantize_fp8;
+using test::random_block_acts;
+using test::to_bf16_bits;
 using bf16 = __nv_bfloat16;
 
-class W8A16Linear : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "needs a GPU: " << cuda::describe_device();
-  }
-};
-
-// BF16 activations, block magnitudes 2^-20 .. 2^11 and some all-zero blocks (the amax floor).
-std::vector<float> random_acts(Rng& rng, int m, int k) {
-  std::vector<float> x(size_t(m) * k);
-  for (int r = 0; r < m; ++r)
-    for (int b = 0; b < k / 128; ++b) {
-      const int kind = int(rng.below(8));
-      const float mag = kind == 0 ? 0.0f : std::ldexp(1.0f, int(rng.below(32)) - 20);
-      for (int i = 0; i < 128; ++i)
-        x[size_t(r) * k + b * 128 + i] = round_bf16(float(rng.normal()) * mag);
-    }
-  return x;
-}
-
-std::vector<uint16_t> bits(const std::vector<float>& x) {
-  std::vector<uint16_t> b(x.size());
-  for (size_t i = 0; i < x.size(); ++i) b[i] = float_to_bf16(x[i]);
-  return b;
-}
-
-float ulp(float v) {
-  v = std::fabs(v);
-  if (v < 1e-30f) return std::ldexp(1.0f, -133);
-  int e;
-  std::frexp(v, &e);
-  return std::ldexp(1.0f, e - 8);
-}
+class W8A16Linear : public test::GpuTest {};
 
 void check(int m, int n, int k, uint64_t seed, int64_t ldy = 0) {
   SCOPED_TRACE(cat("m=", m, " n=", n, " k=", k, " ldy=", ldy));
@@ -69,17 +44,13 @@ void check(int m, int n, int k, uint64_t seed, int64_t ldy = 0) {
   for (auto& v : w) v = float(rng.normal()) * 0.05f;
   const Fp8Weight q = quantize_fp8_weight(w, n, k);
   const int kb = k / 128;
-  std::vector<float> deq(w.size());
-  for (int o = 0; o < n; ++o)
-    for (int i = 0; i < k; ++i)
-      deq[size_t(o) * k + i] = e4m3_to_float(q.codes[size_t(o) * k + i]) *
-                               e8m0_to_float(q.scales[size_t(o / 128) * kb + i / 128]);
-  const std::vector<float> x = random_acts(rng, m, k);
+  const std::vector<float> deq = dequantize_fp8(q, n, k);
+  const std::vector<float> x = random_block_acts(rng, m, k, false);
 
   DeviceBuffer<uint8_t> codes(q.codes), e8m0(q.scales);
   DeviceBuffer<uint16_t> rows(cuda::w8a16_scale_rows_elems(n, k));
   cuda::w8a16_prepare_scales(e8m0.data(), n, k, reinterpret_cast<bf16*>(rows.data()), nullptr);
-  DeviceBuffer<uint16_t> dx(bits(x)), xq(size_t(m) * k);
+  DeviceBuffer<uint16_t> dx(to_bf16_bits(x)), xq(size_t(m) * k);
   const int64_t ld = ldy ? ldy : n;
   DeviceBuffer<uint16_t> dy(size_t(m) * ld);
   dy.fill_bytes(0xff);  // NaN poison
@@ -127,7 +98,7 @@ void check(int m, int n, int k, uint64_t seed, int64_t ldy = 0) {
       const double d = double(g) - want;
       num += d * d;
       den += double(want) * want;
-      ok += std::fabs(d) <= 1.0001 * ulp(std::max(std::fabs(g), std::fabs(want)));
+      ok += std::fabs(d) <= 1.0001 * bf16_ulp(std::max(std::fabs(g), std::fabs(want)));
       equal += g == want;
     }
   const double total = double(m) * n;

@@ -8,8 +8,11 @@
 #include <fstream>
 #include <sstream>
 
+#include <gtest/gtest.h>
+
 #include "core/error.h"
 #include "core/formats.h"
+#include "ops/cpu/dequant.h"
 
 namespace fs = std::filesystem;
 
@@ -62,19 +65,7 @@ const TensorView& GoldenSet::get(const std::string& t) const {
 }
 
 std::vector<float> to_floats(const TensorView& t) {
-  std::vector<float> v(size_t(t.numel()));
-  if (t.dtype == DType::kBF16) {
-    for (size_t i = 0; i < v.size(); ++i) {
-      bf16_t b;
-      std::memcpy(&b, t.data + 2 * i, 2);
-      v[i] = bf16_to_float(b);
-    }
-  } else if (t.dtype == DType::kF32) {
-    std::memcpy(v.data(), t.data, v.size() * 4);
-  } else {
-    throw Error(cat("to_floats: ", t.name, " is ", dtype_name(t.dtype)));
-  }
-  return v;
+  return cpu::to_float(t);
 }
 
 std::vector<int64_t> to_ints(const TensorView& t) {
@@ -229,6 +220,88 @@ std::string check_greedy(const std::vector<float>& ours, const std::vector<float
                " (reference top-2 gap ", gap, ")");
   }
   return "";
+}
+
+std::vector<float> forced_logits(Runner& r, const std::vector<int32_t>& tokens, int prompt_len,
+                                 int chunk) {
+  const int seq = r.open_sequence();
+  std::vector<float> all;
+  const int step = chunk > 0 ? chunk : prompt_len;
+  for (int i = 0; i < prompt_len; i += step) {
+    const int n = std::min(step, prompt_len - i);
+    std::vector<float> l =
+        r.step_logits({{seq, {tokens.begin() + i, tokens.begin() + i + n}, true}});
+    all.insert(all.end(), l.begin(), l.end());
+  }
+  for (size_t p = prompt_len; p < tokens.size(); ++p) {
+    std::vector<float> row = r.step_logits({{seq, {tokens[p]}, false}});
+    all.insert(all.end(), row.begin(), row.end());
+  }
+  r.close_sequence(seq);
+  return all;
+}
+
+void E2eChecker::check(const std::string& what, const float* ours, const float* gold, size_t n,
+                       int V) {
+  const LogitStats s = logit_stats(ours, gold, n, V);
+  const double excused = argmax_excusing_ties(ours, gold, n, V, t.near_tie);
+  std::printf("    %-28s %s; argmax excusing near ties %.2f%%\n", what.c_str(),
+              to_string(s).c_str(), 100 * excused);
+  EXPECT_GE(s.min_cos, t.min_cos) << what;
+  EXPECT_GE(s.mean_cos, t.mean_cos) << what;
+  EXPECT_LE(s.max_abs, t.max_abs) << what;
+  EXPECT_GE(excused, t.argmax) << what;
+  rows += n;
+  agree += static_cast<size_t>(std::llround(s.argmax_agree * n));
+}
+
+GoldenBatch golden_batch(const GoldenSet& g) {
+  GoldenBatch b;
+  b.lens = to_ints(g.get("batch.prompt_lens"));
+  const std::vector<int64_t> bt = to_ints(g.get("batch.prefill.tokens"));
+  b.width = bt.size() / 2;
+  b.rows.resize(2);
+  for (int r = 0; r < 2; ++r)
+    b.rows[r].assign(bt.begin() + r * b.width, bt.begin() + (r + 1) * b.width);
+  b.common = static_cast<int>(std::min(b.lens[0], b.lens[1]));
+  return b;
+}
+
+std::vector<std::vector<float>> batch_logits(Runner& r, const GoldenBatch& b, int V) {
+  const int s0 = r.open_sequence(), s1 = r.open_sequence();
+  std::vector<std::vector<float>> out(2);
+  {
+    std::vector<float> l =
+        r.step_logits({{s0, {b.rows[0].begin(), b.rows[0].begin() + b.common}, true},
+                       {s1, {b.rows[1].begin(), b.rows[1].begin() + b.common}, true}});
+    out[0].assign(l.begin(), l.begin() + size_t(b.common) * V);
+    out[1].assign(l.begin() + size_t(b.common) * V, l.end());
+  }
+  for (size_t p = b.common; p < b.width; ++p) {
+    std::vector<float> l =
+        r.step_logits({{s0, {b.rows[0][p]}, false}, {s1, {b.rows[1][p]}, false}});
+    out[0].insert(out[0].end(), l.begin(), l.begin() + V);
+    out[1].insert(out[1].end(), l.begin() + V, l.end());
+  }
+  r.close_sequence(s0);
+  r.close_sequence(s1);
+  return out;
+}
+
+std::vector<float> block_input(const GoldenSet& g, const std::string& prefix, int k) {
+  return to_floats(
+      g.get(k == 0 ? layer_key(prefix, "hidden.in", 0) : layer_key(prefix, "hidden.out", k - 1)));
+}
+
+int identical_selection_rows(const std::vector<int32_t>& sel, const std::vector<int64_t>& gold,
+                             int rows, int topk) {
+  int same_rows = 0;
+  for (int t = 0; t < rows; ++t) {
+    bool same = true;
+    for (int j = 0; j < topk; ++j) same &= sel[size_t(t) * topk + j] == gold[size_t(t) * topk + j];
+    same_rows += same;
+  }
+  return same_rows;
 }
 
 }  // namespace dsv4::test

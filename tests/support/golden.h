@@ -13,6 +13,7 @@
 
 #include "backends/cpu/loader.h"
 #include "io/safetensors.h"
+#include "model/runner.h"
 #include "model/trace.h"
 
 namespace dsv4::test {
@@ -77,6 +78,49 @@ std::string check_greedy(const std::vector<float>& ours, const std::vector<float
 inline std::vector<int32_t> as_tokens(const std::vector<int64_t>& v) {
   return {v.begin(), v.end()};
 }
+
+// Teacher-forced logits of one sequence: `prompt_len` tokens in one step (or in chunks of
+// `chunk`), then one token per step. Rows for positions 0..tokens.size()-1.
+std::vector<float> forced_logits(Runner& r, const std::vector<int32_t>& tokens, int prompt_len,
+                                 int chunk = 0);
+
+// The golden README's end-to-end acceptance of one comparison. Argmax agreement excuses rows
+// whose reference top-2 logits are within near_tie (the README's greedy rule): two correct
+// implementations that round differently pick either token of a near tie.
+struct E2eTolerance {
+  double min_cos = 0.999, mean_cos = 0.9999, max_abs = 0.7, argmax = 0.97, near_tie = 0.1;
+};
+
+// The per-case end-to-end checks of a golden set (CPU and GPU golden tests); also accumulates
+// the raw argmax agreement over the set.
+struct E2eChecker {
+  E2eTolerance t;
+  size_t rows = 0, agree = 0;
+  void check(const std::string& what, const float* ours, const float* gold, size_t n, int V);
+};
+
+// The sets' batch case: two prompts run together as the reference ran them, one prefill of
+// their common prefix, then lockstep one-token steps (each row forced inside its prompt).
+struct GoldenBatch {
+  std::vector<int64_t> lens;               // prompt lengths
+  std::vector<std::vector<int32_t>> rows;  // the tokens of each row, `width` each
+  size_t width = 0;
+  int common = 0;  // the shorter prompt: one prefill step covers it for both rows
+};
+GoldenBatch golden_batch(const GoldenSet& g);
+// Each row's logits at every position (one sequence per row, each with its own chunk: the rows
+// must not affect each other), [width, V] per row.
+std::vector<std::vector<float>> batch_logits(Runner& r, const GoldenBatch& b, int V);
+
+// The golden tensor names of layer k: "<prefix>.<what>.L<k>".
+inline std::string layer_key(const std::string& prefix, const std::string& what, int k) {
+  return prefix + "." + what + ".L" + std::to_string(k);
+}
+// The stored input of block k in run `prefix` (the previous block's output).
+std::vector<float> block_input(const GoldenSet& g, const std::string& prefix, int k);
+// Positions (rows of `topk` ids) whose indexer selection equals the reference's, id for id.
+int identical_selection_rows(const std::vector<int32_t>& sel, const std::vector<int64_t>& gold,
+                             int rows, int topk);
 
 // Keeps every traced tensor, keyed by (block, chunk, name).
 class RecordingTrace : public TraceSink {

@@ -1,5 +1,6 @@
 // Attention front-end kernels: RoPE table, q per-head RMS + RoPE, window-KV entry encoding
-// and insertion. Bit-exact with the CPU reference's rounding points (see numerics.cuh).
+// and insertion. Bit-exact with the CPU reference's rounding points (see
+// ops/cuda/common/numerics.cuh).
 #include "ops/cuda/attn_frontend/attn_frontend.h"
 
 #include <cstdint>
@@ -7,8 +8,8 @@
 #include "core/error.h"
 #include "ops/cuda/attn_frontend/attn_frontend_config.h"
 #include "ops/cuda/attn_frontend/kv_entry.cuh"
-#include "ops/cuda/attn_frontend/numerics.cuh"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/numerics.cuh"
 
 namespace dsv4::cuda {
 namespace {

@@ -31,7 +31,7 @@ constexpr int kRopePairs = kRopeDim / 2;
 
 // cos_sin[t * 32 + i] = {cos, sin}(float(positions[t]) * inv_freq[i]): the fp32 angle of
 // cpu::RopeTable::cos_sin, cos/sin evaluated in double and rounded to float (the CPU does the
-// same with glibc; see numerics.cuh for the only possible difference).
+// same with glibc; see ops/cuda/common/numerics.cuh for the only possible difference).
 struct RopeTableParams {
   const int32_t* positions = nullptr;  // [num_tokens], 0 <= pos < 2^31
   const float* inv_freq = nullptr;     // [32] device copy of cpu::RopeTable::inv_freq

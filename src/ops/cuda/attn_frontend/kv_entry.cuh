@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "ops/cuda/attn_frontend/numerics.cuh"
+#include "ops/cuda/common/numerics.cuh"
 
 namespace dsv4::cuda {
 

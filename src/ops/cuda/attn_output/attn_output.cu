@@ -4,10 +4,10 @@
 #include <cstdint>
 
 #include "core/error.h"
-#include "ops/cuda/attn_frontend/numerics.cuh"
 #include "ops/cuda/attn_output/attn_output_config.h"
 #include "ops/cuda/attn_output/wo_a_kernels.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/numerics.cuh"
 
 namespace dsv4::cuda {
 namespace {

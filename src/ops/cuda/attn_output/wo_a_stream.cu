@@ -13,10 +13,13 @@
 
 #include <cstdint>
 
-#include "ops/cuda/attn_frontend/numerics.cuh"
 #include "ops/cuda/attn_output/attn_output_config.h"
 #include "ops/cuda/attn_output/wo_a_kernels.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/numerics.cuh"
+#include "ops/cuda/common/sm90/cp_async.cuh"
+#include "ops/cuda/common/sm90/smem.cuh"
+#include "ops/cuda/common/sm90/warp_mma.cuh"
 
 namespace dsv4::cuda {
 namespace {
@@ -33,20 +36,6 @@ struct WsLayout {
   static_assert(kBytes <= 227 * 1024, "shared memory");
 };
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 __device__ __forceinline__ uint4 lds128(const uint8_t* p) {
   return *reinterpret_cast<const uint4*>(p);
 }
@@ -64,14 +53,6 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t w, bool hi) {
       __halves2bfloat162(__ushort_as_bfloat16(0x7B80), __ushort_as_bfloat16(0x7B80));
   const __nv_bfloat162 r = __hmul2(x, k2p120);
   return *reinterpret_cast<const uint32_t*>(&r);
-}
-
-__device__ __forceinline__ void mma_bf16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // Inverse RoPE of 8 BF16 values (4 pairs starting at pair `pair0`) of token row cs.
@@ -103,19 +84,19 @@ __global__ void __launch_bounds__(kWsThreads) wo_a_stream_kernel(WoAArgs p) {
 
   auto load_stage = [&](int slot, int it) {
     const int k0 = it * kWsStageK;
-    const uint32_t sw = smem_addr(stage_w(slot)), sa = smem_addr(stage_a(slot));
+    const uint32_t sw = sm90::smem_u32(stage_w(slot)), sa = sm90::smem_u32(stage_a(slot));
 #pragma unroll
     for (int i = 0; i < L::kWBytes / 16 / kWsThreads; ++i) {
       const int u = tid + i * kWsThreads, r = u / 16, q = u % 16;
-      cp_async16(sw + r * kWsStageK + ((q ^ ((r & 1) << 2)) * 16),
-                 wbase + int64_t(r) * K + k0 + 16 * q, true);
+      sm90::cp_async_16_zfill(sw + r * kWsStageK + ((q ^ ((r & 1) << 2)) * 16),
+                              wbase + int64_t(r) * K + k0 + 16 * q, 16);
     }
 #pragma unroll
     for (int i = 0; i < L::kABytes / 16 / kWsThreads; ++i) {
       const int u = tid + i * kWsThreads, m = u / 32, q = u % 32;
       const bool valid = m < p.num_tokens;
       const __nv_bfloat16* src = abase + int64_t(valid ? m : 0) * p.ldo + k0 + 8 * q;
-      cp_async16(sa + m * (kWsStageK * 2) + ((q ^ (m & 1)) * 16), src, valid);
+      sm90::cp_async_16_zfill(sa + m * (kWsStageK * 2) + ((q ^ (m & 1)) * 16), src, valid ? 16 : 0);
     }
   };
 
@@ -128,16 +109,16 @@ __global__ void __launch_bounds__(kWsThreads) wo_a_stream_kernel(WoAArgs p) {
 #pragma unroll
   for (int s = 0; s < kWsStages - 1; ++s) {
     if (s < n_iter) load_stage(s, s);
-    cp_async_commit();
+    sm90::cp_async_commit();
   }
 
   const int r_lo = 16 * warp + g;  // this thread's A rows: r_lo and r_lo + 8
   for (int it = 0; it < n_iter; ++it) {
-    cp_async_wait<kWsStages - 2>();
+    sm90::cp_async_wait<kWsStages - 2>();
     __syncthreads();
     if (it + kWsStages - 1 < n_iter)
       load_stage((it + kWsStages - 1) % kWsStages, it + kWsStages - 1);
-    cp_async_commit();
+    sm90::cp_async_commit();
 
     const uint8_t* sw = stage_w(it % kWsStages);
     const uint8_t* sa = stage_a(it % kWsStages);
@@ -176,7 +157,7 @@ __global__ void __launch_bounds__(kWsThreads) wo_a_stream_kernel(WoAArgs p) {
         for (int j = 0; j < kNT; ++j) {
           const uint32_t bw[8] = {act[j][0].x, act[j][0].y, act[j][0].z, act[j][0].w,
                                   act[j][1].x, act[j][1].y, act[j][1].z, act[j][1].w};
-          mma_bf16(part[j], a, bw[2 * s], bw[2 * s + 1]);
+          sm90::mma_bf16_16816(part[j], a, bw[2 * s], bw[2 * s + 1]);
         }
       }
       if (ch % 2 == 1) {  // end of a 128-wide K block: acc += part * 2^e (exact product)
@@ -191,7 +172,7 @@ __global__ void __launch_bounds__(kWsThreads) wo_a_stream_kernel(WoAArgs p) {
       }
     }
   }
-  cp_async_wait<0>();
+  sm90::cp_async_wait<0>();
 
   // D fragment: (row r_lo, tokens 8j+2c, +1) and (row r_lo+8, same tokens).
   const int row = row0 + r_lo;

@@ -23,8 +23,9 @@
 
 #include "core/error.h"
 #include "kvcache/cache_layout.h"
-#include "ops/cuda/attn_frontend/numerics.cuh"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/glibc_expf.cuh"
+#include "ops/cuda/common/numerics.cuh"
 #include "ops/cuda/compressor/compressor_config.h"
 
 namespace dsv4::cuda {

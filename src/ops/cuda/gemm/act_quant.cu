@@ -5,8 +5,8 @@
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/sm90/sync.cuh"
 #include "ops/cuda/gemm/fp8_gemm.h"
-#include "ops/cuda/gemm/sm90_utils.cuh"
 
 namespace dsv4::cuda {
 namespace {

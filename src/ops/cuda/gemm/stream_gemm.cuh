@@ -18,67 +18,23 @@
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
-#include <cute/arch/mma_sm90_gmma.hpp>
-#include <utility>
-
+#include "ops/cuda/common/sm90/mbarrier.cuh"
+#include "ops/cuda/common/sm90/sync.cuh"
+#include "ops/cuda/common/sm90/tma.cuh"
+#include "ops/cuda/common/sm90/wgmma.cuh"
 #include "ops/cuda/gemm/fp8_gemm_config.h"
-#include "ops/cuda/gemm/sm90_utils.cuh"
 #include "ops/cuda/gemm/stream_gemm_layout.h"
 
 namespace dsv4::cuda::stream_gemm {
 
 namespace cg = cooperative_groups;
-using cute::SM90::GMMA::ScaleOut;
-
-template <int N>
-struct Fp8Mma;
-template <>
-struct Fp8Mma<8> {
-  using Op = cute::SM90::GMMA::MMA_64x8x32_F32E4M3E4M3_SS_TN<>;
-};
-template <>
-struct Fp8Mma<16> {
-  using Op = cute::SM90::GMMA::MMA_64x16x32_F32E4M3E4M3_SS_TN<>;
-};
-template <>
-struct Fp8Mma<32> {
-  using Op = cute::SM90::GMMA::MMA_64x32x32_F32E4M3E4M3_SS_TN<>;
-};
-template <>
-struct Fp8Mma<64> {
-  using Op = cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_SS_TN<>;
-};
-
-using cute::SM90::GMMA::Major;
-template <int N>
-struct Bf16Mma;
-template <>
-struct Bf16Mma<8> {
-  using Op = cute::SM90::GMMA::MMA_64x8x16_F32BF16BF16_SS<Major::K, Major::K>;
-};
-template <>
-struct Bf16Mma<16> {
-  using Op = cute::SM90::GMMA::MMA_64x16x16_F32BF16BF16_SS<Major::K, Major::K>;
-};
-template <>
-struct Bf16Mma<32> {
-  using Op = cute::SM90::GMMA::MMA_64x32x16_F32BF16BF16_SS<Major::K, Major::K>;
-};
-template <>
-struct Bf16Mma<64> {
-  using Op = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<Major::K, Major::K>;
-};
-
-template <class Op, size_t... I>
-__device__ __forceinline__ void mma_expand(uint64_t da, uint64_t db, float* d, ScaleOut s,
-                                           std::index_sequence<I...>) {
-  Op::fma(da, db, d[I]..., s);
-}
-// d[kN/2] += A(64 x 32 bytes of K) * B(kN x 32 bytes of K)^T, both from 128B-swizzled smem.
+// d[kN/2] (+)= A(64 x 32 bytes of K) * B(kN x 32 bytes of K)^T, both from 128B-swizzled smem.
 template <bool kFp8, int kN>
-__device__ __forceinline__ void mma_step(uint64_t da, uint64_t db, float* d, ScaleOut s) {
-  using Op = typename std::conditional_t<kFp8, Fp8Mma<kN>, Bf16Mma<kN>>::Op;
-  mma_expand<Op>(da, db, d, s, std::make_index_sequence<kN / 2>{});
+__device__ __forceinline__ void mma_step(uint64_t da, uint64_t db, float* d, bool scale_d) {
+  if constexpr (kFp8)
+    sm90::Fp8MmaSS<kN>::wgmma(da, db, d, scale_d);
+  else
+    sm90::Bf16MmaSS<kN>::wgmma(da, db, d, scale_d);
 }
 
 struct Args {
@@ -185,8 +141,8 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
     for (int i = 0; i < count; ++i) {
       const int s = i % kStages;
       sm90::mbar_wait(&full[s], (i / kStages) & 1);
-      const uint64_t dw = sm90::desc_k_sw128(s_w + s * kWBytes);
-      const uint64_t da = sm90::desc_k_sw128(s_a + s * kABytes);
+      const uint64_t dw = sm90::desc_k_sw128(sm90::smem_u32(s_w + s * kWBytes));
+      const uint64_t da = sm90::desc_k_sw128(sm90::smem_u32(s_a + s * kABytes));
       if constexpr (kFp8) {
         const float sw = sw_next;
         if (i + 1 < count)
@@ -212,20 +168,20 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
 #pragma unroll
             for (int j = 0; j < kAcc; ++j) {
               part[t][j] = 0.0f;
-              cute::warpgroup_fence_operand(part[t][j]);
+              sm90::warpgroup_fence_operand(part[t][j]);
             }
-          cute::warpgroup_arrive();
+          sm90::warpgroup_arrive();
 #pragma unroll
           for (int t = 0; t < 2; ++t)
             mma_step<true, kMT>(dw + ((t * 64 * kStepBytes + kk * 32) >> 4), da + ((kk * 32) >> 4),
-                                part[t], ScaleOut::Zero);
-          cute::warpgroup_commit_batch();
-          cute::warpgroup_wait<0>();
+                                part[t], false);
+          sm90::warpgroup_commit_batch();
+          sm90::warpgroup_wait<0>();
 #pragma unroll
           for (int t = 0; t < 2; ++t)
 #pragma unroll
             for (int j = 0; j < kAcc; ++j) {
-              cute::warpgroup_fence_operand(part[t][j]);
+              sm90::warpgroup_fence_operand(part[t][j]);
               acc[t][j] = fmaf(part[t][j], (j & 1) ? scl[j >> 2].y : scl[j >> 2].x, acc[t][j]);
             }
         }
@@ -235,20 +191,20 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
 #pragma unroll
         for (int t = 0; t < 2; ++t)
 #pragma unroll
-          for (int j = 0; j < kAcc; ++j) cute::warpgroup_fence_operand(acc[t][j]);
-        cute::warpgroup_arrive();
+          for (int j = 0; j < kAcc; ++j) sm90::warpgroup_fence_operand(acc[t][j]);
+        sm90::warpgroup_arrive();
 #pragma unroll
         for (int t = 0; t < 2; ++t)
 #pragma unroll
           for (int kk = 0; kk < 4; ++kk)
             mma_step<false, kMT>(dw + ((t * 64 * kStepBytes + kk * 32) >> 4), da + ((kk * 32) >> 4),
-                                 acc[t], ScaleOut::One);
-        cute::warpgroup_commit_batch();
-        cute::warpgroup_wait<0>();
+                                 acc[t], true);
+        sm90::warpgroup_commit_batch();
+        sm90::warpgroup_wait<0>();
 #pragma unroll
         for (int t = 0; t < 2; ++t)
 #pragma unroll
-          for (int j = 0; j < kAcc; ++j) cute::warpgroup_fence_operand(acc[t][j]);
+          for (int j = 0; j < kAcc; ++j) sm90::warpgroup_fence_operand(acc[t][j]);
         __syncwarp();
         if (lane == 0) sm90::mbar_arrive(&empty[s]);
       }
@@ -257,7 +213,7 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
 
   // ---- epilogue: partial tile in register order into the (now idle) stage buffers ----
   // Every consumer warp has finished reading the stages before any of them is overwritten.
-  if (warp < 4) sm90::named_barrier(1, gemm_cfg::kStreamConsumerThreads);
+  if (warp < 4) sm90::named_barrier_sync(1, gemm_cfg::kStreamConsumerThreads);
   float* part_tile = reinterpret_cast<float*>(smem);
   if (warp < 4) {
 #pragma unroll

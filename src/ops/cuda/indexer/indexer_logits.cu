@@ -16,6 +16,9 @@
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/sm90/bf16x2.cuh"
+#include "ops/cuda/common/sm90/cp_async.cuh"
+#include "ops/cuda/common/sm90/warp_mma.cuh"
 #include "ops/cuda/indexer/indexer.h"
 #include "ops/cuda/indexer/indexer_config.h"
 #include "ops/cuda/indexer/indexer_internal.h"
@@ -84,8 +87,8 @@ __global__ void __launch_bounds__(kLogitsThreads, 2) indexer_logits_kernel(const
     if (key < k_end) {
       const uint8_t* src = entry_data(a.keys, s, key);
 #pragma unroll
-      for (int j = 0; j < kKeyBytes / 16; ++j) cp_async_16(dst + 16 * j, src + 16 * j);
-      cp_async_4(&sm.ks[stage][tid], entry_scales(a.keys, s, key));
+      for (int j = 0; j < kKeyBytes / 16; ++j) sm90::cp_async_16(dst + 16 * j, src + 16 * j);
+      sm90::cp_async_4(&sm.ks[stage][tid], entry_scales(a.keys, s, key));
     } else {
 #pragma unroll
       for (int j = 0; j < kKeyBytes / 16; ++j)
@@ -96,7 +99,7 @@ __global__ void __launch_bounds__(kLogitsThreads, 2) indexer_logits_kernel(const
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
     if (st < ntiles) load_tile(st, st);
-    cp_async_commit();
+    sm90::cp_async_commit();
   }
 
   // Queries in the fragment's permuted k order, and the head weights.
@@ -119,10 +122,10 @@ __global__ void __launch_bounds__(kLogitsThreads, 2) indexer_logits_kernel(const
 
 #pragma unroll 1
   for (int it = 0; it < ntiles; ++it) {
-    cp_async_wait<kStages - 2>();
+    sm90::cp_async_wait<kStages - 2>();
     __syncthreads();
     if (it + kStages - 1 < ntiles) load_tile(it + kStages - 1, (it + kStages - 1) % kStages);
-    cp_async_commit();
+    sm90::cp_async_commit();
     const int stage = it % kStages;
     const int kb = k_begin + it * kTileKeys;
 
@@ -169,19 +172,19 @@ __global__ void __launch_bounds__(kLogitsThreads, 2) indexer_logits_kernel(const
 #pragma unroll
           for (int jp = 0; jp < NT / 2; ++jp) {
             uint32_t b0, b1, b2, b3;
-            ldmatrix_x4(
+            sm90::ldmatrix_x4(
                 b0, b1, b2, b3,
                 &sm.q[tq][16 * jp + 8 * (lane >> 4) + (lane & 7)][16 * st + 8 * ((lane >> 3) & 1)]);
-            mma_bf16_16816(acc[0][2 * jp], A[0][st], b0, b1);
-            mma_bf16_16816(acc[0][2 * jp + 1], A[0][st], b2, b3);
-            mma_bf16_16816(acc[1][2 * jp], A[1][st], b0, b1);
-            mma_bf16_16816(acc[1][2 * jp + 1], A[1][st], b2, b3);
+            sm90::mma_bf16_16816(acc[0][2 * jp], A[0][st], b0, b1);
+            sm90::mma_bf16_16816(acc[0][2 * jp + 1], A[0][st], b2, b3);
+            sm90::mma_bf16_16816(acc[1][2 * jp], A[1][st], b0, b1);
+            sm90::mma_bf16_16816(acc[1][2 * jp + 1], A[1][st], b2, b3);
           }
         } else {
           uint32_t b0, b1;
-          ldmatrix_x2(b0, b1, &sm.q[tq][lane & 7][16 * st + 8 * ((lane >> 3) & 1)]);
-          mma_bf16_16816(acc[0][0], A[0][st], b0, b1);
-          mma_bf16_16816(acc[1][0], A[1][st], b0, b1);
+          sm90::ldmatrix_x2(b0, b1, &sm.q[tq][lane & 7][16 * st + 8 * ((lane >> 3) & 1)]);
+          sm90::mma_bf16_16816(acc[0][0], A[0][st], b0, b1);
+          sm90::mma_bf16_16816(acc[1][0], A[1][st], b0, b1);
         }
       }
       // Epilogue: per key row, bf16(dot) -> relu -> bf16(* w) -> fp32 sum over heads.
@@ -195,10 +198,10 @@ __global__ void __launch_bounds__(kLogitsThreads, 2) indexer_logits_kernel(const
           const uint32_t w2 = *reinterpret_cast<const uint32_t*>(&sm.w[tq][8 * j + 2 * c]);
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
-            uint32_t v = pack_bf16x2(acc[m][j][2 * r], acc[m][j][2 * r + 1]);
-            v = mul_bf16x2(max_bf16x2(v, 0u), w2);
-            sum[m][r] = __fadd_rn(sum[m][r], bf16lo_to_float(v));
-            sum[m][r] = __fadd_rn(sum[m][r], bf16hi_to_float(v));
+            uint32_t v = sm90::pack_bf16x2(acc[m][j][2 * r], acc[m][j][2 * r + 1]);
+            v = sm90::mul_bf16x2(sm90::max_bf16x2(v, 0u), w2);
+            sum[m][r] = __fadd_rn(sum[m][r], sm90::bf16lo_to_float(v));
+            sum[m][r] = __fadd_rn(sum[m][r], sm90::bf16hi_to_float(v));
           }
         }
 #pragma unroll
@@ -216,12 +219,12 @@ __global__ void __launch_bounds__(kLogitsThreads, 2) indexer_logits_kernel(const
       const int key = kb + warp * kKeysPerWarp + 16 * m + 8 * r + g;
       const int nvis = (p_first + tq + 1) / a.ratio;
       if (key < nvis) {
-        const uint16_t bits = float_to_bf16_bits(__fmul_rn(total, ks));
+        const uint16_t bits = sm90::float_to_bf16_bits(__fmul_rn(total, ks));
         reinterpret_cast<uint16_t*>(a.scores)[size_t(t0 + tq) * a.stride + key] = bits;
       }
     }
   }
-  cp_async_wait<0>();
+  sm90::cp_async_wait<0>();
 }
 
 int sm_count() {

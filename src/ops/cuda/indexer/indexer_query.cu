@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/sm90/bf16x2.cuh"
 #include "ops/cuda/indexer/indexer.h"
 #include "ops/cuda/indexer/indexer_config.h"
 #include "ops/cuda/indexer/indexer_internal.h"
@@ -16,11 +17,9 @@ namespace dsv4::cuda {
 namespace {
 
 using namespace indexer_cfg;
-using detail::bf16_bits_to_float;
-using detail::float_to_bf16_bits;
 
 __device__ __forceinline__ float round_bf16(float x) {
-  return bf16_bits_to_float(float_to_bf16_bits(x));
+  return sm90::bf16_bits_to_float(sm90::float_to_bf16_bits(x));
 }
 
 // 2^ceil(log2(v)) from the IEEE bits, as dsv4::pow2_ceil.
@@ -62,8 +61,8 @@ __global__ void __launch_bounds__(kQueryWarps * 32) indexer_query_kernel(
   // Lane l holds elements 4l .. 4l+3.
   const size_t row = (size_t(t) * n_heads + h) * kHeadDim;
   const uint2 raw = *reinterpret_cast<const uint2*>(q + row + 4 * lane);
-  float x[4] = {detail::bf16lo_to_float(raw.x), detail::bf16hi_to_float(raw.x),
-                detail::bf16lo_to_float(raw.y), detail::bf16hi_to_float(raw.y)};
+  float x[4] = {sm90::bf16lo_to_float(raw.x), sm90::bf16hi_to_float(raw.x),
+                sm90::bf16lo_to_float(raw.y), sm90::bf16hi_to_float(raw.y)};
 
   // RoPE on dims 64..127: pairs (64 + 2i, 65 + 2i); lane l >= 16 holds pairs i = 2l-32, 2l-31.
   if (lane >= 16) {
@@ -117,7 +116,7 @@ __global__ void __launch_bounds__(kQueryWarps * 32) indexer_query_kernel(
     v = v < -6.0f ? -6.0f : (6.0f < v ? 6.0f : v);
     const float mag = e2m1_mag_value(e2m1_mag_code(fabsf(v)));
     const float qv = __fmul_rn(signbit(v) ? -mag : mag, sc);
-    outb[j] = float_to_bf16_bits(qv);
+    outb[j] = sm90::float_to_bf16_bits(qv);
   }
   uint2 o;
   o.x = uint32_t(outb[0]) | (uint32_t(outb[1]) << 16);

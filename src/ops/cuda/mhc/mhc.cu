@@ -27,7 +27,9 @@
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
-#include "ops/cuda/gemm/sm90_utils.cuh"
+#include "ops/cuda/common/sm90/cp_async.cuh"
+#include "ops/cuda/common/sm90/sync.cuh"
+#include "ops/cuda/common/sm90/warp_mma.cuh"
 #include "ops/cuda/mhc/mhc_config.h"
 
 namespace dsv4::cuda {
@@ -67,26 +69,6 @@ __device__ __forceinline__ float fadd(float a, float b) {
 }
 __device__ __forceinline__ float sigmoidf_ref(float x) {
   return __fdiv_rn(1.0f, fadd(1.0f, expf(-x)));
-}
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sm90::smem_u32(smem)),
-               "l"(gmem), "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
-}
-using sm90::cluster_arrive;
-using sm90::cluster_wait;
-
-__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                         uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -246,7 +228,7 @@ __global__ void __launch_bounds__(kThreads, 1) hc_cluster_kernel(const KParams p
             const __nv_bfloat16* src = valid ? src_streams + int64_t(t0 + row) * hd +
                                                    int64_t(j) * p.dim + dbase + sc * 32 + 8 * tq
                                              : src_streams;
-            cp_async16(xw + xoff<kNsc>(mt, sc, j, h, lane), src, valid ? 16 : 0);
+            sm90::cp_async_16_zfill(xw + xoff<kNsc>(mt, sc, j, h, lane), src, valid ? 16 : 0);
           }
 
     if constexpr (kMode == Mode::kPostPre) {
@@ -277,8 +259,9 @@ __global__ void __launch_bounds__(kThreads, 1) hc_cluster_kernel(const KParams p
       };
       uint4 xcur[2][kNsc];
       load_x(0, xcur);
-      cp_async_wait_all();
-      sm90::named_barrier(1, kComputeThreads);  // post/comb staged
+      sm90::cp_async_commit();
+      sm90::cp_async_wait<0>();
+      sm90::named_barrier_sync(1, kComputeThreads);  // post/comb staged
       // out_k = bf16(post_k x + sum_j comb[j][k] res_j), in place over res in shared memory.
       for (int mt = 0; mt < p.m_tiles; ++mt) {
         uint4 xnext[2][kNsc];
@@ -323,7 +306,8 @@ __global__ void __launch_bounds__(kThreads, 1) hc_cluster_kernel(const KParams p
           for (int sc = 0; sc < kNsc; ++sc) xcur[h][sc] = xnext[h][sc];
       }
     } else {
-      cp_async_wait_all();
+      sm90::cp_async_commit();
+      sm90::cp_async_wait<0>();
     }
     __syncwarp();
 
@@ -380,8 +364,8 @@ __global__ void __launch_bounds__(kThreads, 1) hc_cluster_kernel(const KParams p
             const uint4 vb = *reinterpret_cast<const uint4*>(xw + xoff<kNsc>(mt, sc, j, 1, lane));
 #pragma unroll
             for (int s = 0; s < 3; ++s) {
-              mma16816(acc[mt][nt], va.x, vb.x, va.y, vb.y, b[s][0], b[s][1]);
-              mma16816(acc[mt][nt], va.z, vb.z, va.w, vb.w, b[s][2], b[s][3]);
+              sm90::mma_bf16_16816(acc[mt][nt], va.x, vb.x, va.y, vb.y, b[s][0], b[s][1]);
+              sm90::mma_bf16_16816(acc[mt][nt], va.z, vb.z, va.w, vb.w, b[s][2], b[s][3]);
             }
           }
         }
@@ -400,14 +384,14 @@ __global__ void __launch_bounds__(kThreads, 1) hc_cluster_kernel(const KParams p
           const int r = g + 8 * (i >> 1), col = nt * 8 + 2 * tq + (i & 1);
           if (col < kMix) rw[r * kMix + col] = acc[mt][nt][i];
         }
-      sm90::named_barrier(1, kComputeThreads);
+      sm90::named_barrier_sync(1, kComputeThreads);
       for (int o = threadIdx.x; o < 16 * kMix; o += kComputeThreads) {
         float s = 0.0f;
 #pragma unroll
         for (int w = 0; w < kComputeWarps; ++w) s += red[w * 16 * kMix + o];
         part_mix[(mt * 16 + o / kMix) * kMix + o % kMix] = s;
       }
-      sm90::named_barrier(1, kComputeThreads);
+      sm90::named_barrier_sync(1, kComputeThreads);
     }
     for (int row = threadIdx.x; row < tcp; row += kComputeThreads) {
       double s = 0.0;
@@ -418,8 +402,8 @@ __global__ void __launch_bounds__(kThreads, 1) hc_cluster_kernel(const KParams p
   }
 
   // ================= C: owners reduce across the cluster =================
-  cluster_arrive();
-  cluster_wait();
+  sm90::cluster_arrive();
+  sm90::cluster_wait();
   {
     const int items = n_own * (kMix + 1);
     for (int it = threadIdx.x; it < items; it += kThreads) {
@@ -477,8 +461,8 @@ __global__ void __launch_bounds__(kThreads, 1) hc_cluster_kernel(const KParams p
   }
 
   // ================= D: pre weights to every CTA, collapse, Sinkhorn =================
-  cluster_arrive();
-  cluster_wait();
+  sm90::cluster_arrive();
+  sm90::cluster_wait();
   for (int it = threadIdx.x; it < tc * kHc; it += kThreads) {
     const int tl = it / kHc, j = it % kHc;
     pre_all[it] = cluster.map_shared_rank(own_pre, tl % cs)[(tl / cs) * kHc + j];
@@ -488,7 +472,7 @@ __global__ void __launch_bounds__(kThreads, 1) hc_cluster_kernel(const KParams p
 
   if (warp == kComputeWarps) {
     // No remote reads after this point: let the cluster proceed, then Sinkhorn.
-    cluster_arrive();
+    sm90::cluster_arrive();
     if constexpr (kMode != Mode::kHead) {
       for (int o = lane; o < n_own; o += 32) {
         const float* om = own_mix + o * (kMix + 1);
@@ -506,10 +490,10 @@ __global__ void __launch_bounds__(kThreads, 1) hc_cluster_kernel(const KParams p
                               comb_reg[4 * q + 3]);
       }
     }
-    cluster_wait();
+    sm90::cluster_wait();
     if (has_norm) {
-      cluster_arrive();
-      cluster_wait();
+      sm90::cluster_arrive();
+      sm90::cluster_wait();
     }
     return;
   }
@@ -533,7 +517,7 @@ __global__ void __launch_bounds__(kThreads, 1) hc_cluster_kernel(const KParams p
     }
   };
   if (!has_norm) {
-    cluster_arrive();  // the pre_all reads were the last remote accesses
+    sm90::cluster_arrive();  // the pre_all reads were the last remote accesses
     for (int mt = 0; mt < p.m_tiles; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -547,7 +531,7 @@ __global__ void __launch_bounds__(kThreads, 1) hc_cluster_kernel(const KParams p
               pack8(yv);
         }
       }
-    cluster_wait();
+    sm90::cluster_wait();
     return;
   }
 
@@ -570,17 +554,17 @@ __global__ void __launch_bounds__(kThreads, 1) hc_cluster_kernel(const KParams p
       ss += __shfl_xor_sync(0xffffffffu, ss, 2);
       if (tq == 0) red_ss[warp * tcp + row] = ss;
     }
-  sm90::named_barrier(1, kComputeThreads);
+  sm90::named_barrier_sync(1, kComputeThreads);
   for (int row = threadIdx.x; row < tcp; row += kComputeThreads) {
     double s = 0.0;
 #pragma unroll
     for (int w = 0; w < kComputeWarps; ++w) s += red_ss[w * tcp + row];
     part_ss[row] = s;  // the streams' partials were consumed before the second barrier
   }
-  cluster_arrive();
-  cluster_wait();
+  sm90::cluster_arrive();
+  sm90::cluster_wait();
   float* rs_row = reinterpret_cast<float*>(red_ss);  // fp32 norm factors, per token
-  sm90::named_barrier(1, kComputeThreads);           // everyone is done reading red_ss
+  sm90::named_barrier_sync(1, kComputeThreads);      // everyone is done reading red_ss
   for (int row = threadIdx.x; row < tc; row += kComputeThreads) {
     double vals[kMaxCluster];
 #pragma unroll
@@ -593,8 +577,8 @@ __global__ void __launch_bounds__(kThreads, 1) hc_cluster_kernel(const KParams p
     const float ms = float(s / double(p.dim));
     rs_row[row] = __fdiv_rn(1.0f, __fsqrt_rn(fadd(ms, p.nrm_eps)));
   }
-  sm90::named_barrier(1, kComputeThreads);
-  cluster_arrive();  // remote reads done
+  sm90::named_barrier_sync(1, kComputeThreads);
+  sm90::cluster_arrive();  // remote reads done
 #pragma unroll
   for (int sc = 0; sc < kNsc; ++sc) {
     float wv[8];
@@ -613,7 +597,7 @@ __global__ void __launch_bounds__(kThreads, 1) hc_cluster_kernel(const KParams p
             pack8(yv);
       }
   }
-  cluster_wait();
+  sm90::cluster_wait();
 }
 
 // ---- hc_post (unfused, elementwise) ------------------------------------------------------------

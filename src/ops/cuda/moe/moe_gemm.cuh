@@ -26,9 +26,16 @@
 #include <type_traits>
 
 #include "ops/cuda/moe/fp4_pack.h"
-#include "ops/cuda/moe/moe_common.cuh"
 #include "ops/cuda/moe/moe_config.h"
-#include "ops/cuda/moe/wgmma.cuh"
+#include "ops/cuda/moe/moe_launch.h"
+
+#if defined(__CUDACC__)
+#include "ops/cuda/common/numerics.cuh"
+#include "ops/cuda/common/sm90/cp_async.cuh"
+#include "ops/cuda/common/sm90/smem.cuh"
+#include "ops/cuda/common/sm90/sync.cuh"
+#include "ops/cuda/common/sm90/wgmma.cuh"
+#endif
 
 namespace dsv4::cuda::moe {
 
@@ -101,14 +108,16 @@ __device__ __forceinline__ uint2 quant_b_block(uint8_t* st, int b_kb, int r, int
   uint2* p =
       reinterpret_cast<uint2*>(st + kb * b_kb + r * 128 + ((c ^ (r & 7)) << 4) + (lane % 2) * 8);
   const uint2 raw = *p;
-  float v[4] = {bf16_bits_to_float(raw.x & 0xffffu), bf16_bits_to_float(raw.x >> 16),
-                bf16_bits_to_float(raw.y & 0xffffu), bf16_bits_to_float(raw.y >> 16)};
+  float v[4] = {num::bf16_lo(raw.x & 0xffffu), num::bf16_lo(raw.x >> 16),
+                num::bf16_lo(raw.y & 0xffffu), num::bf16_lo(raw.y >> 16)};
   float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float s = fp8_block_scale_dev(amax);
-  __nv_bfloat162 q0 = __floats2bfloat162_rn(fp8_fake_quant(v[0], s), fp8_fake_quant(v[1], s));
-  __nv_bfloat162 q1 = __floats2bfloat162_rn(fp8_fake_quant(v[2], s), fp8_fake_quant(v[3], s));
+  const float s = num::fp8_scale_from_amax(amax);
+  __nv_bfloat162 q0 =
+      __floats2bfloat162_rn(num::fp8_fake_quant(v[0], s), num::fp8_fake_quant(v[1], s));
+  __nv_bfloat162 q1 =
+      __floats2bfloat162_rn(num::fp8_fake_quant(v[2], s), num::fp8_fake_quant(v[3], s));
   uint2 q;
   q.x = *reinterpret_cast<uint32_t*>(&q0);
   q.y = *reinterpret_cast<uint32_t*>(&q1);
@@ -125,9 +134,10 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
   constexpr int NACC = T::BN / 2;
   extern __shared__ uint8_t smem_raw[];
   __shared__ int32_t s_row[T::BN];
-  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint8_t* smem = smem_raw + ((1024 - (sm90::smem_u32(smem_raw) & 1023)) & 1023);
 
-  griddep_wait();
+  sm90::griddep_wait();
+  sm90::griddep_launch_dependents();
 
   const int tid = threadIdx.x, wg = tid / 128, t = tid % 128, warp = t / 32, lane = t % 32;
   const int KB = a.k / 64;
@@ -175,19 +185,21 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
           // Rows past the tile's tokens are not loaded: an MMA column depends only on its
           // own B column, and those columns are never stored.
           if (kbl < nk && r < rows)
-            cp_async_16(smem_u32(st + kbl * B_KB + r * 128 + ((c ^ (r & 7)) << 4)),
-                        a.act + size_t(s_row[r]) * a.k + (kb0 + kbl) * 64 + c * 8, 16);
+            sm90::cp_async_16_zfill(
+                sm90::smem_u32(st + kbl * B_KB + r * 128 + ((c ^ (r & 7)) << 4)),
+                a.act + size_t(s_row[r]) * a.k + (kb0 + kbl) * 64 + c * 8, 16);
         }
         constexpr int CH_PER_SET = T::KC * TILE / 16;  // 16-byte chunks per (warpgroup, m-tile)
 #pragma unroll 1
         for (int i = tid; i < T::WGS * T::MT * CH_PER_SET; i += T::THREADS) {
           const int gm = i / CH_PER_SET, j = i % CH_PER_SET;
           if (j * 16 < nk * TILE)
-            cp_async_16(smem_u32(st + B_BYTES + gm * (T::KC * TILE) + j * 16),
-                        wbase + size_t(gm) * KB * TILE + size_t(kb0) * TILE + j * 16, 16);
+            sm90::cp_async_16_zfill(sm90::smem_u32(st + B_BYTES + gm * (T::KC * TILE) + j * 16),
+                                    wbase + size_t(gm) * KB * TILE + size_t(kb0) * TILE + j * 16,
+                                    16);
         }
       }
-      cp_async_commit();
+      sm90::cp_async_commit();
     };
 
     float acc[T::MT][NACC];
@@ -207,9 +219,9 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
       for (int ch = 0; ch < nch; ++ch) {
         // Stage ch-2 (refilled below) is free once this warpgroup's MMAs on it are done and
         // every thread has passed this point.
-        wgmma_wait<1>();
-        cp_async_wait<T::STAGES - 3>();
-        fence_proxy_async_smem();
+        sm90::warpgroup_wait<1>();
+        sm90::cp_async_wait<T::STAGES - 3>();
+        sm90::fence_proxy_async_smem();
         __syncthreads();
         load_chunk(ch + T::STAGES - 2);
 
@@ -225,7 +237,7 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
               *reinterpret_cast<uint2*>(a.act_q_out + size_t(first + r) * a.k +
                                         (ch * T::KC + 2 * j) * 64 + 4 * lane) = q;
           }
-          fence_proxy_async_smem();
+          sm90::fence_proxy_async_smem();
           __syncthreads();
         }
         // One k-block: its weight words and scales, then 4 / KG wgmma groups. Group j of the
@@ -248,20 +260,20 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
               sc_hi[mt] = s2.y;
             }
           }
-          const uint64_t desc = smem_desc_k_sw128(smem_u32(st + kbl * B_KB));
+          const uint64_t desc = sm90::desc_k_sw128(sm90::smem_u32(st + kbl * B_KB));
 #pragma unroll
           for (int kk0 = 0; kk0 < 4; kk0 += T::KG) {
             const int b = (P + kk0 / T::KG) & 1;  // a constant once unrolled
             // The group that last read afr[b] (two groups back) must retire before afr[b] is
             // rewritten: wait until at most the previous group is in flight, and keep afr[b]'s
             // old values (so their registers) live up to that wait.
-            wgmma_wait<1>();
+            sm90::warpgroup_wait<1>();
 #pragma unroll
             for (int kq = 0; kq < T::KG; ++kq)
 #pragma unroll
               for (int mt = 0; mt < T::MT; ++mt)
 #pragma unroll
-                for (int i = 0; i < 4; ++i) fence_operand(afr[b][kq][mt][i]);
+                for (int i = 0; i < 4; ++i) sm90::warpgroup_fence_operand(afr[b][kq][mt][i]);
 #pragma unroll
             for (int kq = 0; kq < T::KG; ++kq)
 #pragma unroll
@@ -286,13 +298,14 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
                                                 : words[mt].w;
                 dequant_k16(word, s0, s1, afr[b][kq][mt]);
               }
-            wgmma_fence();
+            sm90::warpgroup_arrive();
 #pragma unroll
             for (int kq = 0; kq < T::KG; ++kq)
 #pragma unroll
               for (int mt = 0; mt < T::MT; ++mt)
-                WgmmaRS<N>::mma(afr[b][kq][mt], desc + uint64_t(2 * (kk0 + kq)), acc[mt]);
-            wgmma_commit();
+                sm90::Bf16MmaRS<N>::wgmma(afr[b][kq][mt], desc + uint64_t(2 * (kk0 + kq)), acc[mt],
+                                          true);
+            sm90::warpgroup_commit_batch();
           }
         };
         // nk is even (K % 128 == 0, KC even), so the parity pattern repeats every two k-blocks
@@ -310,11 +323,11 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
       }
       // Drain before the paths of the width dispatch below merge (register moves there must
       // not touch accumulators of an in-flight wgmma).
-      wgmma_wait<0>();
+      sm90::warpgroup_wait<0>();
 #pragma unroll
       for (int mt = 0; mt < T::MT; ++mt)
 #pragma unroll
-        for (int i = 0; i < NACC; ++i) fence_operand(acc[mt][i]);
+        for (int i = 0; i < NACC; ++i) sm90::warpgroup_fence_operand(acc[mt][i]);
     };
     // Prefill tiles run the MMA on the quarters of BN the tile's rows need (N = BN/4 .. BN; the
     // accumulators of the unused columns idle).
@@ -352,8 +365,8 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
           const float d0 = acc[mt][4 * j + q], d1 = acc[mt][4 * j + 2 + q];
           if constexpr (GATE_UP) {
             const int i = rb64 * 32 + 8 * warp + lane / 4;  // intermediate index
-            float g = round_bf16(__fmul_rn(d0, ep.a.mult));
-            float u = round_bf16(__fmul_rn(d1, ep.b.mult));
+            float g = num::bf16r(__fmul_rn(d0, ep.a.mult));
+            float u = num::bf16r(__fmul_rn(d1, ep.b.mult));
             const float lim = a.swiglu_limit;
             if (lim > 0) {  // std::clamp / std::min, NaN passing through as on the CPU
               u = u < -lim ? -lim : (lim < u ? lim : u);

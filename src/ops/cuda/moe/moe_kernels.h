@@ -6,8 +6,8 @@
 #include <cstdint>
 
 #include "ops/cuda/moe/moe.h"
-#include "ops/cuda/moe/moe_common.cuh"
 #include "ops/cuda/moe/moe_config.h"
+#include "ops/cuda/moe/moe_launch.h"
 
 namespace dsv4::cuda::moe {
 

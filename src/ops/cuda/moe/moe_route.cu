@@ -4,8 +4,9 @@
 
 #include <cmath>
 
+#include "ops/cuda/common/numerics.cuh"
+#include "ops/cuda/common/sm90/sync.cuh"
 #include "ops/cuda/moe/moe.h"
-#include "ops/cuda/moe/moe_common.cuh"
 #include "ops/cuda/moe/moe_config.h"
 #include "ops/cuda/moe/moe_kernels.h"
 
@@ -25,7 +26,8 @@ __global__ void __launch_bounds__(256)
   constexpr int KC = kRouterKChunk;
   __shared__ __align__(16) float xs[KC][TM + 4];
   __shared__ __align__(16) float ws[KC][TE + 4];
-  griddep_wait();
+  sm90::griddep_wait();
+  sm90::griddep_launch_dependents();
   if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0)
     counters[2] = 0;  // error flags of this forward (route_finish / plan set them)
 
@@ -54,7 +56,7 @@ __global__ void __launch_bounds__(256)
       const uint32_t h[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float lo = bf16_bits_to_float(h[j] & 0xffffu), hi = bf16_bits_to_float(h[j] >> 16);
+        const float lo = num::bf16_lo(h[j] & 0xffffu), hi = num::bf16_lo(h[j] >> 16);
         if (is_x) {
           xs[8 * v + 2 * j][r] = lo;
           xs[8 * v + 2 * j + 1][r] = hi;
@@ -115,14 +117,16 @@ __device__ __forceinline__ void quant_row_warp(const __nv_bfloat16* in, __nv_bfl
                                                int cols, int lane) {
   for (int b = 0; b < cols; b += kActBlock) {
     const uint2 raw = *reinterpret_cast<const uint2*>(in + b + 4 * lane);
-    float v[4] = {bf16_bits_to_float(raw.x & 0xffffu), bf16_bits_to_float(raw.x >> 16),
-                  bf16_bits_to_float(raw.y & 0xffffu), bf16_bits_to_float(raw.y >> 16)};
+    float v[4] = {num::bf16_lo(raw.x & 0xffffu), num::bf16_lo(raw.x >> 16),
+                  num::bf16_lo(raw.y & 0xffffu), num::bf16_lo(raw.y >> 16)};
     float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float s = fp8_block_scale_dev(amax);
-    __nv_bfloat162 q0 = __floats2bfloat162_rn(fp8_fake_quant(v[0], s), fp8_fake_quant(v[1], s));
-    __nv_bfloat162 q1 = __floats2bfloat162_rn(fp8_fake_quant(v[2], s), fp8_fake_quant(v[3], s));
+    const float s = num::fp8_scale_from_amax(amax);
+    __nv_bfloat162 q0 =
+        __floats2bfloat162_rn(num::fp8_fake_quant(v[0], s), num::fp8_fake_quant(v[1], s));
+    __nv_bfloat162 q1 =
+        __floats2bfloat162_rn(num::fp8_fake_quant(v[2], s), num::fp8_fake_quant(v[3], s));
     uint2 w;
     w.x = *reinterpret_cast<uint32_t*>(&q0);
     w.y = *reinterpret_cast<uint32_t*>(&q1);
@@ -186,7 +190,8 @@ __device__ void select_row(const FinishArgs& a, int r, int lane, const float* sc
 __global__ void __launch_bounds__(32 * kFinishWarps) route_finish_kernel(const FinishArgs a) {
   extern __shared__ float s_score[];  // [warps][E]
   __shared__ int s_chosen[kFinishWarps][kMaxTopK];
-  griddep_wait();
+  sm90::griddep_wait();
+  sm90::griddep_launch_dependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int r = blockIdx.x * kFinishWarps + warp;
   if (r >= a.m) return;
@@ -282,7 +287,8 @@ __device__ void plan_body(const PlanArgs& a) {
 }
 
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const PlanArgs a) {
-  griddep_wait();
+  sm90::griddep_wait();
+  sm90::griddep_launch_dependents();
   plan_body(a);
 }
 
@@ -293,7 +299,8 @@ __global__ void __launch_bounds__(kPlanThreads)
     route_plan_small_kernel(const FinishArgs f, const PlanArgs p) {
   extern __shared__ float s_scores[];  // [m][E]
   __shared__ int s_chosen[kPlanThreads / 32][kMaxTopK];
-  griddep_wait();
+  sm90::griddep_wait();
+  sm90::griddep_launch_dependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int i = threadIdx.x; i < f.m * f.n_experts; i += kPlanThreads)
     s_scores[i] = route_score(f, i / f.n_experts, i % f.n_experts);
@@ -310,7 +317,8 @@ __global__ void __launch_bounds__(kPlanThreads)
 __global__ void __launch_bounds__(256)
     quant_rows_kernel(const __nv_bfloat16* in, __nv_bfloat16* out, int max_rows, int cols,
                       const int32_t* counters) {
-  griddep_wait();
+  sm90::griddep_wait();
+  sm90::griddep_launch_dependents();
   const int r = blockIdx.x * 8 + threadIdx.x / 32;
   if (r >= max_rows || r >= counters[0]) return;
   quant_row_warp(in + size_t(r) * cols, out + size_t(r) * cols, cols, threadIdx.x % 32);
@@ -321,7 +329,8 @@ __global__ void __launch_bounds__(256)
     combine_kernel(const int32_t* sel, const int32_t* pair_pos, int top_k, const __nv_bfloat16* ye,
                    const __nv_bfloat16* shared, __nv_bfloat16* y, int dim) {
   __shared__ int s_pos[kMaxTopK];
-  griddep_wait();
+  sm90::griddep_wait();
+  sm90::griddep_launch_dependents();
   const int r = blockIdx.x;
   if (threadIdx.x < top_k) {
     // Slot i's rank in ascending expert index (stable); repeated experts have pos -1.
@@ -343,8 +352,8 @@ __global__ void __launch_bounds__(256)
       const uint32_t h[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        acc[2 * j] = __fadd_rn(acc[2 * j], bf16_bits_to_float(h[j] & 0xffffu));
-        acc[2 * j + 1] = __fadd_rn(acc[2 * j + 1], bf16_bits_to_float(h[j] >> 16));
+        acc[2 * j] = __fadd_rn(acc[2 * j], num::bf16_lo(h[j] & 0xffffu));
+        acc[2 * j + 1] = __fadd_rn(acc[2 * j + 1], num::bf16_lo(h[j] >> 16));
       }
     }
     uint32_t sh[4] = {0, 0, 0, 0};
@@ -356,8 +365,8 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       __nv_bfloat162 b =
-          __floats2bfloat162_rn(__fadd_rn(acc[2 * j], bf16_bits_to_float(sh[j] & 0xffffu)),
-                                __fadd_rn(acc[2 * j + 1], bf16_bits_to_float(sh[j] >> 16)));
+          __floats2bfloat162_rn(__fadd_rn(acc[2 * j], num::bf16_lo(sh[j] & 0xffffu)),
+                                __fadd_rn(acc[2 * j + 1], num::bf16_lo(sh[j] >> 16)));
       o[j] = *reinterpret_cast<uint32_t*>(&b);
     }
     *reinterpret_cast<uint4*>(y + size_t(r) * dim + c) = make_uint4(o[0], o[1], o[2], o[3]);

@@ -1,10 +1,11 @@
 // Exact decoders of the cache formats into BF16 (cpu::decode_kv_entry / decode_index_key bit
-// for bit), built only on the primitives of device_utils.cuh, and batch indexing helpers.
+// for bit), built only on the packed-BF16 primitives of common/sm90/bf16x2.cuh, and batch
+// indexing helpers.
 #pragma once
 
 #include <cstdint>
 
-#include "ops/cuda/sparse_attention/device_utils.cuh"
+#include "ops/cuda/common/sm90/bf16x2.cuh"
 
 namespace dsv4::cuda::detail {
 
@@ -35,21 +36,21 @@ __device__ __forceinline__ void e2m1x8_to_bf16x8(uint32_t w, uint32_t scale2, ui
   constexpr uint32_t kHiA = 0x3F3F3F00u, kHiB = 0x40404040u;
   const uint32_t m = w & 0x77777777u;
   const uint32_t mh = m >> 16;
-  const uint32_t lo0 = prmt(kLoA, kLoB, m), hi0 = prmt(kHiA, kHiB, m);
-  const uint32_t lo1 = prmt(kLoA, kLoB, mh), hi1 = prmt(kHiA, kHiB, mh);
+  const uint32_t lo0 = sm90::prmt(kLoA, kLoB, m), hi0 = sm90::prmt(kHiA, kHiB, m);
+  const uint32_t lo1 = sm90::prmt(kLoA, kLoB, mh), hi1 = sm90::prmt(kHiA, kHiB, mh);
   uint32_t p[4];
-  p[0] = prmt(lo0, hi0, 0x5140u);
-  p[1] = prmt(lo0, hi0, 0x7362u);
-  p[2] = prmt(lo1, hi1, 0x5140u);
-  p[3] = prmt(lo1, hi1, 0x7362u);
+  p[0] = sm90::prmt(lo0, hi0, 0x5140u);
+  p[1] = sm90::prmt(lo0, hi0, 0x7362u);
+  p[2] = sm90::prmt(lo1, hi1, 0x5140u);
+  p[3] = sm90::prmt(lo1, hi1, 0x7362u);
   // Sign of element 2k+0 is bit 8k+3 of w, of element 2k+1 bit 8k+7: gather them to bits 15/31.
   const uint32_t y = w << 4;
-  const uint32_t s0 = prmt(w, y, 0x0044u), s1 = prmt(w, y, 0x1155u);
-  const uint32_t s2 = prmt(w, y, 0x2266u), s3 = prmt(w, y, 0x3377u);
-  out[0] = mul_bf16x2(p[0] | (s0 & 0x80008000u), scale2);
-  out[1] = mul_bf16x2(p[1] | (s1 & 0x80008000u), scale2);
-  out[2] = mul_bf16x2(p[2] | (s2 & 0x80008000u), scale2);
-  out[3] = mul_bf16x2(p[3] | (s3 & 0x80008000u), scale2);
+  const uint32_t s0 = sm90::prmt(w, y, 0x0044u), s1 = sm90::prmt(w, y, 0x1155u);
+  const uint32_t s2 = sm90::prmt(w, y, 0x2266u), s3 = sm90::prmt(w, y, 0x3377u);
+  out[0] = sm90::mul_bf16x2(p[0] | (s0 & 0x80008000u), scale2);
+  out[1] = sm90::mul_bf16x2(p[1] | (s1 & 0x80008000u), scale2);
+  out[2] = sm90::mul_bf16x2(p[2] | (s2 & 0x80008000u), scale2);
+  out[3] = sm90::mul_bf16x2(p[3] | (s3 & 0x80008000u), scale2);
 }
 
 // Four e4m3 codes (bytes b0..b3 of w) -> two BF16x2 words {b0, b1} and {b2, b3} holding
@@ -60,12 +61,12 @@ __device__ __forceinline__ void e4m3x4_to_bf16x4(uint32_t w, uint32_t scale2, ui
                                                  uint32_t& p23) {
   // Byte b -> 16-bit lane (b << 8): sign at bit 15, eeeemmm at bits 14..8; >> 4 moves
   // eeeemmm to bits 10..4 (the BF16 exponent's low 4 bits and the mantissa's top 3).
-  const uint32_t a = prmt(w, 0u, 0x1404u);  // lanes {b0 << 8, b1 << 8}
-  const uint32_t b = prmt(w, 0u, 0x3424u);  // lanes {b2 << 8, b3 << 8}
+  const uint32_t a = sm90::prmt(w, 0u, 0x1404u);  // lanes {b0 << 8, b1 << 8}
+  const uint32_t b = sm90::prmt(w, 0u, 0x3424u);  // lanes {b2 << 8, b3 << 8}
   const uint32_t ba = ((a & 0x7f007f00u) >> 4) | (a & 0x80008000u);
   const uint32_t bb = ((b & 0x7f007f00u) >> 4) | (b & 0x80008000u);
-  p01 = mul_bf16x2(ba, scale2);
-  p23 = mul_bf16x2(bb, scale2);
+  p01 = sm90::mul_bf16x2(ba, scale2);
+  p23 = sm90::mul_bf16x2(bb, scale2);
 }
 
 // ---- misc ----------------------------------------------------------------------------------

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "ops/cuda/common/cuda_check.h"
-#include "ops/cuda/sparse_attention/device_utils.cuh"
+#include "ops/cuda/common/sm90/bf16x2.cuh"
 #include "ops/cuda/sparse_attention/sparse_attention_config.h"
 #include "ops/cuda/sparse_attention/sparse_attention_internal.h"
 
@@ -54,8 +54,8 @@ __global__ void __launch_bounds__(kCombineWarps * 32) sparse_attn_combine_kernel
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     uint2 v;
-    v.x = detail::pack_bf16x2(acc[4 * i] * inv, acc[4 * i + 1] * inv);
-    v.y = detail::pack_bf16x2(acc[4 * i + 2] * inv, acc[4 * i + 3] * inv);
+    v.x = sm90::pack_bf16x2(acc[4 * i] * inv, acc[4 * i + 1] * inv);
+    v.y = sm90::pack_bf16x2(acc[4 * i + 2] * inv, acc[4 * i + 3] * inv);
     *reinterpret_cast<uint2*>(out + 128 * i + 4 * lane) = v;
   }
 }

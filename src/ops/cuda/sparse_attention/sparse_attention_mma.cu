@@ -17,6 +17,9 @@
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/sm90/bf16x2.cuh"
+#include "ops/cuda/common/sm90/cp_async.cuh"
+#include "ops/cuda/common/sm90/warp_mma.cuh"
 #include "ops/cuda/sparse_attention/decode.cuh"
 #include "ops/cuda/sparse_attention/key_source.cuh"
 #include "ops/cuda/sparse_attention/sparse_attention_config.h"
@@ -77,7 +80,7 @@ __global__ void __launch_bounds__(MmaCfg<HT>::kThreads, 1)
     const int r = i / (kHeadDim / 8), ch = i % (kHeadDim / 8);
     __nv_bfloat16* dst = q_s + r * kRow + 8 * ch;
     if (h0 + r < a.n_heads)
-      cp_async_16(dst, a.q + (int64_t(t) * a.n_heads + h0 + r) * kHeadDim + 8 * ch);
+      sm90::cp_async_16(dst, a.q + (int64_t(t) * a.n_heads + h0 + r) * kHeadDim + 8 * ch);
     else
       *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
   }
@@ -94,13 +97,13 @@ __global__ void __launch_bounds__(MmaCfg<HT>::kThreads, 1)
     for (int i = 0; i < 9; ++i) {
       const int off = 16 * (part * 9 + i);
       if (ok)
-        cp_async_16(dst + off, src + off);
+        sm90::cp_async_16(dst + off, src + off);
       else
         *reinterpret_cast<uint4*>(dst + off) = make_uint4(0, 0, 0, 0);
     }
     if (part == 0) {
       if (ok)
-        cp_async_8(dst + kEntryData, srcs);
+        sm90::cp_async_8(dst + kEntryData, srcs);
       else
         *reinterpret_cast<uint2*>(dst + kEntryData) = make_uint2(0, 0);
       valid[stage * kKeyBlock + key] = ok ? 1 : 0;
@@ -110,7 +113,7 @@ __global__ void __launch_bounds__(MmaCfg<HT>::kThreads, 1)
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
     if (blk_begin + st < blk_end) issue(blk_begin + st, st);
-    cp_async_commit();
+    sm90::cp_async_commit();
   }
 
   float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.0f, 0.0f};
@@ -124,10 +127,10 @@ __global__ void __launch_bounds__(MmaCfg<HT>::kThreads, 1)
   for (int blk = blk_begin; blk < blk_end; ++blk) {
     const int it = blk - blk_begin;
     const int stage = it % kStages;
-    cp_async_wait<kStages - 2>();
+    sm90::cp_async_wait<kStages - 2>();
     __syncthreads();  // raw[stage] landed; every warp is done with kb / s_s of the last block
     if (blk + kStages - 1 < blk_end) issue(blk + kStages - 1, (it + kStages - 1) % kStages);
-    cp_async_commit();
+    sm90::cp_async_commit();
 
     // Decode: thread (key, part) converts 16-byte chunks part, part+4, ... of the NoPE bytes
     // and two 16-byte chunks of the RoPE tail.
@@ -169,21 +172,22 @@ __global__ void __launch_bounds__(MmaCfg<HT>::kThreads, 1)
 #pragma unroll 4
       for (int ks = 0; ks < kHeadDim / 16; ++ks) {
         uint32_t af[4];
-        ldmatrix_x4(af[0], af[1], af[2], af[3], qrow + 16 * ks);
+        sm90::ldmatrix_x4(af[0], af[1], af[2], af[3], qrow + 16 * ks);
         if constexpr (KW >= 16) {
 #pragma unroll
           for (int np = 0; np < KW / 16; ++np) {
             uint32_t b0, b1, b2, b3;
-            ldmatrix_x4(b0, b1, b2, b3,
-                        kb + (KW * dg + 16 * np + 8 * (lane >> 4) + (lane & 7)) * kRow + 16 * ks +
-                            8 * ((lane >> 3) & 1));
-            mma_bf16_16816(acc[2 * np], af, b0, b1);
-            mma_bf16_16816(acc[2 * np + 1], af, b2, b3);
+            sm90::ldmatrix_x4(b0, b1, b2, b3,
+                              kb + (KW * dg + 16 * np + 8 * (lane >> 4) + (lane & 7)) * kRow +
+                                  16 * ks + 8 * ((lane >> 3) & 1));
+            sm90::mma_bf16_16816(acc[2 * np], af, b0, b1);
+            sm90::mma_bf16_16816(acc[2 * np + 1], af, b2, b3);
           }
         } else {
           uint32_t b0, b1;
-          ldmatrix_x2(b0, b1, kb + (KW * dg + (lane & 7)) * kRow + 16 * ks + 8 * ((lane >> 3) & 1));
-          mma_bf16_16816(acc[0], af, b0, b1);
+          sm90::ldmatrix_x2(b0, b1,
+                            kb + (KW * dg + (lane & 7)) * kRow + 16 * ks + 8 * ((lane >> 3) & 1));
+          sm90::mma_bf16_16816(acc[0], af, b0, b1);
         }
       }
       const uint8_t* vld = valid + stage * kKeyBlock;
@@ -239,7 +243,7 @@ __global__ void __launch_bounds__(MmaCfg<HT>::kThreads, 1)
             const float mm = m_r[r] == -INFINITY ? 0.0f : m_r[r];
             const float p0 = exp2f(sv[kk][hf][r][0] - mm), p1 = exp2f(sv[kk][hf][r][1] - mm);
             bsum[r] += p0 + p1;
-            pa[kk][2 * hf + r] = pack_bf16x2(p0, p1);
+            pa[kk][2 * hf + r] = sm90::pack_bf16x2(p0, p1);
           }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -260,14 +264,14 @@ __global__ void __launch_bounds__(MmaCfg<HT>::kThreads, 1)
 #pragma unroll
         for (int dp = 0; dp < DW / 16; ++dp) {
           uint32_t b0, b1, b2, b3;
-          ldmatrix_x4_trans(b0, b1, b2, b3, vrow + 16 * dp);
-          mma_bf16_16816(o[2 * dp], pa[kk], b0, b1);
-          mma_bf16_16816(o[2 * dp + 1], pa[kk], b2, b3);
+          sm90::ldmatrix_x4_trans(b0, b1, b2, b3, vrow + 16 * dp);
+          sm90::mma_bf16_16816(o[2 * dp], pa[kk], b0, b1);
+          sm90::mma_bf16_16816(o[2 * dp + 1], pa[kk], b2, b3);
         }
       }
     }
   }
-  cp_async_wait<0>();
+  sm90::cp_async_wait<0>();
 
   // Epilogue: rows g, g+8 of the head group; this warp's DW output dims.
 #pragma unroll
@@ -283,7 +287,7 @@ __global__ void __launch_bounds__(MmaCfg<HT>::kThreads, 1)
 #pragma unroll
       for (int n = 0; n < DW / 8; ++n)
         *reinterpret_cast<uint32_t*>(orow + 8 * n) =
-            pack_bf16x2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+            sm90::pack_bf16x2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
     } else {
       float* part =
           a.partials + ((int64_t(t) * a.n_heads + h) * a.num_splits + split) * kPartialFloats;

@@ -22,10 +22,13 @@
 
 #if defined(DSV4_HAVE_CUTLASS)
 
+#include "ops/cuda/common/sm90/bf16x2.cuh"
+#include "ops/cuda/common/sm90/smem.cuh"
+#include "ops/cuda/common/sm90/sync.cuh"
+#include "ops/cuda/common/sm90/wgmma.cuh"
 #include "ops/cuda/sparse_attention/decode.cuh"
 #include "ops/cuda/sparse_attention/key_source.cuh"
 #include "ops/cuda/sparse_attention/sparse_attention_config.h"
-#include "ops/cuda/sparse_attention/wgmma.cuh"
 
 namespace dsv4::cuda::sparse_attn_detail {
 namespace {
@@ -37,7 +40,7 @@ using C = WgmmaCfg;
 struct alignas(1024) WgSmem {
   uint8_t q[C::kTileBytes];
   uint8_t k[C::kKBufs][C::kTileBytes];
-  uint8_t p[wg::kRegionBytes];
+  uint8_t p[sm90::kSw128RegionBytes];
   float alpha[C::kHeads];
   float fin[C::kHeads];
   uint8_t valid[C::kKBufs][kKeyBlock];
@@ -57,7 +60,8 @@ __device__ __forceinline__ void produce_row(uint8_t* tile, int key, int half, co
     for (int r = 0; r < 4; ++r)
 #pragma unroll
       for (int ch = 0; ch < 8; ++ch)
-        *reinterpret_cast<uint4*>(tile + wg::swz_offset(key, 64 * (4 * half + r) + 8 * ch)) =
+        *reinterpret_cast<uint4*>(tile +
+                                  sm90::sw128_bf16_offset(key, 64 * (4 * half + r) + 8 * ch)) =
             make_uint4(0, 0, 0, 0);
     return;
   }
@@ -82,12 +86,12 @@ __device__ __forceinline__ void produce_row(uint8_t* tile, int key, int half, co
         e4m3x4_to_bf16x4(w[i].y, s2, lo.z, lo.w);
         e4m3x4_to_bf16x4(w[i].z, s2, hi.x, hi.y);
         e4m3x4_to_bf16x4(w[i].w, s2, hi.z, hi.w);
-        *reinterpret_cast<uint4*>(tile + wg::swz_offset(key, 384 + 16 * i)) = lo;
-        *reinterpret_cast<uint4*>(tile + wg::swz_offset(key, 384 + 16 * i + 8)) = hi;
+        *reinterpret_cast<uint4*>(tile + sm90::sw128_bf16_offset(key, 384 + 16 * i)) = lo;
+        *reinterpret_cast<uint4*>(tile + sm90::sw128_bf16_offset(key, 384 + 16 * i + 8)) = hi;
       }
 #pragma unroll
       for (int i = 0; i < 8; ++i)
-        *reinterpret_cast<uint4*>(tile + wg::swz_offset(key, kNopeDim + 8 * i)) = rope[i];
+        *reinterpret_cast<uint4*>(tile + sm90::sw128_bf16_offset(key, kNopeDim + 8 * i)) = rope[i];
     } else {
       uint4 w[8];
 #pragma unroll
@@ -103,8 +107,8 @@ __device__ __forceinline__ void produce_row(uint8_t* tile, int key, int half, co
         e4m3x4_to_bf16x4(w[i].y, s2, lo.z, lo.w);
         e4m3x4_to_bf16x4(w[i].z, s2, hi.x, hi.y);
         e4m3x4_to_bf16x4(w[i].w, s2, hi.z, hi.w);
-        *reinterpret_cast<uint4*>(tile + wg::swz_offset(key, d)) = lo;
-        *reinterpret_cast<uint4*>(tile + wg::swz_offset(key, d + 8)) = hi;
+        *reinterpret_cast<uint4*>(tile + sm90::sw128_bf16_offset(key, d)) = lo;
+        *reinterpret_cast<uint4*>(tile + sm90::sw128_bf16_offset(key, d + 8)) = hi;
       }
     }
   }
@@ -137,7 +141,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
 
   if (wgi == 2) {
     // ---------------------------------------------------------------- producer
-    wg::reg_dealloc<C::kRegsProducer>();
+    sm90::warpgroup_reg_dealloc<C::kRegsProducer>();
     // Q tile: thread -> head row wt / 2, half of the dims.
     {
       const int row = wt >> 1, half = wt & 1;
@@ -145,48 +149,50 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
           a.q + (int64_t(t) * a.n_heads + h0 + row) * kHeadDim + 256 * half);
 #pragma unroll 4
       for (int i = 0; i < 32; ++i)
-        *reinterpret_cast<uint4*>(sm.q + wg::swz_offset(row, 256 * half + 8 * i)) = __ldg(src + i);
+        *reinterpret_cast<uint4*>(sm.q + sm90::sw128_bf16_offset(row, 256 * half + 8 * i)) =
+            __ldg(src + i);
     }
     const int key = wt >> 1, half = wt & 1;
     for (int i = 0; i < nb; ++i) {
       const int b = i & 1;
-      if (i >= C::kKBufs) wg::bar_sync(kBarEmpty + b, kAll);
+      if (i >= C::kKBufs) sm90::named_barrier_sync(kBarEmpty + b, kAll);
       const int slot = (blk_begin + i) * kKeyBlock + key;
       const uint8_t* src = nullptr;
       const uint8_t* srcs = nullptr;
       if (!(slot < qi.nkeys && key_source(a, qi, slot, src, srcs))) src = nullptr;
       produce_row(sm.k[b], key, half, src, srcs);
       if (half == 0) sm.valid[b][key] = src != nullptr;
-      wg::fence_async_smem();
-      wg::bar_arrive(kBarFull + b, kAll);
+      sm90::fence_proxy_async_smem();
+      sm90::named_barrier_arrive(kBarFull + b, kAll);
     }
     return;
   }
 
   const int w4 = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c = lane & 3;
   const int r0 = 16 * w4 + g;  // this thread's rows r0, r0 + 8 (heads h0 + row)
-  const uint32_t q_addr = smem_u32(sm.q), p_addr = smem_u32(sm.p);
+  const uint32_t q_addr = sm90::smem_u32(sm.q), p_addr = sm90::smem_u32(sm.p);
   float o[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.0f;
 
   if (wgi == 0) {
     // ---------------------------------------------------------------- S, softmax, P V (dims 0-255)
-    wg::reg_alloc<C::kRegsWg0>();
+    sm90::warpgroup_reg_alloc<C::kRegsWg0>();
     float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.0f, 0.0f};
     for (int i = 0; i < nb; ++i) {
       const int b = i & 1;
-      const uint32_t k_addr = smem_u32(sm.k[b]);
-      wg::bar_sync(kBarFull + b, kAll);
+      const uint32_t k_addr = sm90::smem_u32(sm.k[b]);
+      sm90::named_barrier_sync(kBarFull + b, kAll);
       float s[32];
-      wg::fence_operands(s);
-      wg::fence();
+      sm90::warpgroup_fence_operands(s);
+      sm90::warpgroup_arrive();
 #pragma unroll
       for (int ks = 0; ks < kHeadDim / 16; ++ks)
-        wg::mma_64x64_ss(s, wg::desc_kmajor(q_addr, ks), wg::desc_kmajor(k_addr, ks), ks > 0);
-      wg::commit();
-      wg::wait<0>();
-      wg::fence_operands(s);
+        sm90::Bf16MmaSS<64>::wgmma(sm90::desc_region_kmajor(q_addr, ks),
+                                   sm90::desc_region_kmajor(k_addr, ks), s, ks > 0);
+      sm90::warpgroup_commit_batch();
+      sm90::warpgroup_wait<0>();
+      sm90::warpgroup_fence_operands(s);
 
       // Scores of keys 8j + 2c + e, rows r0 (s[4j + e]) and r0 + 8 (s[4j + 2 + e]).
       float bmax[2] = {-INFINITY, -INFINITY};
@@ -219,7 +225,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
           const float p0 = exp2f(s[4 * j + 2 * r] - mm[r]),
                       p1 = exp2f(s[4 * j + 2 * r + 1] - mm[r]);
           bsum[r] += p0 + p1;
-          pp[2 * j + r] = pack_bf16x2(p0, p1);
+          pp[2 * j + r] = sm90::pack_bf16x2(p0, p1);
         }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -228,7 +234,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
         l_r[r] = l_r[r] * alpha[r] + bsum[r];
       }
       // Hand P and the rescale factors to WG1 once it is done with the previous block's.
-      wg::bar_sync(kBarPFree, kPair);
+      sm90::named_barrier_sync(kBarPFree, kPair);
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -241,8 +247,8 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
         sm.alpha[r0] = alpha[0];
         sm.alpha[r0 + 8] = alpha[1];
       }
-      wg::fence_async_smem();
-      wg::bar_arrive(kBarPReady, kPair);
+      sm90::fence_proxy_async_smem();
+      sm90::named_barrier_arrive(kBarPReady, kPair);
 
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
@@ -251,17 +257,18 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
         o[4 * j + 2] *= alpha[1];
         o[4 * j + 3] *= alpha[1];
       }
-      wg::fence_operands(o);
-      wg::fence();
+      sm90::warpgroup_fence_operands(o);
+      sm90::warpgroup_arrive();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         const uint32_t af[4] = {pp[4 * kk], pp[4 * kk + 1], pp[4 * kk + 2], pp[4 * kk + 3]};
-        wg::mma_64x256_rs(o, af, wg::desc_mnmajor(k_addr, 0, kk));
+        sm90::Bf16MmaRS<256, sm90::Major::MN>::wgmma(af, sm90::desc_region_mnmajor(k_addr, 0, kk),
+                                                     o, true);
       }
-      wg::commit();
-      wg::wait<0>();
-      wg::fence_operands(o);
-      if (i + C::kKBufs < nb) wg::bar_arrive(kBarEmpty + b, kAll);
+      sm90::warpgroup_commit_batch();
+      sm90::warpgroup_wait<0>();
+      sm90::warpgroup_fence_operands(o);
+      if (i + C::kKBufs < nb) sm90::named_barrier_arrive(kBarEmpty + b, kAll);
     }
     // Per-row output factor for both consumer warpgroups.
     if (c == 0) {
@@ -283,16 +290,16 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
       }
     }
     __syncwarp();  // sm.fin of this warp's rows (written by lane c == 0 of each quad)
-    wg::bar_arrive(kBarEpi, kPair);
+    sm90::named_barrier_arrive(kBarEpi, kPair);
   } else {
     // ---------------------------------------------------------------- P V (dims 256-511)
     // (keeps the launch allocation of C::kRegsWg1 registers)
-    wg::bar_arrive(kBarPFree, kPair);
+    sm90::named_barrier_arrive(kBarPFree, kPair);
     for (int i = 0; i < nb; ++i) {
       const int b = i & 1;
-      const uint32_t k_addr = smem_u32(sm.k[b]);
-      wg::bar_sync(kBarFull + b, kAll);
-      wg::bar_sync(kBarPReady, kPair);
+      const uint32_t k_addr = sm90::smem_u32(sm.k[b]);
+      sm90::named_barrier_sync(kBarFull + b, kAll);
+      sm90::named_barrier_sync(kBarPReady, kPair);
       const float al0 = sm.alpha[r0], al1 = sm.alpha[r0 + 8];
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
@@ -301,18 +308,20 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
         o[4 * j + 2] *= al1;
         o[4 * j + 3] *= al1;
       }
-      wg::fence_operands(o);
-      wg::fence();
+      sm90::warpgroup_fence_operands(o);
+      sm90::warpgroup_arrive();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-        wg::mma_64x256_ss(o, wg::desc_kmajor(p_addr, kk), wg::desc_mnmajor(k_addr, 4, kk));
-      wg::commit();
-      wg::wait<0>();
-      wg::fence_operands(o);
-      if (i + 1 < nb) wg::bar_arrive(kBarPFree, kPair);
-      if (i + C::kKBufs < nb) wg::bar_arrive(kBarEmpty + b, kAll);
+        sm90::Bf16MmaSS<256, sm90::Major::MN>::wgmma(sm90::desc_region_kmajor(p_addr, kk),
+                                                     sm90::desc_region_mnmajor(k_addr, 4, kk), o,
+                                                     true);
+      sm90::warpgroup_commit_batch();
+      sm90::warpgroup_wait<0>();
+      sm90::warpgroup_fence_operands(o);
+      if (i + 1 < nb) sm90::named_barrier_arrive(kBarPFree, kPair);
+      if (i + C::kKBufs < nb) sm90::named_barrier_arrive(kBarEmpty + b, kAll);
     }
-    wg::bar_sync(kBarEpi, kPair);
+    sm90::named_barrier_sync(kBarEpi, kPair);
   }
 
   // Epilogue: rows r0, r0 + 8; this warpgroup's 256 dims, column 8j + 2c (+1).
@@ -326,7 +335,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
 #pragma unroll
       for (int j = 0; j < 32; ++j)
         *reinterpret_cast<uint32_t*>(orow + 8 * j) =
-            pack_bf16x2(o[4 * j + 2 * r] * fin, o[4 * j + 2 * r + 1] * fin);
+            sm90::pack_bf16x2(o[4 * j + 2 * r] * fin, o[4 * j + 2 * r + 1] * fin);
     } else {
       float* part = a.partials +
                     ((int64_t(t) * a.n_heads + h0 + row) * a.num_splits + split) * kPartialFloats +

@@ -1,0 +1,34 @@
+// Shared-memory addressing for the Hopper kernels: the 32-bit shared-window address that PTX
+// instructions take, the 128-byte swizzle that TMA writes and the wgmma descriptors read, and
+// the fence that hands shared-memory writes of ordinary instructions to the async proxy.
+#pragma once
+
+#include <cstdint>
+
+namespace dsv4::cuda::sm90 {
+
+// Address of a shared-memory object in the shared window (what the PTX operands [%r] take).
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---- 128-byte swizzle ----------------------------------------------------------------------
+// Rows of 128 bytes, grouped by eight into 1024-byte atoms; the 16-byte chunk c of row r is
+// stored at chunk c ^ (r % 8) (CuTe's Swizzle<3,4,3>, GMMA::Layout_K_SW128_Atom). A BF16 tile
+// wider than 64 columns is a sequence of "regions" of 64 rows x 64 columns along the columns.
+constexpr uint32_t kSw128RegionBytes = 64 * 128;
+
+// Byte offset of element (row, col) of a region-tiled 64-row BF16 tile.
+__device__ __forceinline__ uint32_t sw128_bf16_offset(int row, int col) {
+  return uint32_t(col >> 6) * kSw128RegionBytes + uint32_t(row) * 128u +
+         (uint32_t(((col & 63) >> 3) ^ (row & 7)) << 4) + uint32_t(col & 7) * 2u;
+}
+
+// ---- proxies -------------------------------------------------------------------------------
+// Shared memory written by ordinary stores or cp.async (generic proxy) becomes visible to the
+// async proxy (wgmma operands, TMA); the readers still need a barrier after it.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+}  // namespace dsv4::cuda::sm90
