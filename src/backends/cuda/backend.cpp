@@ -93,8 +93,9 @@ std::unique_ptr<Runner> open_cuda_runner(const RunnerOptions& o) {
   ro.cuda_graphs = o.cuda_graphs;
   auto runner = std::make_unique<CudaRunner>(*owned->model, cc, ro);
   if (o.verify) {
-    owned->verifier = std::make_unique<CudaVerifier>(config, owned->cpu_weights, runner->cache(),
-                                                     owned->model->stream());
+    // The model's config, not this function's: the verifier keeps a reference.
+    owned->verifier = std::make_unique<CudaVerifier>(owned->model->config(), owned->cpu_weights,
+                                                     runner->cache(), owned->model->stream());
     runner->set_verifier(owned->verifier.get());
   }
   runner->adopt(std::move(owned));
