@@ -116,7 +116,8 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
     for (int allowed : kCompressRatios)
       ok |= v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > 128) &&
             v.get<int64_t>() == allowed;
-    DSV4_CHECK(ok, origin, ": compress_ratios[", i, "] = ", excerpt(v.dump()),
+    DSV4_CHECK(ok, origin, ": compress_ratios[", i,
+               "] = ", v.is_number() ? v.dump() : excerpt(v.dump()),
                " is not supported (0, 4 or 128)");
     c.compress_ratios.push_back(v.get<int>());
   }

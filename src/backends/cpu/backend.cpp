@@ -1,9 +1,12 @@
 #include "backends/cpu/backend.h"
 
+#include <filesystem>
+
 #include "backends/cpu/loader.h"
 #include "backends/cpu/runner.h"
 #include "core/error.h"
 #include "model/cache_spec.h"
+#include "model/memory_plan.h"
 
 namespace dsv4 {
 
@@ -14,6 +17,16 @@ std::unique_ptr<Runner> open_cpu_runner(const RunnerOptions& o) {
   DSV4_CHECK(o.cache_bytes >= 0, "negative cache size");
   DSV4_CHECK(!o.verify,
              "verify mode checks the CUDA backend against the CPU ops: it needs backend 'cuda'");
+  DSV4_CHECK(std::filesystem::is_directory(o.model_dir), o.model_dir,
+             ": model directory does not exist");
+  // The memory plan first: refuse what cannot fit before loading or allocating anything.
+  {
+    const ModelConfig config =
+        load_model_config((std::filesystem::path(o.model_dir) / "config.json").string());
+    const MemoryPlan plan = plan_memory(config, QuantScheme::load(o.model_dir, config),
+                                        memory_plan_options(o, PlanBackend::kCpu));
+    require_fits(plan.pools.at(0), host_available_bytes(), "MemAvailable");
+  }
   auto lm = std::make_unique<LoadedModel>(load_cpu_model(o.model_dir));
   const CacheConfig cc =
       plan_cache(lm->config, o.max_sequences, o.max_tokens, o.page_size, o.cache_bytes);

@@ -64,4 +64,8 @@ HcParams hc_params(const ModelConfig& c, const HcWeights& w);
 // Dequantises and validates values (NaN scales, expert ids in range).
 ModelWeights prepare_weights(const ModelConfig& config, const WeightsRef& ref);
 
+// Bytes the weights' values take (what the memory plan's CPU weight figure counts; RoPE
+// tables aside).
+int64_t weight_bytes(const ModelWeights& w);
+
 }  // namespace dsv4::cpu
