@@ -74,16 +74,26 @@ int64_t checked_numel(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
-  const size_t size = file_.size();
+SafetensorsFile::SafetensorsFile(const std::string& path)
+    : file_(std::make_unique<MappedFile>(path)), path_(path) {
+  parse(file_->data(), file_->size());
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& name, const uint8_t* data, size_t size)
+    : path_(name) {
+  parse(data, size);
+}
+
+void SafetensorsFile::parse(const uint8_t* file_data, size_t size) {
+  const std::string& path = path_;
   DSV4_CHECK(size >= 8, path, ": truncated safetensors file (", size,
              " bytes, shorter than the 8-byte header length)");
   uint64_t hlen = 0;
-  std::memcpy(&hlen, file_.data(), 8);  // little-endian on every platform we build for
+  std::memcpy(&hlen, file_data, 8);  // little-endian on every platform we build for
   DSV4_CHECK(hlen <= kMaxHeaderBytes, path, ": corrupt safetensors header length ", hlen);
   DSV4_CHECK(hlen <= size - 8, path, ": truncated safetensors file: header of ", hlen,
              " bytes but only ", size - 8, " bytes follow the length field");
-  const char* hbeg = reinterpret_cast<const char*>(file_.data() + 8);
+  const char* hbeg = reinterpret_cast<const char*>(file_data + 8);
   nlohmann::json header;
   DuplicateKey dup;
   try {
@@ -96,7 +106,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
              dup.depth == 1 ? "tensor " : "key ", excerpt(dup.key), " twice (duplicate ",
              dup.depth == 1 ? "tensor name)" : "key)");
 
-  const uint8_t* data_start = file_.data() + 8 + hlen;
+  const uint8_t* data_start = file_data + 8 + hlen;
   const uint64_t data_len = size - 8 - hlen;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   std::vector<const std::string*> range_names;
