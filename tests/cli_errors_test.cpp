@@ -222,6 +222,8 @@ TEST_F(CliErrors, ArgumentsAndPrompts) {
       {std::string(5000, 'z'), "unknown command 'zzzz"},
   };
   for (const auto& [args, expect] : cases) expect_error(args, expect);
+  // "-h" as a flag's value is that value, not a request for help.
+  expect_error(gen + " --prompt-ids -h", "--prompt-ids: '-h' is not a token id");
   // One id syntax: commas, optional spaces; a prompt file holds the same, on any lines.
   const CliResult a = run(gen + " --prompt-ids 0,17,42 --max-new-tokens 3");
   ASSERT_EQ(a.code, 0) << a.err;
@@ -234,7 +236,7 @@ TEST_F(CliErrors, ArgumentsAndPrompts) {
 
 TEST_F(CliErrors, MakeTinyRefusesANonEmptyDirectoryUnlessForced) {
   const std::string d = *tmp_ / "tiny";
-  ASSERT_EQ(run("make-tiny --preset flash --seed 1 --out " + d).code, 0);
+  fs::copy(model(), d, fs::copy_options::recursive);  // a checkpoint make-tiny wrote
   write_file(d + "/model-00009-of-00009.safetensors", "stale");
   write_file(d + "/notes.txt", "mine");
   expect_error("make-tiny --preset pro --seed 2 --out " + d,
@@ -302,6 +304,7 @@ TEST_F(CliErrors, EveryCommandHasHelpAndReadmeDocumentsEveryFlag) {
     EXPECT_EQ(h.out, cli::command_help(*c));
     EXPECT_EQ(h.out.rfind("usage: dsv4 " + c->name, 0), 0u) << h.out;
     EXPECT_EQ(run(c->name + " -h").out, h.out);
+    EXPECT_EQ(run(c->name + " --bogus 1 --help").out, h.out);  // help wins over other errors
     EXPECT_EQ(run("help " + c->name).out, h.out);
     const std::string section = readme_section(readme, c->name);
     EXPECT_FALSE(section.empty()) << "README.md has no section ### `dsv4 " << c->name << "`";

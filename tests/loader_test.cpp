@@ -520,8 +520,8 @@ TEST(ConfigBounds, ReadmeDocumentsEveryBound) {
 // ---- non-finite weights ------------------------------------------------------------------
 
 TEST(WeightScan, FindsEveryNonFiniteValueOnAnyThreadCount) {
-  // A BF16 tensor spanning several scan pieces, unaligned, with values in two pieces; an F32,
-  // an F16 and an F64 tensor; FP8 tensors are not this scan's (their decoders check them).
+  // A BF16 tensor spanning several scan pieces, unaligned, with values in two pieces; F32, F16,
+  // F64 and FP8 tensors; integer (and packed FP4) tensors are not scanned.
   const int64_t n = 5'000'000;
   std::vector<uint8_t> bytes(1 + 2 * n, 0);
   auto bf16_at = [&](int64_t i, uint16_t v) { std::memcpy(bytes.data() + 1 + 2 * i, &v, 2); };
@@ -534,23 +534,35 @@ TEST(WeightScan, FindsEveryNonFiniteValueOnAnyThreadCount) {
   TensorView t16{"f16", DType::kF16, {2}, reinterpret_cast<const uint8_t*>(f16), 4};
   const double f64[2] = {NAN, 0.0};
   TensorView t64{"f64", DType::kF64, {2}, reinterpret_cast<const uint8_t*>(f64), 16};
-  const uint8_t fp8[2] = {0x7f, 0xff};  // e4m3 NaN codes: not scanned here
-  TensorView t8{"fp8", DType::kF8E4M3, {2}, fp8, 2};
+  const uint8_t e4m3[4] = {0x7e, 0x7f, 0xfe, 0xff};  // 448, NaN, -448, NaN
+  TensorView t8{"e4m3", DType::kF8E4M3, {4}, e4m3, 4};
+  const uint8_t e8m0[3] = {0x7f, 0xfe, 0xff};  // 1, 2^127, NaN
+  TensorView s8{"e8m0", DType::kF8E8M0, {3}, e8m0, 3};
+  const uint8_t packed[2] = {0xff, 0x77};  // e2m1 pairs: every code finite
+  TensorView p4{"fp4", DType::kU8, {2}, packed, 2};
   const uint16_t fine[4] = {0x3f80, 0x0000, 0x8000, 0x7f7f};  // 1, 0, -0, the largest finite
   TensorView ok{"fine", DType::kBF16, {4}, reinterpret_cast<const uint8_t*>(fine), 8};
+  const uint8_t fine8[3] = {0x7e, 0x00, 0x80};
+  TensorView ok8{"fine8", DType::kF8E4M3, {3}, fine8, 3};
   for (int threads : {1, 2, 7}) {
-    const WeightScan s = scan_weights({&ok, &t8, &big, &t32, &t16, &t64}, threads);
-    EXPECT_EQ(s.tensors, 5);
-    EXPECT_EQ(s.non_finite, 5);
-    EXPECT_EQ(s.bad_tensors, 4);
+    const WeightScan s = scan_weights({&ok, &p4, &ok8, &big, &t32, &t16, &t64, &t8, &s8}, threads);
+    EXPECT_EQ(s.tensors, 8);
+    EXPECT_EQ(s.non_finite, 8);
+    EXPECT_EQ(s.bad_tensors, 6);
     ASSERT_EQ(s.first, &big);
     EXPECT_EQ(s.first_index, 100);
     EXPECT_TRUE(std::isnan(s.first_value));
     EXPECT_EQ(describe_non_finite(s),
-              "tensor 'big' (BF16 [5000, 1000]) holds NaN at flat index 100 (element [0, 100]); 5 "
-              "non-finite values in 4 tensors");
+              "tensor 'big' (BF16 [5000, 1000]) holds NaN at flat index 100 (element [0, 100]); 8 "
+              "non-finite values in 6 tensors");
   }
-  const WeightScan clean = scan_weights({&ok, &t8}, 2);
+  EXPECT_EQ(describe_non_finite(scan_weights({&t8}, 1)),
+            "tensor 'e4m3' (F8_E4M3 [4]) holds NaN at flat index 1; 2 non-finite values in 1 "
+            "tensor");
+  EXPECT_EQ(
+      describe_non_finite(scan_weights({&s8}, 1)),
+      "tensor 'e8m0' (F8_E8M0 [3]) holds NaN at flat index 2; 1 non-finite value in 1 tensor");
+  const WeightScan clean = scan_weights({&ok, &ok8, &p4}, 2);
   EXPECT_EQ(clean.first, nullptr);
   EXPECT_EQ(clean.non_finite, 0);
   const WeightScan inf = scan_weights({&t32}, 1);
@@ -611,6 +623,11 @@ TEST_F(TinyCheckpoint, NonFiniteWeightsAreNamedAtLoad) {
       {"hc_head_base", 1, bits_of(NAN), 4,
        "tensor 'hc_head_base' (F32 [4]) holds NaN at flat index 1"},
       {"layers.2.attn.attn_sink", 3, bits_of(INFINITY), 4, "tensor 'layers.2.attn.attn_sink'"},
+      // FP8 weights and UE8M0 scales: caught before any backend decodes or uploads them.
+      {"layers.1.attn.wq_a.weight", 5, bits_of(uint8_t(0xff)), 1,
+       "tensor 'layers.1.attn.wq_a.weight' (F8_E4M3 [128, 256]) holds NaN at flat index 5"},
+      {"layers.0.ffn.shared_experts.w2.scale", 0, bits_of(uint8_t(0xff)), 1,
+       "tensor 'layers.0.ffn.shared_experts.w2.scale' (F8_E8M0 [2, 1]) holds NaN"},
   };
   for (const Case& c : cases) {
     const std::string old = poke(dir_.path(), c.tensor, c.index, c.bytes, c.size);

@@ -58,11 +58,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::vector<std::string> args(argv + 2, argv + argc);
-  for (const std::string& a : args)
-    if (is_help(a)) {
+  // --help / -h in a flag's place (not as the value of one, e.g. --prompt -h).
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (is_help(args[i])) {
       std::fputs(dsv4::cli::command_help(*c).c_str(), stdout);
       return 0;
     }
+    for (const dsv4::cli::Flag& f : c->flags)
+      if (f.name == args[i] && !f.is_switch()) ++i;
+  }
   try {
     return c->run(dsv4::cli::Args(args, c->flags));
   } catch (const std::exception& e) {

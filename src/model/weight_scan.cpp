@@ -59,6 +59,12 @@ int64_t count_piece(const TensorView& t, int64_t b, int64_t e, int64_t* first) {
       return count_bad<uint32_t>(t.data, b, e, 0x7f800000u, first);
     case DType::kF64:
       return count_bad<uint64_t>(t.data, b, e, 0x7ff0000000000000ull, first);
+    case DType::kF8E4M3:
+      return count_bad<uint8_t>(t.data, b, e, 0x7f, first);  // S.1111.111: NaN (no inf)
+    case DType::kF8E5M2:
+      return count_bad<uint8_t>(t.data, b, e, 0x7c, first);
+    case DType::kF8E8M0:
+      return count_bad<uint8_t>(t.data, b, e, 0xff, first);  // 0xff: NaN
     default:
       return 0;
   }
@@ -87,8 +93,11 @@ double value_at(const TensorView& t, int64_t i) {
       std::memcpy(&v, t.data + 8 * i, 8);
       return v;
     }
+    case DType::kF8E5M2:
+      if (t.data[i] & 0x03) return std::numeric_limits<double>::quiet_NaN();
+      return (t.data[i] & 0x80) ? -INFINITY : INFINITY;
     default:
-      return 0;
+      return std::numeric_limits<double>::quiet_NaN();  // e4m3, e8m0: NaN is their only one
   }
 }
 
@@ -104,7 +113,18 @@ std::string coordinates(const std::vector<int64_t>& shape, int64_t flat) {
 }  // namespace
 
 bool scanned_dtype(DType t) {
-  return t == DType::kBF16 || t == DType::kF16 || t == DType::kF32 || t == DType::kF64;
+  switch (t) {
+    case DType::kBF16:
+    case DType::kF16:
+    case DType::kF32:
+    case DType::kF64:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+    case DType::kF8E8M0:
+      return true;
+    default:
+      return false;
+  }
 }
 
 WeightScan scan_weights(const std::vector<const TensorView*>& tensors, int threads) {

@@ -1,7 +1,9 @@
 // The load-time guard against non-finite weights: every floating-point tensor of a checkpoint
-// (BF16, F16, F32, F64; the FP8 weights and E8M0 / expert scales are checked where they are
-// decoded) scanned once for NaN and infinities, on all cores. A non-finite weight would
-// otherwise turn every logit into NaN and the sampler's output into garbage.
+// (BF16, F16, F32, F64 and the FP8 formats: e4m3 weights and block scales, UE8M0 scales)
+// scanned once for NaN and infinities, on all cores, before any backend uses it. A non-finite
+// weight would otherwise turn every logit into NaN and the sampler's output into garbage. (The
+// CPU backend's decoders check FP8 values again; the CUDA backend uploads codes as they are.)
+// Packed FP4 (e2m1) has no non-finite codes.
 #pragma once
 
 #include <cstdint>
