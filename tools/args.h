@@ -16,12 +16,12 @@
 namespace dsv4::cli {
 
 struct Flag {
-  std::string name;       // "--max-new-tokens"
-  std::string value;      // the value's placeholder in help ("N", "DIR"); "" for a switch
-  std::string help;       // one line
-  std::string fallback;   // the default value ("" = none)
-  bool required = false;  // must be given
-  std::vector<std::string> choices;                       // the accepted values (empty: any)
+  std::string name{};      // "--max-new-tokens"
+  std::string value{};     // the value's placeholder in help ("N", "DIR"); "" for a switch
+  std::string help{};      // one line
+  std::string fallback{};  // the default value ("" = none)
+  bool required = false;   // must be given
+  std::vector<std::string> choices{};                     // the accepted values (empty: any)
   double min = -std::numeric_limits<double>::infinity();  // numeric range (integer / number)
   double max = std::numeric_limits<double>::infinity();
 
@@ -32,11 +32,11 @@ struct Flag {
 class Args;
 
 struct Command {
-  std::string name;     // "generate"
-  std::string summary;  // one line for `dsv4 --help`
-  std::string usage;    // "dsv4 generate --model DIR ... [flags]"
-  std::string about;    // what it prints or writes (a few lines, may be empty)
-  std::vector<Flag> flags;
+  std::string name{};     // "generate"
+  std::string summary{};  // one line for `dsv4 --help`
+  std::string usage{};    // "dsv4 generate --model DIR ... [flags]"
+  std::string about{};    // what it prints or writes (a few lines, may be empty)
+  std::vector<Flag> flags{};
   int (*run)(const Args& args) = nullptr;
 };
 

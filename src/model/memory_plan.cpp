@@ -123,11 +123,17 @@ int64_t cuda_activation_bytes(const ModelConfig& c, const StepGeometry& s, int64
   return b + kCudaWorkspaceBytes;
 }
 
-// A pool's bytes in double first: far beyond any memory, cache_bytes() must not overflow.
+// A pool's bytes bounded from above in double first: far beyond any memory, cache_bytes()'s
+// int64 sums must not be reached (they could overflow).
 void check_cache_magnitude(const ModelConfig& c, const MemoryPlanOptions& o) {
-  const double entry = double(kv_layout(c).entry_bytes());
-  const double tokens = double(c.window_size) + double(o.max_tokens) / 4;
-  const double bytes = double(o.max_sequences) * tokens * entry * c.num_blocks() * 3;
+  const double per_token = double(kv_layout(c).entry_bytes()) + index_layout(c).entry_bytes();
+  const double tokens = double(c.window_size) + o.page_size + double(o.max_tokens) / 4 +
+                        double(o.max_tokens) / 128 + 2.0 * o.page_size;
+  const double state = double(CompressorStateLayout{4, c.head_dim}.bytes()) +
+                       double(CompressorStateLayout{128, c.head_dim}.bytes()) +
+                       double(CompressorStateLayout{4, index_layout(c).dim}.bytes()) +
+                       5.0 * kCacheStoreAlign;
+  const double bytes = double(o.max_sequences) * c.num_blocks() * (tokens * per_token + state) * 2;
   DSV4_CHECK(bytes < 1e18, "the cache for ", o.max_sequences, " sequence(s) of ", o.max_tokens,
              " tokens (sliding_window ", c.window_size, ", ", c.num_blocks(),
              " blocks) would take about ", bytes / double(1ll << 40),
