@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything dsv4 needs on a fresh Debian machine (Debian packages and PyPI only)
-# and builds it twice: build/ (CUDA targets too when nvcc is found) and build-asan/ (CPU only,
-# AddressSanitizer + UndefinedBehaviorSanitizer), whose tests build/'s CTest runs as well.
+# and builds it three times: build/ (CUDA targets too when nvcc is found), build-asan/ (CPU
+# only, AddressSanitizer + UndefinedBehaviorSanitizer) and build-fuzz/ (the libFuzzer targets
+# only, clang), whose tests build/'s CTest runs as well.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,8 +15,8 @@ if command -v apt-get >/dev/null 2>&1; then
     build-essential cmake ninja-build pkg-config git \
     libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libpcre2-dev \
     clang-format python3 python3-pip >/dev/null
-  # libssl-dev: SHA-256 in the tokenizer tests.
-  $SUDO apt-get install -y -qq --no-install-recommends libssl-dev >/dev/null
+  # libssl-dev: SHA-256 in the tokenizer tests. clang + libclang-rt-dev: libFuzzer (tests/fuzz).
+  $SUDO apt-get install -y -qq --no-install-recommends libssl-dev clang libclang-rt-dev >/dev/null
 fi
 
 # HF tokenizers, the tokenizer tests' oracle and benchmark reference (PyPI). Optional: without
@@ -39,8 +40,13 @@ fi
 
 JOBS="${DSV4_JOBS:-$(nproc)}"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DDSV4_SANITIZER_BUILD_DIR="$PWD/build-asan"
+  -DDSV4_SANITIZER_BUILD_DIR="$PWD/build-asan" -DDSV4_FUZZ_BUILD_DIR="$PWD/build-fuzz"
 cmake --build build -j "$JOBS"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDSV4_SANITIZE=ON
 cmake --build build-asan -j "$JOBS"
-echo "dsv4: built build/ and build-asan/; run the tests with: ctest --test-dir build --output-on-failure -j 2"
+# The fuzz targets: -O1 keeps the build short; the CI runs are seconds long anyway.
+cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" \
+  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DDSV4_FUZZ=ON
+cmake --build build-fuzz -j "$JOBS" --target dsv4_fuzz
+echo "dsv4: built build/, build-asan/ and build-fuzz/; run the tests with: ctest --test-dir build --output-on-failure -j 2"

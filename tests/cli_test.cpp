@@ -2,38 +2,21 @@
 // a non-zero exit (never a crash) for bad input.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
-#include <array>
-#include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 
 #include "io/safetensors.h"
+#include "support/cli_run.h"
 #include "support/temp_dir.h"
 
 namespace dsv4::test {
 namespace {
 
-struct Result {
-  int code = -1;    // exit status, or -signal
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
+using Result = CliResult;
 
 Result run(const std::string& args, const TempDir& tmp) {
-  const std::string err_file = tmp / "stderr.txt";
-  const std::string cmd = std::string(DSV4_CLI) + " " + args + " 2>" + err_file;
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
-  std::ifstream is(err_file);
-  r.err.assign(std::istreambuf_iterator<char>(is), {});
-  return r;
+  return run_cli(DSV4_CLI, args, tmp);
 }
 
 class Cli : public ::testing::Test {
@@ -107,23 +90,27 @@ TEST_F(Cli, LogitsChunkingAndPromptFileGiveIdenticalBytes) {
 TEST_F(Cli, BadInputIsAOneLineErrorAndNonZeroExit) {
   const std::string m = " --model " + model();
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"generate" + m + " --prompt-ids 0,1 --bogus 3", "unknown argument '--bogus'"},
+      {"generate" + m + " --prompt-ids 0,1 --bogus 3", "unknown flag '--bogus'"},
       {"generate" + m + " --prompt-ids 0,2048", "token id 2048 out of range [0, 2048)"},
       {"generate" + m + " --prompt-ids ''", "--prompt-ids is empty"},
-      {"generate" + m + " --prompt-ids 0,,1", "is not an integer"},
-      {"generate" + m + " --prompt-ids 0,-1", "token id -1 is negative"},
+      {"generate" + m + " --prompt-ids 0,,1", "id 2 is empty (two commas in a row?)"},
+      {"generate" + m + " --prompt-ids 0,-1", "token id '-1' is negative"},
       {"generate --model /nonexistent/dir --prompt-ids 0", "does not exist"},
-      {"generate" + m, "missing required flag --prompt-ids"},
+      {"generate" + m,
+       "no prompt: give exactly one of --prompt-ids, --prompt-file, --prompt and --messages"},
       {"generate" + m + " --prompt-ids 0 --temperature -1", "--temperature"},
       {"generate" + m + " --prompt-ids 0 --max-new-tokens x", "not an integer"},
-      {"generate" + m + " --prompt-ids 0 --backend tpu", "unknown backend"},
+      {"generate" + m + " --prompt-ids 0 --backend tpu",
+       "--backend: 'tpu' is not one of cpu, cuda"},
       {"generate" + m + " --prompt-ids 0 --backend cuda", "CUDA"},
       {"logits" + m + " --prompt-ids 0", "missing required flag --out"},
-      {"logits" + m + " --prompt-ids 0 --prompt-file x --out y", "exactly one"},
+      {"logits" + m + " --prompt-ids 0 --prompt-file x --out y",
+       "several prompts: give exactly one of"},
       {"logits" + m + " --prompt-file /nonexistent --out y", "cannot open"},
       {"logits" + m + " --prompt-ids 0 --prefill-chunk -2 --out y", "--prefill-chunk"},
-      {"make-tiny --preset huge --out x", "unknown preset"},
-      {"make-tiny --preset flash --format int3 --out x", "unknown --format"},
+      {"make-tiny --preset huge --out x", "--preset: 'huge' is not one of flash, pro"},
+      {"make-tiny --preset flash --format int3 --out x",
+       "--format: 'int3' is not one of mxfp4, nvfp4"},
       {"frobnicate", "unknown command"},
   };
   for (const auto& [args, expect] : cases) {

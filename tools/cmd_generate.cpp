@@ -1,8 +1,4 @@
-// dsv4 generate --model DIR --prompt-ids 1,2,3 [--max-new-tokens N] [--temperature T]
-//               [--seed S] [--ignore-eos] [--backend cpu|cuda] [--page-size P]
-//               [--dp N] [--ep N] [--tp N]
-//               [--verify] [--cache-mb N] [--no-cuda-graphs] [--exact-linears]   (cuda only)
-// Prints the generated ids comma-separated on one line.
+// dsv4 generate: tokens from a prompt, their ids comma-separated on one line.
 #include <cstdio>
 #include <string>
 
@@ -13,23 +9,14 @@
 #include "prompt_input.h"
 
 namespace dsv4::cli {
+namespace {
 
-int cmd_generate(const Argv& argv) {
-  Args a(argv,
-         {"--model", "--prompt-ids", "--prompt", "--messages", "--max-new-tokens", "--temperature",
-          "--seed", "--backend", "--page-size", "--cache-mb", "--dp", "--ep", "--tp"},
-         {"--ignore-eos", "--verify", "--no-cuda-graphs", "--exact-linears"});
-  const std::vector<int32_t> prompt = has_text_prompt(a)
-                                          ? text_prompt_ids(a, a.str("--model"))
-                                          : parse_ids(a.str("--prompt-ids"), "--prompt-ids");
+int run(const Args& a) {
+  const std::vector<int32_t> prompt = prompt_ids(a);
   SamplingOptions s;
-  s.max_new_tokens = a.integer("--max-new-tokens", 32);
-  DSV4_CHECK(s.max_new_tokens >= 0 && s.max_new_tokens <= (1 << 24),
-             "--max-new-tokens must be in [0, 2^24]");
-  const double temperature = a.number("--temperature", 0.0);
-  DSV4_CHECK(temperature >= 0, "--temperature must be >= 0");
-  s.temperature = static_cast<float>(temperature);
-  s.seed = a.unsigned_integer("--seed", 0);
+  s.max_new_tokens = a.integer("--max-new-tokens");
+  s.temperature = static_cast<float>(a.number("--temperature"));
+  s.seed = a.unsigned_integer("--seed");
   s.stop_at_eos = !a.has("--ignore-eos");
   std::unique_ptr<Engine> e = open_engine(a, int64_t(prompt.size()) + s.max_new_tokens);
   const std::vector<int32_t> out = e->generate(prompt, s);
@@ -37,6 +24,30 @@ int cmd_generate(const Argv& argv) {
   for (size_t i = 0; i < out.size(); ++i) line += (i ? "," : "") + std::to_string(out[i]);
   std::printf("%s\n", line.c_str());
   return 0;
+}
+
+}  // namespace
+
+const Command& generate_command() {
+  static const Command c{
+      "generate",
+      "generate tokens from a prompt",
+      "dsv4 generate --model DIR (--prompt-ids IDS | --prompt-file FILE | --prompt TEXT | "
+      "--messages FILE) [flags]",
+      "Prints the generated ids comma-separated on one line (the prompt excluded); greedy unless\n"
+      "--temperature is above 0; stops after EOS unless --ignore-eos.",
+      std::vector<Flag>{
+          {"--model", "DIR", "the model directory (config.json, *.safetensors)", "", true},
+      } + prompt_flags() +
+          std::vector<Flag>{
+              {"--max-new-tokens", "N", "tokens to generate", "32", false, {}, 0, 1 << 24},
+              {"--temperature", "T", "sampling temperature, 0 = greedy", "0", false, {}, 0, 1000},
+              {"--seed", "S", "the sampler's seed (a 64-bit unsigned integer)", "0"},
+              {"--ignore-eos", "", "do not stop at EOS"},
+          } +
+          engine_flags(),
+      run};
+  return c;
 }
 
 }  // namespace dsv4::cli

@@ -1,25 +1,71 @@
-// dsv4 make-tiny --preset flash|pro --format mxfp4|nvfp4 --seed S --out DIR
+// dsv4 make-tiny: a random checkpoint with the golden sets' geometry.
 #include <cstdio>
+#include <filesystem>
 
 #include "args.h"
 #include "commands.h"
 #include "core/error.h"
 #include "model/tiny_checkpoint.h"
 
-namespace dsv4::cli {
+namespace fs = std::filesystem;
 
-int cmd_make_tiny(const Argv& argv) {
-  Args a(argv, {"--preset", "--format", "--seed", "--out"}, {});
-  const ModelConfig c = tiny_preset(a.str("--preset"));
-  const std::string fmt = a.opt("--format").value_or("mxfp4");
-  DSV4_CHECK(fmt == "mxfp4" || fmt == "nvfp4", "unknown --format '", fmt, "' (mxfp4, nvfp4)");
-  const uint64_t seed = a.unsigned_integer("--seed", 0);
-  const std::string out = a.str("--out");
+namespace dsv4::cli {
+namespace {
+
+// The files a model directory's checkpoint consists of (what --force replaces).
+bool checkpoint_file(const fs::path& p) {
+  const std::string n = p.filename().string();
+  return p.extension() == ".safetensors" || n == "model.safetensors.index.json" ||
+         n == "config.json" || n == "generation_config.json" || n == "hf_quant_config.json" ||
+         n == "tokenizer.json" || n == "tokenizer_config.json";
+}
+
+// An existing non-empty directory is refused unless --force, which removes its checkpoint
+// files so that no old shard stays beside the new ones.
+void prepare_out_dir(const std::string& out, bool force) {
+  if (!fs::exists(fs::symlink_status(out))) return;
+  DSV4_CHECK(fs::is_directory(out), out, ": exists and is not a directory");
+  if (fs::is_empty(out)) return;
+  DSV4_CHECK(force, out, ": directory is not empty (give --force to replace the checkpoint in it)");
+  for (const auto& e : fs::directory_iterator(out))
+    if (checkpoint_file(e.path())) {
+      DSV4_CHECK(e.is_regular_file() || e.is_symlink(), e.path().string(),
+                 ": is not a regular file; not removing it");
+      fs::remove(e.path());
+    }
+}
+
+int run(const Args& a) {
+  const std::string preset = a.str("--preset"), fmt = a.str("--format"), out = a.str("--out");
+  const ModelConfig c = tiny_preset(preset);
+  const uint64_t seed = a.unsigned_integer("--seed");
+  prepare_out_dir(out, a.has("--force"));
   write_tiny_checkpoint(c, fmt == "nvfp4" ? ExpertFormat::kNvfp4 : ExpertFormat::kMxfp4, seed, out,
-                        tiny_init(a.str("--preset")));
-  std::printf("wrote %s (%s, %s, seed %llu)\n", out.c_str(), a.str("--preset").c_str(), fmt.c_str(),
+                        tiny_init(preset));
+  std::printf("wrote %s (%s, %s, seed %llu)\n", out.c_str(), preset.c_str(), fmt.c_str(),
               static_cast<unsigned long long>(seed));
   return 0;
+}
+
+}  // namespace
+
+const Command& make_tiny_command() {
+  static const Command c{
+      "make-tiny",
+      "write a random tiny checkpoint",
+      "dsv4 make-tiny --preset flash|pro --out DIR [flags]",
+      "Writes config.json, generation_config.json, sharded safetensors with their index and, for\n"
+      "nvfp4, hf_quant_config.json: the official tensor names, dtypes and scale layouts with the\n"
+      "golden sets' geometry. DIR must be new or empty unless --force.",
+      {
+          {"--preset", "NAME", "the geometry", "", true, {"flash", "pro"}},
+          {"--format", "FMT", "the routed experts' format", "mxfp4", false, {"mxfp4", "nvfp4"}},
+          {"--seed", "S", "the weights' seed (a 64-bit unsigned integer)", "0"},
+          {"--out", "DIR", "the directory to write", "", true},
+          {"--force", "", "replace the checkpoint files of a non-empty DIR"},
+      },
+      run};
+  return c;
 }
 
 }  // namespace dsv4::cli

@@ -1,9 +1,4 @@
-// dsv4 tokenize --tokenizer FILE (--text T | --file F)
-// Prints the token ids of the text comma-separated on one line. No BOS is added; control-token
-// strings in the text (<｜User｜>, ...) become their ids. Invalid UTF-8 is not an error: each
-// ill-formed sequence is replaced by U+FFFD (as HF tokenizers sees text decoded with
-// errors="replace"), with a warning on stderr. FILE may also be a directory holding
-// tokenizer.json.
+// dsv4 tokenize: the token ids of a text.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -18,9 +13,9 @@
 #include "tokenizer/utf8.h"
 
 namespace dsv4::cli {
+namespace {
 
-int cmd_tokenize(const Argv& argv) {
-  Args a(argv, {"--tokenizer", "--text", "--file"}, {});
+int run(const Args& a) {
   DSV4_CHECK(a.has("--text") != a.has("--file"), "give exactly one of --text and --file");
   std::string text;
   if (a.has("--text")) {
@@ -49,6 +44,25 @@ int cmd_tokenize(const Argv& argv) {
   }
   std::printf("%s\n", line.c_str());
   return 0;
+}
+
+}  // namespace
+
+const Command& tokenize_command() {
+  static const Command c{
+      "tokenize",
+      "token ids of a text (tokenizer.json)",
+      "dsv4 tokenize --tokenizer FILE (--text T | --file F)",
+      "Prints the ids comma-separated on one line. No BOS is added; control-token strings in the\n"
+      "text (<\xef\xbd\x9cUser\xef\xbd\x9c>, ...) become their ids. Invalid UTF-8 is encoded "
+      "as U+FFFD with a warning.",
+      {
+          {"--tokenizer", "FILE", "a tokenizer.json, or a directory holding one", "", true},
+          {"--text", "T", "the text"},
+          {"--file", "F", "a file holding the text"},
+      },
+      run};
+  return c;
 }
 
 }  // namespace dsv4::cli

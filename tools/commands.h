@@ -1,19 +1,26 @@
-// The dsv4 subcommands. Each takes the arguments after its name and returns the exit code;
-// errors are thrown as dsv4::Error and reported by main as one line.
+// The dsv4 subcommands. Each is a Command (args.h): its name, help and flags, and a function
+// that takes the parsed arguments and returns the exit code; errors are thrown as dsv4::Error
+// and reported by main as one line. A new command defines `const Command& NAME_command()` in
+// its cmd_NAME.cpp and adds one line to command_table() (commands.cpp).
 #pragma once
 
-#include <string>
 #include <vector>
+
+#include "args.h"
 
 namespace dsv4::cli {
 
-using Argv = std::vector<std::string>;
+const Command& generate_command();
+const Command& logits_command();
+const Command& plan_command();
+const Command& make_tiny_command();
+const Command& tokenize_command();
+const Command& detokenize_command();
+const Command& render_command();
 
-int cmd_generate(const Argv& args);
-int cmd_logits(const Argv& args);
-int cmd_make_tiny(const Argv& args);
-int cmd_tokenize(const Argv& args);
-int cmd_detokenize(const Argv& args);
-int cmd_render(const Argv& args);
+// Every command, in the order `dsv4 --help` lists them.
+const std::vector<const Command*>& command_table();
+// Null when there is no command of that name.
+const Command* find_command(const std::string& name);
 
 }  // namespace dsv4::cli

@@ -7,30 +7,69 @@
 
 namespace dsv4::cli {
 
-std::unique_ptr<Engine> open_engine(const Args& a, int64_t max_tokens) {
+std::vector<Flag> operator+(std::vector<Flag> a, const std::vector<Flag>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::vector<Flag> engine_flags() {
+  std::vector<Flag> f;
+  f.push_back(
+      {"--backend", "NAME", "the backend that runs the model", "cpu", false, {"cpu", "cuda"}});
+  f.push_back({"--page-size", "P", "cache entries per page", "64", false, {}, 1, 4096});
+  f.push_back({"--cache-mb",
+               "N",
+               "cuda: cache pool size in MiB, 0 = sized from the memory left",
+               "0",
+               false,
+               {},
+               0,
+               1 << 30});
+  f.push_back(
+      {"--verify", "", "cuda: re-run every op on the CPU and stop at the first divergence"});
+  f.push_back({"--no-cuda-graphs", "", "cuda: run decode steps eagerly"});
+  f.push_back({"--exact-linears", "", "cuda: FP8 linears summed as the reference does (W8A16)"});
+  // The parallel engine's layout (README: The parallel engine); ranks run as threads.
+  f.push_back({"--dp", "N", "data-parallel attention groups", "1", false, {}, 1, 1024});
+  f.push_back({"--ep", "N", "expert-parallel ranks (routed experts split)", "1", false, {}, 1, 1024});
+  f.push_back({"--tp", "N", "tensor-parallel ranks per attention group", "1", false, {}, 1, 1024});
+  return f;
+}
+
+std::vector<Flag> prompt_flags() {
+  return {
+      {"--prompt-ids", "IDS",
+       "the prompt's token ids, comma-separated (\"0,17,42\" or \"0, 17, 42\")"},
+      {"--prompt-file", "FILE", "a file of token ids: comma-separated, on one or more lines"},
+      {"--prompt", "TEXT", "the prompt as text, tokenized with the model's tokenizer.json"},
+      {"--messages", "FILE", "a JSON chat (as for render), rendered and tokenized"},
+  };
+}
+
+EngineOptions engine_options(const Args& a, int64_t max_tokens) {
   EngineOptions o;
   o.model_dir = a.str("--model");
-  o.backend = a.opt("--backend").value_or("cpu");
-  const int64_t page = a.integer("--page-size", 64);
-  DSV4_CHECK(page > 0 && page <= 4096, "--page-size must be in [1, 4096]");
-  o.page_size = static_cast<int>(page);
+  o.backend = a.str("--backend");
+  o.page_size = static_cast<int>(a.integer("--page-size"));
   o.max_sequences = 1;
   o.max_tokens = std::max<int64_t>(max_tokens, 1);
   o.verify = a.has("--verify");
   o.cuda_graphs = !a.has("--no-cuda-graphs");
   o.exact_linears = a.has("--exact-linears");
-  o.dp = int(a.integer("--dp", 1));
-  o.ep = int(a.integer("--ep", 1));
-  o.tp = int(a.integer("--tp", 1));
-  DSV4_CHECK(o.dp >= 1 && o.dp <= 1024 && o.ep >= 1 && o.ep <= 1024 && o.tp >= 1 && o.tp <= 1024,
-             "--dp, --ep and --tp must be in [1, 1024]");
-  const int64_t cache_mb = a.integer("--cache-mb", 0);
-  DSV4_CHECK(cache_mb >= 0 && cache_mb <= (int64_t(1) << 30), "--cache-mb must be >= 0");
+  o.dp = static_cast<int>(a.integer("--dp"));
+  o.ep = static_cast<int>(a.integer("--ep"));
+  o.tp = static_cast<int>(a.integer("--tp"));
+  const int64_t cache_mb = a.integer("--cache-mb");
   o.cache_bytes = cache_mb << 20;
   if (o.backend != "cuda")
     DSV4_CHECK(
         !o.verify && cache_mb == 0 && o.cuda_graphs && !o.exact_linears,
         "--verify, --cache-mb, --no-cuda-graphs and --exact-linears apply to --backend cuda");
+  return o;
+}
+
+std::unique_ptr<Engine> open_engine(const Args& a, int64_t max_tokens) {
+  const EngineOptions o = engine_options(a, max_tokens);
 #if defined(DSV4_WITH_CUDA)
   register_cuda_backend();
 #endif

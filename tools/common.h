@@ -1,19 +1,26 @@
-// Pieces shared by the model-running subcommands.
+// Pieces shared by the model-running subcommands: their flags and opening the engine.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "args.h"
 #include "dsv4/engine.h"
 
 namespace dsv4::cli {
 
-// Opens --model DIR on --backend (default cpu) with room for one sequence of `max_tokens`
-// tokens and --page-size (default 64); for --backend cuda also --verify (every op re-run on
-// the CPU, the first divergence an error), --cache-mb N (cache pool size), --no-cuda-graphs
-// and --exact-linears; --dp, --ep, --tp for the parallel engine (ranks as threads on the CPU
-// backend). Commands list these flags among the ones they accept.
+// --backend, --page-size, --cache-mb, --verify, --no-cuda-graphs, --exact-linears, and the
+// parallel layout --dp, --ep, --tp.
+std::vector<Flag> engine_flags();
+// --prompt-ids, --prompt-file, --prompt, --messages (exactly one is given).
+std::vector<Flag> prompt_flags();
+// `a` followed by `b`.
+std::vector<Flag> operator+(std::vector<Flag> a, const std::vector<Flag>& b);
+
+// The engine options of engine_flags() for one sequence of up to `max_tokens` tokens.
+EngineOptions engine_options(const Args& a, int64_t max_tokens);
+// Opens --model DIR with engine_options() (registering the CUDA backend when built).
 std::unique_ptr<Engine> open_engine(const Args& a, int64_t max_tokens);
 
 }  // namespace dsv4::cli

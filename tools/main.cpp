@@ -1,59 +1,77 @@
 // dsv4: the command-line front end.
 #include <cstdio>
 #include <exception>
-#include <functional>
-#include <map>
 #include <string>
 
 #include "commands.h"
 #include "core/error.h"
+#include "core/excerpt.h"
 
 namespace {
 
-using Command = std::function<int(const dsv4::cli::Argv&)>;
+using dsv4::cli::command_table;
 
-const std::map<std::string, std::pair<Command, const char*>>& commands() {
-  static const std::map<std::string, std::pair<Command, const char*>> table = {
-      {"generate", {dsv4::cli::cmd_generate, "generate tokens from a prompt"}},
-      {"logits", {dsv4::cli::cmd_logits, "teacher-forced logits of every prompt position"}},
-      {"make-tiny", {dsv4::cli::cmd_make_tiny, "write a random tiny checkpoint"}},
-      {"tokenize", {dsv4::cli::cmd_tokenize, "token ids of a text (tokenizer.json)"}},
-      {"detokenize", {dsv4::cli::cmd_detokenize, "the text of token ids"}},
-      {"render", {dsv4::cli::cmd_render, "the DeepSeek-V4 prompt for chat messages"}},
-  };
-  return table;
+void list_commands(FILE* to) {
+  std::fprintf(to,
+               "usage: dsv4 COMMAND [flags]   (dsv4 COMMAND --help for its flags)\ncommands:\n");
+  for (const dsv4::cli::Command* c : command_table())
+    std::fprintf(to, "  %-12s %s\n", c->name.c_str(), c->summary.c_str());
 }
 
-void usage() {
-  std::fprintf(stderr, "usage: dsv4 <command> [flags]\ncommands:\n");
-  for (const auto& [name, c] : commands())
-    std::fprintf(stderr, "  %-12s %s\n", name.c_str(), c.second);
+bool is_help(const std::string& a) {
+  return a == "--help" || a == "-h";
+}
+
+// One line: a message that somehow holds a newline must not break the one-line contract.
+std::string one_line(std::string s) {
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  return s;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    usage();
+    list_commands(stderr);
     return 2;
   }
   const std::string name = argv[1];
-  if (name == "--help" || name == "-h" || name == "help") {
-    usage();
+  if (is_help(name) || name == "help") {
+    if (name == "help" && argc > 2) {
+      const dsv4::cli::Command* c = dsv4::cli::find_command(argv[2]);
+      if (c) {
+        std::fputs(dsv4::cli::command_help(*c).c_str(), stdout);
+        return 0;
+      }
+      std::fprintf(stderr, "dsv4: unknown command %s (try dsv4 --help)\n",
+                   dsv4::excerpt(argv[2]).c_str());
+      return 2;
+    }
+    list_commands(stdout);
     return 0;
   }
-  auto it = commands().find(name);
-  if (it == commands().end()) {
-    std::fprintf(stderr, "dsv4: unknown command '%s' (try dsv4 --help)\n", name.c_str());
+  const dsv4::cli::Command* c = dsv4::cli::find_command(name);
+  if (!c) {
+    std::fprintf(stderr, "dsv4: unknown command %s (try dsv4 --help)\n",
+                 dsv4::excerpt(name).c_str());
     return 2;
   }
+  const std::vector<std::string> args(argv + 2, argv + argc);
+  // --help / -h in a flag's place (not as the value of one, e.g. --prompt -h).
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (is_help(args[i])) {
+      std::fputs(dsv4::cli::command_help(*c).c_str(), stdout);
+      return 0;
+    }
+    for (const dsv4::cli::Flag& f : c->flags)
+      if (f.name == args[i] && !f.is_switch()) ++i;
+  }
   try {
-    return it->second.first(dsv4::cli::Argv(argv + 2, argv + argc));
-  } catch (const dsv4::Error& e) {
-    std::fprintf(stderr, "dsv4 %s: error: %s\n", name.c_str(), e.what());
-    return 1;
+    return c->run(dsv4::cli::Args(args, c->flags));
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "dsv4 %s: error: %s\n", name.c_str(), e.what());
+    std::fflush(stdout);
+    std::fprintf(stderr, "dsv4 %s: error: %s\n", name.c_str(), one_line(e.what()).c_str());
     return 1;
   }
 }

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/excerpt.h"
 
 namespace dsv4::cli {
 
@@ -18,7 +19,7 @@ tok::ordered_json read_json_file(const std::string& path, const char* what) {
   try {
     return ordered_json::parse(ss.str());
   } catch (const ordered_json::exception& e) {
-    throw Error(cat(path, ": invalid JSON in ", what, ": ", e.what()));
+    throw Error(cat(path, ": invalid JSON in ", what, ": ", parser_message(e.what())));
   }
 }
 
@@ -47,7 +48,8 @@ ChatRequest read_chat_request(const std::string& path) {
   for (const auto& [key, value] : j.items())
     DSV4_CHECK(
         key == "messages" || key == "tools" || key == "thinking_mode" || key == "reasoning_effort",
-        path, ": unknown key \"", key, "\" (messages, tools, thinking_mode, reasoning_effort)");
+        path, ": unknown key ", excerpt(key),
+        " (messages, tools, thinking_mode, reasoning_effort)");
   r.messages = j["messages"];
   DSV4_CHECK(r.messages.is_array(), path, ": \"messages\" must be a list");
   if (j.contains("tools")) attach_tools(r.messages, j["tools"]);
@@ -67,15 +69,15 @@ tok::Tokenizer load_tokenizer(const std::string& path) {
   return tok::Tokenizer::from_file(dir ? path + "/tokenizer.json" : path);
 }
 
-bool has_text_prompt(const Args& a) {
-  return a.has("--prompt") || a.has("--messages");
-}
-
-std::vector<int32_t> text_prompt_ids(const Args& a, const std::string& model_dir) {
-  const int given = int(a.has("--prompt")) + int(a.has("--messages")) + int(a.has("--prompt-ids")) +
-                    int(a.has("--prompt-file"));
-  DSV4_CHECK(given == 1,
-             "give exactly one of --prompt-ids, --prompt-file, --prompt and --messages");
+std::vector<int32_t> prompt_ids(const Args& a) {
+  const char* kinds[] = {"--prompt-ids", "--prompt-file", "--prompt", "--messages"};
+  int given = 0;
+  for (const char* k : kinds) given += a.has(k);
+  DSV4_CHECK(given == 1, given == 0 ? "no prompt" : "several prompts",
+             ": give exactly one of --prompt-ids, --prompt-file, --prompt and --messages");
+  if (a.has("--prompt-ids")) return parse_ids(a.str("--prompt-ids"), "--prompt-ids");
+  if (a.has("--prompt-file")) return read_id_file(a.str("--prompt-file"));
+  const std::string model_dir = a.str("--model");
   DSV4_CHECK(std::filesystem::exists(model_dir + "/tokenizer.json"), model_dir,
              " has no tokenizer.json, which --prompt and --messages need (give --prompt-ids)");
   const tok::Tokenizer tokenizer = load_tokenizer(model_dir);

@@ -1,7 +1,7 @@
-// Text prompts for the model-running commands: --prompt TEXT (tokenized as is; the tokenizer
-// adds no BOS) or --messages FILE.json (rendered in DeepSeek-V4's chat format, then tokenized),
-// with the tokenizer.json of the model directory. Also the messages-file reader `dsv4 render`
-// shares.
+// Prompts for the model-running commands: token ids (--prompt-ids, --prompt-file), or text:
+// --prompt TEXT (tokenized as is; the tokenizer adds no BOS) or --messages FILE.json (rendered
+// in DeepSeek-V4's chat format, then tokenized) with the tokenizer.json of the model
+// directory. Also the messages-file reader `dsv4 render` shares.
 #pragma once
 
 #include <cstdint>
@@ -17,13 +17,11 @@ namespace dsv4::cli {
 // A tokenizer.json, or a directory holding one.
 tok::Tokenizer load_tokenizer(const std::string& path);
 
-// Whether --prompt or --messages was given.
-bool has_text_prompt(const Args& a);
-
-// The ids of --prompt / --messages (exactly one, and neither --prompt-ids nor --prompt-file),
-// tokenized with <model_dir>/tokenizer.json. Throws dsv4::Error with a one-line reason (no
-// tokenizer in the model directory, unreadable or invalid messages file, empty prompt, ...).
-std::vector<int32_t> text_prompt_ids(const Args& a, const std::string& model_dir);
+// The prompt of a model-running command (its prompt_flags()): exactly one of --prompt-ids,
+// --prompt-file, --prompt and --messages; text is tokenized with <--model>/tokenizer.json.
+// Throws dsv4::Error with a one-line reason (none or several given, no tokenizer in the model
+// directory, unreadable or invalid messages file, empty prompt, ...).
+std::vector<int32_t> prompt_ids(const Args& a);
 
 // A messages file: a JSON list of OpenAI-style messages, or an object {"messages": [...]} that
 // may also hold "tools" (attached as attach_tools does), "thinking_mode" ("chat" | "thinking")

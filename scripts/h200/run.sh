@@ -34,7 +34,7 @@ if [ "$WHAT" = "cli" ]; then
   rc=0
   for p in flash pro; do
     D="/tmp/dsv4-tiny-$p"
-    build-cli/tools/dsv4 make-tiny --preset $p --format nvfp4 --seed 1 --out "$D" > /dev/null || rc=1
+    build-cli/tools/dsv4 make-tiny --preset $p --format nvfp4 --seed 1 --out "$D" --force > /dev/null || rc=1
     for flags in "--backend cpu" "--backend cuda" "--backend cuda --verify" "--backend cuda --exact-linears --verify"; do
       echo "$ dsv4 generate --model $D --prompt-ids 0,17,42,99 --max-new-tokens 8 $flags"
       out=$(build-cli/tools/dsv4 generate --model "$D" --prompt-ids 0,17,42,99 --max-new-tokens 8 $flags 2>&1) || rc=1

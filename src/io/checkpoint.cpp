@@ -7,6 +7,8 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/excerpt.h"
+#include "io/json_keys.h"
 
 namespace fs = std::filesystem;
 
@@ -18,21 +20,26 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   if (fs::exists(index_path)) {
     std::ifstream is(index_path);
     DSV4_CHECK(is.good(), index_path.string(), ": cannot open");
+    const std::string text(std::istreambuf_iterator<char>(is), {});
     nlohmann::json index;
+    DuplicateKey dup;
     try {
-      index = nlohmann::json::parse(is);
+      index = parse_json_noting_duplicates(text, &dup);
     } catch (const nlohmann::json::exception& e) {
-      throw Error(cat(index_path.string(), ": not valid JSON: ", e.what()));
+      throw Error(cat(index_path.string(), ": not valid JSON: ", parser_message(e.what())));
     }
+    DSV4_CHECK(dup.key.empty(), index_path.string(), ": key ", excerpt(dup.key),
+               " appears twice in one object");
     DSV4_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
                index_path.string(), ": missing object 'weight_map'");
     std::map<std::string, std::vector<std::string>> by_file;
     for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
-      DSV4_CHECK(it.value().is_string(), index_path.string(), ": weight_map entry '", it.key(),
-                 "' is not a file name");
+      DSV4_CHECK(it.value().is_string(), index_path.string(), ": weight_map entry ",
+                 excerpt(it.key(), 120), " is not a file name");
       const std::string file = it.value().get<std::string>();
       DSV4_CHECK(file.find('/') == std::string::npos && file.find("..") == std::string::npos,
-                 index_path.string(), ": shard name '", file, "' must be a plain file name");
+                 index_path.string(), ": shard name ", excerpt(file, 120),
+                 " must be a plain file name");
       by_file[file].push_back(it.key());
     }
     DSV4_CHECK(!by_file.empty(), index_path.string(), ": weight_map is empty");
@@ -50,9 +57,15 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
                    "' to this shard but it is not there");
         where_[n] = &f.get(n);
       }
-      for (const auto& [n, t] : f.tensors())
-        DSV4_CHECK(listed.count(n), p.string(), ": tensor '", n,
-                   "' is in the shard but not in model.safetensors.index.json");
+      for (const auto& [n, t] : f.tensors()) {
+        if (listed.count(n)) continue;
+        const auto& map = index["weight_map"];
+        DSV4_CHECK(!map.contains(n), p.string(), ": tensor ", excerpt(n, 120),
+                   " is also in shard '", map[n].get<std::string>(),
+                   "', to which the index assigns it (duplicate tensor name)");
+        throw Error(cat(p.string(), ": tensor ", excerpt(n, 120),
+                        " is in the shard but not in model.safetensors.index.json"));
+      }
     }
     return;
   }

@@ -9,11 +9,13 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/excerpt.h"
+#include "io/json_keys.h"
+#include "io/output_file.h"
 
 namespace dsv4 {
 
@@ -56,6 +58,8 @@ MappedFile::~MappedFile() {
 namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 512ull << 20;
+// Tensor names quoted in errors (real ones are under 60 characters).
+constexpr size_t kNameChars = 120;
 
 // Product of dims, or nullopt-equivalent (-1) on negative dims or overflow.
 int64_t checked_numel(const std::vector<int64_t>& shape) {
@@ -70,25 +74,39 @@ int64_t checked_numel(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
-  const size_t size = file_.size();
+SafetensorsFile::SafetensorsFile(const std::string& path)
+    : file_(std::make_unique<MappedFile>(path)), path_(path) {
+  parse(file_->data(), file_->size());
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& name, const uint8_t* data, size_t size)
+    : path_(name) {
+  parse(data, size);
+}
+
+void SafetensorsFile::parse(const uint8_t* file_data, size_t size) {
+  const std::string& path = path_;
   DSV4_CHECK(size >= 8, path, ": truncated safetensors file (", size,
              " bytes, shorter than the 8-byte header length)");
   uint64_t hlen = 0;
-  std::memcpy(&hlen, file_.data(), 8);  // little-endian on every platform we build for
+  std::memcpy(&hlen, file_data, 8);  // little-endian on every platform we build for
   DSV4_CHECK(hlen <= kMaxHeaderBytes, path, ": corrupt safetensors header length ", hlen);
   DSV4_CHECK(hlen <= size - 8, path, ": truncated safetensors file: header of ", hlen,
              " bytes but only ", size - 8, " bytes follow the length field");
-  const char* hbeg = reinterpret_cast<const char*>(file_.data() + 8);
+  const char* hbeg = reinterpret_cast<const char*>(file_data + 8);
   nlohmann::json header;
+  DuplicateKey dup;
   try {
-    header = nlohmann::json::parse(hbeg, hbeg + hlen);
+    header = parse_json_noting_duplicates(std::string_view(hbeg, hlen), &dup);
   } catch (const nlohmann::json::exception& e) {
-    throw Error(cat(path, ": safetensors header is not valid JSON: ", e.what()));
+    throw Error(cat(path, ": safetensors header is not valid JSON: ", parser_message(e.what())));
   }
   DSV4_CHECK(header.is_object(), path, ": safetensors header is not a JSON object");
+  DSV4_CHECK(dup.key.empty(), path, ": safetensors header names ",
+             dup.depth == 1 ? "tensor " : "key ", excerpt(dup.key), " twice (duplicate ",
+             dup.depth == 1 ? "tensor name)" : "key)");
 
-  const uint8_t* data_start = file_.data() + 8 + hlen;
+  const uint8_t* data_start = file_data + 8 + hlen;
   const uint64_t data_len = size - 8 - hlen;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   std::vector<const std::string*> range_names;
@@ -99,13 +117,13 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
     if (name == "__metadata__") {
       DSV4_CHECK(v.is_object(), path, ": __metadata__ is not an object");
       for (auto m = v.begin(); m != v.end(); ++m) {
-        DSV4_CHECK(m.value().is_string(), path, ": __metadata__ value of '", m.key(),
-                   "' is not a string");
+        DSV4_CHECK(m.value().is_string(), path, ": __metadata__ value of ",
+                   excerpt(m.key(), kNameChars), " is not a string");
         metadata_[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
-    auto where = [&] { return cat(path, ": tensor '", name, "'"); };
+    auto where = [&] { return cat(path, ": tensor ", excerpt(name, kNameChars)); };
     DSV4_CHECK(v.is_object(), where(), ": entry is not an object");
     DSV4_CHECK(v.contains("dtype") && v["dtype"].is_string(), where(), ": missing dtype");
     DSV4_CHECK(v.contains("shape") && v["shape"].is_array(), where(), ": missing shape");
@@ -114,7 +132,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
         where(), ": missing or malformed data_offsets");
     const std::string dt = v["dtype"].get<std::string>();
     auto dtype = dtype_from_name(dt);
-    DSV4_CHECK(dtype.has_value(), where(), ": unsupported dtype '", dt, "'");
+    DSV4_CHECK(dtype.has_value(), where(), ": unsupported dtype ", excerpt(dt));
     TensorView t;
     t.name = name;
     t.dtype = *dtype;
@@ -150,8 +168,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
     const auto& prev = ranges[order[i - 1]];
     const auto& cur = ranges[order[i]];
     DSV4_CHECK(cur.first >= prev.second || cur.first == cur.second || prev.first == prev.second,
-               path, ": tensors '", *range_names[order[i - 1]], "' and '", *range_names[order[i]],
-               "' overlap");
+               path, ": tensors ", excerpt(*range_names[order[i - 1]], kNameChars), " and ",
+               excerpt(*range_names[order[i]], kNameChars), " overlap");
   }
 }
 
@@ -193,21 +211,12 @@ void SafetensorsWriter::write(const std::string& path) const {
   }
   std::string h = header.dump();
   while (h.size() % 8) h.push_back(' ');
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream os(tmp, std::ios::binary | std::ios::trunc);
-    DSV4_CHECK(os.good(), tmp, ": cannot open for writing");
-    uint64_t hlen = h.size();
-    os.write(reinterpret_cast<const char*>(&hlen), 8);
-    os.write(h.data(), static_cast<std::streamsize>(h.size()));
-    for (const auto& e : entries_)
-      os.write(reinterpret_cast<const char*>(e.bytes.data()),
-               static_cast<std::streamsize>(e.bytes.size()));
-    os.flush();
-    DSV4_CHECK(os.good(), tmp, ": write failed");
-  }
-  DSV4_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, path, ": cannot rename from ", tmp, ": ",
-             std::strerror(errno));
+  OutputFile out(path);
+  const uint64_t hlen = h.size();
+  out.write(&hlen, 8);
+  out.write(h.data(), h.size());
+  for (const auto& e : entries_) out.write(e.bytes.data(), e.bytes.size());
+  out.commit();
 }
 
 }  // namespace dsv4

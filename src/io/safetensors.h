@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,8 +36,11 @@ class SafetensorsFile {
   // dtype, every shape against its byte range, ranges inside the file and not overlapping.
   // Throws dsv4::Error naming the file (and tensor) on any defect.
   explicit SafetensorsFile(const std::string& path);
+  // The same validation of bytes the caller owns (and keeps alive); `name` stands for the
+  // path in errors. For tests and the header fuzzer.
+  SafetensorsFile(const std::string& name, const uint8_t* data, size_t size);
 
-  const std::string& path() const { return file_.path(); }
+  const std::string& path() const { return path_; }
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
   // Throws if absent.
   const TensorView& get(const std::string& name) const;
@@ -44,7 +48,10 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
  private:
-  MappedFile file_;
+  void parse(const uint8_t* data, size_t size);
+
+  std::unique_ptr<MappedFile> file_;  // null for caller-owned bytes
+  std::string path_;
   std::map<std::string, TensorView> tensors_;
   std::map<std::string, std::string> metadata_;
 };

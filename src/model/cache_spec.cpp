@@ -75,6 +75,12 @@ int64_t cache_bytes(const ModelConfig& m, const CacheConfig& c) {
   return total;
 }
 
+CacheConfig cache_fixed_part(const ModelConfig& c, int max_seqs, int page_size) {
+  CacheConfig fixed = cache_capacity(c, max_seqs, 0, page_size);
+  fixed.pages[int(PageKind::kC4)] = fixed.pages[int(PageKind::kC128)] = 0;
+  return fixed;
+}
+
 CacheConfig plan_cache(const ModelConfig& c, int max_seqs, int64_t max_context, int page_size,
                        int64_t budget, int extra_slots) {
   DSV4_CHECK(extra_slots >= 0, "negative extra cache slots");
@@ -85,8 +91,7 @@ CacheConfig plan_cache(const ModelConfig& c, int max_seqs, int64_t max_context, 
     want.pages[int(PageKind::kWindow)] += extra.pages[int(PageKind::kWindow)];
   }
   if (budget <= 0) return want;
-  CacheConfig fixed = want;
-  fixed.pages[int(PageKind::kC4)] = fixed.pages[int(PageKind::kC128)] = 0;
+  const CacheConfig fixed = cache_fixed_part(c, max_seqs, page_size);
   const int64_t base = cache_bytes(c, fixed);
   DSV4_CHECK(base <= budget, "cache budget of ", budget, " bytes is below the ", base, " bytes (",
              (base + (1 << 20) - 1) >> 20, " MiB) that the window rings and compressor ",

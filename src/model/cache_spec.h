@@ -39,6 +39,11 @@ constexpr int64_t kCacheStoreAlign = 256;
 // The whole pool's bytes.
 int64_t cache_bytes(const ModelConfig& m, const CacheConfig& c);
 
+// The part of every pool that does not depend on the context: the window rings and
+// compressor states of `max_seqs` sequences (no compressed pages). Its bytes are the least
+// a pool for `max_seqs` sequences takes.
+CacheConfig cache_fixed_part(const ModelConfig& c, int max_seqs, int page_size);
+
 // The pool for `max_seqs` sequences of up to `max_context` tokens (`budget_bytes` <= 0), or
 // one of at most `budget_bytes` (window pages and state slots for max_seqs sequences, the rest
 // shared by the C4 and C128 stores in the model's per-token proportion). `extra_slots` more

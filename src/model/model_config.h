@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ops/common/score_func.h"
@@ -56,9 +57,28 @@ struct ModelConfig {
   int mix_hc() const { return (2 + hc_mult) * hc_mult; }
   int heads_per_group() const { return n_heads / o_groups; }
 
-  // Throws dsv4::Error naming the first inconsistent field.
+  // Throws dsv4::Error naming the first field outside its bounds (config_bounds()) or
+  // inconsistent with another.
   void validate() const;
 };
+
+// The documented bounds of every numeric config.json field (README, "Config bounds"). They are
+// generous for any DeepSeek-V4 geometry (the released Flash and Pro values sit far inside) and
+// finite, so that no value can make a loop or an allocation explode before the memory plan
+// weighs it. The parser reads each value into its full range first, so nothing wraps around.
+struct ConfigBound {
+  const char* key;  // the config.json key ("rope_scaling.factor" for nested ones)
+  double min, max;
+  bool min_exclusive = false;  // (min, max] rather than [min, max]
+};
+const std::vector<ConfigBound>& config_bounds();
+// The bound of `key` (which must be in the table).
+const ConfigBound& config_bound(std::string_view key);
+bool within(const ConfigBound& b, double value);
+// "[1, 1024]" or "(0, 1]"
+std::string bound_text(const ConfigBound& b);
+// The allowed entries of compress_ratios.
+constexpr int kCompressRatios[] = {0, 4, 128};
 
 // Reads a Hugging Face config.json (DeepseekV4ForCausalLM). Unknown architecture or a
 // missing field is an error naming the file and field.

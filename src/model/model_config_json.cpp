@@ -4,6 +4,8 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/excerpt.h"
+#include "io/json_keys.h"
 #include "model/model_config.h"
 
 namespace dsv4 {
@@ -13,49 +15,73 @@ using nlohmann::json;
 
 class Reader {
  public:
-  Reader(const json& j, const std::string& origin) : j_(j), origin_(origin) {}
+  // `prefix`: the object's path for nested objects ("rope_scaling."), "" for the top level.
+  Reader(const json& j, const std::string& origin, std::string prefix = "")
+      : j_(j), origin_(origin), prefix_(std::move(prefix)) {}
 
   const json& field(const char* key) const {
-    DSV4_CHECK(j_.contains(key), origin_, ": missing field '", key, "'");
+    DSV4_CHECK(j_.contains(key), origin_, ": missing field '", prefix_, key, "'");
     return j_.at(key);
   }
+  // An integer within the field's documented bound (config_bounds()), read over the whole
+  // JSON range first so that nothing wraps around on the way to int.
   int64_t integer(const char* key) const {
     const json& v = field(key);
-    DSV4_CHECK(v.is_number_integer(), origin_, ": field '", key, "' must be an integer");
+    const ConfigBound& b = config_bound(prefix_ + key);
+    DSV4_CHECK(v.is_number_integer(), origin_, ": field '", prefix_, key,
+               "' must be an integer, got ", excerpt(v.dump()));
+    const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(b.max)
+                                             : within(b, double(v.get<int64_t>()));
+    DSV4_CHECK(fits && within(b, v.get<double>()), origin_, ": field '", prefix_, key,
+               "' = ", v.dump(), " is out of range ", bound_text(b));
     return v.get<int64_t>();
   }
-  int i32(const char* key) const {
-    int64_t v = integer(key);
-    DSV4_CHECK(v >= -(1ll << 31) && v < (1ll << 31), origin_, ": field '", key,
-               "' is out of range");
-    return static_cast<int>(v);
-  }
+  int i32(const char* key) const { return static_cast<int>(integer(key)); }
+  // A finite number within the field's documented bound.
   double number(const char* key) const {
     const json& v = field(key);
-    DSV4_CHECK(v.is_number(), origin_, ": field '", key, "' must be a number");
+    DSV4_CHECK(v.is_number(), origin_, ": field '", prefix_, key, "' must be a number, got ",
+               excerpt(v.dump()));
+    const ConfigBound& b = config_bound(prefix_ + key);
+    DSV4_CHECK(within(b, v.get<double>()), origin_, ": field '", prefix_, key, "' = ", v.dump(),
+               " is out of range ", bound_text(b));
     return v.get<double>();
+  }
+  // number() for a field held as float: the rounded value must be within the bound too
+  // (1e-50 would become 0).
+  float f32(const char* key) const {
+    const double v = number(key);
+    const auto f = static_cast<float>(v);
+    DSV4_CHECK(within(config_bound(prefix_ + key), f), origin_, ": field '", prefix_, key,
+               "' = ", field(key).dump(), " is out of range ",
+               bound_text(config_bound(prefix_ + key)), " once rounded to float (", f, ")");
+    return f;
   }
   std::string str(const char* key) const {
     const json& v = field(key);
-    DSV4_CHECK(v.is_string(), origin_, ": field '", key, "' must be a string");
+    DSV4_CHECK(v.is_string(), origin_, ": field '", prefix_, key, "' must be a string");
     return v.get<std::string>();
   }
 
  private:
   const json& j_;
   const std::string& origin_;
+  std::string prefix_;
 };
 
 }  // namespace
 
 ModelConfig parse_model_config(const std::string& text, const std::string& origin) {
   json j;
+  DuplicateKey dup;
   try {
-    j = json::parse(text);
+    j = parse_json_noting_duplicates(text, &dup);
   } catch (const json::exception& e) {
-    throw Error(cat(origin, ": not valid JSON: ", e.what()));
+    throw Error(cat(origin, ": not valid JSON: ", parser_message(e.what())));
   }
   DSV4_CHECK(j.is_object(), origin, ": not a JSON object");
+  DSV4_CHECK(dup.key.empty(), origin, ": field ", excerpt(dup.key),
+             " is given twice (which one is meant?)");
   Reader r(j, origin);
 
   bool known = false;
@@ -65,8 +91,8 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   if (!known) {
     std::string arch = j.contains("architectures") ? j["architectures"].dump() : "(none)";
     std::string type = j.contains("model_type") ? j["model_type"].dump() : "(none)";
-    throw Error(cat(origin, ": unsupported architecture ", arch, " (model_type ", type,
-                    "); dsv4 runs DeepseekV4ForCausalLM"));
+    throw Error(cat(origin, ": unsupported architecture ", excerpt(arch), " (model_type ",
+                    excerpt(type), "); dsv4 runs DeepseekV4ForCausalLM"));
   }
 
   ModelConfig c;
@@ -75,8 +101,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   c.n_layers = r.i32("num_hidden_layers");
   c.n_mtp_layers = r.i32("num_nextn_predict_layers");
   c.n_heads = r.i32("num_attention_heads");
-  DSV4_CHECK(r.i32("num_key_value_heads") == 1, origin,
-             ": num_key_value_heads must be 1 (one shared KV latent)");
+  r.integer("num_key_value_heads");  // 1: one shared KV latent
   c.head_dim = r.i32("head_dim");
   c.rope_head_dim = r.i32("qk_rope_head_dim");
   c.q_lora_rank = r.i32("q_lora_rank");
@@ -85,8 +110,15 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   c.window_size = r.i32("sliding_window");
   const json& ratios = r.field("compress_ratios");
   DSV4_CHECK(ratios.is_array(), origin, ": field 'compress_ratios' must be a list");
-  for (const auto& v : ratios) {
-    DSV4_CHECK(v.is_number_integer(), origin, ": compress_ratios must hold integers");
+  for (size_t i = 0; i < ratios.size(); ++i) {
+    const json& v = ratios[i];
+    bool ok = false;
+    for (int allowed : kCompressRatios)
+      ok |= v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > 128) &&
+            v.get<int64_t>() == allowed;
+    DSV4_CHECK(ok, origin, ": compress_ratios[", i,
+               "] = ", v.is_number() ? v.dump() : excerpt(v.dump()),
+               " is not supported (0, 4 or 128)");
     c.compress_ratios.push_back(v.get<int>());
   }
   c.index_n_heads = r.i32("index_n_heads");
@@ -97,18 +129,19 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
     const json& rs = j["rope_scaling"];
     DSV4_CHECK(rs.is_object(), origin, ": 'rope_scaling' must be an object");
-    Reader s(rs, origin + " rope_scaling");
+    Reader s(rs, origin, "rope_scaling.");
     std::string type = rs.contains("type") ? s.str("type") : s.str("rope_type");
-    DSV4_CHECK(type == "yarn", origin, ": rope_scaling type '", type, "' is not supported (yarn)");
+    DSV4_CHECK(type == "yarn", origin, ": rope_scaling type ", excerpt(type),
+               " is not supported (yarn)");
     c.rope_factor = s.number("factor");
     c.original_seq_len = s.integer("original_max_position_embeddings");
     c.beta_fast = s.number("beta_fast");
     c.beta_slow = s.number("beta_slow");
   }
-  c.norm_eps = static_cast<float>(r.number("rms_norm_eps"));
+  c.norm_eps = r.f32("rms_norm_eps");
   c.hc_mult = r.i32("hc_mult");
   c.hc_sinkhorn_iters = r.i32("hc_sinkhorn_iters");
-  c.hc_eps = static_cast<float>(r.number("hc_eps"));
+  c.hc_eps = r.f32("hc_eps");
   c.n_routed_experts = r.i32("n_routed_experts");
   c.n_shared_experts = r.i32("n_shared_experts");
   c.n_activated_experts = r.i32("num_experts_per_tok");
@@ -122,23 +155,24 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   else if (sf == "sigmoid")
     c.score_func = ScoreFunc::kSigmoid;
   else
-    throw Error(cat(origin, ": unsupported scoring_func '", sf, "'"));
+    throw Error(cat(origin, ": unsupported scoring_func ", excerpt(sf),
+                    " (sqrtsoftplus, softmax, sigmoid)"));
   if (j.contains("topk_method")) {
     std::string tm = r.str("topk_method");
-    DSV4_CHECK(tm == "noaux_tc", origin, ": unsupported topk_method '", tm, "' (noaux_tc)");
+    DSV4_CHECK(tm == "noaux_tc", origin, ": unsupported topk_method ", excerpt(tm), " (noaux_tc)");
   }
   if (j.contains("norm_topk_prob"))
     DSV4_CHECK(j["norm_topk_prob"].is_boolean() && j["norm_topk_prob"].get<bool>(), origin,
                ": norm_topk_prob must be true");
-  c.route_scale = static_cast<float>(r.number("routed_scaling_factor"));
-  c.swiglu_limit = static_cast<float>(r.number("swiglu_limit"));
+  c.route_scale = r.f32("routed_scaling_factor");
+  c.swiglu_limit = r.f32("swiglu_limit");
   c.bos_token_id = r.i32("bos_token_id");
   c.eos_token_id = r.i32("eos_token_id");
   c.max_position_embeddings = r.integer("max_position_embeddings");
 
   const json& q = r.field("quantization_config");
   DSV4_CHECK(q.is_object(), origin, ": 'quantization_config' must be an object");
-  Reader qr(q, origin + " quantization_config");
+  Reader qr(q, origin, "quantization_config.");
   DSV4_CHECK(qr.str("quant_method") == "fp8", origin,
              ": quantization_config.quant_method must be 'fp8'");
   if (q.contains("fmt"))
@@ -152,7 +186,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   if (q.contains("moe_quant_algo")) {
     c.moe_quant_algo = qr.str("moe_quant_algo");
     DSV4_CHECK(c.moe_quant_algo == "NVFP4" || c.moe_quant_algo == "MXFP4", origin,
-               ": unsupported moe_quant_algo '", c.moe_quant_algo, "'");
+               ": unsupported moe_quant_algo ", excerpt(c.moe_quant_algo), " (MXFP4, NVFP4)");
     if (c.moe_quant_algo == "MXFP4") c.moe_quant_algo.clear();
   }
   try {

@@ -5,6 +5,7 @@
 #include <regex>
 
 #include "core/error.h"
+#include "core/excerpt.h"
 #include "model/quant_scheme.h"
 
 namespace dsv4 {
@@ -22,7 +23,7 @@ QuantScheme QuantScheme::load(const std::string& dir, const ModelConfig& config)
   try {
     j = nlohmann::json::parse(is);
   } catch (const nlohmann::json::exception& e) {
-    throw Error(cat(p, ": not valid JSON: ", e.what()));
+    throw Error(cat(p, ": not valid JSON: ", parser_message(e.what())));
   }
   DSV4_CHECK(j.is_object() && j.contains("quantization") && j["quantization"].is_object(), p,
              ": missing object 'quantization'");

@@ -18,19 +18,26 @@ int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
-// Looks tensors up by expected name, dtype and shape and records every deviation.
+// Looks tensors up by expected name, dtype and shape and records every deviation. Without a
+// checkpoint it only lists what it would look up (weight_inventory).
 class Binder {
  public:
-  explicit Binder(const Checkpoint& ckpt) : ckpt_(ckpt) {}
+  explicit Binder(const Checkpoint* ckpt, std::vector<ExpectedTensor>* inventory = nullptr)
+      : ckpt_(ckpt), inventory_(inventory) {}
 
   const TensorView* get(const std::string& name, std::initializer_list<DType> dtypes,
                         std::vector<int64_t> shape) {
+    if (!ckpt_) {
+      inventory_->push_back({name, *dtypes.begin(), std::move(shape)});
+      return nullptr;
+    }
+    const Checkpoint& ckpt = *ckpt_;
     expected_.insert(name);
-    if (!ckpt_.contains(name)) {
+    if (!ckpt.contains(name)) {
       missing_.push_back(cat(name, " ", dtype_name(*dtypes.begin()), " ", shape_str(shape)));
       return nullptr;
     }
-    const TensorView& t = ckpt_.get(name);
+    const TensorView& t = ckpt.get(name);
     bool dtype_ok = false;
     for (DType d : dtypes) dtype_ok |= (t.dtype == d);
     if (!dtype_ok || t.shape != shape) {
@@ -79,12 +86,13 @@ class Binder {
 
   // Throws when anything deviated.
   void finish() {
+    if (!ckpt_) return;
     std::vector<std::string> extra;
-    for (const auto& n : ckpt_.names())
+    for (const auto& n : ckpt_->names())
       if (!expected_.count(n)) extra.push_back(n);
     if (missing_.empty() && wrong_.empty() && extra.empty()) return;
     std::ostringstream os;
-    os << ckpt_.dir() << ": checkpoint does not match config.json:";
+    os << ckpt_->dir() << ": checkpoint does not match config.json:";
     auto list = [&](const char* what, const std::vector<std::string>& v) {
       if (v.empty()) return;
       os << " " << v.size() << " " << what << " [";
@@ -99,15 +107,18 @@ class Binder {
   }
 
  private:
-  const Checkpoint& ckpt_;
+  const Checkpoint* ckpt_;
+  std::vector<ExpectedTensor>* inventory_;
   std::set<std::string> expected_;
   std::vector<std::string> missing_, wrong_;
 };
 
 }  // namespace
 
-WeightsRef bind_weights(const Checkpoint& ckpt, const ModelConfig& c, const QuantScheme& scheme) {
-  Binder b(ckpt);
+namespace {
+
+// The one walk over the model's tensors, for binding and for the inventory alike.
+WeightsRef bind(Binder& b, const ModelConfig& c, const QuantScheme& scheme) {
   WeightsRef w;
   const int64_t dim = c.dim, hc_dim = int64_t(c.hc_mult) * c.dim;
   w.embed = b.get("embed.weight", {DType::kBF16}, {c.vocab_size, dim});
@@ -181,6 +192,20 @@ WeightsRef bind_weights(const Checkpoint& ckpt, const ModelConfig& c, const Quan
   }
   b.finish();
   return w;
+}
+
+}  // namespace
+
+WeightsRef bind_weights(const Checkpoint& ckpt, const ModelConfig& c, const QuantScheme& scheme) {
+  Binder b(&ckpt);
+  return bind(b, c, scheme);
+}
+
+std::vector<ExpectedTensor> weight_inventory(const ModelConfig& c, const QuantScheme& scheme) {
+  std::vector<ExpectedTensor> v;
+  Binder b(nullptr, &v);
+  bind(b, c, scheme);
+  return v;
 }
 
 }  // namespace dsv4

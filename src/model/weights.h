@@ -72,6 +72,15 @@ struct WeightsRef {
 WeightsRef bind_weights(const Checkpoint& ckpt, const ModelConfig& config,
                         const QuantScheme& scheme);
 
+// The tensors bind_weights expects, in its order: name, dtype (the first it accepts) and
+// shape. From the config and scheme alone (the memory plan sizes the weights with it).
+struct ExpectedTensor {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+};
+std::vector<ExpectedTensor> weight_inventory(const ModelConfig& config, const QuantScheme& scheme);
+
 // "layers.3." or "mtp.0."
 std::string block_prefix(const ModelConfig& config, int block);
 

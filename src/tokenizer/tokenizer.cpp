@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/excerpt.h"
 #include "tokenizer/added_tokens.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/byte_level.h"
@@ -155,7 +156,7 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& or
   try {
     root = json::parse(json_text);
   } catch (const json::exception& e) {
-    throw Error(cat(origin, ": invalid JSON: ", e.what()));
+    throw Error(cat(origin, ": invalid JSON: ", parser_message(e.what())));
   }
   auto impl = std::make_unique<Impl>();
   try {

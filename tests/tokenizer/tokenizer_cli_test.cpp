@@ -146,14 +146,14 @@ TEST_F(TokenizerCli, BadInputGivesOneLineErrors) {
   write_file(tmp("broken.json"), R"([{"role": "user", "content": )");
   write_file(tmp("role.json"), R"([{"role": "wizard", "content": "hi"}])");
   expect_error(dsv4("render --messages " + tmp("ok.json") + " --frobnicate 1"), "render",
-               "unknown argument '--frobnicate'");
+               "unknown flag '--frobnicate'");
   expect_error(dsv4("render --messages " + tmp("missing.json")), "render", "cannot open");
   expect_error(dsv4("render --messages " + tmp("broken.json")), "render", "invalid JSON");
   expect_error(dsv4("render --messages " + tmp("role.json")), "render", "unknown message role");
   expect_error(dsv4("render --messages " + tmp("ok.json") + " --mode deep"), "render",
-               "unknown thinking mode");
+               "--mode: 'deep' is not one of chat, thinking");
   expect_error(dsv4("render --messages " + tmp("ok.json") + " --reasoning-effort extreme"),
-               "render", "unknown reasoning effort");
+               "render", "--reasoning-effort: 'extreme' is not one of high, max");
   expect_error(dsv4("render --messages " + tmp("ok.json") + " --tools " + tmp("broken.json")),
                "render", "invalid JSON");
   expect_error(dsv4("render"), "render", "missing required flag --messages");
@@ -166,7 +166,7 @@ TEST_F(TokenizerCli, BadInputGivesOneLineErrors) {
   expect_error(dsv4("tokenize --tokenizer " + tmp("tiny.json") + " --file " + tmp("nope.txt")),
                "tokenize", "cannot open text file");
   expect_error(dsv4("detokenize --tokenizer " + tmp("tiny.json") + " --ids 1,x"), "detokenize",
-               "not an integer");
+               "'x' is not a token id");
   expect_error(dsv4("detokenize --tokenizer " + tmp("tiny.json") + " --ids 5000"), "detokenize",
                "not in the vocabulary");
 }

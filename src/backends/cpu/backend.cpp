@@ -9,6 +9,8 @@
 #include "backends/cpu/runner.h"
 #include "core/error.h"
 #include "model/cache_spec.h"
+#include "model/memory_plan.h"
+#include "model/weight_scan.h"
 
 namespace dsv4 {
 
@@ -19,14 +21,20 @@ std::unique_ptr<Runner> open_cpu_runner(const RunnerOptions& o) {
   DSV4_CHECK(o.cache_bytes >= 0, "negative cache size");
   DSV4_CHECK(!o.verify,
              "verify mode checks the CUDA backend against the CPU ops: it needs backend 'cuda'");
+  DSV4_CHECK(std::filesystem::is_directory(o.model_dir), o.model_dir,
+             ": model directory does not exist");
+  const ModelConfig config =
+      load_model_config((std::filesystem::path(o.model_dir) / "config.json").string());
+  const QuantScheme scheme = QuantScheme::load(o.model_dir, config);
+  // The memory plan first: refuse what cannot fit before loading or allocating anything.
+  // (Ranks as threads share this process: their shards together hold at most dp copies of
+  // the attention weights and one of the experts; the plan counts one model.)
+  const MemoryPlan plan = plan_memory(config, scheme, memory_plan_options(o, PlanBackend::kCpu));
+  require_fits(plan.pools.at(0), host_available_bytes(), "MemAvailable");
   const ParallelConfig par{o.dp, o.ep, o.tp};
   if (!par.single()) {
-    DSV4_CHECK(std::filesystem::is_directory(o.model_dir), o.model_dir,
-               ": model directory does not exist");
-    const ModelConfig config =
-        load_model_config((std::filesystem::path(o.model_dir) / "config.json").string());
-    const QuantScheme scheme = QuantScheme::load(o.model_dir, config);
     const Checkpoint ckpt(o.model_dir);
+    check_weights_finite(ckpt);
     const WeightsRef ref = bind_weights(ckpt, config, scheme);
     const CacheConfig cc =
         plan_cache(config, o.max_sequences, o.max_tokens, o.page_size, o.cache_bytes,

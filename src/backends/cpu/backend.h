@@ -1,5 +1,6 @@
 // The CPU backend as a Runner, opened from a model directory (the reference engine: every
-// CUDA kernel is tested against it).
+// CUDA kernel is tested against it). Opening consults the memory plan first (host memory:
+// MemAvailable) and refuses, with the figures, a configuration that cannot fit.
 #pragma once
 
 #include <memory>

@@ -5,6 +5,7 @@
 #include "backends/cpu/weights.h"
 #include "core/error.h"
 #include "io/checkpoint.h"
+#include "model/weight_scan.h"
 #include "model/weights.h"
 
 namespace dsv4 {
@@ -16,6 +17,7 @@ LoadedModel load_cpu_model(const std::string& dir) {
   m.scheme = QuantScheme::load(dir, m.config);
   Checkpoint ckpt(dir);
   const WeightsRef ref = bind_weights(ckpt, m.config, m.scheme);
+  check_weights_finite(ckpt);
   m.model = std::make_unique<CpuModel>(m.config, cpu::prepare_weights(m.config, ref));
   return m;
 }

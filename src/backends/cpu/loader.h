@@ -1,5 +1,5 @@
 // Opening a model directory: config.json, the quantisation scheme, the checkpoint's
-// inventory check, and the CPU backend's weights.
+// inventory check, the scan for non-finite weights, and the CPU backend's weights.
 #pragma once
 
 #include <memory>

@@ -184,4 +184,30 @@ ModelWeights prepare_weights(const ModelConfig& c, const WeightsRef& ref, const 
   return m;
 }
 
+int64_t weight_bytes(const ModelWeights& m) {
+  int64_t n = 0;
+  auto v = [&](const auto& vec) { n += int64_t(vec.size() * sizeof(vec[0])); };
+  auto lin = [&](const Linear& l) { v(l.wt); };
+  auto hcw = [&](const HcWeights& h) { v(h.fn), v(h.base), v(h.scale); };
+  auto comp = [&](const CompressorWeights& c) { lin(c.wkv), lin(c.wgate), v(c.ape), v(c.norm); };
+  auto expert = [&](const ExpertWeights& e) { lin(e.w1), lin(e.w2), lin(e.w3); };
+  v(m.embed), lin(m.head), v(m.norm), hcw(m.hc_head);
+  for (const BlockWeights& b : m.blocks) {
+    hcw(b.hc_attn), hcw(b.hc_ffn), v(b.attn_norm), v(b.ffn_norm);
+    const AttentionWeights& a = b.attn;
+    lin(a.wq_a), lin(a.wq_b), lin(a.wkv), lin(a.wo_b);
+    for (const Linear& l : a.wo_a) lin(l);
+    v(a.q_norm), v(a.kv_norm), v(a.sink);
+    if (a.compressor) comp(*a.compressor);
+    if (a.indexer) lin(a.indexer->wq_b), lin(a.indexer->weights_proj), comp(a.indexer->compressor);
+    lin(b.ffn.gate), v(b.ffn.bias), v(b.ffn.tid2eid), expert(b.ffn.shared);
+    for (const ExpertWeights& e : b.ffn.experts) expert(e);
+    if (b.mtp) {
+      lin(b.mtp->e_proj), lin(b.mtp->h_proj), v(b.mtp->enorm), v(b.mtp->hnorm), v(b.mtp->norm);
+      hcw(b.mtp->hc_head);
+    }
+  }
+  return n;
+}
+
 }  // namespace dsv4::cpu

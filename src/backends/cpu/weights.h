@@ -76,4 +76,8 @@ struct WeightShard {
 ModelWeights prepare_weights(const ModelConfig& config, const WeightsRef& ref,
                              const WeightShard& shard = {});
 
+// Bytes the weights' values take (what the memory plan's CPU weight figure counts; RoPE
+// tables aside).
+int64_t weight_bytes(const ModelWeights& w);
+
 }  // namespace dsv4::cpu

@@ -13,23 +13,13 @@
 #include "core/error.h"
 #include "io/checkpoint.h"
 #include "model/cache_spec.h"
+#include "model/memory_plan.h"
+#include "model/weight_scan.h"
 #include "model/weights.h"
 #include "ops/cuda/common/cuda_check.h"
 #include "ops/cuda/common/device.h"
 
 namespace dsv4 {
-namespace {
-
-constexpr int kDefaultMaxStepTokens = 8192;
-// The indexer's score rows [step tokens, context / 4] BF16 are the one activation that grows
-// with the context: the step is shortened to keep them within this.
-constexpr int64_t kScoreBudgetBytes = 1ll << 30;
-// Likewise the fp32 logits [rows, vocab] of a step (prompt logits want every row).
-constexpr int64_t kLogitsBudgetBytes = 1ll << 30;
-// Device memory left free after the cache pool (cuBLAS, CUDA graphs, the driver).
-constexpr int64_t kReserveBytes = 512ll << 20;
-
-}  // namespace
 
 std::unique_ptr<Runner> open_cuda_runner(const RunnerOptions& o) {
   DSV4_CHECK(o.page_size > 0 && o.page_size <= 4096, "page size must be in [1, 4096]");
@@ -46,9 +36,18 @@ std::unique_ptr<Runner> open_cuda_runner(const RunnerOptions& o) {
   const QuantScheme scheme = QuantScheme::load(o.model_dir, config);
   check_cuda_supported(config);
   owned->context = std::make_unique<DeviceContext>(0);
+  // The memory plan first: refuse what cannot fit before uploading or allocating anything.
+  const MemoryPlan plan = plan_memory(config, scheme, memory_plan_options(o, PlanBackend::kCuda));
+  {
+    size_t free = 0, total = 0;
+    DSV4_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    require_fits(plan.pools.at(0), int64_t(free), "free on the GPU");
+    if (o.verify) require_fits(plan.pools.at(1), host_available_bytes(), "MemAvailable");
+  }
   {
     Checkpoint ckpt(o.model_dir);
     const WeightsRef ref = bind_weights(ckpt, config, scheme);
+    check_weights_finite(ckpt);
     size_t bytes = 0;
     for (const std::string& n : ckpt.names()) bytes += ckpt.get(n).nbytes;
     CudaModelWeights w = upload_cuda_weights(config, ref, bytes >= (size_t(1) << 30));
@@ -58,14 +57,8 @@ std::unique_ptr<Runner> open_cuda_runner(const RunnerOptions& o) {
     lim.max_seqs = o.max_sequences;
     lim.max_context = o.max_tokens;
     lim.exact_linears = o.exact_linears;
-    int64_t step = o.max_step_tokens > 0 ? o.max_step_tokens
-                                         : std::min<int64_t>(kDefaultMaxStepTokens, o.max_tokens);
-    const int64_t score_row = (o.max_tokens / 4 + 8) * 2;
-    if (o.max_step_tokens == 0)
-      step = std::max<int64_t>(1, std::min(step, kScoreBudgetBytes / score_row));
-    lim.max_tokens = int(std::max<int64_t>(step, o.max_sequences));
-    lim.max_logit_rows = int(std::clamp<int64_t>(
-        kLogitsBudgetBytes / (int64_t(config.vocab_size) * 4), o.max_sequences, lim.max_tokens));
+    lim.max_tokens = int(plan.step.tokens);
+    lim.max_logit_rows = int(plan.step.logit_rows);
     owned->model = std::make_unique<CudaModel>(*owned->context, config, std::move(w), lim);
   }
 
@@ -79,7 +72,7 @@ std::unique_ptr<Runner> open_cuda_runner(const RunnerOptions& o) {
     cc = plan_cache(config, o.max_sequences, o.max_tokens, o.page_size, 0, o.snapshot_slots);
     size_t free = 0, total = 0;
     DSV4_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-    const int64_t avail = int64_t(free) - kReserveBytes;
+    const int64_t avail = int64_t(free) - kCudaReserveBytes;
     if (cache_bytes(config, cc) > avail) {
       cc = plan_cache(config, o.max_sequences, o.max_tokens, o.page_size, avail,
                       o.snapshot_slots);
@@ -100,6 +93,17 @@ std::unique_ptr<Runner> open_cuda_runner(const RunnerOptions& o) {
   }
   runner->adopt(std::move(owned));
   return runner;
+}
+
+int64_t cuda_free_device_bytes(std::string* why) {
+  if (cuda::device_count() == 0) {
+    *why = cuda::describe_device();
+    return -1;
+  }
+  DSV4_CUDA_CHECK(cudaSetDevice(0));
+  size_t free = 0, total = 0;
+  DSV4_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return int64_t(free);
 }
 
 void register_cuda_backend() {

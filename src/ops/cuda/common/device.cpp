@@ -20,6 +20,16 @@ std::string describe_device() {
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
+    // Without any driver the runtime reports "driver version is insufficient": say what is
+    // actually missing. cudaDriverGetVersion gives 0 when no driver is installed.
+    int driver = 0, runtime = 0;
+    if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
+    if (cudaRuntimeGetVersion(&runtime) != cudaSuccess) runtime = 0;
+    (void)cudaGetLastError();
+    if (driver == 0) return "no NVIDIA driver is installed or loaded";
+    if (e == cudaErrorInsufficientDriver)
+      return cat("the NVIDIA driver supports CUDA ", driver / 1000, ".", driver % 1000 / 10,
+                 ", this build's runtime needs CUDA ", runtime / 1000, ".", runtime % 1000 / 10);
     return cat("no CUDA device (", cudaGetErrorString(e), ")");
   }
   if (n == 0) return "no CUDA device";
