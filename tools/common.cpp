@@ -31,7 +31,8 @@ std::vector<Flag> engine_flags() {
   f.push_back({"--exact-linears", "", "cuda: FP8 linears summed as the reference does (W8A16)"});
   // The parallel engine's layout (README: The parallel engine); ranks run as threads.
   f.push_back({"--dp", "N", "data-parallel attention groups", "1", false, {}, 1, 1024});
-  f.push_back({"--ep", "N", "expert-parallel ranks (routed experts split)", "1", false, {}, 1, 1024});
+  f.push_back(
+      {"--ep", "N", "expert-parallel ranks (routed experts split)", "1", false, {}, 1, 1024});
   f.push_back({"--tp", "N", "tensor-parallel ranks per attention group", "1", false, {}, 1, 1024});
   return f;
 }

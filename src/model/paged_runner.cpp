@@ -38,7 +38,8 @@ PagedRunner::PagedRunner(const ModelConfig& config, const CacheConfig& cache, co
   DSV4_CHECK(lim_.max_step_tokens > 0 && lim_.max_step_seqs > 0 && lim_.max_context > 0 &&
                  lim_.max_logit_rows > 0 && dp_groups >= 1,
              "runner limits must be positive");
-  for (int g = 0; g < dp_groups; ++g) groups_.push_back({BlockManager(dsv4::cache_spec(config), cache), {}});
+  for (int g = 0; g < dp_groups; ++g)
+    groups_.push_back({BlockManager(dsv4::cache_spec(config), cache), {}});
 }
 
 PagedRunner::Group& PagedRunner::group_of(int seq) {

@@ -18,9 +18,9 @@
 namespace dsv4 {
 
 struct EngineLoopOptions {
-  int max_running = 1;      // choices holding sequences at once, per data-parallel rank
-  int max_step_tokens = 0;  // 0: the runner's, at most kDefaultStepTokens
-  int64_t max_tokens = 0;   // per sequence (prompt + output); 0: the runner's context
+  int max_running = 1;       // choices holding sequences at once, per data-parallel rank
+  int max_step_tokens = 0;   // 0: the runner's, at most kDefaultStepTokens
+  int64_t max_tokens = 0;    // per sequence (prompt + output); 0: the runner's context
   int prefix_snapshots = 0;  // prefix-cache snapshots per data-parallel rank (the runner has
                              // slots for them); 0: off
   int prefix_block = 256;

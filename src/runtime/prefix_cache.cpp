@@ -32,12 +32,13 @@ std::vector<uint64_t> PrefixCache::chain(const std::vector<int32_t>& tokens, int
 }
 
 std::list<PrefixCache::Entry>::iterator PrefixCache::find(uint64_t hash,
-                                                         const std::vector<int32_t>& tokens,
-                                                         int64_t n) {
+                                                          const std::vector<int32_t>& tokens,
+                                                          int64_t n) {
   auto [lo, hi] = index_.equal_range(hash);
   for (auto it = lo; it != hi; ++it) {
     const Entry& e = *it->second;
-    if (int64_t(e.tokens.size()) == n && std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin()))
+    if (int64_t(e.tokens.size()) == n &&
+        std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin()))
       return it->second;
   }
   return lru_.end();

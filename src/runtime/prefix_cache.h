@@ -57,8 +57,7 @@ class PrefixCache {
   };
   // Hash of each block boundary of tokens[0, n): h[k] covers tokens[0, (k + 1) * block).
   std::vector<uint64_t> chain(const std::vector<int32_t>& tokens, int64_t n) const;
-  std::list<Entry>::iterator find(uint64_t hash, const std::vector<int32_t>& tokens,
-                                  int64_t n);
+  std::list<Entry>::iterator find(uint64_t hash, const std::vector<int32_t>& tokens, int64_t n);
 
   Runner& runner_;
   int dp_rank_ = 0;

@@ -36,7 +36,7 @@ struct Request {
   std::vector<int32_t> prompt;
   SamplingOptions opts;
   std::vector<Choice> choices;
-  bool forked = false;  // n > 1: the choices have their own sequences
+  bool forked = false;        // n > 1: the choices have their own sequences
   bool admitted = false;      // choice 0 was admitted once
   int64_t cached_tokens = 0;  // prompt tokens its first admission found in the prefix cache
   // Engine::prompt_logits: every prompt row's logits, `chunk` tokens per step (0: any).

@@ -51,7 +51,7 @@ struct ScheduledChunk {
   int n = 0;
   bool sample = false;    // the chunk ends at the last known token: sample the next one
   bool snapshot = false;  // the chunk ends at a prefix-cache snapshot point
-  int64_t rows = 0;     // logits rows it takes
+  int64_t rows = 0;       // logits rows it takes
   int64_t pages[kNumPageKinds] = {0, 0, 0};  // pages it takes from the pool
 };
 
@@ -64,8 +64,7 @@ class PrefixCache;
 class Scheduler {
  public:
   // `prefix`: one per data-parallel rank, or empty (no prefix cache).
-  Scheduler(Runner& runner, const SchedulerOptions& options,
-            std::vector<PrefixCache*> prefix = {});
+  Scheduler(Runner& runner, const SchedulerOptions& options, std::vector<PrefixCache*> prefix = {});
 
   // Queues a new request (all its choices wait).
   void add(Request* r);

@@ -4,13 +4,13 @@
 
 #include "backends/cpu/loader.h"
 #include "backends/cpu/parallel_runner.h"
-#include "io/checkpoint.h"
-#include "model/weights.h"
 #include "backends/cpu/runner.h"
 #include "core/error.h"
+#include "io/checkpoint.h"
 #include "model/cache_spec.h"
 #include "model/memory_plan.h"
 #include "model/weight_scan.h"
+#include "model/weights.h"
 
 namespace dsv4 {
 
@@ -36,15 +36,13 @@ std::unique_ptr<Runner> open_cpu_runner(const RunnerOptions& o) {
     const Checkpoint ckpt(o.model_dir);
     check_weights_finite(ckpt);
     const WeightsRef ref = bind_weights(ckpt, config, scheme);
-    const CacheConfig cc =
-        plan_cache(config, o.max_sequences, o.max_tokens, o.page_size, o.cache_bytes,
-                   o.snapshot_slots);
+    const CacheConfig cc = plan_cache(config, o.max_sequences, o.max_tokens, o.page_size,
+                                      o.cache_bytes, o.snapshot_slots);
     return std::make_unique<ParallelCpuRunner>(config, ref, par, cc);
   }
   auto lm = std::make_unique<LoadedModel>(load_cpu_model(o.model_dir));
-  const CacheConfig cc =
-      plan_cache(lm->config, o.max_sequences, o.max_tokens, o.page_size, o.cache_bytes,
-                 o.snapshot_slots);
+  const CacheConfig cc = plan_cache(lm->config, o.max_sequences, o.max_tokens, o.page_size,
+                                    o.cache_bytes, o.snapshot_slots);
   auto r = std::make_unique<CpuRunner>(*lm->model, cc);
   r->adopt(std::move(lm));
   return r;

@@ -62,8 +62,8 @@ namespace {
 
 // Output rows [lo, lo + n) of a linear (its per-output sums do not depend on the others).
 Linear slice_out(const Linear& w, int lo, int n) {
-  DSV4_CHECK(lo >= 0 && n >= 0 && lo + n <= w.out, "weight slice [", lo, ", ", lo + n,
-             ") of ", w.out, " rows");
+  DSV4_CHECK(lo >= 0 && n >= 0 && lo + n <= w.out, "weight slice [", lo, ", ", lo + n, ") of ",
+             w.out, " rows");
   if (lo == 0 && n == w.out) return w;
   Linear s;
   s.kind = w.kind;
@@ -127,9 +127,8 @@ ModelWeights prepare_weights(const ModelConfig& c, const WeightsRef& ref, const 
       IndexerWeights ix;
       ix.wq_b = slice_out(fp8_linear(br.attn.indexer->wq_b), sh.index_heads_lo * c.index_head_dim,
                           HI * c.index_head_dim);
-      ix.weights_proj =
-          slice_out(plain_linear(LinearKind::kBf16, *br.attn.indexer->weights_proj),
-                    sh.index_heads_lo, HI);
+      ix.weights_proj = slice_out(plain_linear(LinearKind::kBf16, *br.attn.indexer->weights_proj),
+                                  sh.index_heads_lo, HI);
       ix.compressor = compressor(br.attn.indexer->compressor, 4, c.index_head_dim, true);
       a.indexer = std::move(ix);
     }

@@ -74,8 +74,7 @@ std::unique_ptr<Runner> open_cuda_runner(const RunnerOptions& o) {
     DSV4_CUDA_CHECK(cudaMemGetInfo(&free, &total));
     const int64_t avail = int64_t(free) - kCudaReserveBytes;
     if (cache_bytes(config, cc) > avail) {
-      cc = plan_cache(config, o.max_sequences, o.max_tokens, o.page_size, avail,
-                      o.snapshot_slots);
+      cc = plan_cache(config, o.max_sequences, o.max_tokens, o.page_size, avail, o.snapshot_slots);
       std::fprintf(stderr,
                    "dsv4: the GPU has room for a %lld MiB cache pool, less than %d sequences "
                    "of %lld tokens need; long sequences may find the cache full\n",

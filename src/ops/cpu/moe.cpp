@@ -123,8 +123,8 @@ void moe_forward(const MoeWeights& w, const MoeParams& p, const float* x, const 
   moe_combine(sel.data(), K, out.data(), used.data(), shared.data(), n, dim, y);
 }
 
-void moe_combine(const int32_t* sel, int K, const float* out, const char* used,
-                 const float* shared, int n, int dim, float* y) {
+void moe_combine(const int32_t* sel, int K, const float* out, const char* used, const float* shared,
+                 int n, int dim, float* y) {
   // fp32 sum over the row's experts in ascending expert index (the reference's loop order),
   // then the shared expert, rounded to BF16.
   std::vector<float> acc(static_cast<size_t>(dim));

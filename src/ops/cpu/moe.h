@@ -49,7 +49,7 @@ void moe_forward(const MoeWeights& w, const MoeParams& p, const float* x, const 
 // The combine of moe_forward: per row, the routed experts' outputs `out` [n, K, dim] (slot i
 // of row r at r * K + i, counted where `used`) summed in fp32 in ascending expert index, plus
 // the shared expert's output [n, dim], rounded to BF16 into y [n, dim].
-void moe_combine(const int32_t* sel, int K, const float* out, const char* used,
-                 const float* shared, int n, int dim, float* y);
+void moe_combine(const int32_t* sel, int K, const float* out, const char* used, const float* shared,
+                 int n, int dim, float* y);
 
 }  // namespace dsv4::cpu
