@@ -15,5 +15,6 @@ int cmd_make_tiny(const Argv& args);
 int cmd_tokenize(const Argv& args);
 int cmd_detokenize(const Argv& args);
 int cmd_render(const Argv& args);
+int cmd_serve(const Argv& args);
 
 }  // namespace dsv4::cli

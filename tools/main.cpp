@@ -20,6 +20,7 @@ const std::map<std::string, std::pair<Command, const char*>>& commands() {
       {"tokenize", {dsv4::cli::cmd_tokenize, "token ids of a text (tokenizer.json)"}},
       {"detokenize", {dsv4::cli::cmd_detokenize, "the text of token ids"}},
       {"render", {dsv4::cli::cmd_render, "the DeepSeek-V4 prompt for chat messages"}},
+      {"serve", {dsv4::cli::cmd_serve, "the OpenAI-compatible HTTP server"}},
   };
   return table;
 }
