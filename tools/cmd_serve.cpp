@@ -1,6 +1,6 @@
 // dsv4 serve --model DIR [--backend cpu|cuda] [--host H] [--port P] [--max-running N]
 //            [--max-waiting N] [--max-step-tokens N] [--max-model-len N] [--cache-mb N]
-//            [--api-key K] [--served-model-name NAME] [--test-forced-output]
+//            [--api-key K] [--served-model-name NAME] [--page-size P] [--test-forced-output]
 // The OpenAI-compatible server (src/server/). HTTP comes up first, the model loads on the
 // engine-loop thread, and the URL is printed once it is ready. SIGTERM or SIGINT: stop
 // admitting, finish the requests in flight, exit 0.
@@ -23,7 +23,8 @@ namespace dsv4::cli {
 int cmd_serve(const Argv& argv) {
   Args a(argv,
          {"--model", "--backend", "--host", "--port", "--max-running", "--max-waiting",
-          "--max-step-tokens", "--max-model-len", "--cache-mb", "--api-key", "--served-model-name"},
+          "--max-step-tokens", "--max-model-len", "--cache-mb", "--api-key", "--served-model-name",
+          "--page-size"},
          {"--test-forced-output"});
   server::ServerOptions o;
   o.engine.model_dir = a.str("--model");
@@ -48,6 +49,9 @@ int cmd_serve(const Argv& argv) {
   DSV4_CHECK(cache_mb >= 0 && cache_mb <= (int64_t(1) << 30),
              "--cache-mb must be >= 0 (0: room for --max-running sequences of --max-model-len)");
   o.engine.cache_bytes = cache_mb << 20;
+  const int64_t page = a.integer("--page-size", 64);
+  DSV4_CHECK(page >= 1 && page <= 4096, "--page-size must be in [1, 4096]");
+  o.engine.page_size = int(page);
   o.api_key = a.opt("--api-key").value_or("");
   o.served_model_name = a.opt("--served-model-name").value_or("");
   DSV4_CHECK(!a.has("--served-model-name") || !o.served_model_name.empty(),

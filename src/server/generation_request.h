@@ -30,6 +30,7 @@ struct GenerationRequest {
   std::vector<Job> jobs;  // chat: one; completions: one per prompt
   bool stream = false, include_usage = false;
   std::vector<std::string> stop;
+  bool tokens_as_ids = false;  // return_tokens_as_token_ids (vLLM): logprobs name "token_id:N"
   // Chat: the parser's mode and the text the prompt already wrote for the assistant (the
   // opening of a tool-call block for tool_choice "required" or a named tool).
   bool chat = false;

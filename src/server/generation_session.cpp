@@ -32,6 +32,7 @@ GenerationSession::GenerationSession(ServerContext& ctx, GenerationRequest reque
       request_(std::move(request)),
       api_(api),
       tok_(*ctx.tokenizer),
+      names_{ctx.tokenizer.get(), request_.tokens_as_ids},
       id_(random_id(api == Api::kChat ? "chatcmpl" : "cmpl")),
       created_(unix_time()) {
   ++ctx_.active_sessions;
@@ -52,7 +53,11 @@ GenerationSession::GenerationSession(ServerContext& ctx, GenerationRequest reque
 }
 
 GenerationSession::~GenerationSession() {
-  if (channel_ && !done_) abort();
+  if (channel_ && !done_) {
+    abort();  // the client went away
+    for (const Choice& c : choices_)
+      if (!c.done) ctx_.metrics.finished("abort");
+  }
   --ctx_.active_sessions;
 }
 
@@ -96,9 +101,9 @@ void GenerationSession::echo(Choice& c, std::string& out) {
   if (!request_.echo) return;
   const std::vector<int32_t>& prompt = request_.jobs[size_t(c.job)].prompt;
   if (request_.logprobs >= 0) {
-    c.completion_logprobs.add_unscored(tok_, prompt[0]);
+    c.completion_logprobs.add_unscored(names_, prompt[0]);
     for (const TokenLogprob& lp : prompt_logprobs_[size_t(c.job)])
-      c.completion_logprobs.add(tok_, lp);
+      c.completion_logprobs.add(names_, lp);
   }
   const std::string& text = request_.prompt_text[size_t(c.job)];
   if (!request_.stream) {
@@ -117,7 +122,7 @@ void GenerationSession::emit(Choice& c, ChoiceStream::Delta& d, const std::strin
                              std::string& out) {
   for (size_t k = 0; k < d.tool_calls.size(); ++k) c.call_ids.push_back(random_id("call_"));
   if (api_ == Api::kCompletions)
-    for (const TokenLogprob& lp : d.logprobs) c.completion_logprobs.add(tok_, lp);
+    for (const TokenLogprob& lp : d.logprobs) c.completion_logprobs.add(names_, lp);
   if (!request_.stream) {
     c.content += d.content;
     c.reasoning += d.reasoning;
@@ -143,7 +148,7 @@ void GenerationSession::emit(Choice& c, ChoiceStream::Delta& d, const std::strin
   // each tool call (a name delta, then its arguments), then the finish.
   auto delta_chunk = [&](ordered_json delta, const std::vector<TokenLogprob>* lps) {
     ordered_json ch = {{"index", c.index}, {"delta", std::move(delta)}};
-    ch["logprobs"] = lps && want_logprobs ? ordered_json{{"content", chat_logprobs(tok_, *lps)}}
+    ch["logprobs"] = lps && want_logprobs ? ordered_json{{"content", chat_logprobs(names_, *lps)}}
                                           : ordered_json(nullptr);
     ch["finish_reason"] = nullptr;
     out += sse(chunk(std::move(ch)));
@@ -286,7 +291,7 @@ std::string GenerationSession::final_body() {
       }
       ch["message"] = std::move(m);
       ch["logprobs"] = request_.jobs[0].sampling.logprobs
-                           ? ordered_json{{"content", chat_logprobs(tok_, c.logprobs)}}
+                           ? ordered_json{{"content", chat_logprobs(names_, c.logprobs)}}
                            : ordered_json(nullptr);
     } else {
       ch["text"] = c.content;

@@ -74,6 +74,7 @@ class GenerationSession {
   const GenerationRequest request_;
   const Api api_;
   const tok::Tokenizer& tok_;
+  const TokenNames names_;
   std::shared_ptr<RequestChannel> channel_;
   std::vector<ChannelEvent> early_;  // outputs that came with the admission
   std::vector<Choice> choices_;

@@ -34,8 +34,9 @@ ordered_json usage_json(int64_t prompt, int64_t completion, int64_t cached) {
           {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
-std::string token_text(const tok::Tokenizer& t, int32_t id) {
-  return tok::to_valid_utf8(t.token_bytes(id));
+std::string TokenNames::operator()(int32_t id) const {
+  if (as_ids) return "token_id:" + std::to_string(id);
+  return tok::to_valid_utf8(tokenizer->token_bytes(id));
 }
 
 namespace {
@@ -46,9 +47,9 @@ ordered_json bytes_json(const std::string& b) {
   return a;
 }
 
-ordered_json chat_entry(const tok::Tokenizer& t, int32_t id, float logprob) {
+ordered_json chat_entry(const TokenNames& n, int32_t id, float logprob) {
   return {
-      {"token", token_text(t, id)}, {"logprob", logprob}, {"bytes", bytes_json(t.token_bytes(id))}};
+      {"token", n(id)}, {"logprob", logprob}, {"bytes", bytes_json(n.tokenizer->token_bytes(id))}};
 }
 
 int64_t code_points(const std::string& s) {
@@ -59,7 +60,7 @@ int64_t code_points(const std::string& s) {
 
 }  // namespace
 
-ordered_json chat_logprobs(const tok::Tokenizer& t, const std::vector<TokenLogprob>& lps) {
+ordered_json chat_logprobs(const TokenNames& t, const std::vector<TokenLogprob>& lps) {
   ordered_json content = ordered_json::array();
   for (const TokenLogprob& lp : lps) {
     ordered_json e = chat_entry(t, lp.token, lp.logprob);
@@ -77,18 +78,18 @@ void CompletionLogprobs::push(const std::string& text) {
   offset_ += code_points(text);
 }
 
-void CompletionLogprobs::add_unscored(const tok::Tokenizer& t, int32_t id) {
-  push(token_text(t, id));
+void CompletionLogprobs::add_unscored(const TokenNames& t, int32_t id) {
+  push(t(id));
   logprobs_.push_back(nullptr);
   top_.push_back(nullptr);
 }
 
-void CompletionLogprobs::add(const tok::Tokenizer& t, const TokenLogprob& lp) {
-  push(token_text(t, lp.token));
+void CompletionLogprobs::add(const TokenNames& t, const TokenLogprob& lp) {
+  push(t(lp.token));
   logprobs_.push_back(lp.logprob);
   ordered_json top = ordered_json::object();
   for (const auto& [id, l] : lp.top) {
-    const std::string k = token_text(t, id);
+    const std::string k = t(id);
     if (!top.contains(k)) top[k] = l;
   }
   top_.push_back(std::move(top));

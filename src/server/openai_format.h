@@ -24,18 +24,23 @@ std::string to_text(const ordered_json& j);
 
 ordered_json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens);
 
-// The text a single token stands for (a partial UTF-8 character shows as U+FFFD) and its bytes.
-std::string token_text(const tok::Tokenizer& t, int32_t id);
+// How logprobs name tokens: the text a token stands for (a partial UTF-8 character shows as
+// U+FFFD), or "token_id:N" (vLLM's return_tokens_as_token_ids).
+struct TokenNames {
+  const tok::Tokenizer* tokenizer = nullptr;
+  bool as_ids = false;
+  std::string operator()(int32_t id) const;
+};
 
 // Chat: {"token", "logprob", "bytes", "top_logprobs": [...]} per token.
-ordered_json chat_logprobs(const tok::Tokenizer& t, const std::vector<TokenLogprob>& lps);
+ordered_json chat_logprobs(const TokenNames& names, const std::vector<TokenLogprob>& lps);
 
 // Completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}, built up in order.
 class CompletionLogprobs {
  public:
   // A prompt token without a logprob (the first one of an echo).
-  void add_unscored(const tok::Tokenizer& t, int32_t id);
-  void add(const tok::Tokenizer& t, const TokenLogprob& lp);
+  void add_unscored(const TokenNames& names, int32_t id);
+  void add(const TokenNames& names, const TokenLogprob& lp);
   // Entries added since the last take (for a streamed chunk); offsets keep counting.
   ordered_json take();
   bool empty() const { return tokens_.empty(); }

@@ -83,6 +83,7 @@ void parse_common_fields(const JsonFields& f, const ParseContext& ctx, Job& job,
   s.stop_at_eos = !f.boolean("ignore_eos").value_or(false);
   s.stop_token_ids = parse_ids(f, "stop_token_ids", vocab);
   r.stop = parse_stop(f);
+  r.tokens_as_ids = f.boolean("return_tokens_as_token_ids").value_or(false);
   job.n = int(f.integer("n", 1, kMaxN).value_or(1));
   if (const auto best_of = f.integer("best_of", 1, kMaxN); best_of && *best_of != job.n)
     f.fail("best_of", "other than n is not supported");
