@@ -78,12 +78,6 @@ void EngineWorker::stop_admitting() {
   admitting_ = false;
 }
 
-void EngineWorker::wait_idle() {
-  std::unique_lock<std::mutex> l(mu_);
-  idle_cv_.wait(
-      l, [&] { return state_ != State::kReady || (snapshot_.in_flight == 0 && inbox_.empty()); });
-}
-
 void EngineWorker::admit(const std::shared_ptr<RequestChannel>& ch) {
   std::vector<uint64_t> ids;
   ChannelEvent e;
@@ -147,7 +141,6 @@ void EngineWorker::publish() {
     transit_jobs_ = 0;
     engine_has_work_ = engine_->has_work();
   }
-  idle_cv_.notify_all();
 }
 
 void EngineWorker::loop() {
@@ -160,7 +153,6 @@ void EngineWorker::loop() {
       state_ = State::kFailed;
       load_error_ = e.what();
     }
-    idle_cv_.notify_all();
     return;
   }
   {

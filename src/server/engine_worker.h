@@ -46,8 +46,6 @@ class EngineWorker {
   Snapshot snapshot() const;
 
   void stop_admitting();
-  // Waits until no request is in flight (or `stop` is set by the caller's signal).
-  void wait_idle();
 
  private:
   struct Route {
@@ -67,8 +65,7 @@ class EngineWorker {
   std::function<void(const ModelInfo&)> on_loaded_;
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;       // wakes the loop
-  std::condition_variable idle_cv_;  // wakes wait_idle()
+  std::condition_variable cv_;  // wakes the loop
   State state_ = State::kLoading;
   std::string load_error_;
   bool admitting_ = true, stop_ = false;

@@ -41,8 +41,6 @@ struct ServerContext {
 
   std::atomic<bool> draining{false};
   std::atomic<int> active_sessions{0};  // generation responses not finished writing
-
-  bool ready() const { return worker->state() == EngineWorker::State::kReady && !draining; }
 };
 
 }  // namespace dsv4::server
