@@ -220,7 +220,7 @@ GenerationRequest parse_chat_request(const ordered_json& body, const ParseContex
   Job job;
   job.prompt = ctx.tokenizer->encode(prompt.text);
   parse_common_fields(f, ctx, job, r);
-  job.sampling.max_new_tokens = parse_max_tokens(f, ctx, int64_t(job.prompt.size()), 1);
+  job.sampling.max_new_tokens = parse_max_tokens(f, ctx, int64_t(job.prompt.size()), 1, "messages");
   if (f.boolean("logprobs").value_or(false)) {
     job.sampling.logprobs = true;
     job.sampling.top_logprobs = int(f.integer("top_logprobs", 0, 20).value_or(0));

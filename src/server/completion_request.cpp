@@ -69,7 +69,7 @@ GenerationRequest parse_completion_request(const ordered_json& body, const Parse
   for (Prompt& p : prompts(f, ctx)) {
     std::vector<int32_t>& ids = p.ids;
     Job job = common;
-    job.sampling.max_new_tokens = parse_max_tokens(f, ctx, int64_t(ids.size()), 0);
+    job.sampling.max_new_tokens = parse_max_tokens(f, ctx, int64_t(ids.size()), 0, "prompt");
     if (r.logprobs >= 0) {
       job.sampling.logprobs = true;
       job.sampling.top_logprobs = r.logprobs;

@@ -79,9 +79,28 @@ void GenerationSession::start() {
       if (events[i].kind == ChannelEvent::kAdmitted) {
         early_.assign(std::make_move_iterator(events.begin() + std::ptrdiff_t(i) + 1),
                       std::make_move_iterator(events.end()));
+        if (!request_.stream) wait_first_output();
         return;
       }
     }
+  }
+}
+
+void GenerationSession::wait_first_output() {
+  for (;;) {
+    for (const ChannelEvent& e : early_) {
+      if (e.kind == ChannelEvent::kFailed) {
+        done_ = true;  // nothing left to cancel
+        throw ApiError(e.status, e.error);
+      }
+      if (e.kind == ChannelEvent::kOutput) {
+        if (e.output.finish == FinishReason::kError) throw ApiError(500, e.output.error);
+        return;  // (the destructor cancels the other jobs of a failed one)
+      }
+    }
+    std::vector<ChannelEvent> more = channel_->wait(std::chrono::milliseconds(100));
+    early_.insert(early_.end(), std::make_move_iterator(more.begin()),
+                  std::make_move_iterator(more.end()));
   }
 }
 
@@ -232,7 +251,7 @@ void GenerationSession::handle(ChannelEvent& e, std::string& out) {
     const size_t i = base + size_t(e.output.choice);
     if (i < choices_.size()) output(choices_[i], e.output, e.time, out);
   } else if (e.kind == ChannelEvent::kFailed) {
-    if (error_.empty()) error_ = e.error;
+    if (error_.empty()) error_ = e.error, error_status_ = e.status;
     for (Choice& c : choices_) {
       c.engine_done = true;
       if (c.done) continue;
@@ -255,7 +274,7 @@ void GenerationSession::finish_all(std::string& out) {
     if (error_.empty()) out += final_body();
     return;
   }
-  if (!error_.empty()) out += "data: " + error_body(500, error_) + "\n\n";
+  if (!error_.empty()) out += "data: " + error_body(error_status_, error_) + "\n\n";
   if (request_.include_usage) {
     int64_t completion = 0, prompt = 0, cached = 0;
     for (const Choice& c : choices_) completion += c.text.tokens();

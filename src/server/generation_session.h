@@ -28,7 +28,9 @@ class GenerationSession {
   GenerationSession& operator=(const GenerationSession&) = delete;
 
   // Queues the request and waits until the engine has admitted it. Throws ApiError: 429, 503,
-  // or 400 with the engine's reason when it refuses the request.
+  // or 400 with the engine's reason when it refuses the request. A non-streaming request also
+  // waits for its first output, so that a failure before it still gets its own status (a
+  // client that goes away is noticed from then on).
   void start();
 
   // Waits up to `timeout` for engine output; returns the response text now due: SSE events
@@ -61,6 +63,7 @@ class GenerationSession {
     bool any_token = false;
   };
 
+  void wait_first_output();
   void handle(ChannelEvent& e, std::string& out);
   void output(Choice& c, const RequestOutput& o, Clock::time_point t, std::string& out);
   void emit(Choice& c, ChoiceStream::Delta& d, const std::string& finish, std::string& out);
@@ -84,6 +87,7 @@ class GenerationSession {
   int64_t created_ = 0;
   bool began_ = false, done_ = false, first_token_ = false, cancelled_ = false;
   std::string error_;
+  int error_status_ = 500;
 };
 
 }  // namespace dsv4::server

@@ -101,13 +101,13 @@ void parse_common_fields(const JsonFields& f, const ParseContext& ctx, Job& job,
 }
 
 int64_t parse_max_tokens(const JsonFields& f, const ParseContext& ctx, int64_t prompt_tokens,
-                         int64_t min) {
+                         int64_t min, const char* prompt_field) {
   const int64_t limit = ctx.info.max_tokens;
   if (prompt_tokens > limit || (min > 0 && prompt_tokens >= limit))
     throw ApiError(400,
                    cat("the prompt has ", prompt_tokens, " tokens, which leaves no room for ",
                        "output within --max-model-len ", limit),
-                   "messages");
+                   prompt_field);
   std::optional<int64_t> n = f.integer("max_completion_tokens", min, limit);
   if (!n) n = f.integer("max_tokens", min, limit);
   if (!n) return limit - prompt_tokens;

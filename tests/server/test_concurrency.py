@@ -28,13 +28,25 @@ def run(server, req):
     status, r = server.post(path, req)
     assert status == 200, r
     # What must not depend on the rest of the batch: the tokens (as ids), their logprobs, the
-    # finish reasons and the usage.
+    # finish reasons and the usage (tool-call ids are random by design).
+    for c in r["choices"]:
+        for call in (c.get("message") or {}).get("tool_calls") or []:
+            call["id"] = "call_"
     return [(c.get("text", c.get("message")), c["logprobs"], c["finish_reason"])
             for c in r["choices"]], r["usage"]["completion_tokens"]
 
 
-def mixed_requests(seed, count):
+TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {
+    "type": "object", "properties": {"q": {"type": "string"}}}}}]
+CALL = ("Let me look.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"lookup\">\n"
+        "<｜DSML｜parameter name=\"q\" string=\"true\">dsv4</｜DSML｜parameter>\n"
+        "</｜DSML｜invoke>\n</｜DSML｜tool_calls>")
+
+
+def mixed_requests(server, seed, count):
+    """Mixed lengths, endpoints and sampling; some chat requests write a forced tool call."""
     rng = random.Random(seed)
+    call = tokenize(server, CALL) + [1]
     reqs = []
     for i in range(count):
         req = {"max_tokens": rng.choice([2, 4, 6]), "seed": 1000 + i, "ignore_eos": True}
@@ -52,6 +64,9 @@ def mixed_requests(seed, count):
             req["messages"] = [{"role": "user", "content": f"Question {i}: " + "x y " * i}]
             if "logprobs" in req:
                 req.update(logprobs=True, top_logprobs=2)
+            if i % 6 == 3:
+                req.update(tools=TOOLS, forced_output=call, max_tokens=len(call),
+                           ignore_eos=False)
         else:
             req["prompt"] = ids_prompt(rng, rng.choice([1, 4, 17, 40, 90]))
             req["return_tokens_as_token_ids"] = True
@@ -65,11 +80,17 @@ def concurrently(server, reqs, workers=None):
 
 
 def test_each_of_16_concurrent_requests_equals_its_solo_run(server):
-    reqs = mixed_requests(1, 16)
+    reqs = mixed_requests(server, 1, 16)
     solo = [run(server, r) for r in reqs]
     server.wait_idle()
     assert concurrently(server, reqs) == solo
     server.wait_idle()
+    # The forced tool calls were parsed, in the batch as alone; no markup became content.
+    calls = [m for (choices, _) in solo for (m, _, f) in choices if f == "tool_calls"]
+    assert len(calls) == sum(r.get("n", 1) for r in reqs if "forced_output" in r) > 0
+    for m in calls:
+        assert m["content"] == "Let me look."
+        assert json.loads(m["tool_calls"][0]["function"]["arguments"]) == {"q": "dsv4"}
 
 
 def test_a_prefix_sent_again_gives_the_cold_output(server):
@@ -112,6 +133,14 @@ def test_preemption_under_a_small_cache_gives_the_same_outputs(server, tiny_mode
     try:
         assert concurrently(small, reqs) == want
         assert small.metric("vllm:num_preemptions_total") > 0
+        small.wait_idle()
+        # A request larger than the whole pool can never run: an error, not a hang.
+        big = {"prompt": ids_prompt(rng, 600), "max_tokens": 2}
+        status, r = small.post("/v1/completions", big)
+        assert status == 400 and "cannot be scheduled" in r["error"]["message"], r
+        events, done = stream(small, "/v1/completions", big)
+        assert done and "cannot be scheduled" in events[-1]["error"]["message"]
+        assert small.post("/v1/completions", {"prompt": "small", "max_tokens": 1})[0] == 200
         small.wait_idle()
     finally:
         assert small.stop() == 0

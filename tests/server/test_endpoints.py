@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from conftest import Server
+from conftest import Server, cli_path, tokenizer_file
 from support import tokenize
 
 
@@ -261,3 +261,17 @@ def test_tokenize_helper_agrees_with_messages(server):
     status, t = server.post("/tokenize", {"messages": [{"role": "user", "content": "Q"}]})
     assert status == 200
     assert t["tokens"] == tokenize(server, "<｜begin▁of▁sentence｜><｜User｜>Q<｜Assistant｜></think>")
+
+
+def test_make_tiny_takes_the_tokenizer_and_its_vocabulary(tiny_model, workdir):
+    import pathlib
+    import subprocess
+    config = json.loads((pathlib.Path(tiny_model) / "config.json").read_text())
+    assert config["vocab_size"] == 129280 and config["eos_token_id"] == 1
+    assert (pathlib.Path(tiny_model) / "tokenizer.json").read_bytes() == \
+        tokenizer_file().read_bytes()
+    r = subprocess.run([cli_path(), "make-tiny", "--preset", "flash", "--out",
+                        str(workdir / "too-small"), "--tokenizer", str(tokenizer_file()),
+                        "--vocab", "1000"], capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "--vocab 1000 is below the tokenizer's 129280 ids" in r.stderr
