@@ -2,7 +2,8 @@
 `dsv4 serve` processes on loopback ports (port 0: the server picks a free one and prints it).
 
 Environment: DSV4_CLI (the dsv4 binary, required), DSV4_TOKENIZER_DIR (default
-<source>/../shared/tokenizer/deepseek-v4)."""
+<source>/../shared/tokenizer/deepseek-v4), DSV4_TEST_TIME_SCALE (multiplies every timeout, for
+slow builds such as ThreadSanitizer's; default 1)."""
 
 import json
 import os
@@ -18,6 +19,7 @@ import time
 import pytest
 
 SOURCE_DIR = pathlib.Path(__file__).resolve().parents[2]
+TIME_SCALE = float(os.environ.get("DSV4_TEST_TIME_SCALE", "1"))
 
 
 def cli_path():
@@ -75,7 +77,7 @@ class Server:
         threading.Thread(target=self._read, daemon=True).start()
         self.url = None
         self.listening_at = None
-        line = self.expect("listening on", 30)
+        line = self.expect("listening on", 30 * TIME_SCALE)
         self.url = re.search(r"http://[0-9.:]+", line).group(0)
         self.host, self.port = self.url[len("http://"):].split(":")
         self.port = int(self.port)
@@ -102,7 +104,7 @@ class Server:
                 return line
 
     def wait_ready(self, timeout=120):
-        self.expect("ready", timeout)
+        self.expect("ready", timeout * TIME_SCALE)
 
     def stderr_text(self):
         self.stderr.seek(0)
@@ -115,12 +117,12 @@ class Server:
     def client(self, **kw):
         import openai
         return openai.OpenAI(base_url=self.base_url, api_key=self.api_key or "unused",
-                             max_retries=0, timeout=kw.pop("timeout", 120), **kw)
+                             max_retries=0, timeout=kw.pop("timeout", 120) * TIME_SCALE, **kw)
 
     def request(self, method, path, body=None, headers=None, timeout=120):
         """Raw HTTP: (status, headers, body bytes). `body`: bytes, str or a JSON value."""
         import http.client
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout * TIME_SCALE)
         h = dict(headers or {})
         if self.api_key and "Authorization" not in h:
             h["Authorization"] = f"Bearer {self.api_key}"
@@ -170,7 +172,7 @@ class Server:
 
     def wait_idle(self, timeout=30):
         """Until no request runs or waits and the cache is empty (asserts it gets there)."""
-        deadline = time.time() + timeout
+        deadline = time.time() + timeout * TIME_SCALE
         while time.time() < deadline:
             if (self.metric("vllm:num_requests_running") == 0
                     and self.metric("vllm:num_requests_waiting") == 0
@@ -191,7 +193,7 @@ class Server:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout=timeout)
+            return self.proc.wait(timeout=timeout * TIME_SCALE)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()

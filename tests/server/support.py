@@ -3,6 +3,8 @@
 import http.client
 import json
 
+from conftest import TIME_SCALE
+
 EOS = 1
 
 
@@ -15,7 +17,7 @@ def tokenize(server, text):
 def stream(server, path, body, timeout=120):
     """POSTs a streaming request; returns (events, saw_done): every `data:` JSON event in order
     and whether `data: [DONE]` ended the stream (nothing may follow it)."""
-    conn = http.client.HTTPConnection(server.host, server.port, timeout=timeout)
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=timeout * TIME_SCALE)
     headers = {"Content-Type": "application/json"}
     if server.api_key:
         headers["Authorization"] = f"Bearer {server.api_key}"
