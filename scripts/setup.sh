@@ -16,7 +16,9 @@ if command -v apt-get >/dev/null 2>&1; then
     libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libpcre2-dev \
     clang-format python3 python3-pip >/dev/null
   # libssl-dev: SHA-256 in the tokenizer tests. clang + libclang-rt-dev: libFuzzer (tests/fuzz).
-  $SUDO apt-get install -y -qq --no-install-recommends libssl-dev clang libclang-rt-dev >/dev/null
+  # libcpp-httplib-dev: the server's HTTP library.
+  $SUDO apt-get install -y -qq --no-install-recommends libssl-dev clang libclang-rt-dev \
+    libcpp-httplib-dev >/dev/null
 fi
 
 # HF tokenizers, the tokenizer tests' oracle and benchmark reference (PyPI). Optional: without
@@ -25,6 +27,14 @@ if ! python3 -c 'import tokenizers' >/dev/null 2>&1; then
   python3 -m pip install --quiet tokenizers >/dev/null 2>&1 ||
     python3 -m pip install --quiet --break-system-packages tokenizers >/dev/null 2>&1 ||
     echo "dsv4: could not install the Python package tokenizers; tokenizer_oracle_test will skip" >&2
+fi
+
+# The official openai client and pytest, for the server suite (server_test skips, saying why,
+# without them).
+if ! python3 -c 'import openai, pytest' >/dev/null 2>&1; then
+  python3 -m pip install --quiet openai pytest >/dev/null 2>&1 ||
+    python3 -m pip install --quiet --break-system-packages openai pytest >/dev/null 2>&1 ||
+    echo "dsv4: could not install the Python packages openai and pytest; server_test will skip" >&2
 fi
 
 # CUTLASS/CuTe headers for the CUDA backend, from PyPI (only where nvcc can use them), and

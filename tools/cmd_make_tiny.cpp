@@ -1,11 +1,15 @@
-// dsv4 make-tiny: a random checkpoint with the golden sets' geometry.
+// dsv4 make-tiny: a random checkpoint with the golden sets' geometry. --tokenizer copies a
+// tokenizer.json beside it, so text prompts work; the embedding and head then have the
+// tokenizer's size in rows unless --vocab says otherwise (BOS stays id 0 and EOS id 1).
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "args.h"
 #include "commands.h"
 #include "core/error.h"
 #include "model/tiny_checkpoint.h"
+#include "prompt_input.h"
 
 namespace fs = std::filesystem;
 
@@ -37,13 +41,35 @@ void prepare_out_dir(const std::string& out, bool force) {
 
 int run(const Args& a) {
   const std::string preset = a.str("--preset"), fmt = a.str("--format"), out = a.str("--out");
-  const ModelConfig c = tiny_preset(preset);
+  ModelConfig c = tiny_preset(preset);
   const uint64_t seed = a.unsigned_integer("--seed");
+  const std::optional<std::string> tokenizer_path = a.opt("--tokenizer");
+  int64_t tokenizer_size = 0;
+  if (tokenizer_path) {
+    DSV4_CHECK(fs::is_regular_file(*tokenizer_path), "--tokenizer ", *tokenizer_path,
+               ": not a file");
+    tokenizer_size = load_tokenizer(*tokenizer_path).size();
+  }
+  const int64_t vocab = a.has("--vocab") ? a.integer("--vocab")
+                        : tokenizer_path ? tokenizer_size
+                                         : c.vocab_size;
+  DSV4_CHECK(vocab >= 2 && vocab <= (int64_t(1) << 24), "--vocab must be in [2, 2^24], got ",
+             vocab);
+  DSV4_CHECK(vocab >= tokenizer_size, "--vocab ", vocab, " is below the tokenizer's ",
+             tokenizer_size, " ids (", tokenizer_path.value_or(""), ")");
+  c.vocab_size = static_cast<int>(vocab);
   prepare_out_dir(out, a.has("--force"));
   write_tiny_checkpoint(c, fmt == "nvfp4" ? ExpertFormat::kNvfp4 : ExpertFormat::kMxfp4, seed, out,
                         tiny_init(preset));
-  std::printf("wrote %s (%s, %s, seed %llu)\n", out.c_str(), preset.c_str(), fmt.c_str(),
-              static_cast<unsigned long long>(seed));
+  const fs::path tokenizer_out = fs::path(out) / "tokenizer.json";
+  if (tokenizer_path) {
+    fs::copy_file(*tokenizer_path, tokenizer_out, fs::copy_options::overwrite_existing);
+    // The copy is the model's own (a read-only source must not make it read-only).
+    fs::permissions(tokenizer_out, fs::perms::owner_write, fs::perm_options::add);
+  }
+  std::printf("wrote %s (%s, %s, seed %llu, vocab %d%s)\n", out.c_str(), preset.c_str(),
+              fmt.c_str(), static_cast<unsigned long long>(seed), c.vocab_size,
+              tokenizer_path ? ", with tokenizer.json" : "");
   return 0;
 }
 
@@ -63,6 +89,15 @@ const Command& make_tiny_command() {
           {"--seed", "S", "the weights' seed (a 64-bit unsigned integer)", "0"},
           {"--out", "DIR", "the directory to write", "", true},
           {"--force", "", "replace the checkpoint files of a non-empty DIR"},
+          {"--tokenizer", "FILE", "a tokenizer.json to copy to DIR (text prompts, serve)"},
+          {"--vocab",
+           "N",
+           "embedding and head rows (if not given: the tokenizer's size, else the preset's)",
+           "",
+           false,
+           {},
+           2,
+           1 << 24},
       },
       run};
   return c;

@@ -17,6 +17,7 @@ const Command& make_tiny_command();
 const Command& tokenize_command();
 const Command& detokenize_command();
 const Command& render_command();
+const Command& serve_command();
 
 // Every command, in the order `dsv4 --help` lists them.
 const std::vector<const Command*>& command_table();

@@ -133,7 +133,7 @@ uint64_t EngineLoop::add(const std::vector<int32_t>& prompt, const SamplingOptio
   }
   Request* raw = r.get();
   requests_.emplace(raw->id, std::move(r));
-  if (s.max_new_tokens == 0 && !prompt_logits) {
+  if (s.max_new_tokens == 0 && !prompt_logits && s.prompt_logprobs < 0) {
     for (Choice& c : raw->choices) c.finish = FinishReason::kLength;  // nothing to run
   } else {
     sched_->add(raw);

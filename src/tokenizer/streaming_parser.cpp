@@ -1,5 +1,6 @@
 #include "tokenizer/streaming_parser.h"
 
+#include <algorithm>
 #include <array>
 
 #include "core/error.h"
@@ -78,7 +79,8 @@ void StreamingCompletionParser::scan_text(Delta& out) {
       return;
     }
     emit(std::string_view(pending_).substr(0, found_at), out);
-    pending_.erase(0, found_at + found->text.size());
+    // A rejected tag stays unread (abandon() returns it).
+    pending_.erase(0, found_at + (found->action == Action::kReject ? 0 : found->text.size()));
     switch (found->action) {
       case Action::kEndReasoning:
         phase_ = Phase::kContent;
@@ -159,6 +161,38 @@ StreamingCompletionParser::Delta StreamingCompletionParser::finish() {
       break;
   }
   return out;
+}
+
+StreamingCompletionParser::Delta StreamingCompletionParser::finish_truncated() {
+  Delta out;
+  if (phase_ == Phase::kReasoning || phase_ == Phase::kContent) emit(pending_, out);
+  if (phase_ == Phase::kToolCalls) {
+    // The calls complete by now (the official parser accepts a block that ends right after
+    // an invoke); an unfinished one is dropped.
+    const size_t before = result_.tool_calls.size();
+    try {
+      reader_.advance(pending_, true, result_.tool_calls);
+    } catch (const Error&) {
+    }
+    out.tool_calls.insert(out.tool_calls.end(), result_.tool_calls.begin() + std::ptrdiff_t(before),
+                          result_.tool_calls.end());
+  }
+  pending_.clear();
+  phase_ = Phase::kEnded;
+  return out;
+}
+
+std::string StreamingCompletionParser::abandon() {
+  std::string rest;
+  if (phase_ == Phase::kToolCalls) {
+    rest = result_.tool_calls.empty() ? cat(chat::kToolCallsStart, pending_)
+                                      : pending_.substr(std::min(reader_.end(), pending_.size()));
+  } else {
+    rest = pending_;
+  }
+  pending_.clear();
+  phase_ = Phase::kEnded;
+  return rest;
 }
 
 }  // namespace dsv4::tok

@@ -31,6 +31,15 @@ class StreamingCompletionParser {
   Delta feed(std::string_view text);
   // End of the completion: returns what is left and checks the completion was complete.
   Delta finish();
+  // End of a completion cut short (a length limit or a stop string, no EOS): the held-back
+  // reasoning or content is returned as it stands (a partial tag is text then); inside a
+  // tool-call block only the calls already complete count, an unfinished one is dropped.
+  Delta finish_truncated();
+  // After feed() threw: the text fed and not returned yet, as written (a rejected tag
+  // included; inside a tool-call block, what follows the last returned call, or the whole block
+  // with its start marker when none was returned), for a caller that passes malformed output on
+  // as plain text. Nothing is returned from then on.
+  std::string abandon();
 
   // Everything returned so far.
   const ParsedCompletion& result() const { return result_; }

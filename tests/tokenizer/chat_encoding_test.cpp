@@ -306,6 +306,45 @@ TEST(Parse, StreamingEmitsToolCallsAsTheyClose) {
   EXPECT_LT(calls_seen_at[1], text.find("</｜DSML｜tool_calls>"));
 }
 
+TEST(Parse, TruncatedCompletionsReturnWhatWasHeldBack) {
+  StreamingCompletionParser content(ThinkingMode::kChat);
+  EXPECT_EQ(content.feed("answer\n\n<｜DS").content, "answer");
+  EXPECT_EQ(content.finish_truncated().content, "\n\n<｜DS");  // a partial tag is text
+  EXPECT_TRUE(content.ended());
+
+  StreamingCompletionParser reasoning(ThinkingMode::kThinking);
+  EXPECT_EQ(reasoning.feed("thinking </thi").reasoning, "thinking ");
+  const auto r = reasoning.finish_truncated();
+  EXPECT_EQ(r.reasoning, "</thi");
+  EXPECT_EQ(r.content, "");
+
+  // In a tool-call block only complete calls count; the unfinished one is never content.
+  StreamingCompletionParser calls(ThinkingMode::kChat);
+  const auto d = calls.feed(
+      "c\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"a\">\n</｜DSML｜invoke>\n"
+      "<｜DSML｜invoke name=\"b\">\n<｜DSML｜parameter name=\"k\" string=\"true\">v");
+  EXPECT_EQ(d.content, "c");
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  const auto t = calls.finish_truncated();
+  EXPECT_TRUE(t.empty());
+  EXPECT_EQ(calls.result().tool_calls.size(), 1u);
+}
+
+TEST(Parse, AbandonReturnsTheUnreadTextAsWritten) {
+  StreamingCompletionParser p(ThinkingMode::kChat);
+  EXPECT_EQ(p.feed("a ").content, "a ");
+  EXPECT_THROW(p.feed("b <think> c"), Error);
+  EXPECT_EQ(p.result().content, "a b ");  // returned before the tag, in the feed that threw
+  EXPECT_EQ(p.abandon(), "<think> c");
+  EXPECT_TRUE(p.ended());
+
+  StreamingCompletionParser block(ThinkingMode::kChat);
+  const std::string bad =
+      "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke nam=\"f\">\n</｜DSML｜invoke>\n";
+  EXPECT_THROW(block.feed(bad), Error);
+  EXPECT_EQ(block.abandon(), bad);
+}
+
 TEST(Parse, MalformedCompletionsFailInBothParsers) {
   const std::vector<std::pair<const char*, ThinkingMode>> bad = {
       {"no end of sentence", ThinkingMode::kChat},

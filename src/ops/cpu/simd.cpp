@@ -2,7 +2,8 @@
 
 namespace dsv4::cpu {
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// (Not under ThreadSanitizer: the ifunc resolvers run before its runtime is up and crash.)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define DSV4_MULTIVERSION __attribute__((target_clones("avx2", "default")))
 #else
 #define DSV4_MULTIVERSION

@@ -1,0 +1,235 @@
+#include "server/engine_worker.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <set>
+
+#include "core/error.h"
+#include "server/api_error.h"
+
+namespace dsv4::server {
+
+EngineWorker::EngineWorker(EngineOptions options, int max_waiting,
+                           std::function<void(const ModelInfo&)> on_loaded)
+    : options_(std::move(options)), max_waiting_(max_waiting), on_loaded_(std::move(on_loaded)) {}
+
+EngineWorker::~EngineWorker() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+    admitting_ = false;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void EngineWorker::start() {
+  thread_ = std::thread([this] { loop(); });
+}
+
+EngineWorker::State EngineWorker::state() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return state_;
+}
+
+std::string EngineWorker::load_error() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return load_error_;
+}
+
+std::shared_ptr<RequestChannel> EngineWorker::submit(std::vector<Job> jobs) {
+  const int n = int(jobs.size());
+  auto ch = std::make_shared<RequestChannel>(std::move(jobs));
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (state_ != State::kReady) throw ApiError(503, "the model is loading");
+    if (!admitting_) throw ApiError(503, "the server is shutting down");
+    // Requests that would wait for a running slot once everything queued is admitted (FCFS).
+    const int free_slots = std::max(0, options_.max_sequences - snapshot_.stats.running);
+    const int queued = snapshot_.stats.waiting - inbox_jobs_ - transit_jobs_;  // in the engine
+    const int would_wait = std::max(0, queued + inbox_jobs_ + transit_jobs_ + n - free_slots);
+    if (would_wait > max_waiting_)
+      throw ApiError(429, cat("too many requests: ", max_waiting_,
+                              " are waiting already (--max-waiting); retry later"));
+    inbox_.push_back(ch);
+    inbox_jobs_ += n;
+    snapshot_.stats.waiting += n;
+    ++snapshot_.in_flight;
+  }
+  cv_.notify_all();
+  return ch;
+}
+
+void EngineWorker::cancel(const std::shared_ptr<RequestChannel>& channel) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    cancels_.push_back(channel);
+  }
+  cv_.notify_all();
+}
+
+EngineWorker::Snapshot EngineWorker::snapshot() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return snapshot_;
+}
+
+void EngineWorker::stop_admitting() {
+  std::lock_guard<std::mutex> l(mu_);
+  admitting_ = false;
+}
+
+void EngineWorker::admit(const std::shared_ptr<RequestChannel>& ch) {
+  std::vector<uint64_t> ids;
+  ChannelEvent e;
+  e.kind = ChannelEvent::kAdmitted;
+  for (size_t j = 0; j < ch->jobs().size(); ++j) {
+    const Job& job = ch->jobs()[j];
+    try {
+      ids.push_back(engine_->add_request(job.prompt, job.sampling, job.n));
+    } catch (const Error& err) {
+      for (uint64_t id : ids) engine_->cancel(id);  // the request is refused as a whole
+      for (uint64_t id : ids) routes_.erase(id);
+      e.kind = ChannelEvent::kRefused;
+      e.error = ch->jobs().size() > 1 ? cat("prompt ", j, ": ", err.what()) : err.what();
+      break;
+    }
+    routes_[ids.back()] = Route{ch, int(j), job.n};
+  }
+  e.time = Clock::now();
+  ch->push(std::move(e));
+}
+
+void EngineWorker::dispatch(std::vector<RequestOutput> outputs) {
+  const Clock::time_point now = Clock::now();
+  for (RequestOutput& o : outputs) {
+    auto it = routes_.find(o.request);
+    if (it == routes_.end()) continue;  // refused or already done
+    Route& r = it->second;
+    const bool done = o.finish != FinishReason::kNone;
+    ChannelEvent e;
+    e.kind = ChannelEvent::kOutput;
+    e.job = r.job;
+    e.output = std::move(o);
+    e.time = now;
+    r.channel->push(std::move(e));
+    if (done && --r.open_choices == 0) routes_.erase(it);
+  }
+}
+
+void EngineWorker::fail_all(const std::string& why) {
+  std::set<RequestChannel*> told;
+  for (const auto& [id, r] : routes_) {
+    if (!told.insert(r.channel.get()).second) continue;
+    ChannelEvent e;
+    e.kind = ChannelEvent::kFailed;
+    e.error = why;
+    e.time = Clock::now();
+    r.channel->push(std::move(e));
+  }
+  routes_.clear();
+}
+
+void EngineWorker::publish() {
+  std::set<const RequestChannel*> live;
+  for (const auto& [id, r] : routes_) live.insert(r.channel.get());
+  const EngineStats s = engine_->stats();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    snapshot_.stats = s;
+    snapshot_.stats.waiting += inbox_jobs_;
+    snapshot_.in_flight = int(live.size() + inbox_.size());
+    transit_jobs_ = 0;
+    engine_has_work_ = engine_->has_work();
+  }
+}
+
+void EngineWorker::loop() {
+  try {
+    engine_ = Engine::open(options_);
+    if (on_loaded_) on_loaded_(engine_->info());
+  } catch (const std::exception& e) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      state_ = State::kFailed;
+      load_error_ = e.what();
+    }
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    state_ = State::kReady;
+  }
+  std::vector<std::shared_ptr<RequestChannel>> batch, cancels;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l,
+               [&] { return stop_ || !inbox_.empty() || !cancels_.empty() || engine_has_work_; });
+      if (stop_) break;
+      batch.swap(inbox_);
+      cancels.swap(cancels_);
+      transit_jobs_ = inbox_jobs_;
+      inbox_jobs_ = 0;
+    }
+    // Admissions first, so that a cancel queued right after its submit finds the request.
+    for (const auto& ch : batch) admit(ch);
+    for (const auto& ch : cancels)
+      for (const auto& [id, r] : routes_)
+        if (r.channel == ch) engine_->cancel(id);
+    batch.clear();
+    cancels.clear();
+    if (engine_->has_work()) {
+      try {
+        std::vector<RequestOutput> outputs = engine_->step();
+        const bool stuck = outputs.empty() && engine_->has_work() && engine_->stats().running == 0;
+        dispatch(std::move(outputs));
+        if (stuck && !routes_.empty()) {
+          // Nothing runs and the first waiting request still cannot be admitted: with the cache
+          // empty it never will be (the engine takes requests larger than its whole pool). It
+          // fails, rather than block the queue with the loop spinning; the rest go on.
+          const std::shared_ptr<RequestChannel> head = routes_.begin()->second.channel;
+          for (auto it = routes_.begin(); it != routes_.end();) {
+            if (it->second.channel != head) {
+              ++it;
+              continue;
+            }
+            engine_->cancel(it->first);
+            it = routes_.erase(it);
+          }
+          ChannelEvent e;
+          e.kind = ChannelEvent::kFailed;
+          e.error =
+              "the request cannot be scheduled: it needs more cache pages than the whole pool "
+              "holds (raise --cache-mb or lower --max-model-len)";
+          e.status = 400;
+          e.time = Clock::now();
+          head->push(std::move(e));
+        }
+      } catch (const std::exception& e) {
+        // The engine reports a failed step per request (FinishReason::kError); anything else
+        // is a bug: every request in flight fails with it, and the server goes on.
+        std::fprintf(stderr, "dsv4 serve: engine step failed: %s\n", e.what());
+        for (const auto& [id, r] : routes_) engine_->cancel(id);
+        fail_all(e.what());
+      }
+    }
+    publish();
+  }
+  // Stopped: whatever is left is aborted.
+  for (const auto& [id, r] : routes_) engine_->cancel(id);
+  fail_all("the server stopped");
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    batch.swap(inbox_);
+  }
+  for (const auto& ch : batch) {
+    ChannelEvent e;
+    e.kind = ChannelEvent::kRefused;
+    e.error = "the server stopped";
+    ch->push(std::move(e));
+  }
+  while (engine_->has_work()) engine_->step();
+  engine_.reset();
+}
+
+}  // namespace dsv4::server
