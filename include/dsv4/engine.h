@@ -106,6 +106,9 @@ struct RequestOutput {
   std::vector<TokenLogprob> logprobs;  // one per new token when asked
   FinishReason finish = FinishReason::kNone;
   std::string error;
+  // With kError: the request itself can never run (larger than the whole cache pool), a
+  // client's error rather than the engine's.
+  bool unschedulable = false;
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;  // prompt tokens served from the prefix cache
   // When asked (SamplingOptions::prompt_logprobs), in the first output of choice 0: one per

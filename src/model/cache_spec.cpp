@@ -75,8 +75,8 @@ int64_t cache_bytes(const ModelConfig& m, const CacheConfig& c) {
   return total;
 }
 
-CacheConfig cache_fixed_part(const ModelConfig& c, int max_seqs, int page_size) {
-  CacheConfig fixed = cache_capacity(c, max_seqs, 0, page_size);
+CacheConfig cache_fixed_part(const ModelConfig& c, int max_seqs, int page_size, int extra_slots) {
+  CacheConfig fixed = plan_cache(c, max_seqs, 0, page_size, 0, extra_slots);
   fixed.pages[int(PageKind::kC4)] = fixed.pages[int(PageKind::kC128)] = 0;
   return fixed;
 }
@@ -91,7 +91,9 @@ CacheConfig plan_cache(const ModelConfig& c, int max_seqs, int64_t max_context, 
     want.pages[int(PageKind::kWindow)] += extra.pages[int(PageKind::kWindow)];
   }
   if (budget <= 0) return want;
-  const CacheConfig fixed = cache_fixed_part(c, max_seqs, page_size);
+  // The snapshot slots' rings and states are part of the fixed bytes too.
+  CacheConfig fixed = want;
+  fixed.pages[int(PageKind::kC4)] = fixed.pages[int(PageKind::kC128)] = 0;
   const int64_t base = cache_bytes(c, fixed);
   DSV4_CHECK(base <= budget, "cache budget of ", budget, " bytes is below the ", base, " bytes (",
              (base + (1 << 20) - 1) >> 20, " MiB) that the window rings and compressor ",

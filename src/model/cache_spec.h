@@ -40,9 +40,10 @@ constexpr int64_t kCacheStoreAlign = 256;
 int64_t cache_bytes(const ModelConfig& m, const CacheConfig& c);
 
 // The part of every pool that does not depend on the context: the window rings and
-// compressor states of `max_seqs` sequences (no compressed pages). Its bytes are the least
-// a pool for `max_seqs` sequences takes.
-CacheConfig cache_fixed_part(const ModelConfig& c, int max_seqs, int page_size);
+// compressor states of `max_seqs` sequences and `extra_slots` more (plan_cache's) without
+// compressed pages. Its bytes are the least such a pool takes.
+CacheConfig cache_fixed_part(const ModelConfig& c, int max_seqs, int page_size,
+                             int extra_slots = 0);
 
 // The pool for `max_seqs` sequences of up to `max_context` tokens (`budget_bytes` <= 0), or
 // one of at most `budget_bytes` (window pages and state slots for max_seqs sequences, the rest

@@ -156,6 +156,7 @@ MemoryPlanOptions memory_plan_options(const RunnerOptions& o, PlanBackend backen
   m.max_step_tokens = o.max_step_tokens;
   m.verify = o.verify;
   m.exact_linears = o.exact_linears;
+  m.snapshot_slots = o.snapshot_slots;
   return m;
 }
 
@@ -190,11 +191,14 @@ MemoryPlan plan_memory(const ModelConfig& c, const QuantScheme& scheme,
   p.backend = o.backend;
   p.options = o;
   p.step = step_geometry(c, o);
-  p.cache = plan_cache(c, o.max_sequences, o.max_tokens, o.page_size, o.cache_bytes);
+  p.cache =
+      plan_cache(c, o.max_sequences, o.max_tokens, o.page_size, o.cache_bytes, o.snapshot_slots);
   const int64_t cache = cache_bytes(c, p.cache);
   p.cache_shrinks = o.backend == PlanBackend::kCuda && o.cache_bytes == 0;
   const int64_t cache_min =
-      p.cache_shrinks ? cache_bytes(c, cache_fixed_part(c, o.max_sequences, o.page_size)) : cache;
+      p.cache_shrinks
+          ? cache_bytes(c, cache_fixed_part(c, o.max_sequences, o.page_size, o.snapshot_slots))
+          : cache;
   const std::vector<ExpectedTensor> inventory = weight_inventory(c, scheme);
 
   if (o.backend == PlanBackend::kCpu) {

@@ -36,6 +36,7 @@ struct MemoryPlanOptions {
   int max_step_tokens = 0;  // 0: the backend's default
   bool verify = false;      // CUDA: the CPU weights on the host as well
   bool exact_linears = false;
+  int snapshot_slots = 0;  // prefix-cache snapshot slots beside max_sequences (plan_cache)
 };
 
 // The plan's view of the options a backend factory is given.

@@ -251,6 +251,7 @@ void EngineLoop::emit(std::vector<RequestOutput>& out) {
       c.reported = c.output.size();
       o.finish = c.finish;
       o.error = c.error;
+      o.unschedulable = c.unschedulable;
       o.prompt_tokens = r.prompt_len();
       o.cached_tokens = r.cached_tokens;
       if (c.index == 0 && r.opts.prompt_logprobs >= 0 && !r.prompt_logprobs_reported &&
@@ -274,12 +275,13 @@ std::vector<RequestOutput> EngineLoop::step() {
   if (chunks.empty()) {
     if (Request* r = sched_->blocked()) {
       const CacheUsage u = runner_->usage();
-      fail_request(
-          *r, cat("the cache cannot hold this request (", r->prompt_len(), " prompt tokens, ",
-                  r->opts.max_new_tokens, " new, ", r->choices.size(),
-                  " choice(s)) even with nothing else running: ", u.pages_total[int(PageKind::kC4)],
-                  " C4 and ", u.pages_total[int(PageKind::kC128)], " C128 pages of ",
-                  runner_->page_size(), " entries, ", u.slots_total, " slots"));
+      fail_request(*r, cat("the request cannot be scheduled: the cache cannot hold it even with "
+                           "nothing else running (",
+                           r->prompt_len(), " prompt tokens, ", r->opts.max_new_tokens, " new, ",
+                           r->choices.size(), " choice(s); ", u.pages_total[int(PageKind::kC4)],
+                           " C4 and ", u.pages_total[int(PageKind::kC128)], " C128 pages of ",
+                           runner_->page_size(), " entries, ", u.slots_total, " slots)"));
+      for (Choice& c : r->choices) c.unschedulable = true;
     }
   } else {
     std::vector<StepInput> inputs(chunks.size());

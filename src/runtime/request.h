@@ -27,6 +27,7 @@ struct Choice {
   SampleSpec spec;                               // points into params / counts
   FinishReason finish = FinishReason::kNone;
   std::string error;
+  bool unschedulable = false;  // failed because the cache can never hold the request
   bool finish_reported = false;
 };
 

@@ -181,30 +181,8 @@ void EngineWorker::loop() {
     if (engine_->has_work()) {
       try {
         std::vector<RequestOutput> outputs = engine_->step();
-        const bool stuck = outputs.empty() && engine_->has_work() && engine_->stats().running == 0;
+        // (A request the cache can never hold comes back failed, `unschedulable`: a 400.)
         dispatch(std::move(outputs));
-        if (stuck && !routes_.empty()) {
-          // Nothing runs and the first waiting request still cannot be admitted: with the cache
-          // empty it never will be (the engine takes requests larger than its whole pool). It
-          // fails, rather than block the queue with the loop spinning; the rest go on.
-          const std::shared_ptr<RequestChannel> head = routes_.begin()->second.channel;
-          for (auto it = routes_.begin(); it != routes_.end();) {
-            if (it->second.channel != head) {
-              ++it;
-              continue;
-            }
-            engine_->cancel(it->first);
-            it = routes_.erase(it);
-          }
-          ChannelEvent e;
-          e.kind = ChannelEvent::kFailed;
-          e.error =
-              "the request cannot be scheduled: it needs more cache pages than the whole pool "
-              "holds (raise --cache-mb or lower --max-model-len)";
-          e.status = 400;
-          e.time = Clock::now();
-          head->push(std::move(e));
-        }
       } catch (const std::exception& e) {
         // The engine reports a failed step per request (FinishReason::kError); anything else
         // is a bug: every request in flight fails with it, and the server goes on.

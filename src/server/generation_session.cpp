@@ -94,7 +94,8 @@ void GenerationSession::wait_first_output() {
         throw ApiError(e.status, e.error);
       }
       if (e.kind == ChannelEvent::kOutput) {
-        if (e.output.finish == FinishReason::kError) throw ApiError(500, e.output.error);
+        if (e.output.finish == FinishReason::kError)
+          throw ApiError(e.output.unschedulable ? 400 : 500, e.output.error);
         return;  // (the destructor cancels the other jobs of a failed one)
       }
     }
