@@ -120,15 +120,16 @@ def test_an_identical_resend_reports_cached_tokens(server):
 
 
 def test_preemption_under_a_small_cache_gives_the_same_outputs(server, tiny_model):
-    # Page size 1: an HCA page holds 128 tokens. 13 MiB leave, after the window rings of 6
-    # sequences, pages for about 480 tokens (3 HCA pages): three requests crossing 128 tokens
+    # Page size 1: an HCA page holds 128 tokens. 13 MiB leave, after the window rings of 3
+    # running sequences and 3 prefix-cache snapshots, pages for about 480 tokens (3 HCA pages):
+    # three requests crossing 128 tokens
     # cannot all hold their second page, so the scheduler preempts and recomputes.
     rng = random.Random(4)
     reqs = [{"prompt": ids_prompt(rng, 110), "max_tokens": 24, "temperature": t, "seed": i,
              "ignore_eos": True, "logprobs": 1, "return_tokens_as_token_ids": True}
             for i, t in enumerate([0, 0.9, 0.5])]
     want = concurrently(server, reqs)  # = solo (batch invariance, above)
-    small = Server(tiny_model, "--page-size", "1", "--max-running", "6", "--cache-mb", "13")
+    small = Server(tiny_model, "--page-size", "1", "--max-running", "3", "--cache-mb", "13")
     try:
         assert concurrently(small, reqs) == want
         assert small.metric("vllm:num_preemptions_total") > 0
