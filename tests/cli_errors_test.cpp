@@ -279,6 +279,30 @@ TEST_F(CliErrors, PlanPrintsTheFiguresAndRefusesWhatCannotFit) {
   EXPECT_NE(cuda.out.find("GPU 0 memory:"), std::string::npos) << cuda.out << cuda.err;
 }
 
+// The parallel plan from a config alone: one pool per GPU, judged against --gpu-mb; a layout
+// that does not match --gpus, or that the model does not divide, is a one-line error.
+TEST_F(CliErrors, PlanOverSeveralGpusFromAConfig) {
+  const std::string flash =
+      std::string(DSV4_SOURCE_DIR) + "/tests/data/deepseek-v4-flash.config.json";
+  const CliResult two =
+      run("plan --config " + flash + " --gpus 2 --max-model-len 65536 --max-running 8");
+  ASSERT_EQ(two.code, 0) << two.err;
+  for (const char* want : {"layout        dp 2 x tp 1 attention, ep 2 experts", "GPU 0 memory:",
+                           "GPU 1 memory:", "experts 128-255", "cache room", "fits: yes"})
+    EXPECT_NE(two.out.find(want), std::string::npos) << want << "\n" << two.out;
+  const CliResult one = run("plan --config " + flash + " --gpus 1");
+  EXPECT_EQ(one.code, 1);
+  EXPECT_NE(one.err.find("not enough GPU 0 memory"), std::string::npos) << one.err;
+  for (const char* bad : {" --gpus 2 --dp 4 --ep 4", " --gpus 3", " --gpus 2 --backend cpu",
+                          " --backend cuda --dp 2 --ep 2"}) {
+    const CliResult r = run("plan --config " + flash + bad);
+    EXPECT_EQ(r.code, 1) << bad;
+    EXPECT_TRUE(r.out.empty() || r.out.find("fits") == std::string::npos) << bad;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << bad << ": " << r.err;
+  }
+  EXPECT_EQ(run("plan --config " + flash + " --model " + model()).code, 1);
+}
+
 // ---- help --------------------------------------------------------------------------------
 
 // README's section "### `dsv4 NAME`" (to the next heading).

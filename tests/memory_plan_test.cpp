@@ -12,9 +12,13 @@
 #include "backends/cpu/weights.h"
 #include "core/error.h"
 #include "dsv4/engine.h"
+#include "io/checkpoint.h"
 #include "model/cache_spec.h"
 #include "model/memory_plan.h"
+#include "model/model_config.h"
+#include "model/parallel_layout.h"
 #include "model/tiny_checkpoint.h"
+#include "model/weights.h"
 #include "support/temp_dir.h"
 
 namespace dsv4::test {
@@ -42,6 +46,82 @@ TEST(MemoryPlan, CpuWeightsAreTheBytesTheCpuBackendHolds) {
     ASSERT_EQ(p.pools.size(), 1u);
     EXPECT_EQ(p.pools[0].weights, cpu::weight_bytes(m.model->weights())) << preset;
   }
+}
+
+// Several ranks as threads: the plan's host weights are the bytes of every rank's shard as
+// the CPU backend prepares it (experts by range, heads and output groups split), byte for byte.
+TEST(MemoryPlan, ParallelCpuWeightsAreTheShardsTheRanksHold) {
+  TempDir d;
+  write_tiny_checkpoint(tiny_preset("flash"), ExpertFormat::kNvfp4, 1, d.path(),
+                        tiny_init("flash"));
+  const ModelConfig c = load_model_config(d.path() + "/config.json");
+  const QuantScheme scheme = QuantScheme::load(d.path(), c);
+  const Checkpoint ckpt(d.path());
+  const WeightsRef ref = bind_weights(ckpt, c, scheme);
+  const int64_t one = plan_memory(c, scheme, MemoryPlanOptions{}).pools.at(0).weights;
+  for (const ParallelConfig& par :
+       {ParallelConfig{1, 2, 1}, ParallelConfig{2, 2, 1}, ParallelConfig{1, 4, 1},
+        ParallelConfig{1, 1, 2}, ParallelConfig{2, 2, 2}}) {
+    const ParallelLayout L(c, par);
+    int64_t held = 0;
+    for (int w = 0; w < L.world(); ++w) {
+      cpu::WeightShard s;
+      s.heads_lo = L.heads_lo(w), s.heads = L.heads_per_rank();
+      s.groups_lo = L.groups_lo(w), s.groups = L.groups_per_rank();
+      s.index_heads_lo = L.index_heads_lo(w), s.index_heads = L.index_heads_per_rank();
+      s.experts_lo = L.experts_lo(w), s.experts = L.experts_per_rank();
+      held += cpu::weight_bytes(cpu::prepare_weights(c, ref, s));
+    }
+    MemoryPlanOptions o;
+    o.parallel = par;
+    const MemoryPlan p = plan_memory(c, scheme, o);
+    ASSERT_EQ(p.pools.size(), 1u);
+    EXPECT_EQ(p.pools[0].weights, held) << L.describe();
+    EXPECT_GT(p.pools[0].weights, one) << L.describe();  // what is not split is replicated
+    EXPECT_EQ(p.pools[0].cache, L.world() * plan_memory(c, scheme, {}).pools[0].cache);
+  }
+}
+
+// The real checkpoints' configs (tests/data, from the spec's §1.1 numbers) over H200s: each
+// rank holds its experts and a whole copy of the rest; V4-Flash fits two GPUs and not one,
+// V4-Pro eight (with 2048-token steps) and not four; a layout that does not divide is an error.
+TEST(MemoryPlan, RealConfigsOverSeveralGpus) {
+  const std::string data = std::string(DSV4_SOURCE_DIR) + "/tests/data/";
+  const int64_t h200 = int64_t(143771) << 20;
+  auto plan = [&](const std::string& name, int gpus, int64_t len, int running, int step) {
+    const ModelConfig c = load_model_config(data + "deepseek-v4-" + name + ".config.json");
+    MemoryPlanOptions o;
+    o.backend = PlanBackend::kCuda;
+    o.max_tokens = len;
+    o.max_sequences = running;
+    o.snapshot_slots = running;
+    o.max_step_tokens = step;
+    o.parallel = {gpus, gpus, 1};
+    return plan_memory(c, QuantScheme::load(data, c), o);
+  };
+  auto fits = [&](const MemoryPlan& p) {
+    for (const MemoryPool& m : p.pools)
+      if (!error_of([&] { require_fits(m, h200, "an H200"); }).empty()) return false;
+    return true;
+  };
+  const MemoryPlan f1 = plan("flash", 1, 65536, 64, 0), f2 = plan("flash", 2, 65536, 64, 0);
+  ASSERT_EQ(f2.pools.size(), 2u);
+  EXPECT_EQ(f2.pools[0].weights, f2.pools[1].weights);
+  // Two ranks hold the experts once and everything else twice.
+  const ModelConfig fc = load_model_config(data + "deepseek-v4-flash.config.json");
+  const std::vector<ExpectedTensor> inv = weight_inventory(fc, QuantScheme::load(data, fc));
+  const ParallelLayout L(fc, {2, 2, 1});
+  size_t n0 = rank_weight_inventory(inv, L, 0).size(), n1 = rank_weight_inventory(inv, L, 1).size();
+  size_t experts = 0;
+  for (const ExpectedTensor& t : inv) experts += t.name.find(".ffn.experts.") != std::string::npos;
+  EXPECT_EQ(n0 + n1, 2 * inv.size() - experts);
+  EXPECT_LT(f2.pools[0].weights, f1.pools[0].weights * 6 / 10);
+  EXPECT_FALSE(fits(f1));
+  EXPECT_TRUE(fits(f2));
+  EXPECT_TRUE(fits(plan("pro", 8, 65536, 16, 2048)));
+  EXPECT_FALSE(fits(plan("pro", 4, 65536, 16, 2048)));
+  EXPECT_NE(error_of([&] { plan("flash", 3, 4096, 1, 0); }).find("does not divide"),
+            std::string::npos);
 }
 
 TEST(MemoryPlan, CacheIsThePoolTheCachesAllocate) {

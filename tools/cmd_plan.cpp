@@ -1,5 +1,6 @@
 // dsv4 plan: the memory an engine would take for the options given (the estimator the
 // backends consult when they open), against the memory available now.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -7,6 +8,7 @@
 #include "commands.h"
 #include "common.h"
 #include "core/error.h"
+#include "model/cache_spec.h"
 #include "model/memory_plan.h"
 #include "model/model_config.h"
 #include "model/quant_scheme.h"
@@ -35,12 +37,21 @@ int64_t available(const MemoryPool& pool, std::string* what) {
 }
 
 int run(const Args& a) {
-  const std::string dir = a.str("--model");
-  DSV4_CHECK(std::filesystem::is_directory(dir), dir, ": model directory does not exist");
-  const ModelConfig config =
-      load_model_config((std::filesystem::path(dir) / "config.json").string());
+  DSV4_CHECK(a.has("--model") != a.has("--config"), "give exactly one of --model and --config");
+  const std::string config_path =
+      a.has("--model") ? (std::filesystem::path(a.str("--model")) / "config.json").string()
+                       : a.str("--config");
+  if (a.has("--model"))
+    DSV4_CHECK(std::filesystem::is_directory(a.str("--model")), a.str("--model"),
+               ": model directory does not exist");
+  const ModelConfig config = load_model_config(config_path);
+  // The quantisation scheme beside the config (hf_quant_config.json: NVFP4 experts).
+  const std::string dir = std::filesystem::path(config_path).parent_path().string();
   MemoryPlanOptions o;
-  o.backend = a.str("--backend") == "cuda" ? PlanBackend::kCuda : PlanBackend::kCpu;
+  const int64_t gpus = a.integer("--gpus");
+  DSV4_CHECK(gpus == 0 || !a.has("--backend") || a.str("--backend") == "cuda",
+             "--gpus plans the cuda backend");
+  o.backend = gpus > 0 || a.str("--backend") == "cuda" ? PlanBackend::kCuda : PlanBackend::kCpu;
   o.max_tokens = a.integer("--max-model-len");
   o.max_sequences = static_cast<int>(a.integer("--max-running"));
   o.page_size = static_cast<int>(a.integer("--page-size"));
@@ -51,16 +62,33 @@ int run(const Args& a) {
   if (o.backend == PlanBackend::kCpu)
     DSV4_CHECK(!o.verify && !o.exact_linears,
                "--verify and --exact-linears apply to --backend cuda");
+  const bool tuple = a.has("--dp") || a.has("--ep") || a.has("--tp");
+  // N GPUs without a layout: data-parallel attention and expert-parallel MoE over all of them.
+  o.parallel = gpus > 0 && !tuple ? ParallelConfig{int(gpus), int(gpus), 1}
+                                  : ParallelConfig{int(a.integer("--dp")), int(a.integer("--ep")),
+                                                   int(a.integer("--tp"))};
+  if (gpus > 0)
+    DSV4_CHECK(o.parallel.world() == gpus, "the layout dp ", o.parallel.dp, ", ep ", o.parallel.ep,
+               ", tp ", o.parallel.tp, " runs on max(dp x tp, ep) = ", o.parallel.world(),
+               " GPUs, not --gpus ", gpus);
+  else if (o.backend == PlanBackend::kCuda)
+    DSV4_CHECK(o.parallel.single(), "a layout over ", o.parallel.world(), " GPUs: give --gpus ",
+               o.parallel.world());
+  // A snapshot slot per running sequence, as the engine opens by default (the prefix cache).
+  o.snapshot_slots = o.max_sequences;
   const MemoryPlan plan = plan_memory(config, QuantScheme::load(dir, config), o);
   std::printf("model         %s: %d layers + %d MTP, hidden %d, vocab %d, sliding_window %d\n",
-              dir.c_str(), config.n_layers, config.n_mtp_layers, config.dim, config.vocab_size,
-              config.window_size);
+              config_path.c_str(), config.n_layers, config.n_mtp_layers, config.dim,
+              config.vocab_size, config.window_size);
   std::fputs(describe_plan(plan).c_str(), stdout);
   std::string refusal;
   bool unknown = false;
   for (const MemoryPool& pool : plan.pools) {
     std::string what;
-    const int64_t avail = available(pool, &what);
+    // --gpus: every GPU has --gpu-mb (the plan is for a machine other than this one).
+    const bool given = gpus > 0 && pool.name != "host memory";
+    const int64_t avail = given ? a.integer("--gpu-mb") << 20 : available(pool, &what);
+    if (given) what = "--gpu-mb";
     if (avail < 0) {
       std::printf("%s available: unknown (%s)\n", pool.name.c_str(), what.c_str());
       unknown = true;
@@ -74,6 +102,21 @@ int run(const Args& a) {
       if (refusal.empty()) refusal = e.what();
     }
   }
+  if (gpus > 0 && refusal.empty() && plan.cache_shrinks) {
+    // What the engine would take: the pool grown to the memory left on each GPU.
+    const MemoryPool& g = plan.pools.at(0);
+    const int64_t room = (a.integer("--gpu-mb") << 20) - g.weights - g.activations - g.reserve;
+    const CacheConfig cc =
+        plan_cache(config, o.max_sequences, o.max_tokens, o.page_size, room, o.snapshot_slots);
+    const int64_t tokens =
+        std::max<int64_t>(int64_t(cc.pages[int(PageKind::kC4)]) * 4 * o.page_size,
+                          int64_t(cc.pages[int(PageKind::kC128)]) * 128 * o.page_size);
+    std::printf(
+        "cache room    %lld bytes (%s) per GPU: %lld tokens of context per data-parallel "
+        "rank\n",
+        (long long)cache_bytes(config, cc), human_bytes(cache_bytes(config, cc)).c_str(),
+        (long long)tokens);
+  }
   std::printf("fits: %s\n", !refusal.empty() ? "no" : unknown ? "unknown" : "yes");
   std::fflush(stdout);
   DSV4_CHECK(refusal.empty(), refusal);
@@ -86,12 +129,40 @@ const Command& plan_command() {
   static const Command c{
       "plan",
       "the memory an engine would take: weights, cache, activations",
-      "dsv4 plan --model DIR [flags]",
+      "dsv4 plan (--model DIR | --config FILE) [--gpus N [--dp N --ep N --tp N]] [flags]",
       "Prints the weight, cache and activation bytes of an engine opened with these options (the\n"
-      "estimate the backends consult when they open) and the memory available now; exits 1 when\n"
-      "it does not fit, with the reason on stderr.",
+      "estimate the backends consult when they open), per GPU with --gpus, and the memory\n"
+      "available (this machine's now, or --gpu-mb per GPU with --gpus); exits 1 when it does\n"
+      "not fit, with the reason on stderr.",
       std::vector<Flag>{
-          {"--model", "DIR", "the model directory (config.json, *.safetensors)", "", true},
+          {"--model", "DIR", "the model directory (config.json, *.safetensors)"},
+          {"--config", "FILE", "a config.json alone (no checkpoint needed)"},
+          {"--gpus",
+           "N",
+           "plan the cuda backend over N GPUs (one rank each)",
+           "0",
+           false,
+           {},
+           0,
+           1024},
+          {"--gpu-mb",
+           "N",
+           "with --gpus: each GPU's memory in MiB (default: an H200's)",
+           "143771",
+           false,
+           {},
+           1,
+           1 << 30},
+          {"--dp",
+           "N",
+           "data-parallel attention groups (--gpus alone: N)",
+           "1",
+           false,
+           {},
+           1,
+           1024},
+          {"--ep", "N", "expert-parallel ranks (--gpus alone: N)", "1", false, {}, 1, 1024},
+          {"--tp", "N", "tensor-parallel ranks per attention group", "1", false, {}, 1, 1024},
           {"--max-model-len",
            "N",
            "tokens per sequence (prompt + output)",
@@ -100,7 +171,14 @@ const Command& plan_command() {
            {},
            1,
            1 << 30},
-          {"--max-running", "N", "sequences alive at once", "1", false, {}, 1, 65536},
+          {"--max-running",
+           "N",
+           "sequences alive at once (per data-parallel rank)",
+           "1",
+           false,
+           {},
+           1,
+           65536},
           {"--max-step-tokens",
            "N",
            "tokens per forward step, 0 = the backend's default",

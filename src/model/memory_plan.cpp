@@ -68,6 +68,32 @@ int64_t cuda_weight_bytes(const std::vector<ExpectedTensor>& inventory) {
   return bytes;
 }
 
+// The expert index of "….ffn.experts.<e>.…", or -1.
+int expert_of(const std::string& name) {
+  static const std::string key = ".ffn.experts.";
+  const size_t at = name.find(key);
+  if (at == std::string::npos) return -1;
+  return std::atoi(name.c_str() + at + key.size());
+}
+
+// Tensors whose rows are split by heads (or output groups) under tensor parallelism.
+bool split_by_heads(const std::string& name) {
+  for (const char* part :
+       {".attn.wq_b.", ".attn.wo_a.", ".attn.indexer.wq_b.", ".attn.indexer.weights_proj."})
+    if (name.find(part) != std::string::npos) return true;
+  return ends_with(name, ".attn.attn_sink");
+}
+
+// The MoE exchange of an expert-parallel rank: the (token, expert) rows it may receive from
+// every dp group's step (each token sends a rank at most min(top-k, its experts) rows) and the
+// expert GEMMs' intermediates for them, BF16, dispatch and combine.
+int64_t moe_exchange_bytes(const ModelConfig& c, const StepGeometry& s, const ParallelLayout& L) {
+  if (L.config().ep == 1) return 0;
+  const int64_t rows = int64_t(L.config().dp) * s.tokens *
+                       std::min<int64_t>(c.n_activated_experts, L.experts_per_rank());
+  return rows * (2 * int64_t(c.dim) + 3 * int64_t(c.moe_inter_dim)) * 2;
+}
+
 bool has_ratio(const ModelConfig& c, int r) {
   return std::find(c.compress_ratios.begin(), c.compress_ratios.end(), r) !=
          c.compress_ratios.end();
@@ -146,6 +172,20 @@ std::string count(int64_t n, const char* what) {
 
 }  // namespace
 
+std::vector<ExpectedTensor> rank_weight_inventory(const std::vector<ExpectedTensor>& inventory,
+                                                  const ParallelLayout& L, int w) {
+  std::vector<ExpectedTensor> out;
+  const int tp = L.config().tp;
+  for (const ExpectedTensor& t : inventory) {
+    const int e = expert_of(t.name);
+    if (e >= 0 && (e < L.experts_lo(w) || e >= L.experts_lo(w) + L.experts_per_rank())) continue;
+    out.push_back(t);
+    if (tp > 1 && split_by_heads(t.name) && !t.shape.empty())
+      out.back().shape[0] = (t.shape[0] + tp - 1) / tp;
+  }
+  return out;
+}
+
 MemoryPlanOptions memory_plan_options(const RunnerOptions& o, PlanBackend backend) {
   MemoryPlanOptions m;
   m.backend = backend;
@@ -157,6 +197,7 @@ MemoryPlanOptions memory_plan_options(const RunnerOptions& o, PlanBackend backen
   m.verify = o.verify;
   m.exact_linears = o.exact_linears;
   m.snapshot_slots = o.snapshot_slots;
+  m.parallel = {o.dp, o.ep, o.tp};
   return m;
 }
 
@@ -200,28 +241,47 @@ MemoryPlan plan_memory(const ModelConfig& c, const QuantScheme& scheme,
           ? cache_bytes(c, cache_fixed_part(c, o.max_sequences, o.page_size, o.snapshot_slots))
           : cache;
   const std::vector<ExpectedTensor> inventory = weight_inventory(c, scheme);
+  const ParallelLayout layout(c, o.parallel);
+  const int W = layout.world();
+  const int64_t exchange = moe_exchange_bytes(c, p.step, layout);
+  if (W > 1) p.layout = layout.describe();
 
   if (o.backend == PlanBackend::kCpu) {
+    // Ranks as threads of this process: every rank's shard, its group's cache and its step.
     MemoryPool host;
     host.name = "host memory";
-    host.weights = cpu_weight_bytes(inventory);
-    host.weights_note = "every weight dequantised to fp32";
-    host.cache = host.cache_min = cache;
-    host.activations = cpu_activation_bytes(c, p.step, o.max_tokens);
+    for (int w = 0; w < W; ++w)
+      host.weights += W == 1 ? cpu_weight_bytes(inventory)
+                             : cpu_weight_bytes(rank_weight_inventory(inventory, layout, w));
+    host.weights_note = W == 1 ? "every weight dequantised to fp32"
+                               : cat("every weight dequantised to fp32, ", W, " ranks' shards");
+    host.cache = host.cache_min = cache * W;
+    host.activations = (cpu_activation_bytes(c, p.step, o.max_tokens) + exchange) * W;
     host.reserve = kHostReserveBytes;
     p.pools.push_back(host);
     return p;
   }
-  MemoryPool gpu;
-  gpu.name = "GPU 0 memory";
-  gpu.weights = cuda_weight_bytes(inventory);
-  gpu.weights_note = "the checkpoint's formats, FP8 scales expanded";
-  gpu.cache = cache;
-  gpu.cache_min = cache_min;
-  gpu.activations = cuda_activation_bytes(c, p.step, o.max_tokens, o.exact_linears);
-  gpu.reserve = kCudaReserveBytes;
-  p.pools.push_back(gpu);
+  for (int w = 0; w < W; ++w) {
+    MemoryPool gpu;
+    gpu.name = cat("GPU ", w, " memory");
+    gpu.rank = W == 1 ? -1 : w;
+    gpu.weights =
+        cuda_weight_bytes(W == 1 ? inventory : rank_weight_inventory(inventory, layout, w));
+    gpu.weights_note = W == 1 ? "the checkpoint's formats, FP8 scales expanded"
+                              : cat("rank ", w, "'s shard: experts ", layout.experts_lo(w), "-",
+                                    layout.experts_lo(w) + layout.experts_per_rank() - 1,
+                                    layout.config().tp > 1
+                                        ? cat(", 1/", layout.config().tp, " of the attention heads")
+                                        : std::string(),
+                                    "; the checkpoint's formats, FP8 scales expanded");
+    gpu.cache = cache;
+    gpu.cache_min = cache_min;
+    gpu.activations = cuda_activation_bytes(c, p.step, o.max_tokens, o.exact_linears) + exchange;
+    gpu.reserve = kCudaReserveBytes;
+    p.pools.push_back(gpu);
+  }
   if (o.verify) {
+    DSV4_CHECK(W == 1, "verify mode runs one rank");
     MemoryPool host;
     host.name = "host memory";
     host.weights = cpu_weight_bytes(inventory);
@@ -293,8 +353,10 @@ std::string describe_plan(const MemoryPlan& p) {
   };
   auto bytes = [](int64_t b) { return cat(b, " bytes (", human_bytes(b), ")"); };
   line("backend", p.backend == PlanBackend::kCpu ? "cpu" : "cuda");
-  line("sequences", cat(count(o.max_sequences, "sequence"), " of up to ",
-                        count(o.max_tokens, "token"), ", page size ", o.page_size));
+  if (!p.layout.empty()) line("layout", p.layout);
+  line("sequences",
+       cat(count(o.max_sequences, "sequence"), " of up to ", count(o.max_tokens, "token"),
+           ", page size ", o.page_size, p.layout.empty() ? "" : ", per data-parallel rank"));
   line("step", cat(count(p.step.tokens, "token"), ", ", count(p.step.logit_rows, "logits row"),
                    " per forward"));
   line("cache pages",

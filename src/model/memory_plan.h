@@ -8,9 +8,12 @@
 // Weights are counted from the weight inventory (weight_inventory()) in each backend's working
 // layout; activations are an estimate of the largest buffers of one step.
 //
-// Several GPUs (the parallel-engine issue): a plan holds one MemoryPool per memory; a
-// tensor-parallel plan adds one pool per rank with its share of the weights, cache and
-// activations, and require_fits() checks each against that device's free memory.
+// Several ranks (the parallel engine, model/parallel_layout.h): the CUDA plan holds one pool per
+// GPU (rank) with that rank's share of the weights — its routed experts, its tensor-parallel
+// share of wq_b, wo_a, the sinks and the indexer's heads, everything else whole — its dp
+// group's cache (whole on every rank of the group) and its activations, including the MoE
+// exchange's receive buffers; the CPU plan (ranks as threads of one process) sums the ranks
+// into the host pool.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +23,9 @@
 #include "kvcache/cache_spec.h"
 #include "model/backend_registry.h"
 #include "model/model_config.h"
+#include "model/parallel_layout.h"
 #include "model/quant_scheme.h"
+#include "model/weights.h"
 
 namespace dsv4 {
 
@@ -37,6 +42,8 @@ struct MemoryPlanOptions {
   bool verify = false;      // CUDA: the CPU weights on the host as well
   bool exact_linears = false;
   int snapshot_slots = 0;  // prefix-cache snapshot slots beside max_sequences (plan_cache)
+  // The parallel layout; max_sequences and the cache are per data-parallel rank.
+  ParallelConfig parallel;
 };
 
 // The plan's view of the options a backend factory is given.
@@ -69,6 +76,7 @@ struct MemoryPool {
   int64_t activations = 0;   // estimate for the largest step
   int64_t reserve = 0;       // left free for everything else
   std::string weights_note;  // how the weights are held ("fp32 (dequantised)", ...)
+  int rank = -1;             // the parallel rank whose memory this is (-1: not parallel)
 
   int64_t planned() const { return weights + cache + activations + reserve; }
   int64_t required() const { return weights + cache_min + activations + reserve; }
@@ -82,10 +90,17 @@ struct MemoryPlan {
   bool cache_shrinks = false;  // CUDA without a cache size: the pool takes what the GPU has
                                // left, at least cache_min (window rings and compressor states)
   std::vector<MemoryPool> pools;
+  std::string layout;  // ParallelLayout::describe() with several ranks, else empty
 };
 
 // Throws dsv4::Error for options no engine can open (non-positive sizes, too many pages).
+// Also for a parallel layout the model does not divide (ParallelLayout's message).
 MemoryPlan plan_memory(const ModelConfig& c, const QuantScheme& scheme, const MemoryPlanOptions& o);
+
+// Rank w's share of the weight inventory under `layout` (see above); the whole inventory for
+// one rank.
+std::vector<ExpectedTensor> rank_weight_inventory(const std::vector<ExpectedTensor>& inventory,
+                                                  const ParallelLayout& layout, int w);
 
 // Bytes the host can give this process now: MemAvailable (/proc/meminfo), lowered to the
 // cgroup's memory.max headroom when there is one; -1 when unknown.

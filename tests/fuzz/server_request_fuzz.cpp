@@ -52,8 +52,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
              : dsv4::server::parse_completion_request(j, context);
     if (g.jobs.empty()) std::abort();
     for (const dsv4::server::Job& job : g.jobs) {
-      if (job.prompt.empty() || int64_t(job.prompt.size()) > context.info.max_tokens)
-        std::abort();
+      if (job.prompt.empty() || int64_t(job.prompt.size()) > context.info.max_tokens) std::abort();
       for (int32_t id : job.prompt)
         if (id < 0 || id >= context.info.vocab_size) std::abort();
     }

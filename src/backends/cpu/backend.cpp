@@ -26,9 +26,8 @@ std::unique_ptr<Runner> open_cpu_runner(const RunnerOptions& o) {
   const ModelConfig config =
       load_model_config((std::filesystem::path(o.model_dir) / "config.json").string());
   const QuantScheme scheme = QuantScheme::load(o.model_dir, config);
-  // The memory plan first: refuse what cannot fit before loading or allocating anything.
-  // (Ranks as threads share this process: their shards together hold at most dp copies of
-  // the attention weights and one of the experts; the plan counts one model.)
+  // The memory plan first: refuse what cannot fit before loading or allocating anything
+  // (ranks as threads share this process: the plan sums their shards, caches and steps).
   const MemoryPlan plan = plan_memory(config, scheme, memory_plan_options(o, PlanBackend::kCpu));
   require_fits(plan.pools.at(0), host_available_bytes(), "MemAvailable");
   const ParallelConfig par{o.dp, o.ep, o.tp};

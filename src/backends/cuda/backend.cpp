@@ -26,6 +26,11 @@ std::unique_ptr<Runner> open_cuda_runner(const RunnerOptions& o) {
   DSV4_CHECK(o.max_sequences > 0, "max_sequences must be positive");
   DSV4_CHECK(o.max_tokens > 0, "max_tokens must be positive");
   DSV4_CHECK(o.max_step_tokens >= 0 && o.cache_bytes >= 0, "negative step or cache size");
+  // Refused rather than run as one rank: the sharded CUDA forward pass is not built yet.
+  DSV4_CHECK(o.dp == 1 && o.ep == 1 && o.tp == 1, "backend 'cuda' runs one rank (dp ", o.dp,
+             ", ep ", o.ep, ", tp ", o.tp,
+             " asked): its parallel forward pass is not built yet; the parallel engine runs on "
+             "--backend cpu");
   DSV4_CHECK(std::filesystem::is_directory(o.model_dir), o.model_dir,
              ": model directory does not exist");
   DSV4_CHECK(cuda::device_count() > 0, "backend 'cuda': no usable CUDA GPU (",
