@@ -410,6 +410,21 @@ void run_shape(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
         for (int id : seqs) in.push_back({id, {int32_t(2 + rng() % (c.vocab_size - 2))}, false});
         runner.step(in);
       };
+      // The engine loop's decode step: greedy samples, no logits returned (the rows still come
+      // to pinned host memory, where the host sampler scans and samples them).
+      SamplingParams greedy;
+      std::vector<SampleSpec> specs(static_cast<size_t>(B));
+      for (SampleSpec& sp : specs) sp.params = &greedy;
+      auto sampled_step = [&]() {
+        std::vector<StepInput> in;
+        for (size_t i = 0; i < seqs.size(); ++i) {
+          StepInput x(seqs[i], {int32_t(2 + rng() % (c.vocab_size - 2))});
+          x.logits = false;
+          x.sample = &specs[i];
+          in.push_back(std::move(x));
+        }
+        runner.step(in);
+      };
       // Graph warm-up (eager, capture), then timed replays with per-block events.
       model.set_block_timing(true);
       for (int i = 0; i < 3; ++i) step();
@@ -429,9 +444,20 @@ void run_shape(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
         steps.push_back(ms);
         times.push_back(model.block_times_ms());
       }
+      model.set_block_timing(false);
+      std::vector<float> sampled;
+      for (int i = 0; i < 3; ++i) sampled_step();
+      for (int i = 0; i < iters; ++i) {
+        DSV4_CUDA_CHECK(cudaEventRecord(a, model.stream()));
+        sampled_step();  // synchronises (the rows to sample, to pinned memory)
+        DSV4_CUDA_CHECK(cudaEventRecord(b, model.stream()));
+        DSV4_CUDA_CHECK(cudaEventSynchronize(b));
+        float ms;
+        DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+        sampled.push_back(ms);
+      }
       cudaEventDestroy(a);
       cudaEventDestroy(b);
-      model.set_block_timing(false);
       for (int id : seqs) runner.close_sequence(id);
 
       char shape[160];
@@ -460,6 +486,11 @@ void run_shape(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
         part.bytes += l.bytes, part.fp8_flops += l.fp8_flops, part.bf16_flops += l.bf16_flops;
       }
       emit("e2e_decode_step_measured", shape, measured, part);
+      std::snprintf(shape, sizeof shape,
+                    "%s %s %d-block model (measured, greedy samples on the host), decode b=%d "
+                    "ctx=%lld",
+                    s.name.c_str(), fname, c.n_layers, B, (long long)ctx);
+      emit("e2e_decode_step_sampled", shape, double(median(sampled)), part);
       const double full = extrapolate(layer_us, head_us);
       std::snprintf(shape, sizeof shape,
                     "%s %s %d layers EXTRAPOLATED from per-layer times, decode b=%d ctx=%lld, "

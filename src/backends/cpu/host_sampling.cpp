@@ -1,12 +1,57 @@
 #include "backends/cpu/host_sampling.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <exception>
+#include <thread>
 
 #include "core/error.h"
 #include "model/weights.h"
 #include "ops/cpu/sampler.h"
 
 namespace dsv4 {
+namespace {
+
+// Whether a row holds NaN or +-inf: an exponent of all ones, tested on the bits so that the
+// loop vectorises (a row is 129,280 floats at the real vocabulary).
+bool has_non_finite(const float* row, int n) {
+  uint32_t any = 0;
+  for (int v = 0; v < n; ++v) {
+    uint32_t b;
+    std::memcpy(&b, row + v, 4);
+    any |= uint32_t((b & 0x7f800000u) == 0x7f800000u);
+  }
+  return any != 0;
+}
+
+// fn(i) for i in [0, n), on several threads when n is large enough to pay for them (a decode
+// step of 128 rows: scanning and sampling 128 x 129,280 logits); the first exception is
+// rethrown after every thread has finished.
+template <typename F>
+void for_each_row(size_t n, const F& fn) {
+  const size_t threads =
+      std::min<size_t>({n / 8, size_t(std::max(1u, std::thread::hardware_concurrency())), 16});
+  if (threads <= 1) {
+    for (size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::vector<std::exception_ptr> errors(threads);
+  std::vector<std::thread> pool;
+  for (size_t t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      try {
+        for (size_t i = t; i < n; i += threads) fn(i);
+      } catch (...) {
+        errors[t] = std::current_exception();
+      }
+    });
+  for (std::thread& th : pool) th.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace
 
 StepOutput sample_on_host(const StepBatch& b, const float* logits, int V,
                           std::vector<std::string> errors) {
@@ -16,10 +61,14 @@ StepOutput sample_on_host(const StepBatch& b, const float* logits, int V,
   // First token row of each input.
   std::vector<int> row0(b.chunks.size(), 0);
   for (size_t i = 1; i < b.chunks.size(); ++i) row0[i] = row0[i - 1] + b.chunks[i - 1].n;
+  // Rows with non-finite logits, found in parallel; the first of each input is named.
+  std::vector<char> bad(b.rows.size(), 0);
+  for_each_row(b.rows.size(),
+               [&](size_t i) { bad[i] = has_non_finite(logits + i * size_t(V), V) ? 1 : 0; });
   for (size_t i = 0; i < b.rows.size(); ++i) {
     const int in = b.row_input[i];
     std::string& e = out.errors[size_t(in)];
-    if (!e.empty()) continue;
+    if (!e.empty() || !bad[i]) continue;
     const float* row = logits + i * size_t(V);
     for (int v = 0; v < V; ++v)
       if (!std::isfinite(row[v])) {
@@ -32,15 +81,13 @@ StepOutput sample_on_host(const StepBatch& b, const float* logits, int V,
   auto failed = [&](int row_index) {
     return !out.errors[size_t(b.row_input[size_t(row_index)])].empty();
   };
-  for (size_t i = 0; i < b.samples.size(); ++i) {
+  out.samples.resize(b.samples.size());
+  for_each_row(b.samples.size(), [&](size_t i) {
     const SampleSpec& s = *b.samples[i];
-    if (failed(b.sample_rows[i])) {
-      out.samples.emplace_back();
-      continue;
-    }
-    out.samples.push_back(cpu::sample_row(logits + size_t(b.sample_rows[i]) * V, V, *s.params,
-                                          s.index, s.counts, s.forced));
-  }
+    if (failed(b.sample_rows[i])) return;  // id -1
+    out.samples[i] = cpu::sample_row(logits + size_t(b.sample_rows[i]) * V, V, *s.params, s.index,
+                                     s.counts, s.forced);
+  });
   for (const StepBatch::Score& sc : b.scores) {
     std::vector<SampledToken> row(sc.rows.size());
     for (size_t j = 0; j < sc.rows.size(); ++j)
