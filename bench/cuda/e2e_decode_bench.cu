@@ -444,7 +444,7 @@ void run_shape(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
         steps.push_back(ms);
         times.push_back(model.block_times_ms());
       }
-      model.set_block_timing(false);
+      // (Block timing stays on: the captured graph records its events, which must outlive it.)
       std::vector<float> sampled;
       for (int i = 0; i < 3; ++i) sampled_step();
       for (int i = 0; i < iters; ++i) {
@@ -458,6 +458,7 @@ void run_shape(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
       }
       cudaEventDestroy(a);
       cudaEventDestroy(b);
+      model.set_block_timing(false);
       for (int id : seqs) runner.close_sequence(id);
 
       char shape[160];
