@@ -8,7 +8,9 @@
 #include "args.h"
 #include "commands.h"
 #include "core/error.h"
+#if defined(DSV4_WITH_SERVER)
 #include "server/http_server.h"
+#endif
 #if defined(DSV4_WITH_CUDA)
 #include "backends/cuda/backend.h"
 #endif
@@ -17,6 +19,11 @@ namespace dsv4::cli {
 
 namespace {
 
+#if !defined(DSV4_WITH_SERVER)
+int run(const Args&) {
+  throw Error("this build has no server (configured with -DDSV4_SERVER=OFF; it needs cpp-httplib)");
+}
+#else
 int run(const Args& a) {
   server::ServerOptions o;
   o.engine.model_dir = a.str("--model");
@@ -81,6 +88,8 @@ int run(const Args& a) {
   std::printf("dsv4 serve: stopped\n");
   return 0;
 }
+
+#endif
 
 }  // namespace
 

@@ -29,7 +29,7 @@ if [ "$WHAT" = "cli" ]; then
   printf 'includedir=%s/include\nlibdir=%s/lib\nName: libpcre2-8\nVersion: 10\nDescription: carried header\nLibs: -L${libdir} -lpcre2-8\nCflags: -I${includedir}\n' "$P" "$P" > "$P/pkgconfig/libpcre2-8.pc"
   export PKG_CONFIG_PATH="$P/pkgconfig"
   cmake -S . -B build-cli -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
-    -DBUILD_TESTING=OFF -DDSV4_BENCH=OFF > "$OUT/cli-configure.log" 2>&1 || { tail -20 "$OUT/cli-configure.log"; exit 1; }
+    -DBUILD_TESTING=OFF -DDSV4_BENCH=OFF -DDSV4_SERVER=OFF > "$OUT/cli-configure.log" 2>&1 || { tail -20 "$OUT/cli-configure.log"; exit 1; }
   cmake --build build-cli -j "$(nproc)" --target dsv4 > "$OUT/cli-build.log" 2>&1 || { grep -E "error" "$OUT/cli-build.log" | head -20; exit 1; }
   rc=0
   for p in flash pro; do
