@@ -11,12 +11,21 @@ import time
 
 import pytest
 
-from conftest import Server
+from conftest import TIME_SCALE, Server
 from support import stream, tokenize
 
 # The prefix cache's documented hit granularity (tokens); an identical resend of a P-token
 # prompt (P > 2B) reports at least P - B cached tokens.
 PREFIX_BLOCK = 256  # EngineOptions::prefix_block: the documented hit granularity
+
+
+def wait_for(condition, timeout=10):
+    """Polls until condition() holds (the gauges are published by the engine loop after it
+    admits: a stream's first event, the role chunk, can come before that)."""
+    deadline = time.time() + timeout * TIME_SCALE
+    while not condition() and time.time() < deadline:
+        time.sleep(0.02)
+    return condition()
 
 
 def ids_prompt(rng, n):
@@ -165,7 +174,7 @@ def test_a_client_that_disconnects_frees_its_pages(server):
     aborted = server.metric("vllm:request_success_total", finished_reason="abort")
     s = open_stream(server, {"prompt": "Tell me a long story", "max_tokens": 500,
                              "ignore_eos": True})
-    assert server.metric("vllm:num_requests_running") == 1
+    assert wait_for(lambda: server.metric("vllm:num_requests_running") == 1)
     assert server.metric("vllm:kv_cache_usage_perc") > 0
     s.close()
     server.wait_idle(timeout=10)
@@ -175,10 +184,7 @@ def test_a_client_that_disconnects_frees_its_pages(server):
                        "ignore_eos": True}).encode()
     c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
-    deadline = time.time() + 10
-    while server.metric("vllm:num_requests_running") == 0 and time.time() < deadline:
-        time.sleep(0.02)
-    assert server.metric("vllm:num_requests_running") == 1
+    assert wait_for(lambda: server.metric("vllm:num_requests_running") == 1)
     c.close()
     server.wait_idle(timeout=10)
     assert server.metric("vllm:request_success_total", finished_reason="abort") == aborted + 2
@@ -186,25 +192,28 @@ def test_a_client_that_disconnects_frees_its_pages(server):
 
 def test_the_waiting_queue_is_bounded(tiny_model):
     s = Server(tiny_model, "--max-running", "1", "--max-waiting", "1")
+    a = b = None
     try:
         body = {"prompt": "long", "max_tokens": 300, "ignore_eos": True}
         a = open_stream(s, body)  # running
+        assert wait_for(lambda: s.metric("vllm:num_requests_running") == 1)
         b = socket.create_connection((s.host, s.port))  # waiting
         data = json.dumps({**body, "stream": True}).encode()
         b.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
                   b"\r\nContent-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
-        deadline = time.time() + 10
-        while s.metric("vllm:num_requests_waiting") < 1 and time.time() < deadline:
-            time.sleep(0.02)
-        assert s.metric("vllm:num_requests_waiting") == 1
+        assert wait_for(lambda: s.metric("vllm:num_requests_waiting") == 1)
         assert s.metric("vllm:num_requests_running") == 1
         status, r = s.post("/v1/completions", {"prompt": "one more", "max_tokens": 1})
         assert status == 429 and r["error"]["type"] == "rate_limit_error"
         a.close()
         b.close()
+        a = b = None
         s.wait_idle()
         assert s.post("/v1/completions", {"prompt": "now", "max_tokens": 1})[0] == 200
     finally:
+        for c in (a, b):  # a failed check must not leave the drain waiting on open streams
+            if c:
+                c.close()
         assert s.stop() == 0
 
 
