@@ -65,7 +65,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     for (const dsv4::cli::Flag& f : c->flags)
-      if (f.name == args[i] && !f.is_switch()) ++i;
+      if (f.name == args[i]) {
+        if (!f.is_switch()) ++i;  // its value (perhaps past the end: then nothing is left)
+        break;
+      }
   }
   try {
     return c->run(dsv4::cli::Args(args, c->flags));

@@ -147,7 +147,8 @@ void moe_forward_parallel(const cpu::MoeWeights& w, const cpu::MoeParams& p, con
   for (int m = 0; m < gs; ++m) {
     const auto [a, b] = share(m);
     DSV4_CHECK(rows[size_t(m)].size() == size_t(b - a) * dim * 4, "parallel MoE: row exchange");
-    std::memcpy(y + size_t(a) * dim, rows[size_t(m)].data(), rows[size_t(m)].size());
+    if (!rows[size_t(m)].empty())  // an idle rank's share is empty (and its data() null)
+      std::memcpy(y + size_t(a) * dim, rows[size_t(m)].data(), rows[size_t(m)].size());
   }
 }
 
