@@ -7,6 +7,7 @@
 
 #include "args.h"
 #include "commands.h"
+#include "common.h"
 #include "core/error.h"
 #if defined(DSV4_WITH_SERVER)
 #include "server/http_server.h"
@@ -102,7 +103,7 @@ const Command& serve_command() {
       "/detokenize (README: Serving). HTTP comes up first, the model loads on the engine-loop\n"
       "thread, and the URL is printed once it is ready. SIGTERM or SIGINT: stop admitting, finish\n"
       "the requests in flight, exit 0.",
-      {
+      std::vector<Flag>{
           {"--model", "DIR", "the model directory (config.json, *.safetensors, tokenizer.json)", "",
            true},
           {"--backend", "NAME", "the backend that runs the model", "cpu", false, {"cpu", "cuda"}},
@@ -148,11 +149,8 @@ const Command& serve_command() {
            "the model name of requests and responses (default: --model as given)"},
           {"--no-cuda-graphs", "", "cuda: run decode steps eagerly"},
           {"--exact-linears", "", "cuda: FP8 linears summed as the reference does (W8A16)"},
-          {"--dp", "N", "data-parallel attention groups", "1", false, {}, 1, 1024},
-          {"--ep", "N", "expert-parallel ranks (routed experts split)", "1", false, {}, 1, 1024},
-          {"--tp", "N", "tensor-parallel ranks per attention group", "1", false, {}, 1, 1024},
           {"--test-forced-output", "", "tests only: honour the forced_output request field"},
-      },
+      } + parallel_flags(),
       run};
   return c;
 }

@@ -12,6 +12,15 @@ std::vector<Flag> operator+(std::vector<Flag> a, const std::vector<Flag>& b) {
   return a;
 }
 
+std::vector<Flag> parallel_flags() {
+  // The parallel engine's layout (README: The parallel engine); ranks run as threads.
+  return {
+      {"--dp", "N", "data-parallel attention groups", "1", false, {}, 1, 1024},
+      {"--ep", "N", "expert-parallel ranks (routed experts split)", "1", false, {}, 1, 1024},
+      {"--tp", "N", "tensor-parallel ranks per attention group", "1", false, {}, 1, 1024},
+  };
+}
+
 std::vector<Flag> engine_flags() {
   std::vector<Flag> f;
   f.push_back(
@@ -29,11 +38,7 @@ std::vector<Flag> engine_flags() {
       {"--verify", "", "cuda: re-run every op on the CPU and stop at the first divergence"});
   f.push_back({"--no-cuda-graphs", "", "cuda: run decode steps eagerly"});
   f.push_back({"--exact-linears", "", "cuda: FP8 linears summed as the reference does (W8A16)"});
-  // The parallel engine's layout (README: The parallel engine); ranks run as threads.
-  f.push_back({"--dp", "N", "data-parallel attention groups", "1", false, {}, 1, 1024});
-  f.push_back(
-      {"--ep", "N", "expert-parallel ranks (routed experts split)", "1", false, {}, 1, 1024});
-  f.push_back({"--tp", "N", "tensor-parallel ranks per attention group", "1", false, {}, 1, 1024});
+  f = f + parallel_flags();
   return f;
 }
 

@@ -13,6 +13,8 @@ namespace dsv4::cli {
 // --backend, --page-size, --cache-mb, --verify, --no-cuda-graphs, --exact-linears, and the
 // parallel layout --dp, --ep, --tp.
 std::vector<Flag> engine_flags();
+// --dp, --ep, --tp (the parallel layout).
+std::vector<Flag> parallel_flags();
 // --prompt-ids, --prompt-file, --prompt, --messages (exactly one is given).
 std::vector<Flag> prompt_flags();
 // `a` followed by `b`.
