@@ -1,0 +1,224 @@
+#include "ops/cpu/error_bound.h"
+
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "core/formats.h"
+#include "ops/cpu/quant.h"
+
+namespace dsv4::cpu {
+
+double pow2_floor(double v) {
+  if (v == 0 || !std::isfinite(v)) return v == 0 ? 0.0 : std::fabs(v);
+  int e;
+  std::frexp(v, &e);  // |v| in [2^(e-1), 2^e)
+  return std::ldexp(1.0, e - 1);
+}
+
+double bf16_ulp(double v) {
+  const double p = pow2_floor(v);
+  return p == 0 || p < 0x1p-126 ? 0x1p-133 : p * 0x1p-7;
+}
+
+double f32_ulp(double v) {
+  const double p = pow2_floor(v);
+  return p == 0 || p < 0x1p-126 ? 0x1p-149 : p * 0x1p-23;
+}
+
+// ---- tensor-core sums ------------------------------------------------------------------------
+
+void linear_error_bound(const Linear& w, const float* x, int m, const TcSum& tc, float* bound) {
+  const int N = w.out, K = w.in;
+  const bool quant = w.kind == LinearKind::kFp8 || w.kind == LinearKind::kFp4;
+  DSV4_CHECK(tc.slice > 0 && tc.frac_bits > 0, "linear_error_bound: bad sum model");
+  const double trunc = std::ldexp(1.0, -tc.frac_bits);
+  const int steps = (K + tc.slice - 1) / tc.slice;
+  const int chain = tc.chain_slices > 0 ? tc.chain_slices : steps;
+  const int promotions = (steps + chain - 1) / chain;
+  // fp32 roundings outside the chains: the GPU's promotions and reductions, the CPU's rounding
+  // of each of its K blocks to fp32 and its fp32 accumulation of them (kF32/kBf16: one block).
+  const int cpu_blocks = (K + linear_kblock(w) - 1) / linear_kblock(w);
+  const double f32_terms = (promotions + tc.fp32_adds + 2.0 * cpu_blocks) * 0x1p-24;
+  constexpr int kCols = 256;
+  std::vector<float> a(K);
+  std::vector<double> C(kCols), B(kCols), S(kCols), Ps(kCols), Mx(kCols), Mn(kCols), U(kCols),
+      Cin(kCols);
+  for (int r = 0; r < m; ++r) {
+    const float* xr = x + size_t(r) * K;
+    if (quant)
+      fake_quant_fp8(xr, K, 128, a.data());
+    else
+      std::copy(xr, xr + K, a.begin());
+    for (int n0 = 0; n0 < N; n0 += kCols) {
+      const int nc = std::min(kCols, N - n0);
+      std::fill(C.begin(), C.end(), 0.0);  // exact partial of the current chain
+      std::fill(B.begin(), B.end(), 0.0);  // bound accumulated over every step
+      std::fill(S.begin(), S.end(), 0.0);  // sum |p| over K
+      std::vector<double> Bc(nc, 0.0);     // bound of the current chain
+      for (int s = 0; s < steps; ++s) {
+        const int k0 = s * tc.slice, k1 = std::min(K, k0 + tc.slice);
+        const bool chain_start = s % chain == 0;
+        if (chain_start) {
+          std::fill(C.begin(), C.end(), 0.0);
+          std::fill(Bc.begin(), Bc.end(), 0.0);
+        }
+        std::fill(Ps.begin(), Ps.end(), 0.0);
+        std::fill(Mx.begin(), Mx.end(), 0.0);
+        std::fill(Mn.begin(), Mn.end(), 0.0);
+        for (int k = k0; k < k1; ++k) {
+          const double ak = a[k];
+          if (ak == 0.0) continue;
+          const float* wk = w.wt.data() + size_t(k) * N + n0;
+          for (int n = 0; n < nc; ++n) {
+            const double p = ak * double(wk[n]);
+            Ps[n] += p;
+            Mx[n] = std::max(Mx[n], std::fabs(p));
+            S[n] += std::fabs(p);
+          }
+        }
+        for (int n = 0; n < nc; ++n) {
+          // The GPU's incoming accumulator: the exact chain partial within the chain's bound.
+          Cin[n] = chain_start ? 0.0 : std::fabs(C[n]) + Bc[n];
+          U[n] = pow2_floor(std::max(Mx[n], Cin[n])) * trunc;
+        }
+        for (int k = k0; k < k1; ++k) {
+          const double ak = a[k];
+          if (ak == 0.0) continue;
+          const float* wk = w.wt.data() + size_t(k) * N + n0;
+          for (int n = 0; n < nc; ++n) Mn[n] += std::min(std::fabs(ak * double(wk[n])), U[n]);
+        }
+        for (int n = 0; n < nc; ++n) {
+          double e = Mn[n] + std::min(Cin[n], U[n]);
+          C[n] += Ps[n];
+          e += pow2_floor(std::fabs(C[n]) + Bc[n] + e) * trunc;  // the result's truncation
+          Bc[n] += e;
+          B[n] += e;
+        }
+      }
+      for (int n = 0; n < nc; ++n)
+        bound[size_t(r) * N + n0 + n] =
+            static_cast<float>((B[n] + f32_terms * S[n] + K * 0x1p-52 * S[n]) * (1 + 0x1p-20));
+    }
+  }
+}
+
+// ---- intervals -----------------------------------------------------------------------------
+
+Iv operator*(Iv a, Iv b) {
+  const double p[4] = {a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi};
+  return {*std::min_element(p, p + 4), *std::max_element(p, p + 4)};
+}
+
+Iv widen_f32(Iv a, int ops) {
+  const double m = std::max(std::fabs(a.lo), std::fabs(a.hi));
+  return widen(a, ops * 0x1p-24 * m * (1 + 0x1p-20));
+}
+
+// Interval ends to float, rounded outward (the conversion must not narrow the interval).
+static float float_down(double v) {
+  float f = static_cast<float>(v);
+  return double(f) > v ? std::nextafter(f, -INFINITY) : f;
+}
+static float float_up(double v) {
+  float f = static_cast<float>(v);
+  return double(f) < v ? std::nextafter(f, INFINITY) : f;
+}
+
+Iv round_ends_bf16(Iv a) {
+  return {double(dsv4::round_bf16(float_down(a.lo))), double(dsv4::round_bf16(float_up(a.hi)))};
+}
+
+Iv relu_ends(Iv a) {
+  return {std::max(a.lo, 0.0), std::max(a.hi, 0.0)};
+}
+
+double fake_e4m3(double x, double s) {
+  return double(
+             e4m3_to_float(float_to_e4m3(std::clamp(float(x) / float(s), -kE4m3Max, kE4m3Max)))) *
+         s;
+}
+
+double fake_e2m1(double x, double s) {
+  return double(
+             e2m1_to_float(float_to_e2m1(std::clamp(float(x) / float(s), -kE2m1Max, kE2m1Max)))) *
+         s;
+}
+
+void fake_quant_interval(const Iv* x, int n, int block, bool fp4, Iv* out) {
+  DSV4_CHECK(block > 0 && n % block == 0, "fake_quant_interval: ", n, " not a multiple of ", block);
+  const float floor_amax = fp4 ? kFp4AmaxFloor : kFp8AmaxFloor;
+  const float qmax = fp4 ? kE2m1Max : kE4m3Max;
+  for (int b = 0; b < n / block; ++b) {
+    const Iv* xb = x + size_t(b) * block;
+    float amax_lo = 0, amax_hi = 0;
+    for (int i = 0; i < block; ++i) {
+      const double lo = xb[i].lo, hi = xb[i].hi;
+      const double min_abs = lo <= 0 && hi >= 0 ? 0.0 : std::min(std::fabs(lo), std::fabs(hi));
+      amax_lo = std::max(amax_lo, float_down(min_abs));
+      amax_hi = std::max(amax_hi, float_up(std::max(std::fabs(lo), std::fabs(hi))));
+    }
+    // The block scale is monotone in amax: every power of two between the two ends.
+    const float s_lo = pow2_ceil(std::max(amax_lo, floor_amax) * (1.0f / qmax));
+    const float s_hi = pow2_ceil(std::max(amax_hi, floor_amax) * (1.0f / qmax));
+    for (int i = 0; i < block; ++i) {
+      Iv q{INFINITY, -INFINITY};
+      for (double s = s_lo; s <= double(s_hi); s *= 2) {
+        const double xl = float_down(xb[i].lo), xh = float_up(xb[i].hi);
+        const double lo = fp4 ? fake_e2m1(xl, s) : fake_e4m3(xl, s);
+        const double hi = fp4 ? fake_e2m1(xh, s) : fake_e4m3(xh, s);
+        q.lo = std::min(q.lo, lo);
+        q.hi = std::max(q.hi, hi);
+      }
+      out[size_t(b) * block + i] = q;
+    }
+  }
+}
+
+// ---- judging -------------------------------------------------------------------------------
+
+double element_tolerance(float got, float want, double bound, Rounding r) {
+  switch (r) {
+    case Rounding::kNone:
+      return bound;
+    case Rounding::kBf16:
+      return bound + 0.5 * (bf16_ulp(got) + bf16_ulp(want));
+    case Rounding::kF32:
+      return bound + 0.5 * (f32_ulp(got) + f32_ulp(want));
+  }
+  return bound;
+}
+
+BoundCheck check_bounds(const float* got, const float* want, const float* bound, size_t n,
+                        Rounding r) {
+  BoundCheck c;
+  c.n = n;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double x = got[i], y = want[i];
+    if (std::isnan(x) != std::isnan(y)) {
+      c.nan_mismatch = true;
+      if (c.first_bad == SIZE_MAX) c.first_bad = i;
+      continue;
+    }
+    if (std::isnan(x) || (std::isinf(x) && std::isinf(y) && (x > 0) == (y > 0))) continue;
+    const double d = std::fabs(x - y);
+    num += d * d;
+    den += y * y;
+    const double tol = element_tolerance(got[i], want[i], bound[i], r);
+    const double ratio = d == 0 ? 0.0 : tol > 0 ? d / tol : INFINITY;
+    if (ratio > c.worst_ratio) {
+      c.worst_ratio = ratio;
+      c.worst = i;
+      c.worst_tol = tol;
+    }
+    if (!(d <= tol)) {
+      ++c.beyond;
+      if (c.first_bad == SIZE_MAX) c.first_bad = i;
+    }
+  }
+  c.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  return c;
+}
+
+}  // namespace dsv4::cpu
