@@ -46,8 +46,10 @@ double trunc_to(double v, double unit) {
 
 // The hardware model of the bound: a step aligns its products and the incoming accumulator to
 // the largest operand, drops what lies below 2^-13 of its leading bit (toward zero), sums, and
-// keeps 13 fraction bits of the result; `chain` steps per fp32 promotion.
-std::vector<float> emulate_fp8_tc(const Linear& w, const std::vector<float>& x, int m, int chain) {
+// keeps 13 fraction bits of the result; steps of `group` products, `chain` k32 instructions per
+// fp32 promotion.
+std::vector<float> emulate_fp8_tc(const Linear& w, const std::vector<float>& x, int m, int chain,
+                                  int group = 32) {
   const int N = w.out, K = w.in;
   std::vector<float> y(size_t(m) * N), a(K);
   for (int r = 0; r < m; ++r) {
@@ -55,17 +57,18 @@ std::vector<float> emulate_fp8_tc(const Linear& w, const std::vector<float>& x, 
     for (int n = 0; n < N; ++n) {
       float acc = 0.0f;
       double c = 0;
-      for (int s = 0; s < K / 32; ++s) {
-        if (s % chain == 0) c = 0;
+      const int steps_per_chain = chain * (32 / group);
+      for (int s = 0; s < K / group; ++s) {
+        if (s % steps_per_chain == 0) c = 0;
         double mx = std::fabs(c);
-        for (int k = s * 32; k < s * 32 + 32; ++k)
+        for (int k = s * group; k < (s + 1) * group; ++k)
           mx = std::max(mx, std::fabs(double(a[k]) * w.wt[size_t(k) * N + n]));
         const double u = pow2_floor(mx) * 0x1p-13;
         double sum = trunc_to(c, u);
-        for (int k = s * 32; k < s * 32 + 32; ++k)
+        for (int k = s * group; k < (s + 1) * group; ++k)
           sum += trunc_to(double(a[k]) * w.wt[size_t(k) * N + n], u);
         c = trunc_to(sum, pow2_floor(sum) * 0x1p-13);
-        if ((s + 1) % chain == 0) acc += float(c);
+        if ((s + 1) % steps_per_chain == 0) acc += float(c);
       }
       y[size_t(r) * N + n] = round_bf16(acc);
     }
@@ -81,22 +84,23 @@ struct Case {
 TEST(ErrorBound, EmulatedFp8TensorCoreSumsStayInsideTheBound) {
   for (const Case& cs :
        {Case{256, 384, 16, 1.0}, Case{384, 512, 8, 1.0}, Case{128, 1024, 4, 8.0}}) {
-    const Linear w = random_fp8_linear(cs.out, cs.in, 7 + cs.in);
+    const Linear w = random_fp8_linear(cs.out, cs.in, 7 + cs.in, cs.spread);
     const std::vector<float> x = random_bf16(size_t(cs.m) * cs.in, 3 + cs.out);
     std::vector<float> want(size_t(cs.m) * cs.out), bound(want.size());
     linear(w, x.data(), cs.m, want.data());
-    for (const auto& [tc, chain] : {std::pair{kFp8WgmmaBlock, 4}, std::pair{kFp8WgmmaSlice, 1}}) {
-      linear_error_bound(w, x.data(), cs.m, tc, bound.data());
-      const std::vector<float> got = emulate_fp8_tc(w, x, cs.m, chain);
-      const BoundCheck c =
-          check_bounds(got.data(), want.data(), bound.data(), got.size(), Rounding::kBf16);
-      EXPECT_TRUE(c.ok()) << cs.out << "x" << cs.in << " chain " << chain << ": " << c.beyond
-                          << " beyond, worst ratio " << c.worst_ratio;
-      std::printf("  %dx%d chain %d: worst |d| / tolerance %.3f\n", cs.out, cs.in, chain,
-                  c.worst_ratio);
-      // Not trivially wide: the worst element uses a visible part of its tolerance.
-      EXPECT_GT(c.worst_ratio, 0.1);
-    }
+    for (const auto& [tc, chain] : {std::pair{kFp8WgmmaBlock, 4}, std::pair{kFp8WgmmaSlice, 1}})
+      for (int group : {32, 16, 8}) {
+        linear_error_bound(w, x.data(), cs.m, tc, bound.data());
+        const std::vector<float> got = emulate_fp8_tc(w, x, cs.m, chain, group);
+        const BoundCheck c =
+            check_bounds(got.data(), want.data(), bound.data(), got.size(), Rounding::kBf16);
+        EXPECT_TRUE(c.ok()) << cs.out << "x" << cs.in << " chain " << chain << " group " << group
+                            << ": " << c.beyond << " beyond, worst ratio " << c.worst_ratio;
+        std::printf("  %dx%d chain %d group %d: worst |d| / tolerance %.3f\n", cs.out, cs.in, chain,
+                    group, c.worst_ratio);
+        // Not trivially wide: the worst element uses a visible part of its tolerance.
+        EXPECT_GT(c.worst_ratio, 0.1);
+      }
   }
 }
 

@@ -205,6 +205,11 @@ void CudaModel::plan(const CudaModelLimits& lim) {
   carve(ctx_.allocate(size_t(act_bytes_)));
 }
 
+void CudaModel::set_verifier(CudaVerifier* v) {
+  verify_ = v;
+  if (v) v->set_exact_linears(limits_.exact_linears);
+}
+
 void CudaModel::set_block_timing(bool on) {
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
   events_.clear();

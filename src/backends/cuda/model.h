@@ -62,7 +62,8 @@ class CudaModel {
   int64_t activation_bytes() const { return act_bytes_; }
 
   // Verify mode and traces (both synchronise per op; never while capturing a graph).
-  void set_verifier(CudaVerifier* v) { verify_ = v; }
+  // The verifier learns which path the FP8 linears take (--exact-linears) to judge their sums.
+  void set_verifier(CudaVerifier* v);
   void set_trace(TraceSink* t) { trace_ = t; }
   // Benchmarks: CUDA events around every decoder block of each (eager) forward.
   // block_times_ms() after the forward completed: [n_layers] per block (block 0 includes the

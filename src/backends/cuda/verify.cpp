@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/formats.h"
+#include "ops/common/score_func.h"
 #include "ops/cpu/attention.h"
 #include "ops/cpu/cache_codec.h"
 #include "ops/cpu/compressor.h"
@@ -20,6 +21,7 @@
 #include "ops/cpu/quant.h"
 #include "ops/cpu/rope.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/gemm/fp8_gemm_heuristic.h"
 
 namespace dsv4 {
 namespace {
@@ -65,6 +67,163 @@ std::string index_str(size_t flat, const std::vector<int64_t>& shape) {
 
 const char* store_name(int kind) {
   return kind == 0 ? "window KV" : kind == 1 ? "compressed KV" : "indexer keys";
+}
+
+// ---- bounds ----------------------------------------------------------------------------------
+
+using cpu::Iv;
+
+double maxabs(const Iv& a) {
+  return std::max(std::fabs(a.lo), std::fabs(a.hi));
+}
+
+// The bound of each element from its interval: the distance from the CPU's value to either end.
+std::vector<float> interval_bound(const std::vector<Iv>& iv, const std::vector<float>& want) {
+  std::vector<float> b(want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    b[i] = static_cast<float>(std::max(iv[i].hi - want[i], want[i] - iv[i].lo) * (1 + 0x1p-20));
+  return b;
+}
+
+// rope_apply on intervals (pairs (2i, 2i+1) of x [rope_dim]): two products and a sum per output
+// in fp32 on either side, and the GPU's cos/sin table within 2 fp32 ulps of the CPU's.
+void rope_interval(Iv* x, int rope_dim, const float* c, const float* s, bool inverse) {
+  for (int i = 0; i < rope_dim / 2; ++i) {
+    const Iv a = x[2 * i], b = x[2 * i + 1];
+    const double sn = inverse ? -s[i] : s[i], cs = c[i];
+    const double mag = maxabs(a) * std::fabs(cs) + maxabs(b) * std::fabs(sn);
+    const double err = cpu::fp32_ops_bound(3, mag) + (maxabs(a) + maxabs(b)) * 0x1p-22;
+    x[2 * i] = cpu::round_ends_bf16(cpu::widen(a * cs - b * sn, err));
+    x[2 * i + 1] = cpu::round_ends_bf16(cpu::widen(a * sn + b * cs, err));
+  }
+}
+
+// y = bf16(w * (x * rs)), rs = 1 / sqrt(mean(x^2) + eps) (cpu::rms_norm) on intervals: the sum
+// of squares in fp32 or double on the GPU (n roundings at most), rs from correctly rounded
+// fp32 operations, two products per element.
+void rms_norm_interval(const Iv* x, int n, const float* w, float eps, Iv* y) {
+  double lo = 0, hi = 0;
+  for (int i = 0; i < n; ++i) {
+    const double a = x[i].lo * x[i].lo, b = x[i].hi * x[i].hi;
+    lo += x[i].lo <= 0 && x[i].hi >= 0 ? 0.0 : std::min(a, b);
+    hi += std::max(a, b);
+  }
+  const Iv ms = cpu::widen_f32({lo / n, hi / n}, n + 2);
+  const Iv rs = cpu::widen_f32(
+      {1.0 / std::sqrt(ms.hi + eps), 1.0 / std::sqrt(std::max(ms.lo, 0.0) + eps)}, 4);
+  for (int i = 0; i < n; ++i)
+    y[i] = cpu::round_ends_bf16(cpu::widen_f32(cpu::widen_f32(x[i] * rs, 1) * double(w[i]), 1));
+}
+
+// Bound of one mHC mix m = (X . f) * rs: the GPU splits fp32 operands into three BF16 parts
+// (exact) and sums the 3n products by BF16 MMA; rs within (n / 2 + 8) fp32 roundings.
+double mix_bound(const cpu::HcParams& p, const float* X, int row, double m, double rs) {
+  const int n = p.hc * p.dim;
+  const float* f = p.fn + size_t(row) * n;
+  double sabs = 0;
+  for (int i = 0; i < n; ++i) sabs += std::fabs(double(X[i]) * f[i]);
+  return cpu::dot_error_bound(3 * n, sabs * (1 + 0x1p-7)) * rs +
+         std::fabs(m) * (n / 2 + 8) * 0x1p-24;
+}
+
+double sigmoid_d(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
+
+// cpu::sinkhorn in double (for its Jacobian).
+void sinkhorn_d(double* c, int hc, int iters, double eps) {
+  for (int j = 0; j < hc; ++j) {
+    double* row = c + j * hc;
+    double mx = row[0], sum = 0;
+    for (int k = 1; k < hc; ++k) mx = std::max(mx, row[k]);
+    for (int k = 0; k < hc; ++k) sum += (row[k] = std::exp(row[k] - mx));
+    for (int k = 0; k < hc; ++k) row[k] = row[k] / sum + eps;
+  }
+  auto norm = [&](bool cols) {
+    for (int a = 0; a < hc; ++a) {
+      double s = 0;
+      for (int b = 0; b < hc; ++b) s += cols ? c[b * hc + a] : c[a * hc + b];
+      for (int b = 0; b < hc; ++b) (cols ? c[b * hc + a] : c[a * hc + b]) /= (s + eps);
+    }
+  };
+  norm(true);
+  for (int it = 1; it < iters; ++it) {
+    norm(false);
+    norm(true);
+  }
+}
+
+// y = x W^T's bound from input intervals: sum_k |w_kn| * dx_k added to `bound` [m, out] for
+// inputs known only to within dx [m, in] (most dx are 0).
+void add_input_spread(const cpu::Linear& L, const std::vector<double>& dx, int m,
+                      std::vector<float>& bound) {
+  for (int r = 0; r < m; ++r)
+    for (int k = 0; k < L.in; ++k) {
+      const double d = dx[size_t(r) * L.in + k];
+      if (d == 0) continue;
+      const float* wk = L.wt.data() + size_t(k) * L.out;
+      float* b = bound.data() + size_t(r) * L.out;
+      for (int n = 0; n < L.out; ++n)
+        b[n] += static_cast<float>(d * std::fabs(wk[n]) * (1 + 0x1p-20));
+    }
+}
+
+// Router scores of one row's logits (cpu::moe_route) and a bound of each from the logits' bound.
+void scores_with_bound(ScoreFunc f, const std::vector<float>& logits, const std::vector<double>& dl,
+                       std::vector<double>& s, std::vector<double>& ds) {
+  const size_t E = logits.size();
+  s.assign(E, 0);
+  ds.assign(E, 0);
+  double dmax = 0, mx = -INFINITY, sum = 0;
+  for (size_t e = 0; e < E; ++e) dmax = std::max(dmax, dl[e]), mx = std::max(mx, double(logits[e]));
+  for (size_t e = 0; e < E; ++e) {
+    const double l = logits[e];
+    switch (f) {
+      case ScoreFunc::kSqrtSoftplus: {
+        const double sp = l > 20 ? l : std::log1p(std::exp(l));
+        s[e] = std::sqrt(sp);
+        const double dsp = sigmoid_d(l) * dl[e] + 8 * 0x1p-24 * sp;
+        ds[e] = (s[e] > 0 ? dsp / (2 * s[e]) : std::sqrt(dsp)) + 4 * 0x1p-24 * s[e];
+        break;
+      }
+      case ScoreFunc::kSigmoid:
+        s[e] = sigmoid_d(l);
+        ds[e] = 0.25 * dl[e] + 8 * 0x1p-24 * s[e];
+        break;
+      case ScoreFunc::kSoftmax:
+        sum += (s[e] = std::exp(l - mx));
+        break;
+    }
+  }
+  if (f == ScoreFunc::kSoftmax)
+    for (size_t e = 0; e < E; ++e) {
+      s[e] /= sum;
+      ds[e] = s[e] * (std::expm1(2 * dmax) + (E + 8) * 2 * 0x1p-24);
+    }
+}
+
+// cpu::indexer_scores on intervals: per head the dot product (BF16 MMA model) rounded to BF16,
+// ReLU, times the head weight rounded to BF16, the fp32 sum over heads rounded to BF16.
+void indexer_interval(const float* q, const float* w, int n_heads, int dim, const float* keys,
+                      int num_keys, Iv* out) {
+  for (int t = 0; t < num_keys; ++t) {
+    const float* k = keys + size_t(t) * dim;
+    Iv total{0, 0};
+    double mag = 0;
+    for (int h = 0; h < n_heads; ++h) {
+      const float* qh = q + size_t(h) * dim;
+      double d = 0, sabs = 0;
+      for (int i = 0; i < dim; ++i) {
+        d += double(qh[i]) * k[i];
+        sabs += std::fabs(double(qh[i]) * k[i]);
+      }
+      const Iv s = cpu::relu_ends(cpu::round_ends_bf16(Iv::of(d, cpu::dot_error_bound(dim, sabs))));
+      const Iv p = cpu::round_ends_bf16(cpu::widen_f32(s * double(w[h]), 1));
+      total = total + p;
+      mag += maxabs(p);
+    }
+    out[t] = cpu::round_ends_bf16(cpu::widen(total, cpu::fp32_ops_bound(n_heads, mag)));
+  }
 }
 
 }  // namespace
@@ -150,69 +309,63 @@ void CudaVerifier::fail(const std::string& op, int block, const std::string& det
       cat("verify: first divergence at ", block_name(block), ", op '", op, "': ", detail));
 }
 
-void CudaVerifier::compare(const std::string& op, int block, const std::vector<float>& a,
-                           const std::vector<float>& b, const std::vector<int64_t>& shape,
-                           const Rule& r) {
+void CudaVerifier::judge(const std::string& op, int block, const std::vector<float>& a,
+                         const std::vector<float>& b, const std::vector<float>& bound,
+                         cpu::Rounding r, const std::vector<int64_t>& shape) {
+  DSV4_CHECK(a.size() == b.size() && b.size() == bound.size(), "verify ", op, ": sizes differ (",
+             a.size(), " vs ", b.size(), " vs ", bound.size(), ")");
+  const cpu::BoundCheck c = cpu::check_bounds(a.data(), b.data(), bound.data(), a.size(), r);
+  OpStats& s = ops_[op];
+  ++s.count;
+  ++checked_;
+  s.worst_rel_l2 = std::max(s.worst_rel_l2, c.rel_l2);
+  s.worst_ratio = std::max(s.worst_ratio, c.worst_ratio);
+  if (c.ok()) return;
+  const size_t i = c.first_bad;
+  if (c.nan_mismatch && std::isnan(a[i]) != std::isnan(b[i]))
+    fail(op, block, cat("NaN at ", index_str(i, shape), ": cuda ", a[i], ", cpu ", b[i]));
+  const double tol = cpu::element_tolerance(a[i], b[i], bound[i], r);
+  fail(op, block,
+       cat(c.beyond, " of ", a.size(), " elements outside their derived bound; first at ",
+           index_str(i, shape), ": cuda ", a[i], ", cpu ", b[i], ", |d| ",
+           std::fabs(double(a[i]) - b[i]), " > tolerance ", tol, " (arithmetic bound ", bound[i],
+           r == cpu::Rounding::kNone ? "" : " + output roundings", "); worst |d| / tolerance ",
+           c.worst_ratio, " at ", index_str(c.worst, shape), ": cuda ", a[c.worst], ", cpu ",
+           b[c.worst], "; relative L2 ", c.rel_l2));
+}
+
+void CudaVerifier::compare_exact(const std::string& op, int block, const std::vector<float>& a,
+                                 const std::vector<float>& b, const std::vector<int64_t>& shape) {
+  judge(op, block, a, b, std::vector<float>(a.size(), 0.0f), cpu::Rounding::kNone, shape);
+}
+
+void CudaVerifier::compare_rel_l2(const std::string& op, int block, const std::vector<float>& a,
+                                  const std::vector<float>& b, const std::vector<int64_t>& shape,
+                                  double limit) {
   DSV4_CHECK(a.size() == b.size(), "verify ", op, ": sizes differ (", a.size(), " vs ", b.size(),
              ")");
   double num = 0, den = 0, max_abs = 0;
-  size_t ulp_ok = 0, first_bad = SIZE_MAX, worst = 0;
+  size_t worst = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     const double x = a[i], y = b[i];
     if (std::isnan(x) != std::isnan(y))
       fail(op, block, cat("NaN at ", index_str(i, shape), ": cuda ", x, ", cpu ", y));
-    if (std::isnan(x) || (std::isinf(x) && std::isinf(y) && (x > 0) == (y > 0))) {
-      ++ulp_ok;
-      continue;
-    }
+    if (std::isnan(x) || (std::isinf(x) && std::isinf(y) && (x > 0) == (y > 0))) continue;
     const double d = std::fabs(x - y);
     num += d * d;
     den += y * y;
     if (d > max_abs || (std::isinf(d) && !std::isinf(max_abs))) max_abs = d, worst = i;
-    const bool ok = r.exact ? a[i] == b[i] : d <= bf16_ulp(y) * 1.0000001;
-    if (ok)
-      ++ulp_ok;
-    else if (first_bad == SIZE_MAX)
-      first_bad = i;
   }
   const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
   OpStats& s = ops_[op];
   ++s.count;
   ++checked_;
   s.worst_rel_l2 = std::max(s.worst_rel_l2, rel);
-  // The within-1-ulp fraction of this check, or of the op's pool once that holds
-  // ulp_min_sample elements (until then the fraction is not judged).
-  int64_t ulp_n = int64_t(a.size()), ulp_good = int64_t(ulp_ok);
-  std::string sample = "this check";
-  if (!r.exact && ulp_n < tol_.ulp_min_sample) {
-    s.pool_n += ulp_n;
-    s.pool_ok += ulp_good;
-    ulp_n = s.pool_n;
-    ulp_good = s.pool_ok;
-    sample = cat("the last ", ulp_n, " elements of this op (pooled small checks)");
-    if (ulp_n >= tol_.ulp_min_sample) s.pool_n = s.pool_ok = 0;
-  }
-  const bool ulp_judged = r.exact || ulp_n >= tol_.ulp_min_sample;
-  const double frac = ulp_n ? double(ulp_good) / double(ulp_n) : 1.0;
-  if (ulp_judged) s.worst_within_1ulp = std::min(s.worst_within_1ulp, frac);
-  bool pass;
-  std::string metric;
-  if (r.exact) {
-    pass = first_bad == SIZE_MAX;
-    metric = cat("not bit-identical (", 100.0 * frac, "% equal)");
-  } else {
-    pass = rel <= r.rel_l2 && (!ulp_judged || frac >= r.within_1ulp);
-    metric = cat("relative L2 ", rel, " (limit ", r.rel_l2, "), within 1 BF16 ulp ", 100.0 * frac,
-                 "% of ", sample, " (limit ", 100.0 * r.within_1ulp, "%)");
-  }
-  if (pass) return;
-  std::string where;
-  if (first_bad != SIZE_MAX)
-    where += cat("; first element beyond 1 ulp ", index_str(first_bad, shape), ": cuda ",
-                 a[first_bad], ", cpu ", b[first_bad]);
-  where += cat("; largest |d| ", max_abs, " at ", index_str(worst, shape), ": cuda ", a[worst],
-               ", cpu ", b[worst]);
-  fail(op, block, metric + where + cat(" (", a.size(), " elements)"));
+  if (rel <= limit) return;
+  fail(op, block,
+       cat("relative L2 ", rel, " (limit ", limit, "); largest |d| ", max_abs, " at ",
+           index_str(worst, shape), ": cuda ", a[worst], ", cpu ", b[worst], " (", a.size(),
+           " elements)"));
 }
 
 void CudaVerifier::compare_entry(const std::string& op, int block, int kind, const uint8_t* cd,
@@ -271,7 +424,7 @@ std::string CudaVerifier::summary() const {
   os << "verify: " << checked_ << " op checks, no divergence";
   for (const auto& [name, s] : ops_) {
     os << "\n  " << name << ": " << s.count << " checks, worst relative L2 " << s.worst_rel_l2
-       << ", worst within-1-ulp " << 100.0 * s.worst_within_1ulp << "%";
+       << ", worst |d| / bound " << s.worst_ratio;
   }
   for (int k = 0; k < 3; ++k) {
     const CacheStoreStats& s = stores_[k];
@@ -321,24 +474,112 @@ void CudaVerifier::embed(const bf16_dev* streams) {
       for (int k = 0; k < hc; ++k)
         std::copy_n(w_.embed.data() + size_t(ch.tokens[t]) * dim, dim,
                     want.begin() + (size_t(row) * hc + k) * dim);
-  compare("embed", -1, bf16(streams, want.size()), want, {T, hc, dim}, {0, 1, true});
+  compare_exact("embed", -1, bf16(streams, want.size()), want, {T, hc, dim});
+}
+
+std::vector<float> CudaVerifier::collapse_norm_bound(const cpu::HcParams& p,
+                                                     const std::vector<float>& in,
+                                                     const float* norm,
+                                                     const std::vector<float>& want, int T) const {
+  const int hc = p.hc, dim = p.dim, n = hc * dim;
+  std::vector<float> m(hc);
+  std::vector<double> pre(hc), dpre(hc);
+  std::vector<Iv> y1(dim), y(size_t(T) * dim);
+  for (int t = 0; t < T; ++t) {
+    const float* X = in.data() + size_t(t) * n;
+    cpu::hc_mixes(p, X, hc, m.data());
+    const double rs = 1.0 / std::sqrt(double(cpu::mean_square(X, n)) + p.norm_eps);
+    // pre_j = sigmoid(m_j * scale + base_j) + eps: sigmoid is 1/4-Lipschitz; expf, the add, the
+    // division and the eps: 4 roundings on either side.
+    for (int j = 0; j < hc; ++j) {
+      const double z = double(m[j]) * p.scale[0] + p.base[j];
+      const double dz = std::fabs(p.scale[0]) * mix_bound(p, X, j, m[j], rs) +
+                        cpu::fp32_ops_bound(2, std::fabs(z) + std::fabs(m[j] * p.scale[0]));
+      pre[j] = sigmoid_d(z) + p.hc_eps;
+      dpre[j] = 0.25 * dz + cpu::fp32_ops_bound(4, pre[j]);
+    }
+    // y1 = bf16(sum_j pre_j h_j): 2 hc fp32 roundings, then the BF16 rounding on both ends.
+    for (int d = 0; d < dim; ++d) {
+      double c = 0, r = 0, mag = 0;
+      for (int j = 0; j < hc; ++j) {
+        const double h = X[size_t(j) * dim + d];
+        c += pre[j] * h;
+        r += dpre[j] * std::fabs(h);
+        mag += pre[j] * std::fabs(h);
+      }
+      y1[d] = cpu::round_ends_bf16(Iv::of(c, r + cpu::fp32_ops_bound(2 * hc, mag)));
+    }
+    rms_norm_interval(y1.data(), dim, norm, c_.norm_eps, y.data() + size_t(t) * dim);
+  }
+  return interval_bound(y, want);
 }
 
 void CudaVerifier::hc_pre(int block, bool ffn, const std::vector<float>& in, const bf16_dev* y,
                           const float* post, const float* comb) {
-  const int T = st_->num_tokens, hc = c_.hc_mult, dim = c_.dim;
+  const int T = st_->num_tokens, hc = c_.hc_mult, dim = c_.dim, n = hc * dim;
   const cpu::BlockWeights& b = bw(block);
   const cpu::HcParams p = hc_params(c_, ffn ? b.hc_ffn : b.hc_attn);
+  const float* norm_w = (ffn ? b.ffn_norm : b.attn_norm).data();
   std::vector<float> ey(size_t(T) * dim), ep(size_t(T) * hc), ec(size_t(T) * hc * hc);
   for (int t = 0; t < T; ++t)
-    cpu::hc_pre(p, in.data() + size_t(t) * hc * dim, ey.data() + size_t(t) * dim,
+    cpu::hc_pre(p, in.data() + size_t(t) * n, ey.data() + size_t(t) * dim,
                 ep.data() + size_t(t) * hc, ec.data() + size_t(t) * hc * hc);
-  cpu::rms_norm(ey.data(), T, dim, (ffn ? b.ffn_norm : b.attn_norm).data(), c_.norm_eps, ey.data());
+  cpu::rms_norm(ey.data(), T, dim, norm_w, c_.norm_eps, ey.data());
+  // post and comb: the mixes' bounds through 2 sigmoid (post) and through Sinkhorn (comb, to
+  // first order: its Jacobian by central differences in double, plus 2 (hc + 1) fp32 roundings
+  // per normalisation pass on either side, carried by at most the Jacobian's relative gain).
+  std::vector<float> bp(ep.size()), bc(ec.size()), m((2 + hc) * hc);
+  const int K2 = hc * hc, iters = p.sinkhorn_iters;
+  std::vector<double> z(K2), dz(K2), zp(K2), zm(K2), J(size_t(K2) * K2);
+  for (int t = 0; t < T; ++t) {
+    const float* X = in.data() + size_t(t) * n;
+    cpu::hc_mixes(p, X, (2 + hc) * hc, m.data());
+    const double rs = 1.0 / std::sqrt(double(cpu::mean_square(X, n)) + p.norm_eps);
+    for (int j = 0; j < hc; ++j) {
+      const double zz = double(m[hc + j]) * p.scale[1] + p.base[hc + j];
+      const double d = std::fabs(p.scale[1]) * mix_bound(p, X, hc + j, m[hc + j], rs) +
+                       cpu::fp32_ops_bound(2, std::fabs(zz) + std::fabs(m[hc + j] * p.scale[1]));
+      bp[size_t(t) * hc + j] =
+          static_cast<float>(0.5 * d + cpu::fp32_ops_bound(5, ep[size_t(t) * hc + j]));
+    }
+    for (int i = 0; i < K2; ++i) {
+      z[i] = double(m[2 * hc + i]) * p.scale[2] + p.base[2 * hc + i];
+      // expf within 2 ulps: a relative error of exp is an additive one of its argument.
+      dz[i] = std::fabs(p.scale[2]) * mix_bound(p, X, 2 * hc + i, m[2 * hc + i], rs) +
+              cpu::fp32_ops_bound(2, std::fabs(z[i]) + std::fabs(m[2 * hc + i] * p.scale[2])) +
+              4 * 0x1p-24;
+    }
+    for (int i = 0; i < K2; ++i) {
+      const double h = 1e-6 * std::max(1.0, std::fabs(z[i]));
+      zp = z;
+      zm = z;
+      zp[i] += h;
+      zm[i] -= h;
+      sinkhorn_d(zp.data(), hc, iters, p.hc_eps);
+      sinkhorn_d(zm.data(), hc, iters, p.hc_eps);
+      for (int k = 0; k < K2; ++k) J[size_t(k) * K2 + i] = (zp[k] - zm[k]) / (2 * h);
+    }
+    for (int k = 0; k < K2; ++k) {
+      const double ck = std::fabs(ec[size_t(t) * K2 + k]);
+      double lin = 0, gain = 0;
+      for (int i = 0; i < K2; ++i) {
+        lin += std::fabs(J[size_t(k) * K2 + i]) * dz[i];
+        gain += std::fabs(J[size_t(k) * K2 + i]);
+      }
+      gain = ck > 0 ? std::max(1.0, gain / ck) : 1.0;
+      // 2 iters normalisation passes, hc + 1 roundings each, either side; 10 % for the
+      // linearisation and the difference quotient.
+      bc[size_t(t) * K2 + k] =
+          static_cast<float>(1.1 * (lin + cpu::fp32_ops_bound(2 * iters * (hc + 1), ck) * gain));
+    }
+  }
   const std::string u = ffn ? "ffn" : "attn";
-  const Rule r{tol_.rel_l2, tol_.within_1ulp, false};
-  compare("hc_pre." + u + " + " + u + "_norm (y)", block, bf16(y, ey.size()), ey, {T, dim}, r);
-  compare("hc_pre." + u + " (post)", block, f32(post, ep.size()), ep, {T, hc}, r);
-  compare("hc_pre." + u + " (comb)", block, f32(comb, ec.size()), ec, {T, hc, hc}, r);
+  judge("hc_pre." + u + " + " + u + "_norm (y)", block, bf16(y, ey.size()), ey,
+        collapse_norm_bound(p, in, norm_w, ey, T), cpu::Rounding::kNone, {T, dim});
+  judge("hc_pre." + u + " (post)", block, f32(post, ep.size()), ep, bp, cpu::Rounding::kF32,
+        {T, hc});
+  judge("hc_pre." + u + " (comb)", block, f32(comb, ec.size()), ec, bc, cpu::Rounding::kF32,
+        {T, hc, hc});
 }
 
 void CudaVerifier::hc_post(int block, bool ffn, const std::vector<float>& sub,
@@ -347,14 +588,25 @@ void CudaVerifier::hc_post(int block, bool ffn, const std::vector<float>& sub,
                            bool next_ffn, const bf16_dev* y, const float* next_post,
                            const float* next_comb) {
   const int T = st_->num_tokens, hc = c_.hc_mult, dim = c_.dim;
-  std::vector<float> want(size_t(T) * hc * dim);
-  for (int t = 0; t < T; ++t)
+  std::vector<float> want(size_t(T) * hc * dim), bound(want.size());
+  for (int t = 0; t < T; ++t) {
     cpu::hc_post(hc, dim, sub.data() + size_t(t) * dim, res.data() + size_t(t) * hc * dim,
                  post.data() + size_t(t) * hc, comb.data() + size_t(t) * hc * hc,
                  want.data() + size_t(t) * hc * dim);
+    // post_k x_d + sum_j comb_jk res_jd on identical inputs: hc + 1 products and hc sums.
+    for (int k = 0; k < hc; ++k)
+      for (int d = 0; d < dim; ++d) {
+        double mag = std::fabs(double(post[size_t(t) * hc + k]) * sub[size_t(t) * dim + d]);
+        for (int j = 0; j < hc; ++j)
+          mag += std::fabs(double(comb[size_t(t) * hc * hc + j * hc + k]) *
+                           res[(size_t(t) * hc + j) * dim + d]);
+        bound[(size_t(t) * hc + k) * dim + d] =
+            static_cast<float>(cpu::fp32_ops_bound(2 * hc + 1, mag));
+      }
+  }
   const std::vector<float> got = bf16(out, want.size());
-  compare(std::string("hc_post.") + (ffn ? "ffn" : "attn"), block, got, want, {T, hc, dim},
-          {tol_.rel_l2, tol_.within_1ulp, false});
+  judge(std::string("hc_post.") + (ffn ? "ffn" : "attn"), block, got, want, bound,
+        cpu::Rounding::kBf16, {T, hc, dim});
   // The fused next hc_pre, from the streams the kernel wrote.
   if (next_block >= 0) hc_pre(next_block, next_ffn, got, y, next_post, next_comb);
 }
@@ -412,10 +664,19 @@ void CudaVerifier::linear(int block, VLinear which, const bf16_dev* x, int64_t l
       break;
   }
   const std::vector<float> xin = rows_of(*this, x, ldx, m, L->in, false);
-  std::vector<float> want(size_t(m) * L->out);
+  std::vector<float> want(size_t(m) * L->out), bound(want.size());
   cpu::linear(*L, xin.data(), m, want.data());
-  compare(name, block, rows_of(*this, y, ldy, m, L->out, y_f32), want, {m, L->out},
-          {tol_.rel_l2, tol_.within_1ulp, false});
+  // The FP8 linears run on the FP8 tensor cores (the decode stream kernel or the prefill
+  // blockwise GEMM, as fp8_linear picks) or, with --exact-linears, on BF16 MMA; the BF16-weight
+  // linears (compressor, weights_proj) on cuBLAS's fp32-accumulating BF16 GEMMs.
+  cpu::TcSum tc = cpu::kBf16Mma;
+  if (L->kind == cpu::LinearKind::kFp8 && !exact_linears_)
+    tc = cuda::fp8_gemm_pick_path(m, L->out, L->in) == cuda::Fp8GemmPath::kStream
+             ? cpu::kFp8WgmmaSlice
+             : cpu::kFp8WgmmaBlock;
+  cpu::linear_error_bound(*L, xin.data(), m, tc, bound.data());
+  judge(name, block, rows_of(*this, y, ldy, m, L->out, y_f32), want, bound,
+        y_f32 ? cpu::Rounding::kF32 : cpu::Rounding::kBf16, {m, L->out});
 }
 
 void CudaVerifier::rms_norm(int block, VNorm which, const bf16_dev* x, int rows, int n,
@@ -435,10 +696,13 @@ void CudaVerifier::rms_norm(int block, VNorm which, const bf16_dev* x, int rows,
       break;
   }
   const std::vector<float> xin = bf16(x, size_t(rows) * n);
-  std::vector<float> want(xin.size());
+  std::vector<float> want(xin.size()), bound(xin.size());
   cpu::rms_norm(xin.data(), rows, n, w->data(), c_.norm_eps, want.data());
-  compare(name, block, bf16(y, want.size()), want, {rows, n},
-          {tol_.rel_l2, tol_.within_1ulp, false});
+  // Identical inputs: the sum of squares (n fp32 roundings at most), rs (4) and two products.
+  for (size_t i = 0; i < want.size(); ++i)
+    bound[i] = static_cast<float>(
+        cpu::fp32_ops_bound(n / 2 + 8, std::fabs(want[i]) + cpu::bf16_ulp(want[i])));
+  judge(name, block, bf16(y, want.size()), want, bound, cpu::Rounding::kBf16, {rows, n});
 }
 
 void CudaVerifier::q_norm_rope(int block, const std::vector<float>& q_in, const bf16_dev* q_out) {
@@ -446,16 +710,34 @@ void CudaVerifier::q_norm_rope(int block, const std::vector<float>& q_in, const 
   const cpu::RopeTable& rope = bw(block).attn.rope;
   std::vector<float> q = q_in, cs(R / 2), sn(R / 2);
   cpu::rms_norm_bf16_weightless(q.data(), T * H, D, c_.norm_eps);
+  // The same on intervals: s = sum bf16(x^2) (exact squares, D fp32 roundings of the sum at
+  // most), mean = bf16(s / D), t = bf16(mean + eps), rs = bf16(1 / sqrt(t)), bf16(x rs), then
+  // RoPE; every rounding on both ends.
+  std::vector<Iv> iv(q.size());
+  for (int r = 0; r < T * H; ++r) {
+    const float* x = q_in.data() + size_t(r) * D;
+    double s = 0;
+    for (int i = 0; i < D; ++i) s += double(round_bf16(x[i] * x[i]));
+    const Iv sum = cpu::widen_f32(Iv::of(s), D);
+    const Iv mean = cpu::round_ends_bf16(cpu::widen_f32({sum.lo / D, sum.hi / D}, 1));
+    const Iv t = cpu::round_ends_bf16(cpu::widen_f32(mean + Iv::of(c_.norm_eps), 1));
+    const Iv rs = cpu::round_ends_bf16(
+        cpu::widen_f32({1.0 / std::sqrt(t.hi), 1.0 / std::sqrt(std::max(t.lo, 1e-38))}, 2));
+    for (int i = 0; i < D; ++i)
+      iv[size_t(r) * D + i] = cpu::round_ends_bf16(cpu::widen_f32(rs * double(x[i]), 1));
+  }
   int row = 0;
   for (const ChunkRef& ch : st_->chunks)
     for (int t = 0; t < ch.n; ++t, ++row) {
       rope.cos_sin(ch.start + t, cs.data(), sn.data());
-      for (int h = 0; h < H; ++h)
-        cpu::rope_apply(q.data() + (size_t(row) * H + h) * D + D - R, R, cs.data(), sn.data(),
-                        false);
+      for (int h = 0; h < H; ++h) {
+        const size_t o = (size_t(row) * H + h) * D + D - R;
+        cpu::rope_apply(q.data() + o, R, cs.data(), sn.data(), false);
+        rope_interval(iv.data() + o, R, cs.data(), sn.data(), false);
+      }
     }
-  compare("attn.q_norm_rope", block, bf16(q_out, q.size()), q, {T, H, D},
-          {tol_.rel_l2, tol_.within_1ulp, false});
+  judge("attn.q_norm_rope", block, bf16(q_out, q.size()), q, interval_bound(iv, q),
+        cpu::Rounding::kNone, {T, H, D});
 }
 
 void CudaVerifier::kv_entries(int block, const bf16_dev* kv, const uint8_t* staged) {
@@ -546,8 +828,7 @@ void CudaVerifier::compressor(int block, bool indexer, const float* a, const flo
     const std::vector<float> got =
         f32(indexer ? cache_.index_state(block, slot) : cache_.main_state(block, slot),
             size_t(l.floats()));
-    compare(op + " (state)", block, got, state, {2, l.rows(), width},
-            {tol_.state_rel_l2, 0.0, false});
+    compare_rel_l2(op + " (state)", block, got, state, {2, l.rows(), width}, tol_.state_rel_l2);
   }
 }
 
@@ -557,26 +838,62 @@ void CudaVerifier::indexer(int block, const bf16_dev* qi, const bf16_dev* wproj,
   const int T = st_->num_tokens, HI = c_.index_n_heads, DI = c_.index_head_dim;
   const int R = c_.rope_head_dim, K = c_.index_topk;
   const cpu::AttentionWeights& aw = bw(block).attn;
-  const Rule def{tol_.rel_l2, tol_.within_1ulp, false};
-  // Query path.
+  // Query path, and the same on intervals: RoPE, the Hadamard rotation (orthonormal, entries
+  // +-1/sqrt(DI): a radius r_k of its inputs gives sum_k r_k / sqrt(DI) on every output, its
+  // log2(DI) + 1 fp32 stages on either side), BF16 rounding, then the e2m1 fake quantisation of
+  // each block at every scale its amax interval allows.
   std::vector<float> q = bf16(qi, size_t(T) * HI * DI), cs(R / 2), sn(R / 2);
   std::vector<float> wv = bf16(wproj, size_t(T) * HI);
+  std::vector<Iv> qiv(q.size()), qq(q.size()), rot(DI);
+  for (size_t i = 0; i < q.size(); ++i) qiv[i] = Iv::of(q[i]);
+  int stages = 1;
+  while ((1 << (stages - 1)) < DI) ++stages;
   int row = 0;
   for (const ChunkRef& ch : st_->chunks)
     for (int t = 0; t < ch.n; ++t, ++row) {
       aw.rope.cos_sin(ch.start + t, cs.data(), sn.data());
       for (int h = 0; h < HI; ++h) {
-        float* v = q.data() + (size_t(row) * HI + h) * DI;
+        const size_t o = (size_t(row) * HI + h) * DI;
+        float* v = q.data() + o;
+        Iv* vi = qiv.data() + o;
         cpu::rope_apply(v + DI - R, R, cs.data(), sn.data(), false);
+        rope_interval(vi + DI - R, R, cs.data(), sn.data(), false);
+        std::vector<double> hd(DI);
+        double rad = 0, mag = 0;
+        for (int k = 0; k < DI; ++k) {
+          hd[k] = vi[k].mid();
+          rad += 0.5 * vi[k].width();
+          mag += maxabs(vi[k]);
+        }
+        // The rotation of the midpoints in double (to 2^-50 of sum|x|), then the radius.
+        for (int hh = 1; hh < DI; hh *= 2)
+          for (int i = 0; i < DI; i += 2 * hh)
+            for (int j = i; j < i + hh; ++j) {
+              const double a = hd[j], b = hd[j + hh];
+              hd[j] = a + b;
+              hd[j + hh] = a - b;
+            }
+        const double sc = 1.0 / std::sqrt(double(DI));
+        const double err = (rad + mag * 0x1p-50) * sc + cpu::fp32_ops_bound(stages, mag * sc);
+        for (int k = 0; k < DI; ++k) rot[k] = cpu::round_ends_bf16(Iv::of(hd[k] * sc, err));
+        cpu::fake_quant_interval(rot.data(), DI, IndexKeyLayout::kQuantBlock, true, qq.data() + o);
         cpu::hadamard_rotate(v, DI);
         cpu::fake_quant_fp4(v, DI, IndexKeyLayout::kQuantBlock, v);
       }
     }
   const float wscale = static_cast<float>(1.0 / std::sqrt(double(DI)) / std::sqrt(double(HI)));
-  for (float& v : wv) v = round_bf16(v * wscale);
+  std::vector<float> bw_bound(wv.size());
+  for (size_t i = 0; i < wv.size(); ++i) {
+    const float v = wv[i];
+    wv[i] = round_bf16(v * wscale);
+    // One fp32 product on either side, rounded to BF16 on both ends.
+    const Iv e = cpu::round_ends_bf16(cpu::widen_f32(Iv::of(double(v) * wscale), 1));
+    bw_bound[i] = static_cast<float>(std::max(e.hi - wv[i], wv[i] - e.lo));
+  }
   const std::vector<float> gq = bf16(q_fp4, q.size()), gw = bf16(weights, wv.size());
-  compare("indexer.query (q fp4)", block, gq, q, {T, HI, DI}, def);
-  compare("indexer.query (weights)", block, gw, wv, {T, HI}, def);
+  judge("indexer.query (q fp4)", block, gq, q, interval_bound(qq, q), cpu::Rounding::kNone,
+        {T, HI, DI});
+  judge("indexer.query (weights)", block, gw, wv, bw_bound, cpu::Rounding::kNone, {T, HI});
 
   // Logits over the visible keys (from the GPU's q and weights), then the top-k of the GPU's
   // own scores.
@@ -585,7 +902,8 @@ void CudaVerifier::indexer(int block, const bf16_dev* qi, const bf16_dev* wproj,
   std::vector<int32_t> gsel(size_t(T) * K);
   sync();
   DSV4_CUDA_CHECK(cudaMemcpy(gsel.data(), topk, gsel.size() * 4, cudaMemcpyDeviceToHost));
-  std::vector<float> got_all, want_all;
+  std::vector<float> got_all, want_all, bound_all;
+  std::vector<Iv> iv;
   const StoreCopy key_store = copy_store(*this, cache_, block, 2);
   for (size_t s = 0; s < st_->chunks.size(); ++s) {
     const ChunkRef& ch = st_->chunks[s];
@@ -603,8 +921,14 @@ void CudaVerifier::indexer(int block, const bf16_dev* qi, const bf16_dev* wproj,
       cpu::indexer_scores(gq.data() + size_t(r) * HI * DI, gw.data() + size_t(r) * HI, HI, DI,
                           keys.data(), nvis, want.data());
       const float* g = gs.data() + size_t(r) * score_stride;
+      iv.resize(nvis);
+      indexer_interval(gq.data() + size_t(r) * HI * DI, gw.data() + size_t(r) * HI, HI, DI,
+                       keys.data(), nvis, iv.data());
       got_all.insert(got_all.end(), g, g + nvis);
       want_all.insert(want_all.end(), want.begin(), want.begin() + nvis);
+      for (int i = 0; i < nvis; ++i)
+        bound_all.push_back(
+            static_cast<float>(std::max(iv[i].hi - want[i], want[i] - iv[i].lo) * (1 + 0x1p-20)));
       // Top-k on the GPU's scores.
       std::vector<int32_t> cpu_sel(std::min(K, nvis));
       cpu::topk_desc(g, nvis, K, cpu_sel.data());
@@ -631,7 +955,8 @@ void CudaVerifier::indexer(int block, const bf16_dev* qi, const bf16_dev* wproj,
                    ") which the GPU did not (k-th score ", kth, ")"));
     }
   }
-  compare("indexer.logits", block, got_all, want_all, {int64_t(got_all.size())}, def);
+  judge("indexer.logits", block, got_all, want_all, bound_all, cpu::Rounding::kNone,
+        {int64_t(got_all.size())});
   ++ops_["indexer.topk"].count;
 }
 
@@ -708,7 +1033,7 @@ void CudaVerifier::attention(int block, const bf16_dev* q, const uint8_t* stagin
   }
   last_o_ = bf16(o, want.size());
   last_o_block_ = block;
-  compare("attn.sparse_attention", block, last_o_, want, {T, H, D}, {tol_.attn_rel_l2, 0.0, false});
+  compare_rel_l2("attn.sparse_attention", block, last_o_, want, {T, H, D}, tol_.attn_rel_l2);
 }
 
 void CudaVerifier::wo_a(int block, const bf16_dev* z) {
@@ -717,26 +1042,42 @@ void CudaVerifier::wo_a(int block, const bf16_dev* z) {
   const int G = c_.o_groups, OL = c_.o_lora_rank, in_g = c_.heads_per_group() * D;
   const cpu::AttentionWeights& aw = bw(block).attn;
   std::vector<float> o = last_o_, cs(R / 2), sn(R / 2);
+  // The inverse RoPE's BF16 roundings on intervals: an input known to within dx adds
+  // sum_k |w_kn| dx_k to the GEMM's bound (BF16 MMA model).
+  std::vector<Iv> oiv(o.size());
+  for (size_t i = 0; i < o.size(); ++i) oiv[i] = Iv::of(o[i]);
   int row = 0;
   for (const ChunkRef& ch : st_->chunks)
     for (int t = 0; t < ch.n; ++t, ++row) {
       aw.rope.cos_sin(ch.start + t, cs.data(), sn.data());
-      for (int h = 0; h < H; ++h)
-        cpu::rope_apply(o.data() + (size_t(row) * H + h) * D + D - R, R, cs.data(), sn.data(),
-                        true);
+      for (int h = 0; h < H; ++h) {
+        const size_t off = (size_t(row) * H + h) * D + D - R;
+        cpu::rope_apply(o.data() + off, R, cs.data(), sn.data(), true);
+        rope_interval(oiv.data() + off, R, cs.data(), sn.data(), true);
+      }
     }
-  std::vector<float> want(size_t(T) * G * OL), og(size_t(T) * in_g), zg(size_t(T) * OL);
+  std::vector<float> want(size_t(T) * G * OL), bound(want.size()), og(size_t(T) * in_g),
+      zg(size_t(T) * OL), bg(zg.size());
+  std::vector<double> dx(og.size());
   for (int g = 0; g < G; ++g) {
     for (int t = 0; t < T; ++t)
-      std::copy_n(o.data() + size_t(t) * H * D + size_t(g) * in_g, in_g,
-                  og.data() + size_t(t) * in_g);
+      for (int k = 0; k < in_g; ++k) {
+        const size_t src = size_t(t) * H * D + size_t(g) * in_g + k;
+        og[size_t(t) * in_g + k] = o[src];
+        dx[size_t(t) * in_g + k] = std::max(oiv[src].hi - o[src], o[src] - oiv[src].lo);
+      }
     cpu::linear(aw.wo_a[g], og.data(), T, zg.data());
-    for (int t = 0; t < T; ++t)
+    cpu::linear_error_bound(aw.wo_a[g], og.data(), T, cpu::kBf16Mma, bg.data());
+    add_input_spread(aw.wo_a[g], dx, T, bg);
+    for (int t = 0; t < T; ++t) {
       std::copy_n(zg.data() + size_t(t) * OL, OL,
                   want.data() + size_t(t) * G * OL + size_t(g) * OL);
+      std::copy_n(bg.data() + size_t(t) * OL, OL,
+                  bound.data() + size_t(t) * G * OL + size_t(g) * OL);
+    }
   }
-  compare("attn.wo_a (inverse RoPE + grouped BF16)", block, bf16(z, want.size()), want, {T, G, OL},
-          {tol_.rel_l2, tol_.within_1ulp, false});
+  judge("attn.wo_a (inverse RoPE + grouped BF16)", block, bf16(z, want.size()), want, bound,
+        cpu::Rounding::kBf16, {T, G, OL});
 }
 
 void CudaVerifier::window_insert(int block, const uint8_t* staged) {
@@ -764,7 +1105,7 @@ void CudaVerifier::swiglu(int block, const bf16_dev* gu, int64_t ld, int rows, i
                           const bf16_dev* act) {
   const std::vector<float> in = rows_of(*this, gu, ld, rows, 2 * inter, false);
   const float L = c_.swiglu_limit;
-  std::vector<float> want(size_t(rows) * inter);
+  std::vector<float> want(size_t(rows) * inter), bound(want.size());
   for (int r = 0; r < rows; ++r)
     for (int i = 0; i < inter; ++i) {
       float g = in[size_t(r) * 2 * inter + i], u = in[size_t(r) * 2 * inter + inter + i];
@@ -772,16 +1113,23 @@ void CudaVerifier::swiglu(int block, const bf16_dev* gu, int64_t ld, int rows, i
         u = std::clamp(u, -L, L);
         g = std::min(g, L);
       }
-      want[size_t(r) * inter + i] = round_bf16(g / (1.0f + std::exp(-g)) * u);
+      const float v = g / (1.0f + std::exp(-g)) * u;
+      want[size_t(r) * inter + i] = round_bf16(v);
+      // Identical inputs: exp within (2 + 1.2 |g|) fp32 ulps (expf or __expf), the add, the
+      // division and the product, on either side.
+      bound[size_t(r) * inter + i] =
+          static_cast<float>(2 * (2 + 1.2 * std::fabs(g)) * 0x1p-23 * std::fabs(v) +
+                             cpu::fp32_ops_bound(3, std::fabs(v)));
     }
-  compare("shared_expert.swiglu", block, bf16(act, want.size()), want, {rows, inter},
-          {tol_.rel_l2, tol_.within_1ulp, false});
+  judge("shared_expert.swiglu", block, bf16(act, want.size()), want, bound, cpu::Rounding::kBf16,
+        {rows, inter});
 }
 
 void CudaVerifier::moe(int block, const bf16_dev* x, const bf16_dev* shared, const int32_t* sel,
                        const float* wt, const bf16_dev* y) {
   const int T = st_->num_tokens, dim = c_.dim, K = c_.n_activated_experts;
   const cpu::MoeWeights& mw = bw(block).ffn;
+  const int E = static_cast<int>(mw.experts.size()), NE = mw.gate.out;
   const std::vector<float> xv = bf16(x, size_t(T) * dim), sh = bf16(shared, size_t(T) * dim);
   std::vector<int32_t> gsel(size_t(T) * K);
   sync();
@@ -793,58 +1141,83 @@ void CudaVerifier::moe(int block, const bf16_dev* x, const bf16_dev* shared, con
   mp.route_scale = c_.route_scale;
   mp.swiglu_limit = c_.swiglu_limit;
   std::vector<int32_t> rsel(size_t(T) * K), tokens;
-  std::vector<float> rwt(size_t(T) * K);
+  std::vector<float> rwt(size_t(T) * K), logits(NE);
+  std::vector<double> rdw(size_t(T) * K), dl(NE), sc, dsc;
   for (const ChunkRef& ch : st_->chunks) tokens.insert(tokens.end(), ch.tokens, ch.tokens + ch.n);
-  std::vector<float> cmp_got, cmp_want;
+  std::vector<float> cmp_got, cmp_want, cmp_bound;
   for (int r = 0; r < T; ++r) {
     int32_t* e = rsel.data() + size_t(r) * K;
     float* w = rwt.data() + size_t(r) * K;
-    cpu::moe_route(mw, mp, xv.data() + size_t(r) * dim, tokens[r], e, w);
+    const float* xr = xv.data() + size_t(r) * dim;
+    cpu::moe_route(mw, mp, xr, tokens[r], e, w);
+    // Router logits (fp32 dot products of dim terms) and the scores' bounds from them.
+    cpu::linear(mw.gate, xr, 1, logits.data());
+    for (int j = 0; j < NE; ++j) {
+      double sabs = 0;
+      for (int d = 0; d < dim; ++d)
+        sabs += std::fabs(double(xr[d]) * mw.gate.wt[size_t(d) * NE + j]);
+      dl[j] = cpu::dot_error_bound(dim, sabs);
+    }
+    scores_with_bound(mp.score_func, logits, dl, sc, dsc);
     const int32_t* g = gsel.data() + size_t(r) * K;
     const float* gw = gwt.data() + size_t(r) * K;
     // The GPU may list the selection in another order: compare as multisets, weights by expert.
-    if (std::multiset<int32_t>(e, e + K) == std::multiset<int32_t>(g, g + K)) {
+    const bool same = std::multiset<int32_t>(e, e + K) == std::multiset<int32_t>(g, g + K);
+    if (!same) {
+      // Different sets are allowed only where the router's scores (fp32 on the GPU, summed in
+      // another order than the CPU's) are a near tie with the k-th: the GPU-only experts'
+      // biased scores within 1e-5 (relative) of the CPU's k-th, as the MoE kernel tests allow.
+      // The expected output then takes the GPU's selection.
+      if (!mw.tid2eid.empty())
+        fail("moe.route", block, cat("hash-routed row ", r, ": GPU experts differ from tid2eid"));
+      std::vector<double> biased(sc);
+      if (!mw.bias.empty())
+        for (size_t i = 0; i < biased.size(); ++i) biased[i] += mw.bias[i];
+      const double kth = biased[e[K - 1]];
+      const std::set<int32_t> cpu_set(e, e + K);
+      for (int i = 0; i < K; ++i) {
+        const int32_t x_e = g[i];
+        if (x_e < 0 || x_e >= int(biased.size()))
+          fail("moe.route", block, cat("row ", r, ": the GPU selected expert id ", x_e));
+        if (!cpu_set.count(x_e) &&
+            std::fabs(biased[x_e] - kth) > 1e-5 * std::max(1.0, std::fabs(kth)))
+          fail(
+              "moe.route", block,
+              cat("row ", r, ": the GPU selected expert ", x_e, " (biased score ", biased[x_e],
+                  ") which the CPU router does not; its k-th score is ", kth, " (not a near tie)"));
+      }
+      ++route_flips_;
+      std::copy(g, g + K, e);
+      double sum = 0;
+      for (int i = 0; i < K; ++i) sum += sc[e[i]];
+      for (int i = 0; i < K; ++i)
+        w[i] = static_cast<float>(
+            (mp.score_func == ScoreFunc::kSoftmax ? sc[e[i]] : sc[e[i]] / sum) * mp.route_scale);
+    }
+    // Weights s_i / sum_sel s (or s_i for softmax) x route_scale: relative bounds add.
+    double ssum = 0, dsum = 0;
+    for (int i = 0; i < K; ++i) ssum += sc[e[i]], dsum += dsc[e[i]];
+    for (int i = 0; i < K; ++i) {
+      const double wi = std::fabs(w[i]);
+      rdw[size_t(r) * K + i] =
+          mp.score_func == ScoreFunc::kSoftmax
+              ? dsc[e[i]] * std::fabs(mp.route_scale) + cpu::fp32_ops_bound(1, wi)
+              : wi * (dsc[e[i]] / sc[e[i]] + dsum / ssum) + cpu::fp32_ops_bound(K + 2, wi);
+    }
+    if (same)
       for (int i = 0; i < K; ++i) {
         const int j = int(std::find(g, g + K, e[i]) - g);
         cmp_got.push_back(gw[j]);
         cmp_want.push_back(w[i]);
+        cmp_bound.push_back(static_cast<float>(rdw[size_t(r) * K + i]));
       }
-      continue;
-    }
-    // Different sets are allowed only where the router's scores (fp32 on the GPU, summed in
-    // another order than the CPU's) are a near tie with the k-th: the GPU-only experts'
-    // biased scores within 1e-5 (relative) of the CPU's k-th, as the MoE kernel tests allow.
-    // The expected output then takes the GPU's selection.
-    if (!mw.tid2eid.empty())
-      fail("moe.route", block, cat("hash-routed row ", r, ": GPU experts differ from tid2eid"));
-    std::vector<float> sc(mw.gate.out);
-    cpu::linear(mw.gate, xv.data() + size_t(r) * dim, 1, sc.data());
-    for (float& v : sc) v = std::sqrt(v > 20.0f ? v : std::log1p(std::exp(v)));
-    std::vector<float> biased(sc);
-    if (!mw.bias.empty())
-      for (size_t i = 0; i < biased.size(); ++i) biased[i] += mw.bias[i];
-    const float kth = biased[e[K - 1]];
-    const std::set<int32_t> cpu_set(e, e + K);
-    for (int i = 0; i < K; ++i) {
-      const int32_t x_e = g[i];
-      if (x_e < 0 || x_e >= int(biased.size()))
-        fail("moe.route", block, cat("row ", r, ": the GPU selected expert id ", x_e));
-      if (!cpu_set.count(x_e) &&
-          std::fabs(biased[x_e] - kth) > 1e-5f * std::max(1.0f, std::fabs(kth)))
-        fail("moe.route", block,
-             cat("row ", r, ": the GPU selected expert ", x_e, " (biased score ", biased[x_e],
-                 ") which the CPU router does not; its k-th score is ", kth, " (not a near tie)"));
-    }
-    ++route_flips_;
-    std::copy(g, g + K, e);
-    float sum = 0;
-    for (int i = 0; i < K; ++i) sum += (w[i] = sc[e[i]]);
-    for (int i = 0; i < K; ++i) w[i] = w[i] / sum * mp.route_scale;
   }
-  compare("moe.route (weights)", block, cmp_got, cmp_want, {int64_t(cmp_got.size())},
-          {tol_.rel_l2, tol_.within_1ulp, false});
-  // Routed experts (cpu::moe_forward with the shared expert's output taken from the GPU).
-  const int E = static_cast<int>(mw.experts.size());
+  judge("moe.route (weights)", block, cmp_got, cmp_want, cmp_bound, cpu::Rounding::kF32,
+        {int64_t(cmp_got.size())});
+  // Routed experts (cpu::expert_forward on intervals, with the shared expert's output taken
+  // from the GPU): gate/up by the BF16 MMA model, SwiGLU and the routing weight (within its
+  // bound) on intervals, BF16 and the e4m3 fake quantisation on both ends, then w2's bound on
+  // the CPU's quantised input plus sum |w2| x the width of each input's interval.
   std::vector<std::vector<int>> rows_of_e(E), slot_of_e(E);
   for (int r = 0; r < T; ++r)
     for (int i = 0; i < K; ++i) {
@@ -853,43 +1226,84 @@ void CudaVerifier::moe(int block, const bf16_dev* x, const bf16_dev* shared, con
       rows_of_e[e].push_back(r);
       slot_of_e[e].push_back(i);
     }
-  std::vector<float> out(size_t(T) * K * dim, 0.0f), xe, we, ye;
+  const float L = mp.swiglu_limit;
+  const double kSiluMinAt = -1.2784645427610738, kSiluMin = -0.2784645427610738;
+  auto silu = [](double v) { return v / (1.0 + std::exp(-v)); };
+  std::vector<float> out(size_t(T) * K * dim, 0.0f), bout(out.size(), 0.0f), xe, ye, by;
   std::vector<char> used(size_t(T) * K, 0);
   for (int e = 0; e < E; ++e) {
     const int m = static_cast<int>(rows_of_e[e].size());
     if (!m) continue;
+    const cpu::ExpertWeights& ew = mw.experts[e];
+    const int inter = ew.w1.out;
     xe.resize(size_t(m) * dim);
-    we.resize(m);
     ye.resize(size_t(m) * dim);
+    by.resize(size_t(m) * dim);
+    for (int j = 0; j < m; ++j)
+      std::copy_n(xv.data() + size_t(rows_of_e[e][j]) * dim, dim, xe.begin() + size_t(j) * dim);
+    std::vector<float> g(size_t(m) * inter), u(g.size()), bg(g.size()), bu(g.size()), act(g.size()),
+        q(g.size());
+    cpu::linear(ew.w1, xe.data(), m, g.data());
+    cpu::linear(ew.w3, xe.data(), m, u.data());
+    cpu::linear_error_bound(ew.w1, xe.data(), m, cpu::kBf16Mma, bg.data());
+    cpu::linear_error_bound(ew.w3, xe.data(), m, cpu::kBf16Mma, bu.data());
+    std::vector<Iv> v(g.size()), qv(g.size());
     for (int j = 0; j < m; ++j) {
-      const int r = rows_of_e[e][j];
-      std::copy_n(xv.data() + size_t(r) * dim, dim, xe.begin() + size_t(j) * dim);
-      we[j] = rwt[size_t(r) * K + slot_of_e[e][j]];
+      const size_t ws = size_t(rows_of_e[e][j]) * K + slot_of_e[e][j];
+      const double we = rwt[ws];
+      const Iv W = Iv::of(we, rdw[ws]);
+      for (int i = 0; i < inter; ++i) {
+        const size_t o = size_t(j) * inter + i;
+        float gi = g[o], ui = u[o];
+        Iv G = Iv::of(gi, bg[o]), U = Iv::of(ui, bu[o]);
+        if (L > 0) {
+          ui = std::clamp(ui, -L, L);
+          gi = std::min(gi, L);
+          U = {std::clamp(U.lo, -double(L), double(L)), std::clamp(U.hi, -double(L), double(L))};
+          G = {std::min(G.lo, double(L)), std::min(G.hi, double(L))};
+        }
+        act[o] = round_bf16(float(we) * (gi / (1.0f + std::exp(-gi)) * ui));
+        Iv S{std::min(silu(G.lo), silu(G.hi)), std::max(silu(G.lo), silu(G.hi))};
+        if (G.contains(kSiluMinAt)) S.lo = kSiluMin;
+        // exp within (2 + 1.2 |g|) fp32 ulps, then the add and the division, either side.
+        S = cpu::widen(
+            S, 2 * (2 + 1.2 * maxabs(G)) * 0x1p-23 * maxabs(S) + cpu::fp32_ops_bound(2, maxabs(S)));
+        v[o] = cpu::round_ends_bf16(cpu::widen_f32(cpu::widen_f32(S * U, 1) * W, 1));
+      }
     }
-    cpu::expert_forward(mw.experts[e], mp.swiglu_limit, xe.data(), m, we.data(), ye.data());
+    for (int j = 0; j < m; ++j) {
+      cpu::fake_quant_interval(v.data() + size_t(j) * inter, inter, 128, false,
+                               qv.data() + size_t(j) * inter);
+      cpu::fake_quant_fp8(act.data() + size_t(j) * inter, inter, 128, q.data() + size_t(j) * inter);
+    }
+    std::vector<double> dq(q.size());
+    for (size_t i = 0; i < q.size(); ++i) dq[i] = std::max(qv[i].hi - q[i], q[i] - qv[i].lo);
+    cpu::linear(ew.w2, act.data(), m, ye.data());
+    cpu::linear_error_bound(ew.w2, act.data(), m, cpu::kBf16Mma, by.data());
+    add_input_spread(ew.w2, dq, m, by);
     for (int j = 0; j < m; ++j) {
       const size_t o = size_t(rows_of_e[e][j]) * K + slot_of_e[e][j];
       std::copy_n(ye.begin() + size_t(j) * dim, dim, out.begin() + o * dim);
+      std::copy_n(by.begin() + size_t(j) * dim, dim, bout.begin() + o * dim);
       used[o] = 1;
     }
   }
-  std::vector<float> want(size_t(T) * dim), acc(dim);
-  std::vector<int> order(K);
-  for (int r = 0; r < T; ++r) {
-    for (int i = 0; i < K; ++i) order[i] = i;
-    const int32_t* s = rsel.data() + size_t(r) * K;
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return s[a] < s[b]; });
-    std::fill(acc.begin(), acc.end(), 0.0f);
-    for (int i : order) {
-      const size_t o = size_t(r) * K + i;
-      if (!used[o]) continue;
-      for (int d = 0; d < dim; ++d) acc[d] += out[o * dim + d];
+  // Combine: fp32 sum of the row's experts in ascending expert index, plus the shared output.
+  std::vector<float> want(size_t(T) * dim), bound(want.size());
+  cpu::moe_combine(rsel.data(), K, out.data(), used.data(), sh.data(), T, dim, want.data());
+  for (int r = 0; r < T; ++r)
+    for (int d = 0; d < dim; ++d) {
+      double b = 0, mag = std::fabs(sh[size_t(r) * dim + d]);
+      for (int i = 0; i < K; ++i) {
+        const size_t o = size_t(r) * K + i;
+        if (!used[o]) continue;
+        b += bout[o * dim + d];
+        mag += std::fabs(out[o * dim + d]) + bout[o * dim + d];
+      }
+      bound[size_t(r) * dim + d] = static_cast<float>(b + cpu::fp32_ops_bound(K + 1, mag));
     }
-    for (int d = 0; d < dim; ++d)
-      want[size_t(r) * dim + d] = round_bf16(acc[d] + sh[size_t(r) * dim + d]);
-  }
-  compare("moe (routed experts + shared)", block, bf16(y, want.size()), want, {T, dim},
-          {tol_.rel_l2, tol_.within_1ulp, false});
+  judge("moe (routed experts + shared)", block, bf16(y, want.size()), want, bound,
+        cpu::Rounding::kBf16, {T, dim});
 }
 
 void CudaVerifier::hc_head(int mtp, const bf16_dev* streams, int rows, const bf16_dev* y) {
@@ -902,16 +1316,17 @@ void CudaVerifier::hc_head(int mtp, const bf16_dev* streams, int rows, const bf1
   for (int t = 0; t < rows; ++t)
     cpu::hc_head(p, in.data() + size_t(t) * hc * dim, want.data() + size_t(t) * dim);
   cpu::rms_norm(want.data(), rows, dim, norm.data(), c_.norm_eps, want.data());
-  compare("hc_head + norm", mtp < 0 ? -1 : c_.n_layers + mtp, bf16(y, want.size()), want,
-          {rows, dim}, {tol_.rel_l2, tol_.within_1ulp, false});
+  judge("hc_head + norm", mtp < 0 ? -1 : c_.n_layers + mtp, bf16(y, want.size()), want,
+        collapse_norm_bound(p, in, norm.data(), want, rows), cpu::Rounding::kNone, {rows, dim});
 }
 
 void CudaVerifier::logits(const bf16_dev* y, int rows, const float* logits) {
   const std::vector<float> in = bf16(y, size_t(rows) * c_.dim);
-  std::vector<float> want(size_t(rows) * c_.vocab_size);
+  std::vector<float> want(size_t(rows) * c_.vocab_size), bound(want.size());
   cpu::linear(w_.head, in.data(), rows, want.data());
-  compare("head (logits)", -1, f32(logits, want.size()), want, {rows, c_.vocab_size},
-          {tol_.rel_l2, tol_.within_1ulp, false});
+  cpu::linear_error_bound(w_.head, in.data(), rows, cpu::kBf16Mma, bound.data());
+  judge("head (logits)", -1, f32(logits, want.size()), want, bound, cpu::Rounding::kF32,
+        {rows, c_.vocab_size});
 }
 
 void CudaVerifier::mtp_combine(const bf16_dev* ep, const bf16_dev* hp, const bf16_dev* x) {
@@ -924,8 +1339,8 @@ void CudaVerifier::mtp_combine(const bf16_dev* ep, const bf16_dev* hp, const bf1
         const size_t i = (size_t(t) * hc + k) * dim + d;
         want[i] = round_bf16(e[size_t(t) * dim + d] + h[i]);
       }
-  compare("mtp.combine (e_proj + h_proj)", c_.n_layers, bf16(x, want.size()), want, {T, hc, dim},
-          {0, 1, true});
+  compare_exact("mtp.combine (e_proj + h_proj)", c_.n_layers, bf16(x, want.size()), want,
+                {T, hc, dim});
 }
 
 }  // namespace dsv4

@@ -31,19 +31,19 @@ double f32_ulp(double v) {
 void linear_error_bound(const Linear& w, const float* x, int m, const TcSum& tc, float* bound) {
   const int N = w.out, K = w.in;
   const bool quant = w.kind == LinearKind::kFp8 || w.kind == LinearKind::kFp4;
-  DSV4_CHECK(tc.slice > 0 && tc.frac_bits > 0, "linear_error_bound: bad sum model");
+  DSV4_CHECK(tc.slice > 0 && tc.frac_bits > 0 && tc.min_group > 0 && tc.min_group <= tc.slice,
+             "linear_error_bound: bad sum model");
   const double trunc = std::ldexp(1.0, -tc.frac_bits);
-  const int steps = (K + tc.slice - 1) / tc.slice;
-  const int chain = tc.chain_slices > 0 ? tc.chain_slices : steps;
-  const int promotions = (steps + chain - 1) / chain;
+  const int slices = (K + tc.slice - 1) / tc.slice;
+  const int promotions = tc.chain_slices > 0 ? (slices + tc.chain_slices - 1) / tc.chain_slices : 1;
   // fp32 roundings outside the chains: the GPU's promotions and reductions, the CPU's rounding
   // of each of its K blocks to fp32 and its fp32 accumulation of them (kF32/kBf16: one block).
   const int cpu_blocks = (K + linear_kblock(w) - 1) / linear_kblock(w);
   const double f32_terms = (promotions + tc.fp32_adds + 2.0 * cpu_blocks) * 0x1p-24;
   constexpr int kCols = 256;
   std::vector<float> a(K);
-  std::vector<double> C(kCols), B(kCols), S(kCols), Ps(kCols), Mx(kCols), Mn(kCols), U(kCols),
-      Cin(kCols);
+  std::vector<double> C(kCols), B(kCols), Bmax(kCols), Bc(kCols), S(kCols), Ps(kCols), Mx(kCols),
+      Mn(kCols), U(kCols), Cin(kCols);
   for (int r = 0; r < m; ++r) {
     const float* xr = x + size_t(r) * K;
     if (quant)
@@ -52,53 +52,64 @@ void linear_error_bound(const Linear& w, const float* x, int m, const TcSum& tc,
       std::copy(xr, xr + K, a.begin());
     for (int n0 = 0; n0 < N; n0 += kCols) {
       const int nc = std::min(kCols, N - n0);
-      std::fill(C.begin(), C.end(), 0.0);  // exact partial of the current chain
-      std::fill(B.begin(), B.end(), 0.0);  // bound accumulated over every step
       std::fill(S.begin(), S.end(), 0.0);  // sum |p| over K
-      std::vector<double> Bc(nc, 0.0);     // bound of the current chain
-      for (int s = 0; s < steps; ++s) {
-        const int k0 = s * tc.slice, k1 = std::min(K, k0 + tc.slice);
-        const bool chain_start = s % chain == 0;
-        if (chain_start) {
-          std::fill(C.begin(), C.end(), 0.0);
-          std::fill(Bc.begin(), Bc.end(), 0.0);
-        }
-        std::fill(Ps.begin(), Ps.end(), 0.0);
-        std::fill(Mx.begin(), Mx.end(), 0.0);
-        std::fill(Mn.begin(), Mn.end(), 0.0);
-        for (int k = k0; k < k1; ++k) {
-          const double ak = a[k];
-          if (ak == 0.0) continue;
-          const float* wk = w.wt.data() + size_t(k) * N + n0;
+      std::fill(Bmax.begin(), Bmax.end(), 0.0);
+      // Each accumulate-step width from the instruction's K down to min_group (the hardware's
+      // internal grouping is not documented): the largest bound of them.
+      for (int g = tc.slice; g >= tc.min_group; g /= 2) {
+        const int steps = (K + g - 1) / g;
+        const int chain = tc.chain_slices > 0 ? tc.chain_slices * (tc.slice / g) : steps;
+        std::fill(B.begin(), B.end(), 0.0);  // bound accumulated over every step
+        for (int s = 0; s < steps; ++s) {
+          const int k0 = s * g, k1 = std::min(K, k0 + g);
+          const bool chain_start = s % chain == 0;
+          if (chain_start) {
+            std::fill(C.begin(), C.end(), 0.0);    // exact partial of the current chain
+            std::fill(Bc.begin(), Bc.end(), 0.0);  // bound of the current chain
+          }
+          std::fill(Ps.begin(), Ps.end(), 0.0);
+          std::fill(Mx.begin(), Mx.end(), 0.0);
+          std::fill(Mn.begin(), Mn.end(), 0.0);
+          for (int k = k0; k < k1; ++k) {
+            const double ak = a[k];
+            if (ak == 0.0) continue;
+            const float* wk = w.wt.data() + size_t(k) * N + n0;
+            for (int n = 0; n < nc; ++n) {
+              const double p = ak * double(wk[n]);
+              Ps[n] += p;
+              Mx[n] = std::max(Mx[n], std::fabs(p));
+            }
+            if (g == tc.slice)
+              for (int n = 0; n < nc; ++n) S[n] += std::fabs(ak * double(wk[n]));
+          }
           for (int n = 0; n < nc; ++n) {
-            const double p = ak * double(wk[n]);
-            Ps[n] += p;
-            Mx[n] = std::max(Mx[n], std::fabs(p));
-            S[n] += std::fabs(p);
+            // The GPU's incoming accumulator: the exact chain partial within the chain's bound.
+            Cin[n] = chain_start ? 0.0 : std::fabs(C[n]) + Bc[n];
+            U[n] = pow2_floor(std::max(Mx[n], Cin[n])) * trunc;
+          }
+          for (int k = k0; k < k1; ++k) {
+            const double ak = a[k];
+            if (ak == 0.0) continue;
+            const float* wk = w.wt.data() + size_t(k) * N + n0;
+            // What truncation at U drops of |p| (exact in double: U is a power of two).
+            for (int n = 0; n < nc; ++n) {
+              const double ap = std::fabs(ak * double(wk[n]));
+              Mn[n] += U[n] > 0 ? ap - std::floor(ap / U[n]) * U[n] : 0.0;
+            }
+          }
+          for (int n = 0; n < nc; ++n) {
+            double e = Mn[n] + std::min(Cin[n], U[n]);
+            C[n] += Ps[n];
+            e += pow2_floor(std::fabs(C[n]) + Bc[n] + e) * trunc;  // the result's truncation
+            Bc[n] += e;
+            B[n] += e;
           }
         }
-        for (int n = 0; n < nc; ++n) {
-          // The GPU's incoming accumulator: the exact chain partial within the chain's bound.
-          Cin[n] = chain_start ? 0.0 : std::fabs(C[n]) + Bc[n];
-          U[n] = pow2_floor(std::max(Mx[n], Cin[n])) * trunc;
-        }
-        for (int k = k0; k < k1; ++k) {
-          const double ak = a[k];
-          if (ak == 0.0) continue;
-          const float* wk = w.wt.data() + size_t(k) * N + n0;
-          for (int n = 0; n < nc; ++n) Mn[n] += std::min(std::fabs(ak * double(wk[n])), U[n]);
-        }
-        for (int n = 0; n < nc; ++n) {
-          double e = Mn[n] + std::min(Cin[n], U[n]);
-          C[n] += Ps[n];
-          e += pow2_floor(std::fabs(C[n]) + Bc[n] + e) * trunc;  // the result's truncation
-          Bc[n] += e;
-          B[n] += e;
-        }
+        for (int n = 0; n < nc; ++n) Bmax[n] = std::max(Bmax[n], B[n]);
       }
       for (int n = 0; n < nc; ++n)
         bound[size_t(r) * N + n0 + n] =
-            static_cast<float>((B[n] + f32_terms * S[n] + K * 0x1p-52 * S[n]) * (1 + 0x1p-20));
+            static_cast<float>((Bmax[n] + f32_terms * S[n] + K * 0x1p-52 * S[n]) * (1 + 0x1p-20));
     }
   }
 }
