@@ -1215,9 +1215,10 @@ void CudaVerifier::moe(int block, const bf16_dev* x, const bf16_dev* shared, con
   judge("moe.route (weights)", block, cmp_got, cmp_want, cmp_bound, cpu::Rounding::kF32,
         {int64_t(cmp_got.size())});
   // Routed experts (cpu::expert_forward on intervals, with the shared expert's output taken
-  // from the GPU): gate/up by the BF16 MMA model, SwiGLU and the routing weight (within its
-  // bound) on intervals, BF16 and the e4m3 fake quantisation on both ends, then w2's bound on
-  // the CPU's quantised input plus sum |w2| x the width of each input's interval.
+  // from the GPU): gate/up by the BF16 MMA model around their exact sums and rounded to BF16,
+  // SwiGLU and the routing weight (within its bound) on intervals, BF16 and the e4m3 fake
+  // quantisation on both ends, then w2's bound on the CPU's quantised input plus sum |w2| x the
+  // width of each input's interval, and each expert output's BF16 rounding.
   std::vector<std::vector<int>> rows_of_e(E), slot_of_e(E);
   for (int r = 0; r < T; ++r)
     for (int i = 0; i < K; ++i) {
@@ -1245,8 +1246,9 @@ void CudaVerifier::moe(int block, const bf16_dev* x, const bf16_dev* shared, con
         q(g.size());
     cpu::linear(ew.w1, xe.data(), m, g.data());
     cpu::linear(ew.w3, xe.data(), m, u.data());
-    cpu::linear_error_bound(ew.w1, xe.data(), m, cpu::kBf16Mma, bg.data());
-    cpu::linear_error_bound(ew.w3, xe.data(), m, cpu::kBf16Mma, bu.data());
+    std::vector<double> g_exact(g.size()), u_exact(g.size());
+    cpu::linear_error_bound(ew.w1, xe.data(), m, cpu::kBf16Mma, bg.data(), g_exact.data());
+    cpu::linear_error_bound(ew.w3, xe.data(), m, cpu::kBf16Mma, bu.data(), u_exact.data());
     std::vector<Iv> v(g.size()), qv(g.size());
     for (int j = 0; j < m; ++j) {
       const size_t ws = size_t(rows_of_e[e][j]) * K + slot_of_e[e][j];
@@ -1255,7 +1257,9 @@ void CudaVerifier::moe(int block, const bf16_dev* x, const bf16_dev* shared, con
       for (int i = 0; i < inter; ++i) {
         const size_t o = size_t(j) * inter + i;
         float gi = g[o], ui = u[o];
-        Iv G = Iv::of(gi, bg[o]), U = Iv::of(ui, bu[o]);
+        // Both sides round the gate/up sums to BF16 before the SwiGLU.
+        Iv G = cpu::round_ends_bf16(Iv::of(g_exact[o], bg[o]));
+        Iv U = cpu::round_ends_bf16(Iv::of(u_exact[o], bu[o]));
         if (L > 0) {
           ui = std::clamp(ui, -L, L);
           gi = std::min(gi, L);
@@ -1297,8 +1301,10 @@ void CudaVerifier::moe(int block, const bf16_dev* x, const bf16_dev* shared, con
       for (int i = 0; i < K; ++i) {
         const size_t o = size_t(r) * K + i;
         if (!used[o]) continue;
-        b += bout[o * dim + d];
-        mag += std::fabs(out[o * dim + d]) + bout[o * dim + d];
+        // Each expert's output is rounded to BF16 on both sides: half an ulp each.
+        const double bo = bout[o * dim + d], yo = std::fabs(out[o * dim + d]);
+        b += bo + cpu::bf16_ulp(yo + bo);
+        mag += yo + bo;
       }
       bound[size_t(r) * dim + d] = static_cast<float>(b + cpu::fp32_ops_bound(K + 1, mag));
     }

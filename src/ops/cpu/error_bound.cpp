@@ -28,7 +28,8 @@ double f32_ulp(double v) {
 
 // ---- tensor-core sums ------------------------------------------------------------------------
 
-void linear_error_bound(const Linear& w, const float* x, int m, const TcSum& tc, float* bound) {
+void linear_error_bound(const Linear& w, const float* x, int m, const TcSum& tc, float* bound,
+                        double* exact) {
   const int N = w.out, K = w.in;
   const bool quant = w.kind == LinearKind::kFp8 || w.kind == LinearKind::kFp4;
   DSV4_CHECK(tc.slice > 0 && tc.frac_bits > 0 && tc.min_group > 0 && tc.min_group <= tc.slice,
@@ -43,7 +44,7 @@ void linear_error_bound(const Linear& w, const float* x, int m, const TcSum& tc,
   constexpr int kCols = 256;
   std::vector<float> a(K);
   std::vector<double> C(kCols), B(kCols), Bmax(kCols), Bc(kCols), S(kCols), Ps(kCols), Mx(kCols),
-      Mn(kCols), U(kCols), Cin(kCols);
+      Mn(kCols), U(kCols), Cin(kCols), P(kCols);
   for (int r = 0; r < m; ++r) {
     const float* xr = x + size_t(r) * K;
     if (quant)
@@ -53,6 +54,7 @@ void linear_error_bound(const Linear& w, const float* x, int m, const TcSum& tc,
     for (int n0 = 0; n0 < N; n0 += kCols) {
       const int nc = std::min(kCols, N - n0);
       std::fill(S.begin(), S.end(), 0.0);  // sum |p| over K
+      std::fill(P.begin(), P.end(), 0.0);  // sum p over K
       std::fill(Bmax.begin(), Bmax.end(), 0.0);
       // Each accumulate-step width from the instruction's K down to min_group (the hardware's
       // internal grouping is not documented): the largest bound of them.
@@ -80,7 +82,10 @@ void linear_error_bound(const Linear& w, const float* x, int m, const TcSum& tc,
               Mx[n] = std::max(Mx[n], std::fabs(p));
             }
             if (g == tc.slice)
-              for (int n = 0; n < nc; ++n) S[n] += std::fabs(ak * double(wk[n]));
+              for (int n = 0; n < nc; ++n) {
+                S[n] += std::fabs(ak * double(wk[n]));
+                P[n] += ak * double(wk[n]);
+              }
           }
           for (int n = 0; n < nc; ++n) {
             // The GPU's incoming accumulator: the exact chain partial within the chain's bound.
@@ -107,9 +112,11 @@ void linear_error_bound(const Linear& w, const float* x, int m, const TcSum& tc,
         }
         for (int n = 0; n < nc; ++n) Bmax[n] = std::max(Bmax[n], B[n]);
       }
-      for (int n = 0; n < nc; ++n)
+      for (int n = 0; n < nc; ++n) {
         bound[size_t(r) * N + n0 + n] =
             static_cast<float>((Bmax[n] + f32_terms * S[n] + K * 0x1p-52 * S[n]) * (1 + 0x1p-20));
+        if (exact) exact[size_t(r) * N + n0 + n] = P[n];
+      }
     }
   }
 }

@@ -72,8 +72,11 @@ inline constexpr TcSum kFp8WgmmaSlice{13, 32, 1, 8, 8};
 inline constexpr TcSum kBf16Mma{23, 16, 0, 16, 8};
 
 // Per element bound on |y_gpu - y_cpu| of y = x W^T before output rounding, for a kernel summing
-// as `tc` and cpu::linear (x: the same rows cpu::linear takes; quantised the same way).
-void linear_error_bound(const Linear& w, const float* x, int m, const TcSum& tc, float* bound);
+// as `tc` and cpu::linear (x: the same rows cpu::linear takes; quantised the same way). `exact`
+// (optional, [m, out]): the exact sums, which the bound also covers the distance to (for
+// callers that round or transform the unrounded sums themselves).
+void linear_error_bound(const Linear& w, const float* x, int m, const TcSum& tc, float* bound,
+                        double* exact = nullptr);
 
 // Closed form of the same model for an n-product dot product summed by BF16 MMA / fp32 with no
 // per-step detail (small reductions inside attention-like ops): each step of 16 products loses
