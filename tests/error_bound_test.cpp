@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/formats.h"
+#include "ops/cpu/attention.h"
 #include "ops/cpu/error_bound.h"
 #include "ops/cpu/linear.h"
 #include "ops/cpu/quant.h"
@@ -209,6 +210,75 @@ TEST(ErrorBound, Bf16ChainBoundIsTight) {
     EXPECT_LT(bound[i], 0x1p-14 * s) << i;
     EXPECT_GT(bound[i], 0x1p-24 * s) << i;
   }
+}
+
+// Sparse attention: the CPU op and a GPU-like evaluation (keys split in two halves, each with its
+// own running max for the BF16 probabilities, fp32 sums, combined at the end) both land inside
+// attention_interval; an output moved by a few percent of the values' scale does not.
+TEST(ErrorBound, AttentionIntervalCoversSplitEvaluations) {
+  const int H = 2, D = 128, N = 190;
+  std::mt19937 rng(61);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> q(size_t(H) * D), kv(size_t(N) * D), sink{0.5f, -1.0f};
+  for (float& v : q) v = round_bf16(nd(rng) * 0.3f);
+  for (float& v : kv) v = round_bf16(nd(rng));
+  std::vector<const float*> keys(N);
+  for (int j = 0; j < N; ++j) keys[j] = j % 17 == 5 ? nullptr : kv.data() + size_t(j) * D;
+  SparseAttnParams p;
+  p.n_heads = H;
+  p.head_dim = D;
+  p.softmax_scale = 0.25f;
+  p.sink = sink.data();
+  std::vector<float> want(size_t(H) * D), split(want.size()), bound(want.size());
+  sparse_attention(p, q.data(), keys.data(), N, want.data());
+  std::vector<Iv> iv(want.size());
+  attention_interval(p, q.data(), keys.data(), N, iv.data());
+  for (int h = 0; h < H; ++h) {
+    const float* qh = q.data() + size_t(h) * D;
+    std::vector<float> s(N, -INFINITY);
+    for (int j = 0; j < N; ++j) {
+      if (!keys[j]) continue;
+      float d = 0;
+      for (int i = 0; i < D; ++i) d += qh[i] * keys[j][i];
+      s[j] = d * p.softmax_scale;
+    }
+    float num[2][D] = {}, den[2] = {}, mx[2] = {-INFINITY, -INFINITY};
+    for (int j = 0; j < N; ++j) mx[j * 2 / N] = std::max(mx[j * 2 / N], s[j]);
+    for (int j = 0; j < N; ++j) {
+      if (!keys[j]) continue;
+      const int sp = j * 2 / N;
+      const float e = std::exp(s[j] - mx[sp]);
+      den[sp] += e;
+      for (int i = 0; i < D; ++i) num[sp][i] += round_bf16(e) * keys[j][i];
+    }
+    const float m = std::max(mx[0], mx[1]);
+    const float a0 = std::exp(mx[0] - m), a1 = std::exp(mx[1] - m);
+    const float dd = den[0] * a0 + den[1] * a1 + std::exp(sink[h] - m);
+    for (int i = 0; i < D; ++i)
+      split[size_t(h) * D + i] = round_bf16((num[0][i] * a0 + num[1][i] * a1) / dd);
+  }
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_TRUE(iv[i].contains(want[i])) << i << ": " << want[i];
+    EXPECT_TRUE(iv[i].contains(split[i])) << i << ": " << split[i] << " vs " << want[i];
+    bound[i] = static_cast<float>(std::max(iv[i].hi - want[i], want[i] - iv[i].lo));
+  }
+  const BoundCheck ok =
+      check_bounds(split.data(), want.data(), bound.data(), want.size(), Rounding::kNone);
+  EXPECT_TRUE(ok.ok());
+  double mean = 0, rms = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    mean += bound[i] / want.size();
+    rms += double(want[i]) * want[i] / want.size();
+  }
+  std::printf("  attention: mean bound %.3g (output rms %.3g), split evaluation at %.3f of it\n",
+              mean, std::sqrt(rms), ok.worst_ratio);
+  // Not vacuous: moving one output by 5 % of the values' scale (1) is caught.
+  std::vector<float> moved = want;
+  moved[7] += 0.05f;
+  const BoundCheck c =
+      check_bounds(moved.data(), want.data(), bound.data(), want.size(), Rounding::kNone);
+  EXPECT_FALSE(c.ok());
+  EXPECT_EQ(c.first_bad, 7u);
 }
 
 TEST(ErrorBound, FakeQuantIntervalCoversBothSidesOfARoundingBoundary) {

@@ -73,10 +73,6 @@ const char* store_name(int kind) {
 
 using cpu::Iv;
 
-double maxabs(const Iv& a) {
-  return std::max(std::fabs(a.lo), std::fabs(a.hi));
-}
-
 // The bound of each element from its interval: the distance from the CPU's value to either end.
 std::vector<float> interval_bound(const std::vector<Iv>& iv, const std::vector<float>& want) {
   std::vector<float> b(want.size());
@@ -988,6 +984,7 @@ void CudaVerifier::attention(int block, const bf16_dev* q, const uint8_t* stagin
   sp.softmax_scale = static_cast<float>(1.0 / std::sqrt(double(D)));
   sp.sink = aw.sink.data();
   std::vector<float> want(size_t(T) * H * D);
+  std::vector<Iv> oiv(want.size());
   for (size_t s = 0; s < st_->chunks.size(); ++s) {
     const ChunkRef& ch = st_->chunks[s];
     const int64_t P0 = ch.start;
@@ -1029,11 +1026,14 @@ void CudaVerifier::attention(int block, const bf16_dev* q, const uint8_t* stagin
       }
       cpu::sparse_attention(sp, qv.data() + size_t(r) * H * D, keys.data(), int(keys.size()),
                             want.data() + size_t(r) * H * D);
+      cpu::attention_interval(sp, qv.data() + size_t(r) * H * D, keys.data(), int(keys.size()),
+                              oiv.data() + size_t(r) * H * D);
     }
   }
   last_o_ = bf16(o, want.size());
   last_o_block_ = block;
-  compare_rel_l2("attn.sparse_attention", block, last_o_, want, {T, H, D}, tol_.attn_rel_l2);
+  judge("attn.sparse_attention", block, last_o_, want, interval_bound(oiv, want),
+        cpu::Rounding::kNone, {T, H, D});
 }
 
 void CudaVerifier::wo_a(int block, const bf16_dev* z) {

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/formats.h"
+#include "ops/cpu/attention.h"
 #include "ops/cpu/quant.h"
 
 namespace dsv4::cpu {
@@ -189,6 +190,79 @@ void fake_quant_interval(const Iv* x, int n, int block, bool fp4, Iv* out) {
         q.hi = std::max(q.hi, hi);
       }
       out[size_t(b) * block + i] = q;
+    }
+  }
+}
+
+// ---- ops on intervals -------------------------------------------------------------------
+
+void attention_interval(const SparseAttnParams& p, const float* q, const float* const* keys,
+                        int num_keys, Iv* out) {
+  const int D = p.head_dim;
+  const int blocks = (num_keys + kAttnKeyBlock - 1) / kAttnKeyBlock + 8;
+  std::vector<double> s(num_keys), ds(num_keys);
+  for (int h = 0; h < p.n_heads; ++h) {
+    const float* qh = q + size_t(h) * D;
+    double m = -INFINITY;
+    for (int j = 0; j < num_keys; ++j) {
+      if (!keys[j]) continue;
+      double d = 0, sabs = 0;
+      for (int i = 0; i < D; ++i) {
+        d += double(qh[i]) * keys[j][i];
+        sabs += std::fabs(double(qh[i]) * keys[j][i]);
+      }
+      s[j] = d * p.softmax_scale;
+      ds[j] = (dot_error_bound(D, sabs) + 2 * 0x1p-24 * std::fabs(d)) * p.softmax_scale;
+      m = std::max(m, s[j]);
+    }
+    Iv* oh = out + size_t(h) * D;
+    const double sink = p.sink[h];
+    // Exponent error of a key: its score's, the max's (another score), the scaled scores'
+    // and the subtraction's roundings, exp itself (within 2^-21 relative) and the rescales.
+    auto exp_err = [&](double sj, double dsj) {
+      return dsj + (std::fabs(sj) + std::fabs(m)) * 0x1p-22 + 0x1p-21 + blocks * 0x1p-23;
+    };
+    double den_lo = 0, den_hi = 0;
+    std::vector<double> wlo(num_keys, 0), whi(num_keys, 0);
+    double dmax = 0;
+    for (int j = 0; j < num_keys; ++j)
+      if (keys[j]) dmax = std::max(dmax, ds[j]);
+    for (int j = 0; j < num_keys; ++j) {
+      if (!keys[j]) continue;
+      // The running max of either side is some score within its bound of the true one.
+      const double e = std::exp(s[j] - m), x = exp_err(s[j], ds[j]) + dmax;
+      // Weights below 2^-100 of the largest may underflow or flush to zero on either side.
+      wlo[j] = e < 0x1p-100 ? 0.0 : e * std::exp(-x) * (1 - 0x1p-9);
+      whi[j] = e * std::exp(x) * (1 + 0x1p-9);
+      // The denominator may sum the probabilities before or after their BF16 rounding.
+      den_lo += wlo[j];
+      den_hi += whi[j];
+    }
+    const double xs = exp_err(sink, 0) + dmax;
+    den_lo += std::exp(sink - m) * std::exp(-xs);
+    den_hi += std::exp(sink - m) * std::exp(xs);
+    den_lo *= 1 - (num_keys + blocks) * 0x1p-23;
+    den_hi *= 1 + (num_keys + blocks) * 0x1p-23;
+    for (int d = 0; d < D; ++d) {
+      double lo = 0, hi = 0, mag = 0;
+      for (int j = 0; j < num_keys; ++j) {
+        if (!keys[j]) continue;
+        const double v = keys[j][d];
+        lo += v >= 0 ? wlo[j] * v : whi[j] * v;
+        hi += v >= 0 ? whi[j] * v : wlo[j] * v;
+        mag += whi[j] * std::fabs(v);
+      }
+      const double err = dot_error_bound(num_keys, mag) + blocks * 2 * 0x1p-24 * mag;
+      lo -= err;
+      hi += err;
+      Iv o;
+      if (lo >= 0)
+        o = {lo / den_hi, hi / den_lo};
+      else if (hi <= 0)
+        o = {lo / den_lo, hi / den_hi};
+      else
+        o = {lo / den_lo, hi / den_lo};
+      oh[d] = round_ends_bf16(widen_f32(o, 2));
     }
   }
 }

@@ -40,10 +40,12 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include "ops/cpu/attention.h"
 #include "ops/cpu/linear.h"
 
 namespace dsv4::cpu {
@@ -100,6 +102,9 @@ struct Iv {
   double width() const { return hi - lo; }
   bool contains(double v) const { return v >= lo && v <= hi; }
 };
+inline double maxabs(const Iv& a) {
+  return std::max(std::fabs(a.lo), std::fabs(a.hi));
+}
 inline Iv operator+(Iv a, Iv b) {
   return {a.lo + b.lo, a.hi + b.hi};
 }
@@ -124,6 +129,15 @@ double fake_e2m1(double x, double s);
 // Per block of `block` elements, the fake quantisation (cpu::fake_quant_fp8 / _fp4) of any values
 // inside the intervals: the block scale is taken at the interval ends of the block's amax.
 void fake_quant_interval(const Iv* x, int n, int block, bool fp4, Iv* out);
+
+// cpu::sparse_attention of one token (all heads) on intervals, robust to how the GPU blocks and
+// splits the keys: every probability is exp(s_j - m) of a score within the BF16 MMA dot bound,
+// with the exp / max-subtraction / rescaling errors, rounded to BF16 against some running max on
+// either side (a relative 2^-9 each way, whatever the max; the denominator may take it or not);
+// P.V and the denominator summed in fp32 (one rescale per block of 64 keys); the output rounded
+// to BF16 on both ends. out: [n_heads, head_dim].
+void attention_interval(const SparseAttnParams& p, const float* q, const float* const* keys,
+                        int num_keys, Iv* out);
 
 // ---- judging -------------------------------------------------------------------------------
 enum class Rounding {
