@@ -1,6 +1,7 @@
 #include "ops/cpu/error_bound.h"
 
 #include <cmath>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -43,16 +44,23 @@ void linear_error_bound(const Linear& w, const float* x, int m, const TcSum& tc,
   const int cpu_blocks = (K + linear_kblock(w) - 1) / linear_kblock(w);
   const double f32_terms = (promotions + tc.fp32_adds + 2.0 * cpu_blocks) * 0x1p-24;
   constexpr int kCols = 256;
-  std::vector<float> a(K);
-  std::vector<double> C(kCols), B(kCols), Bmax(kCols), Bc(kCols), S(kCols), Ps(kCols), Mx(kCols),
-      Mn(kCols), U(kCols), Cin(kCols), P(kCols);
+  // The activations as cpu::linear quantises them, then (row, 256-column chunk) work items over
+  // the host's cores: the bound costs a few GEMMs' worth of scalar work per linear.
+  std::vector<float> a(size_t(m) * K);
   for (int r = 0; r < m; ++r) {
-    const float* xr = x + size_t(r) * K;
     if (quant)
-      fake_quant_fp8(xr, K, 128, a.data());
+      fake_quant_fp8(x + size_t(r) * K, K, 128, a.data() + size_t(r) * K);
     else
-      std::copy(xr, xr + K, a.begin());
-    for (int n0 = 0; n0 < N; n0 += kCols) {
+      std::copy(x + size_t(r) * K, x + size_t(r + 1) * K, a.begin() + size_t(r) * K);
+  }
+  const int chunks = (N + kCols - 1) / kCols;
+  const int64_t items = int64_t(m) * chunks;
+  auto work = [&](int64_t first, int64_t stride) {
+    std::vector<double> C(kCols), B(kCols), Bmax(kCols), Bc(kCols), S(kCols), Ps(kCols), Mx(kCols),
+        Mn(kCols), U(kCols), Cin(kCols), P(kCols);
+    for (int64_t item = first; item < items; item += stride) {
+      const int r = int(item / chunks), n0 = int(item % chunks) * kCols;
+      const float* ar = a.data() + size_t(r) * K;
       const int nc = std::min(kCols, N - n0);
       std::fill(S.begin(), S.end(), 0.0);  // sum |p| over K
       std::fill(P.begin(), P.end(), 0.0);  // sum p over K
@@ -74,7 +82,7 @@ void linear_error_bound(const Linear& w, const float* x, int m, const TcSum& tc,
           std::fill(Mx.begin(), Mx.end(), 0.0);
           std::fill(Mn.begin(), Mn.end(), 0.0);
           for (int k = k0; k < k1; ++k) {
-            const double ak = a[k];
+            const double ak = ar[k];
             if (ak == 0.0) continue;
             const float* wk = w.wt.data() + size_t(k) * N + n0;
             for (int n = 0; n < nc; ++n) {
@@ -94,13 +102,13 @@ void linear_error_bound(const Linear& w, const float* x, int m, const TcSum& tc,
             U[n] = pow2_floor(std::max(Mx[n], Cin[n])) * trunc;
           }
           for (int k = k0; k < k1; ++k) {
-            const double ak = a[k];
+            const double ak = ar[k];
             if (ak == 0.0) continue;
             const float* wk = w.wt.data() + size_t(k) * N + n0;
             // What truncation at U drops of |p| (exact in double: U is a power of two).
             for (int n = 0; n < nc; ++n) {
               const double ap = std::fabs(ak * double(wk[n]));
-              Mn[n] += U[n] > 0 ? ap - std::floor(ap / U[n]) * U[n] : 0.0;
+              Mn[n] += U[n] > 0 ? ap - std::floor(ap * (1 / U[n])) * U[n] : 0.0;
             }
           }
           for (int n = 0; n < nc; ++n) {
@@ -119,7 +127,18 @@ void linear_error_bound(const Linear& w, const float* x, int m, const TcSum& tc,
         if (exact) exact[size_t(r) * N + n0 + n] = P[n];
       }
     }
+  };
+  // Threads only where the work pays for them (a decode row of a small linear runs inline).
+  const int64_t cost = items * kCols * int64_t(K);
+  const int threads = int(std::min<int64_t>(
+      {int64_t(std::max(1u, std::thread::hardware_concurrency())), items, cost / (1 << 20) + 1}));
+  if (threads <= 1) {
+    work(0, 1);
+    return;
   }
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(work, t, threads);
+  for (std::thread& t : pool) t.join();
 }
 
 // ---- intervals -----------------------------------------------------------------------------
