@@ -17,6 +17,7 @@
 #include "backends/cpu/loader.h"
 #include "backends/cpu/runner.h"
 #include "core/error.h"
+#include "dsv4/engine.h"
 #include "model/cache_spec.h"
 #include "model/tiny_checkpoint.h"
 #include "support/temp_dir.h"
@@ -376,6 +377,192 @@ TEST_P(Speculative, Refusals) {
   bad.verify = 4;
   EXPECT_THROW(on->step({bad}), Error);
   EXPECT_EQ(on->length(t), 0);
+}
+
+// ---- The engine loop with --speculative-tokens: scheduling, caps, metrics ----
+
+struct Req {
+  std::vector<int32_t> prompt;
+  SamplingOptions s;
+  int n = 1;
+};
+
+struct Got {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<TokenLogprob>> logprobs;
+  std::vector<FinishReason> finish;
+};
+
+std::vector<Got> run_engine(Engine& e, const std::vector<Req>& rs) {
+  std::map<uint64_t, size_t> index;
+  std::vector<Got> res(rs.size());
+  for (size_t i = 0; i < rs.size(); ++i) {
+    index[e.add_request(rs[i].prompt, rs[i].s, rs[i].n)] = i;
+    res[i].tokens.resize(size_t(rs[i].n));
+    res[i].logprobs.resize(size_t(rs[i].n));
+    res[i].finish.resize(size_t(rs[i].n), FinishReason::kNone);
+  }
+  for (int steps = 0; e.has_work(); ++steps) {
+    if (steps > 5000) {
+      ADD_FAILURE() << "engine loop does not finish";
+      break;
+    }
+    for (const RequestOutput& o : e.step()) {
+      Got& g = res[index.at(o.request)];
+      auto& t = g.tokens[size_t(o.choice)];
+      t.insert(t.end(), o.tokens.begin(), o.tokens.end());
+      auto& l = g.logprobs[size_t(o.choice)];
+      l.insert(l.end(), o.logprobs.begin(), o.logprobs.end());
+      if (o.finish != FinishReason::kNone) {
+        g.finish[size_t(o.choice)] = o.finish;
+        EXPECT_EQ(o.error, "");
+      }
+    }
+  }
+  return res;
+}
+
+void expect_same(const Got& got, const Got& want, const std::string& what) {
+  ASSERT_EQ(got.tokens.size(), want.tokens.size()) << what;
+  for (size_t j = 0; j < got.tokens.size(); ++j) {
+    EXPECT_EQ(got.tokens[j], want.tokens[j]) << what << " choice " << j;
+    EXPECT_EQ(got.finish[j], want.finish[j]) << what << " choice " << j;
+    ASSERT_EQ(got.logprobs[j].size(), want.logprobs[j].size()) << what;
+    for (size_t k = 0; k < got.logprobs[j].size(); ++k) {
+      EXPECT_EQ(got.logprobs[j][k].token, want.logprobs[j][k].token) << what;
+      EXPECT_EQ(got.logprobs[j][k].logprob, want.logprobs[j][k].logprob) << what;
+      EXPECT_EQ(got.logprobs[j][k].top, want.logprobs[j][k].top) << what;
+    }
+  }
+}
+
+EngineOptions engine_options(const std::string& dir, int spec) {
+  EngineOptions o;
+  o.model_dir = dir;
+  o.page_size = 4;
+  o.max_sequences = 6;
+  o.max_tokens = 200;
+  o.prefix_block = 16;  // snapshots every 64 tokens and at the last multiple of 16
+  o.speculative_tokens = spec;
+  return o;
+}
+
+// What a step of the speculative engine counted, as differences of two stats().
+struct SpecCounts {
+  int64_t steps, drafted, accepted;
+  std::vector<int64_t> per_pos;
+};
+SpecCounts delta(const EngineStats& a, const EngineStats& b) {
+  SpecCounts d{b.spec_drafts - a.spec_drafts,
+               b.spec_draft_tokens - a.spec_draft_tokens,
+               b.spec_accepted_tokens - a.spec_accepted_tokens,
+               {}};
+  for (size_t j = 0; j < b.spec_accepted_per_pos.size(); ++j)
+    d.per_pos.push_back(b.spec_accepted_per_pos[j] -
+                        (j < a.spec_accepted_per_pos.size() ? a.spec_accepted_per_pos[j] : 0));
+  return d;
+}
+
+TEST(SpeculativeEngine, OutputsEqualPlainDecodingAndCountsAreVllms) {
+  const Preset& pr = preset("flash");
+  const int V = pr.V();
+  std::vector<Req> rs;
+  auto add = [&](int len, unsigned seed, int64_t max_new) {
+    Req r;
+    r.prompt = random_prompt(len, V, seed);
+    r.s.max_new_tokens = max_new;
+    r.s.stop_at_eos = false;
+    r.s.seed = seed;
+    rs.push_back(r);
+    return &rs.back();
+  };
+  add(117, 1, 20);              // greedy, drafts forced to the plain output: everything accepted
+  add(70, 2, 17);               // greedy, every draft wrong
+  Req* warm = add(125, 3, 19);  // sampled with penalties and logprobs, partly accepted
+  warm->s.temperature = 0.9f;
+  warm->s.top_k = 40;
+  warm->s.repetition_penalty = 1.2f;
+  warm->s.frequency_penalty = 0.3f;
+  warm->s.logprobs = true;
+  warm->s.top_logprobs = 2;
+  add(33, 4, 9)->s.speculative_tokens = 0;  // opted out
+  add(64, 5, 12)->s.speculative_tokens = 1;
+  Req* two = add(20, 6, 11);  // n = 2, sampled, the MTP block's own drafts
+  two->n = 2;
+  two->s.temperature = 1.0f;
+
+  std::unique_ptr<Engine> plain = Engine::open(engine_options(pr.dir.path(), 0));
+  std::vector<Got> want;
+  for (const Req& r : rs) want.push_back(run_engine(*plain, {r})[0]);
+  // Forced drafts from the plain outputs: request 0 all right, 1 all wrong, 2 wrong at a few
+  // output indices.
+  rs[0].s.forced_drafts = want[0].tokens[0];
+  rs[1].s.forced_drafts = want[1].tokens[0];
+  for (int32_t& t : rs[1].s.forced_drafts) t = (t + 1) % V;
+  rs[2].s.forced_drafts = want[2].tokens[0];
+  for (int t : {3, 4, 9, 14}) rs[2].s.forced_drafts[size_t(t)] ^= 1;
+  rs[4].s.forced_drafts = want[4].tokens[0];
+
+  std::unique_ptr<Engine> e = Engine::open(engine_options(pr.dir.path(), 3));
+  // Alone, where the counts are known exactly.
+  EngineStats s0 = e->stats();
+  ASSERT_EQ(s0.spec_accepted_per_pos.size(), 3u);
+  expect_same(run_engine(*e, {rs[0]})[0], want[0], "all accepted");
+  EngineStats s1 = e->stats();
+  SpecCounts d = delta(s0, s1);
+  // 20 tokens: the first from the prefill, then verifies of 3 drafts emitting 4 tokens
+  // (outputs 1, 5, 9, 13 -> 17), the last of 2 drafts (room for 3 tokens).
+  EXPECT_EQ(d.steps, 5);
+  EXPECT_EQ(d.drafted, 14);
+  EXPECT_EQ(d.accepted, 14);
+  EXPECT_EQ(d.per_pos, (std::vector<int64_t>{5, 5, 4}));
+  EXPECT_EQ(s1.generation_tokens - s0.generation_tokens, 20);
+  expect_same(run_engine(*e, {rs[1]})[0], want[1], "all rejected");
+  EngineStats s2 = e->stats();
+  d = delta(s1, s2);
+  // 17 tokens, one per step: after output t (1..15) min(3, 16 - t) drafts are verified,
+  // none taken; the last step has no room for drafts.
+  EXPECT_EQ(d.steps, 15);
+  EXPECT_EQ(d.drafted, 42);
+  EXPECT_EQ(d.accepted, 0);
+  EXPECT_EQ(d.per_pos, (std::vector<int64_t>{0, 0, 0}));
+  expect_same(run_engine(*e, {rs[3]})[0], want[3], "opted out");
+  EXPECT_EQ(delta(s2, e->stats()).steps, 0);
+  // A resend of request 0 resumes from a prefix-cache snapshot (its MTP state included).
+  {
+    const EngineStats a = e->stats();
+    expect_same(run_engine(*e, {rs[0]})[0], want[0], "resend");
+    EXPECT_GT(e->stats().prefix_hits - a.prefix_hits, 0);
+  }
+  // Everything at once, batched with different k and acceptance.
+  const EngineStats a = e->stats();
+  const std::vector<Got> got = run_engine(*e, rs);
+  for (size_t i = 0; i < rs.size(); ++i)
+    expect_same(got[i], want[i], "request " + std::to_string(i));
+  d = delta(a, e->stats());
+  EXPECT_GT(d.accepted, 0);
+  EXPECT_LT(d.accepted, d.drafted);
+  int64_t sum = 0;
+  for (size_t j = 0; j < d.per_pos.size(); ++j) {
+    sum += d.per_pos[j];
+    if (j > 0) {
+      EXPECT_LE(d.per_pos[j], d.per_pos[j - 1]);
+    }
+  }
+  EXPECT_EQ(sum, d.accepted);
+  EXPECT_EQ(e->stats().running, 0);
+  EXPECT_EQ(e->stats().cache_usage, 0.0);
+}
+
+TEST(SpeculativeEngine, BadOptionsAreErrors) {
+  const Preset& pr = preset("flash");
+  EXPECT_THROW(Engine::open(engine_options(pr.dir.path(), 4)), Error);
+  std::unique_ptr<Engine> e = Engine::open(engine_options(pr.dir.path(), 2));
+  SamplingOptions s;
+  s.speculative_tokens = 4;
+  EXPECT_THROW(e->add_request({0, 5}, s), Error);
+  s.speculative_tokens = -2;
+  EXPECT_THROW(e->add_request({0, 5}, s), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, Speculative, ::testing::Values("flash", "pro"));

@@ -76,7 +76,7 @@ struct SamplingOptions {
   // Test facility: emit these ids (through the sampler and the stream) instead of the draws.
   std::vector<int32_t> forced_output;
   // Speculative decoding for this request: -1 the engine's EngineOptions::speculative_tokens,
-  // 0 off, else at most this many drafts per step (<= the engine's).
+  // 0 off, else at most this many drafts per step (and at most the engine's; 0..3).
   int speculative_tokens = -1;
   // Test facility: the draft proposed for output index t is forced_drafts[t] (where that
   // exists) instead of the MTP block's; verification and rollback run as usual.

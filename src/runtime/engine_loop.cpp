@@ -99,13 +99,15 @@ void EngineLoop::validate(const std::vector<int32_t>& prompt, const SamplingOpti
     DSV4_CHECK(t >= 0 && t < V, "forced token ", t, " out of range [0, ", V, ")");
   for (int32_t t : s.forced_drafts)
     DSV4_CHECK(t >= 0 && t < V, "forced draft ", t, " out of range [0, ", V, ")");
-  DSV4_CHECK(s.speculative_tokens >= -1 && s.speculative_tokens <= opt_.speculative_tokens,
-             "speculative_tokens must be in [-1, ", opt_.speculative_tokens,
-             "] (the engine's --speculative-tokens), got ", s.speculative_tokens);
+  DSV4_CHECK(s.speculative_tokens >= -1 && s.speculative_tokens <= kMaxDraftTokens,
+             "speculative_tokens must be in [-1, ", kMaxDraftTokens, "], got ",
+             s.speculative_tokens);
 }
 
 int EngineLoop::drafts_of(const Request& r) const {
-  return r.opts.speculative_tokens < 0 ? opt_.speculative_tokens : r.opts.speculative_tokens;
+  return r.opts.speculative_tokens < 0
+             ? opt_.speculative_tokens
+             : std::min(r.opts.speculative_tokens, opt_.speculative_tokens);
 }
 
 uint64_t EngineLoop::add(const std::vector<int32_t>& prompt, const SamplingOptions& s, int n,
