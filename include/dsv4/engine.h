@@ -21,6 +21,9 @@
 
 namespace dsv4 {
 
+// The most drafts speculative decoding verifies per step and sequence.
+constexpr int kMaxSpeculativeTokens = 3;
+
 struct EngineOptions {
   std::string model_dir;
   std::string backend = "cpu";  // "cpu" (the reference backend); "cuda" when built

@@ -8,6 +8,8 @@
 
 namespace dsv4 {
 
+static_assert(kMaxSpeculativeTokens == kMaxDraftTokens, "the engine's and the runner's limits");
+
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
     case FinishReason::kStop:
