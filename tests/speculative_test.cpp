@@ -554,6 +554,42 @@ TEST(SpeculativeEngine, OutputsEqualPlainDecodingAndCountsAreVllms) {
   EXPECT_EQ(e->stats().cache_usage, 0.0);
 }
 
+// Preemption under a small cache drops a choice's drafts with its sequence; readmitted, it
+// recomputes and drafts again. Every output is still the plain run's.
+TEST(SpeculativeEngine, PreemptionUnderASmallCacheKeepsPlainOutputs) {
+  const Preset& pr = preset("flash");
+  const ModelConfig& cfg = pr.lm.config;
+  std::unique_ptr<Engine> plain = Engine::open(engine_options(pr.dir.path(), 0));
+  std::vector<Req> rs;
+  std::vector<Got> want;
+  for (int i = 0; i < 5; ++i) {
+    Req r;
+    r.prompt = random_prompt(20 + 12 * i, pr.V(), 40 + unsigned(i));
+    r.s.max_new_tokens = 24;
+    r.s.stop_at_eos = false;
+    r.s.seed = uint64_t(i);
+    r.s.temperature = i % 2 ? 0.8f : 0.0f;
+    rs.push_back(r);
+    want.push_back(run_engine(*plain, {r})[0]);
+    if (i < 3) rs.back().s.forced_drafts = want.back().tokens[0];  // mostly accepted
+  }
+  // Window rings for 6 sequences, compressed pages for about two of them.
+  CacheConfig small = cache_capacity(cfg, 6, 96, 4);
+  const CacheConfig few = cache_capacity(cfg, 3, 96, 4);
+  for (PageKind k : {PageKind::kC4, PageKind::kC128}) small.pages[int(k)] = few.pages[int(k)];
+  EngineOptions o = engine_options(pr.dir.path(), 3);
+  o.max_tokens = 96;
+  o.cache_bytes = cache_bytes(cfg, small);
+  o.prefix_snapshots = 0;
+  std::unique_ptr<Engine> e = Engine::open(o);
+  const std::vector<Got> got = run_engine(*e, rs);
+  for (size_t i = 0; i < rs.size(); ++i)
+    expect_same(got[i], want[i], "request " + std::to_string(i));
+  EXPECT_GT(e->stats().preemptions, 0);
+  EXPECT_GT(e->stats().spec_accepted_tokens, 0);
+  EXPECT_EQ(e->stats().cache_usage, 0.0);
+}
+
 TEST(SpeculativeEngine, BadOptionsAreErrors) {
   const Preset& pr = preset("flash");
   EXPECT_THROW(Engine::open(engine_options(pr.dir.path(), 4)), Error);
