@@ -18,7 +18,9 @@ int run(const Args& a) {
   s.temperature = static_cast<float>(a.number("--temperature"));
   s.seed = a.unsigned_integer("--seed");
   s.stop_at_eos = !a.has("--ignore-eos");
-  std::unique_ptr<Engine> e = open_engine(a, int64_t(prompt.size()) + s.max_new_tokens);
+  EngineOptions o = engine_options(a, int64_t(prompt.size()) + s.max_new_tokens);
+  o.speculative_tokens = static_cast<int>(a.integer("--speculative-tokens"));
+  std::unique_ptr<Engine> e = open_engine(o);
   const std::vector<int32_t> out = e->generate(prompt, s);
   std::string line;
   for (size_t i = 0; i < out.size(); ++i) line += (i ? "," : "") + std::to_string(out[i]);
@@ -44,6 +46,7 @@ const Command& generate_command() {
               {"--temperature", "T", "sampling temperature, 0 = greedy", "0", false, {}, 0, 1000},
               {"--seed", "S", "the sampler's seed (a 64-bit unsigned integer)", "0"},
               {"--ignore-eos", "", "do not stop at EOS"},
+              speculative_flag(),
           } +
           engine_flags(),
       run};

@@ -37,6 +37,7 @@ int run(const Args& a) {
   o.engine.max_tokens = a.integer("--max-model-len");
   o.engine.cache_bytes = a.integer("--cache-mb") << 20;
   o.engine.page_size = static_cast<int>(a.integer("--page-size"));
+  o.engine.speculative_tokens = static_cast<int>(a.integer("--speculative-tokens"));
   o.engine.cuda_graphs = !a.has("--no-cuda-graphs");
   o.engine.exact_linears = a.has("--exact-linears");
   o.engine.dp = static_cast<int>(a.integer("--dp"));
@@ -143,6 +144,7 @@ const Command& serve_command() {
            0,
            1 << 30},
           {"--page-size", "P", "cache entries per page", "64", false, {}, 1, 4096},
+          speculative_flag(),
           {"--api-key", "K",
            "clients must send 'Authorization: Bearer K' (not for /health, /metrics)"},
           {"--served-model-name", "NAME",

@@ -42,6 +42,17 @@ std::vector<Flag> engine_flags() {
   return f;
 }
 
+Flag speculative_flag() {
+  return {"--speculative-tokens",
+          "K",
+          "MTP speculative decoding: drafts verified per step, 0 = off",
+          "0",
+          false,
+          {},
+          0,
+          kMaxSpeculativeTokens};
+}
+
 std::vector<Flag> prompt_flags() {
   return {
       {"--prompt-ids", "IDS",
@@ -75,7 +86,10 @@ EngineOptions engine_options(const Args& a, int64_t max_tokens) {
 }
 
 std::unique_ptr<Engine> open_engine(const Args& a, int64_t max_tokens) {
-  const EngineOptions o = engine_options(a, max_tokens);
+  return open_engine(engine_options(a, max_tokens));
+}
+
+std::unique_ptr<Engine> open_engine(const EngineOptions& o) {
 #if defined(DSV4_WITH_CUDA)
   register_cuda_backend();
 #endif

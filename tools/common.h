@@ -15,6 +15,8 @@ namespace dsv4::cli {
 std::vector<Flag> engine_flags();
 // --dp, --ep, --tp (the parallel layout).
 std::vector<Flag> parallel_flags();
+// --speculative-tokens (generate, serve).
+Flag speculative_flag();
 // --prompt-ids, --prompt-file, --prompt, --messages (exactly one is given).
 std::vector<Flag> prompt_flags();
 // `a` followed by `b`.
@@ -24,5 +26,6 @@ std::vector<Flag> operator+(std::vector<Flag> a, const std::vector<Flag>& b);
 EngineOptions engine_options(const Args& a, int64_t max_tokens);
 // Opens --model DIR with engine_options() (registering the CUDA backend when built).
 std::unique_ptr<Engine> open_engine(const Args& a, int64_t max_tokens);
+std::unique_ptr<Engine> open_engine(const EngineOptions& o);
 
 }  // namespace dsv4::cli

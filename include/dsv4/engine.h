@@ -21,6 +21,9 @@
 
 namespace dsv4 {
 
+// The most drafts speculative decoding verifies per step and sequence.
+constexpr int kMaxSpeculativeTokens = 3;
+
 struct EngineOptions {
   std::string model_dir;
   std::string backend = "cpu";  // "cpu" (the reference backend); "cuda" when built
@@ -48,6 +51,10 @@ struct EngineOptions {
   // sums) instead of on FP8 tensor cores (faster; Hopper's FP8 MMA keeps ~14 bits inside each
   // K block, so ~0.7 % of outputs land more than one BF16 ulp from the exact sums).
   bool exact_linears = false;
+  // Speculative decoding: the model's MTP block drafts this many tokens (1-3) after each
+  // sampled one and the next step verifies them with the target model; the output is plain
+  // decoding's, token for token, at any temperature. 0: off.
+  int speculative_tokens = 0;
 };
 
 // How a request's tokens are chosen (the order of the steps: src/ops/common/sampling.h).
@@ -71,6 +78,12 @@ struct SamplingOptions {
   int prompt_logprobs = -1;
   // Test facility: emit these ids (through the sampler and the stream) instead of the draws.
   std::vector<int32_t> forced_output;
+  // Speculative decoding for this request: -1 the engine's EngineOptions::speculative_tokens,
+  // 0 off, else at most this many drafts per step (and at most the engine's; 0..3).
+  int speculative_tokens = -1;
+  // Test facility: the draft proposed for output index t is forced_drafts[t] (where that
+  // exists) instead of the MTP block's; verification and rollback run as usual.
+  std::vector<int32_t> forced_drafts;
 };
 
 struct ModelInfo {
@@ -123,6 +136,10 @@ struct EngineStats {
   int64_t prompt_tokens = 0, generation_tokens = 0;
   int64_t prefix_queries = 0, prefix_hits = 0;  // tokens looked up / found in the prefix cache
   int64_t preemptions = 0;
+  // Speculative decoding (vLLM's spec_decode counters): verify steps, draft tokens verified,
+  // drafts accepted, and accepted per draft position (index 0: the first draft).
+  int64_t spec_drafts = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;
+  std::vector<int64_t> spec_accepted_per_pos;
 };
 
 class Engine {

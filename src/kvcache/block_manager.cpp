@@ -146,6 +146,19 @@ std::vector<PageCopy> BlockManager::reserve(SequenceCache& s, int64_t total_toke
   return copies;
 }
 
+void BlockManager::truncate(SequenceCache& s, int64_t tokens) {
+  DSV4_CHECK(tokens >= 0, "truncate to a negative length");
+  for (PageKind k : {PageKind::kC4, PageKind::kC128}) {
+    std::vector<int>& table = s.pages[int(k)];
+    const size_t keep = size_t(pages_needed(k, tokens));
+    while (table.size() > keep) {
+      release(k, table.back());
+      table.pop_back();
+    }
+  }
+  s.tokens = tokens;
+}
+
 void BlockManager::end_sequence(SequenceCache& s) {
   for (PageKind k : kPageKinds) {
     for (int p : s.pages[int(k)]) release(k, p);

@@ -62,6 +62,9 @@ class BlockManager {
   // copies of the shared pages it will write into (returned: the caller copies their bytes
   // before writing). All or nothing.
   std::vector<PageCopy> reserve(SequenceCache& seq, int64_t total_tokens);
+  // Returns the compressed pages a sequence of `tokens` tokens does not need (reserved for
+  // tokens it dropped: speculative decoding's rejected drafts) and sets its length.
+  void truncate(SequenceCache& seq, int64_t tokens);
   // Returns the sequence's references; pages nobody else holds go back to the pool.
   void end_sequence(SequenceCache& seq);
 

@@ -180,7 +180,8 @@ std::set<int> PagedRunner::rows_of(const StepInput& in) {
     else
       r.insert(n - 1);
   }
-  if (in.sample) r.insert(n - 1);
+  if (in.sample)
+    for (int j = n - 1 - in.verify; j < n; ++j) r.insert(j);
   for (size_t j = 0; j < in.score.size(); ++j)
     if (in.score[j] >= 0) r.insert(int(j));
   return r;
@@ -206,6 +207,16 @@ StepBatch PagedRunner::prepare(int group, const std::vector<const StepInput*>& i
     DSV4_CHECK(end <= lim_.max_context, "sequence of ", end,
                " tokens exceeds the planned context of ", lim_.max_context);
     if (in.sample) check_sampling(*in.sample, V);
+    DSV4_CHECK(in.verify >= 0 && in.verify <= kMaxDraftTokens && in.draft >= 0 &&
+                   in.draft <= kMaxDraftTokens,
+               "verify and draft must be in [0, ", kMaxDraftTokens, "]");
+    if (in.verify > 0 || in.draft > 0) {
+      DSV4_CHECK(speculation_enabled(), "a speculative step (verify ", in.verify, ", draft ",
+                 in.draft, ") on a runner without speculation enabled");
+      DSV4_CHECK(in.sample != nullptr, "verify or draft without sampling");
+      DSV4_CHECK(in.verify < int64_t(in.tokens.size()), "verify of ", in.verify,
+                 " drafts needs at least one token before them, got ", in.tokens.size());
+    }
     total += int64_t(in.tokens.size());
     DSV4_CHECK(in.score.empty() || in.score.size() == in.tokens.size(), "score list of ",
                in.score.size(), " ids for ", in.tokens.size(), " tokens");
@@ -263,8 +274,14 @@ StepBatch PagedRunner::prepare(int group, const std::vector<const StepInput*>& i
     const StepInput& in = *ip;
     const int n = static_cast<int>(in.tokens.size());
     if (in.sample) {
-      b.sample_rows.push_back(at(row + n - 1));
+      const int first = row + n - 1 - in.verify;
+      b.sample_rows.push_back(at(first));
       b.samples.push_back(in.sample);
+      b.sample_inputs.push_back(input);
+      std::vector<int> more;
+      for (int j = 1; j <= in.verify; ++j) more.push_back(at(first + j));
+      b.verify_rows.push_back(std::move(more));
+      b.drafts.push_back(in.draft);
     }
     if (!in.score.empty()) {
       StepBatch::Score sc;
@@ -298,13 +315,33 @@ StepOutput PagedRunner::step(const std::vector<StepInput>& inputs) {
   std::vector<StepBatch> batches;
   for (size_t g = 0; g < groups_.size(); ++g) batches.push_back(prepare(int(g), by_group[g]));
   std::vector<StepOutput> outs = forward_groups(batches);
-  for (const StepInput& in : inputs) sequence(in.seq).tokens += int64_t(in.tokens.size());
+  // Lengths: a verify keeps the tokens up to its last accepted draft, and returns the pages
+  // reserved for the rejected ones.
+  std::vector<size_t> next_sample(groups_.size(), 0);
+  for (const StepInput& in : inputs) {
+    const size_t g = size_t(dp_rank(in.seq));
+    SequenceCache& s = sequence(in.seq);
+    int64_t kept = int64_t(in.tokens.size());
+    if (in.sample) {
+      const size_t i = next_sample[g]++;
+      if (in.verify > 0) {
+        const StepOutput& o = outs[g];
+        const size_t accepted = i < o.more.size() ? o.more[i].size() : 0;
+        kept -= in.verify - int64_t(accepted);
+      }
+    }
+    if (kept == int64_t(in.tokens.size()))
+      s.tokens += kept;
+    else
+      groups_[g].blocks.truncate(s, s.tokens + kept);
+  }
   if (groups_.size() == 1) return std::move(outs[0]);
   // Merge the groups' outputs back into input order.
   const int V = cfg_.vocab_size;
   StepOutput merged;
   std::vector<size_t> next_input(groups_.size(), 0), next_row(groups_.size(), 0),
-      next_sample(groups_.size(), 0), next_score(groups_.size(), 0);
+      next_score(groups_.size(), 0);
+  std::fill(next_sample.begin(), next_sample.end(), 0);
   for (const StepInput& in : inputs) {
     const size_t g = size_t(dp_rank(in.seq));
     StepOutput& o = outs[g];
@@ -312,7 +349,13 @@ StepOutput PagedRunner::step(const std::vector<StepInput>& inputs) {
     merged.logits.insert(merged.logits.end(), o.logits.begin() + long(next_row[g] * V),
                          o.logits.begin() + long((next_row[g] + rows) * V));
     next_row[g] += rows;
-    if (in.sample) merged.samples.push_back(std::move(o.samples[next_sample[g]++]));
+    if (in.sample) {
+      const size_t i = next_sample[g]++;
+      merged.samples.push_back(std::move(o.samples[i]));
+      merged.more.push_back(i < o.more.size() ? std::move(o.more[i]) : std::vector<SampledToken>());
+      merged.drafts.push_back(i < o.drafts.size() ? std::move(o.drafts[i])
+                                                  : std::vector<int32_t>());
+    }
     if (!in.score.empty()) merged.scores.push_back(std::move(o.scores[next_score[g]++]));
     merged.errors.push_back(next_input[g] < o.errors.size() ? o.errors[next_input[g]] : "");
     ++next_input[g];

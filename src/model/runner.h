@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/error.h"
 #include "kvcache/block_manager.h"
 #include "model/model_config.h"
 #include "ops/common/sampling.h"
@@ -26,7 +27,17 @@ struct SampleSpec {
   int64_t index = 0;                    // the request's output-token index (the draw's counter)
   const TokenCounts* counts = nullptr;  // penalties' history; null: none
   int32_t forced = -1;                  // >= 0: emit this id instead (test facility)
+  // Speculation's test facilities, indexed by output-token index: a verified row j emits
+  // (*forced_from)[index + j] where that exists (row 0: `forced` wins), and the draft
+  // proposed for output index t is (*draft_override)[t] where that exists, in place of the
+  // MTP block's argmax (the block still runs, so its cache and rollback are exercised).
+  const std::vector<int32_t>* forced_from = nullptr;
+  const std::vector<int32_t>* draft_override = nullptr;
 };
+
+// The most draft tokens one step verifies or proposes per sequence (the kernels take up to
+// 4 query tokens per sequence: the token sampled last and 3 drafts).
+constexpr int kMaxDraftTokens = 3;
 
 struct StepInput {
   StepInput() = default;
@@ -42,6 +53,17 @@ struct StepInput {
   // token after tokens[j]) and `score_top` alternatives; empty: none.
   std::vector<int32_t> score;
   int score_top = 0;
+  // Speculative decoding (Runner::enable_speculation() first; needs `sample`):
+  // `verify` > 0: the last `verify` tokens are drafts. Rows from the one before the first
+  // draft on are sampled in order, output index sample->index + j for row j, exactly as plain
+  // decoding would sample them, while each sample equals the draft that follows it; the
+  // sequence keeps the tokens up to the last accepted draft (every cache store as if only
+  // they had run) and the step emits the samples (accepted drafts' successors + the first
+  // that differs, or the bonus token after the last draft).
+  int verify = 0;
+  // `draft` > 0: after the step, the MTP block proposes this many tokens to follow the last
+  // emitted one (StepOutput::drafts).
+  int draft = 0;
 };
 
 struct StepOutput {
@@ -50,6 +72,10 @@ struct StepOutput {
   std::vector<float> logits;
   // Per input with `sample`, in input order.
   std::vector<SampledToken> samples;
+  // Per input with `sample`, in input order: the tokens emitted after samples[i] by a verify
+  // (one per accepted draft; empty without), and the drafts proposed for the next step.
+  std::vector<std::vector<SampledToken>> more;
+  std::vector<std::vector<int32_t>> drafts;
   // Per input with `score`, in input order: one per scored row (id -1 where score[j] < 0).
   std::vector<std::vector<SampledToken>> scores;
   // Per input: empty, or why its results are garbage (non-finite logits or hidden states,
@@ -106,6 +132,15 @@ class Runner {
   virtual CacheUsage usage_excluding(const std::vector<int>& seqs) const = 0;
   // Diagnostics worth printing after a run (verify mode's summary); empty when none.
   virtual std::string report() const { return {}; }
+
+  // Speculative decoding: from now on every step keeps the MTP block's cache current (its
+  // window over the positions whose next token is known), so that steps may `verify` and
+  // `draft`. Throws dsv4::Error when the model has no MTP block or the backend does not
+  // implement speculation (it never decodes without it silently).
+  virtual void enable_speculation() {
+    throw Error("this backend does not implement speculative decoding (--speculative-tokens)");
+  }
+  virtual bool speculation_enabled() const { return false; }
 
   // Validates every input (ids, lengths, room) before touching any state; throws dsv4::Error.
   virtual StepOutput step(const std::vector<StepInput>& inputs) = 0;

@@ -31,6 +31,12 @@ struct StepBatch {
   int num_logit_rows = 0;
   std::vector<int> sample_rows;  // indices into `rows`
   std::vector<const SampleSpec*> samples;
+  // Per sample: its input (index into `chunks`); for a verify (StepInput::verify > 0) the
+  // indices into `rows` of its rows after the first, in order (sample_rows holds the first:
+  // the row before the first draft); the drafts to propose after the step.
+  std::vector<int> sample_inputs;
+  std::vector<std::vector<int>> verify_rows;
+  std::vector<int> drafts;
   // Per scored input: per token row, the index into `rows` (-1: not scored).
   struct Score {
     const std::vector<int32_t>* ids = nullptr;

@@ -61,6 +61,7 @@ class LoopEngine final : public Engine {
     l.max_tokens = o.max_tokens;
     l.prefix_snapshots = snapshots(o);
     l.prefix_block = o.prefix_block;
+    l.speculative_tokens = o.speculative_tokens;
     return l;
   }
   static int snapshots(const EngineOptions& o) {

@@ -8,6 +8,8 @@
 
 namespace dsv4 {
 
+static_assert(kMaxSpeculativeTokens == kMaxDraftTokens, "the engine's and the runner's limits");
+
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
     case FinishReason::kStop:
@@ -29,6 +31,12 @@ EngineLoop::EngineLoop(std::unique_ptr<Runner> runner, const EngineLoopOptions& 
   DSV4_CHECK(runner_ != nullptr, "engine loop without a runner");
   DSV4_CHECK(o.max_running > 0 && o.max_step_tokens >= 0 && o.max_tokens >= 0,
              "engine loop: bad options");
+  DSV4_CHECK(o.speculative_tokens >= 0 && o.speculative_tokens <= kMaxDraftTokens,
+             "speculative tokens must be in [0, ", kMaxDraftTokens, "], got ",
+             o.speculative_tokens);
+  // Before any sequence is opened: the MTP block's cache is kept from the first token on.
+  if (o.speculative_tokens > 0) runner_->enable_speculation();
+  counters_.spec_accepted_per_pos.assign(size_t(o.speculative_tokens), 0);
   const ModelConfig& c = runner_->config();
   info_.vocab_size = c.vocab_size;
   info_.bos_token_id = c.bos_token_id;
@@ -91,6 +99,17 @@ void EngineLoop::validate(const std::vector<int32_t>& prompt, const SamplingOpti
     DSV4_CHECK(t >= 0 && t < V, "stop token ", t, " out of range [0, ", V, ")");
   for (int32_t t : s.forced_output)
     DSV4_CHECK(t >= 0 && t < V, "forced token ", t, " out of range [0, ", V, ")");
+  for (int32_t t : s.forced_drafts)
+    DSV4_CHECK(t >= 0 && t < V, "forced draft ", t, " out of range [0, ", V, ")");
+  DSV4_CHECK(s.speculative_tokens >= -1 && s.speculative_tokens <= kMaxDraftTokens,
+             "speculative_tokens must be in [-1, ", kMaxDraftTokens, "], got ",
+             s.speculative_tokens);
+}
+
+int EngineLoop::drafts_of(const Request& r) const {
+  return r.opts.speculative_tokens < 0
+             ? opt_.speculative_tokens
+             : std::min(r.opts.speculative_tokens, opt_.speculative_tokens);
 }
 
 uint64_t EngineLoop::add(const std::vector<int32_t>& prompt, const SamplingOptions& s, int n,
@@ -191,7 +210,6 @@ void EngineLoop::postprocess(const std::vector<ScheduledChunk>& chunks, StepOutp
       continue;
     }
     touched.insert(&r);
-    sched_->snapshot(ch);  // before a finish closes the sequence
     if (r.want_prompt_logits) {
       r.prompt_logits.insert(r.prompt_logits.end(), out.logits.begin() + row * V,
                              out.logits.begin() + (row + size_t(ch.n)) * V);
@@ -202,33 +220,65 @@ void EngineLoop::postprocess(const std::vector<ScheduledChunk>& chunks, StepOutp
         if (s.id >= 0) r.prompt_logprobs.push_back({s.id, s.logprob, s.top});
     }
     if (ch.sample) {
-      const SampledToken& t = out.samples.at(sample++);
-      if (c.output.empty()) counters_.prompt_tokens += r.prompt_len();
-      c.output.push_back(t.id);
-      ++counters_.generation_tokens;
-      if (c.params.logprobs || c.params.top_logprobs > 0)
-        c.logprobs.push_back({t.id, t.logprob, t.top});
-      if (c.params.penalised()) {
-        auto [it, fresh] = c.count_at.emplace(t.id, c.counts.output.size());
-        if (fresh)
-          c.counts.output.emplace_back(t.id, 1);
-        else
-          ++c.counts.output[it->second].second;
+      const size_t si = sample++;
+      // The sample, then (a verify) one token per accepted draft; a stop among them drops
+      // the rest.
+      std::vector<const SampledToken*> emitted{&out.samples.at(si)};
+      if (si < out.more.size())
+        for (const SampledToken& t : out.more[si]) emitted.push_back(&t);
+      if (ch.drafts > 0) {
+        const size_t accepted = emitted.size() - 1;
+        ++counters_.spec_drafts;
+        counters_.spec_draft_tokens += ch.drafts;
+        counters_.spec_accepted_tokens += int64_t(accepted);
+        for (size_t j = 0; j < accepted; ++j) ++counters_.spec_accepted_per_pos[j];
       }
-      const SamplingOptions& o = r.opts;
-      const bool stop = (o.stop_at_eos && t.id == info_.eos_token_id) ||
-                        std::find(o.stop_token_ids.begin(), o.stop_token_ids.end(), t.id) !=
-                            o.stop_token_ids.end();
-      if (stop)
-        finish(r, c, FinishReason::kStop);
-      else if (int64_t(c.output.size()) >= o.max_new_tokens ||
-               r.prompt_len() + int64_t(c.output.size()) >= opt_.max_tokens)
-        finish(r, c, FinishReason::kLength);
-    } else if (ch.start + ch.n == Scheduler::target(r, c) &&
-               int64_t(c.output.size()) >= r.opts.max_new_tokens &&
-               c.finish == FinishReason::kNone) {
-      if (c.output.empty()) counters_.prompt_tokens += r.prompt_len();
-      finish(r, c, FinishReason::kLength);  // prompt logits only
+      FinishReason why = FinishReason::kNone;
+      for (const SampledToken* tp : emitted) {
+        const SampledToken& t = *tp;
+        if (c.output.empty()) counters_.prompt_tokens += r.prompt_len();
+        c.output.push_back(t.id);
+        ++counters_.generation_tokens;
+        if (c.params.logprobs || c.params.top_logprobs > 0)
+          c.logprobs.push_back({t.id, t.logprob, t.top});
+        if (c.params.penalised()) {
+          auto [it, fresh] = c.count_at.emplace(t.id, c.counts.output.size());
+          if (fresh)
+            c.counts.output.emplace_back(t.id, 1);
+          else
+            ++c.counts.output[it->second].second;
+        }
+        const SamplingOptions& o = r.opts;
+        const bool stop = (o.stop_at_eos && t.id == info_.eos_token_id) ||
+                          std::find(o.stop_token_ids.begin(), o.stop_token_ids.end(), t.id) !=
+                              o.stop_token_ids.end();
+        if (stop)
+          why = FinishReason::kStop;
+        else if (int64_t(c.output.size()) >= o.max_new_tokens ||
+                 r.prompt_len() + int64_t(c.output.size()) >= opt_.max_tokens)
+          why = FinishReason::kLength;
+        if (why != FinishReason::kNone) break;
+      }
+      sched_->snapshot(ch);  // the chunk's tokens are known now; before a finish closes it
+      c.drafts.clear();
+      if (why != FinishReason::kNone) {
+        finish(r, c, why);
+      } else if (si < out.drafts.size()) {
+        // The next step verifies 1 + drafts tokens: within max_new_tokens and max_tokens.
+        const int64_t room =
+            std::min<int64_t>(r.opts.max_new_tokens - int64_t(c.output.size()) - 1,
+                              opt_.max_tokens - r.prompt_len() - int64_t(c.output.size()));
+        const std::vector<int32_t>& d = out.drafts[si];
+        c.drafts.assign(d.begin(),
+                        d.begin() + long(std::clamp<int64_t>(room, 0, int64_t(d.size()))));
+      }
+    } else {
+      sched_->snapshot(ch);  // before a finish closes the sequence
+      if (ch.start + ch.n == Scheduler::target(r, c) &&
+          int64_t(c.output.size()) >= r.opts.max_new_tokens && c.finish == FinishReason::kNone) {
+        if (c.output.empty()) counters_.prompt_tokens += r.prompt_len();
+        finish(r, c, FinishReason::kLength);  // prompt logits only
+      }
     }
   }
   for (Request* r : touched)
@@ -293,8 +343,10 @@ std::vector<RequestOutput> EngineLoop::step() {
       StepInput& in = inputs[i];
       in.seq = c.seq;
       const int64_t P = r.prompt_len();
-      for (int64_t p = ch.start; p < ch.start + ch.n; ++p)
+      for (int64_t p = ch.start; p < ch.start + ch.n - ch.drafts; ++p)
         in.tokens.push_back(p < P ? r.prompt[size_t(p)] : c.output[size_t(p - P)]);
+      in.tokens.insert(in.tokens.end(), c.drafts.begin(), c.drafts.begin() + ch.drafts);
+      in.verify = ch.drafts;
       in.logits = r.want_prompt_logits;
       in.all_logits = r.want_prompt_logits;
       if (r.scores_prompt(c)) {
@@ -315,7 +367,14 @@ std::vector<RequestOutput> EngineLoop::step() {
         s.counts = c.params.penalised() ? &c.counts : nullptr;
         const std::vector<int32_t>& forced = r.opts.forced_output;
         s.forced = size_t(s.index) < forced.size() ? forced[size_t(s.index)] : -1;
+        s.forced_from = forced.empty() ? nullptr : &forced;
+        s.draft_override = r.opts.forced_drafts.empty() ? nullptr : &r.opts.forced_drafts;
         in.sample = &s;
+        // Drafts the next step can use: it emits at least one token first.
+        in.draft = int(std::clamp<int64_t>(
+            std::min<int64_t>({int64_t(drafts_of(r)), r.opts.max_new_tokens - s.index - 2,
+                               opt_.max_tokens - P - s.index - 1}),
+            0, kMaxDraftTokens));
       }
     }
     StepOutput out;

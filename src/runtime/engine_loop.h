@@ -24,6 +24,7 @@ struct EngineLoopOptions {
   int prefix_snapshots = 0;  // prefix-cache snapshots per data-parallel rank (the runner has
                              // slots for them); 0: off
   int prefix_block = 256;
+  int speculative_tokens = 0;  // MTP drafts per step, 0..kMaxDraftTokens (0: off)
   static constexpr int kDefaultStepTokens = 8192;
 };
 
@@ -55,6 +56,8 @@ class EngineLoop {
   void fail_request(Request& r, const std::string& why);
   void finish(Request& r, Choice& c, FinishReason why);
   void emit(std::vector<RequestOutput>& out);
+  // The drafts a request's choices verify per step (0: none).
+  int drafts_of(const Request& r) const;
 
   std::unique_ptr<Runner> runner_;
   EngineLoopOptions opt_;

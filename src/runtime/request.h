@@ -25,6 +25,7 @@ struct Choice {
   TokenCounts counts;                  // penalties' history (only when penalised)
   std::unordered_map<int32_t, size_t> count_at;  // token -> index into counts.output
   SampleSpec spec;                               // points into params / counts
+  std::vector<int32_t> drafts;  // speculative decoding: proposed to follow output.back()
   FinishReason finish = FinishReason::kNone;
   std::string error;
   bool unschedulable = false;  // failed because the cache can never hold the request

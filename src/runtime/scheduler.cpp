@@ -131,6 +131,7 @@ void Scheduler::preempt(const Entry& e) {
   Choice& c = e.c();
   runner_.close_sequence(c.seq);
   c.seq = -1;
+  c.drafts.clear();  // readmitted, it recomputes and samples before drafting again
   drop_running(e);
   waiting_.insert(std::upper_bound(waiting_.begin(), waiting_.end(), e), e);
   ++preemptions_;
@@ -277,10 +278,11 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
     // every multiple of the stride (4 blocks), and the last block boundary before the target
     // (a resend then finds all but less than a block).
     bool snap = false;
+    int64_t cut = -1;
     if (prefix(g) && !r.want_prompt_logits) {
       const int64_t B = prefix(g)->block(), S = 4 * B, tgt = target(r, c);
       const int64_t tail = (tgt - 1) / B * B;
-      int64_t cut = (done / S + 1) * S;
+      cut = (done / S + 1) * S;
       if (tail > done) cut = std::min(cut, tail);
       if (cut < done + n) n = cut - done;
       snap = done + n == cut;
@@ -290,15 +292,32 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
     const bool pre_fork = r.choices.size() > 1 && !r.forked;
     const bool sample =
         done + n == target(r, c) && !pre_fork && int64_t(c.output.size()) < r.opts.max_new_tokens;
-    const int64_t row_cost = wants_rows ? n : (sample ? 1 : 0);
+    int64_t row_cost = wants_rows ? n : (sample ? 1 : 0);
     if (row_cost > br.rows) return;
-    // Pages: evict the rank's snapshots, then preempt its latest-arrived running choice, until
-    // this chunk fits.
+    // Speculative decoding: a decode brings its drafts after its token, as many as the step's
+    // tokens and rows leave room for, never across a snapshot point (a verify rejected past
+    // it would leave the sequence short of it; the snapshot is then taken when it gets there).
+    int64_t drafts = 0;
+    if (sample && !wants_rows && need == 1 && n == 1) {
+      drafts = std::min<int64_t>({int64_t(c.drafts.size()), br.tokens - n, br.rows - row_cost});
+      if (cut >= 0) drafts = std::min(drafts, cut - (done + n));
+      drafts = std::max<int64_t>(drafts, 0);
+      row_cost += drafts;
+      snap = cut >= 0 && done + n + drafts == cut;
+    }
+    // Pages: drop the drafts, evict the rank's snapshots, then preempt its latest-arrived
+    // running choice, until this chunk fits.
     for (;;) {
       bool fits = true;
       for (PageKind k : {PageKind::kC4, PageKind::kC128})
-        fits &= runner_.pages_to_append(c.seq, n, k) <= free_pages(g, k);
+        fits &= runner_.pages_to_append(c.seq, n + drafts, k) <= free_pages(g, k);
       if (fits) break;
+      if (drafts > 0) {
+        row_cost -= drafts;
+        drafts = 0;
+        snap = cut >= 0 && done + n == cut;
+        continue;
+      }
       if (prefix(g) && prefix(g)->evict_one()) continue;
       auto victim = std::find_if(running_.rbegin(), running_.rend(),
                                  [&](const Entry& x) { return rank_of(x) == g; });
@@ -310,13 +329,14 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
       unschedule(&v.c());
       preempt(v);
     }
-    ScheduledChunk s{&r, &c, done, int(n), sample, snap, row_cost, {0, 0, 0}};
+    ScheduledChunk s{&r, &c, done, int(n + drafts), sample, snap, row_cost, {0, 0, 0}};
+    s.drafts = int(drafts);
     for (PageKind k : {PageKind::kC4, PageKind::kC128}) {
-      s.pages[int(k)] = runner_.pages_to_append(c.seq, n, k);
+      s.pages[int(k)] = runner_.pages_to_append(c.seq, n + drafts, k);
       br.used[int(k)] += s.pages[int(k)];
     }
     out.push_back(s);
-    br.tokens -= n;
+    br.tokens -= n + drafts;
     --br.seqs;
     br.rows -= row_cost;
   };

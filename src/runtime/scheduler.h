@@ -53,6 +53,8 @@ struct ScheduledChunk {
   bool snapshot = false;  // the chunk ends at a prefix-cache snapshot point
   int64_t rows = 0;       // logits rows it takes
   int64_t pages[kNumPageKinds] = {0, 0, 0};  // pages it takes from the pool
+  int drafts = 0;  // speculative decoding: the last `drafts` of the n tokens are the choice's
+                   // drafts (a decode's token and the drafts to verify after it)
 };
 
 class PrefixCache;

@@ -155,6 +155,7 @@ void EngineWorker::loop() {
     }
     return;
   }
+  publish();  // the engine's counters from the start (speculative decoding's, when on)
   {
     std::lock_guard<std::mutex> l(mu_);
     state_ = State::kReady;

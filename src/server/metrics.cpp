@@ -122,6 +122,22 @@ std::string ServerMetrics::render(const EngineStats& s, const std::string& model
   sample(out, "vllm:prefix_cache_hits_total", m, double(s.prefix_hits));
   header(out, "vllm:num_preemptions_total", "counter", "Cumulative number of preemptions.");
   sample(out, "vllm:num_preemptions_total", m, double(s.preemptions));
+  // Speculative decoding, as vLLM names its counters (only when the engine speculates).
+  if (!s.spec_accepted_per_pos.empty()) {
+    header(out, "vllm:spec_decode_num_drafts_total", "counter",
+           "Number of spec decoding drafts (verify steps).");
+    sample(out, "vllm:spec_decode_num_drafts_total", m, double(s.spec_drafts));
+    header(out, "vllm:spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.");
+    sample(out, "vllm:spec_decode_num_draft_tokens_total", m, double(s.spec_draft_tokens));
+    header(out, "vllm:spec_decode_num_accepted_tokens_total", "counter",
+           "Number of accepted tokens.");
+    sample(out, "vllm:spec_decode_num_accepted_tokens_total", m, double(s.spec_accepted_tokens));
+    header(out, "vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter",
+           "Accepted tokens per draft position.");
+    for (size_t p = 0; p < s.spec_accepted_per_pos.size(); ++p)
+      sample(out, "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+             "position=\"" + std::to_string(p) + "\"," + m, double(s.spec_accepted_per_pos[p]));
+  }
   std::lock_guard<std::mutex> l(mu_);
   header(out, "vllm:request_success_total", "counter", "Count of finished requests.");
   for (size_t i = 0; i < 4; ++i)

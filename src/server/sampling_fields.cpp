@@ -92,6 +92,16 @@ void parse_common_fields(const JsonFields& f, const ParseContext& ctx, Job& job,
     if (!r.stream) f.fail("stream_options", "is only allowed with stream: true");
     r.include_usage = JsonFields(*so, "stream_options.").boolean("include_usage").value_or(false);
   }
+  // Speculative decoding: at most this many drafts per step for this request (0: off; the
+  // server's --speculative-tokens caps it).
+  if (const auto k = f.integer("speculative_tokens", 0, kMaxSpeculativeTokens))
+    s.speculative_tokens = int(*k);
+  if (f.has("forced_drafts")) {
+    if (!ctx.forced_output_enabled)
+      f.fail("forced_drafts",
+             "is a test facility the server enables with --test-forced-output only");
+    s.forced_drafts = parse_ids(f, "forced_drafts", vocab);
+  }
   if (f.has("forced_output")) {
     if (!ctx.forced_output_enabled)
       f.fail("forced_output",

@@ -37,6 +37,23 @@ class HostCache {
   float* main_state(int block, int slot);
   float* index_state(int block, int slot);
 
+  // The main model's last-layer streams [hc, dim] at the sequence's last position, kept for
+  // the MTP block (which runs a position once the token after it is known); MTP models only.
+  float* mtp_hidden(int slot);
+
+  // What a forward over positions [start, start + n) of blocks [first, last) overwrites: the
+  // window-ring slots, the compressed entries and indexer keys those positions complete, and
+  // the compressor states. restore() puts the bytes back (speculative decoding's rollback).
+  struct Span {
+    int first = 0, last = 0;
+    int64_t start = 0;
+    int n = 0;
+    std::vector<uint8_t> bytes;
+    std::vector<float> states;
+  };
+  Span save(const SequenceCache& s, int64_t start, int n, int first, int last);
+  void restore(const SequenceCache& s, const Span& span);
+
   // kv = 0, score = -inf in every compressor state of `slot`: a fresh sequence.
   void reset_states(int slot);
   // `to` continues where `from` stands: its window pages and compressor states copied.
@@ -58,6 +75,7 @@ class HostCache {
   // Per block.
   std::vector<std::vector<uint8_t>> window_, compressed_, index_keys_;
   std::vector<std::vector<float>> main_state_, index_state_;
+  std::vector<float> mtp_hidden_;  // [max_seqs, hc, dim]
   int max_seqs_ = 0;
 };
 

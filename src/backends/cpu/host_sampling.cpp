@@ -53,6 +53,34 @@ void for_each_row(size_t n, const F& fn) {
 
 }  // namespace
 
+std::vector<SampledToken> verify_samples(const float* logits, int V, const std::vector<int>& rows,
+                                         const int32_t* drafts, const SampleSpec& s,
+                                         const SampledToken& first) {
+  std::vector<SampledToken> more;
+  TokenCounts counts;
+  if (s.counts) counts = *s.counts;
+  SampledToken last = first;
+  for (size_t j = 1; j < rows.size(); ++j) {
+    if (last.id != drafts[j - 1]) break;  // rejected: `last` replaces the draft
+    if (s.counts) {
+      auto it = std::find_if(counts.output.begin(), counts.output.end(),
+                             [&](const auto& e) { return e.first == last.id; });
+      if (it == counts.output.end())
+        counts.output.emplace_back(last.id, 1);
+      else
+        ++it->second;
+    }
+    const int64_t index = s.index + int64_t(j);
+    const int32_t forced = s.forced_from && index < int64_t(s.forced_from->size())
+                               ? (*s.forced_from)[size_t(index)]
+                               : -1;
+    last = cpu::sample_row(logits + size_t(rows[j]) * V, V, *s.params, index,
+                           s.counts ? &counts : nullptr, forced);
+    more.push_back(last);
+  }
+  return more;
+}
+
 StepOutput sample_on_host(const StepBatch& b, const float* logits, int V,
                           std::vector<std::string> errors) {
   StepOutput out;
@@ -82,11 +110,22 @@ StepOutput sample_on_host(const StepBatch& b, const float* logits, int V,
     return !out.errors[size_t(b.row_input[size_t(row_index)])].empty();
   };
   out.samples.resize(b.samples.size());
+  out.more.resize(b.samples.size());
+  out.drafts.resize(b.samples.size());
   for_each_row(b.samples.size(), [&](size_t i) {
     const SampleSpec& s = *b.samples[i];
     if (failed(b.sample_rows[i])) return;  // id -1
     out.samples[i] = cpu::sample_row(logits + size_t(b.sample_rows[i]) * V, V, *s.params, s.index,
                                      s.counts, s.forced);
+    const std::vector<int>& vr = b.verify_rows.empty() ? std::vector<int>() : b.verify_rows[i];
+    if (vr.empty()) return;
+    // A verify: row j is sampled as plain decoding samples output index + j, and the next row
+    // counts only while the sample equals the draft after it (see verify_samples()).
+    const ChunkRef& ch = b.chunks[size_t(b.sample_inputs[i])];
+    const int32_t* drafts = ch.tokens + ch.n - int(vr.size());
+    std::vector<int> rows{b.sample_rows[i]};
+    rows.insert(rows.end(), vr.begin(), vr.end());
+    out.more[i] = verify_samples(logits, V, rows, drafts, s, out.samples[i]);
   });
   for (const StepBatch::Score& sc : b.scores) {
     std::vector<SampledToken> row(sc.rows.size());

@@ -428,7 +428,7 @@ std::vector<float> CpuModel::forward(const std::vector<ChunkRef>& chunks, HostCa
 
 std::vector<float> CpuModel::mtp_forward(int j, const std::vector<ChunkRef>& chunks,
                                          const float* main_streams, HostCache& cache,
-                                         TraceSink* trace) const {
+                                         TraceSink* trace, std::vector<float>* streams_out) const {
   DSV4_CHECK(j >= 0 && j < cfg_.n_mtp_layers, "MTP block ", j, " does not exist");
   const int b = cfg_.n_layers + j, hc = cfg_.hc_mult, dim = cfg_.dim;
   const BlockWeights& bw = w_.blocks.at(b);
@@ -460,6 +460,7 @@ std::vector<float> CpuModel::mtp_forward(int j, const std::vector<ChunkRef>& chu
   run_block(b, chunks, x.data(), cache, trace);
   std::vector<float> out(size_t(n) * cfg_.vocab_size);
   head_logits(m.hc_head, m.norm, x.data(), n, out.data());
+  if (streams_out) *streams_out = std::move(x);
   return out;
 }
 

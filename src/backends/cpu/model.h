@@ -61,9 +61,12 @@ class CpuModel {
 
   // MTP block `j`: from the decoder's last streams at positions start.. and the next tokens,
   // logits [n_rows, vocab] predicting two ahead. Chunks carry the MTP positions and tokens.
+  // `streams_out`, when given, receives the block's output streams [n_rows, hc, dim] (before
+  // its hc_head): the hidden input of a chained draft.
   std::vector<float> mtp_forward(int j, const std::vector<ChunkRef>& chunks,
                                  const float* main_streams, HostCache& cache,
-                                 TraceSink* trace = nullptr) const;
+                                 TraceSink* trace = nullptr,
+                                 std::vector<float>* streams_out = nullptr) const;
 
  private:
   void attention(const cpu::BlockWeights& bw, const ChunkRef& ch, int chunk_index, const float* x,

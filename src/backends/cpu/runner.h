@@ -23,6 +23,12 @@ class CpuRunner final : public PagedRunner {
   StepOutput step_traced(const std::vector<StepInput>& inputs, TraceSink* trace,
                          std::vector<float>* hidden_out = nullptr);
 
+  // Speculative decoding (Runner): the MTP block drafts (see runner.cpp for how it is fed),
+  // verifies roll back by restoring what the step overwrote and re-running the accepted
+  // tokens, so every store is bit for bit what plain decoding leaves.
+  void enable_speculation() override;
+  bool speculation_enabled() const override { return spec_; }
+
   HostCache& cache() { return cache_; }
   const CpuModel& model() const { return model_; }
   // Keeps the model this runner runs alive (a runner opened from a model directory).
@@ -35,12 +41,17 @@ class CpuRunner final : public PagedRunner {
   }
   void copy_pages(int, const std::vector<PageCopy>& copies) override;
   StepOutput forward(const StepBatch& batch) override;
+  // After a step that kept kept[i] tokens of input i: the MTP block over the positions whose
+  // next token became known, then the drafts asked for.
+  void mtp_after_step(const StepBatch& b, const std::vector<int>& kept, const float* hidden,
+                      StepOutput& out);
 
   std::unique_ptr<LoadedModel> owned_;  // destroyed last
   const CpuModel& model_;
   HostCache cache_;
   TraceSink* trace_ = nullptr;
   std::vector<float>* hidden_out_ = nullptr;
+  bool spec_ = false;
 };
 
 }  // namespace dsv4

@@ -1,0 +1,98 @@
+"""Speculative decoding through HTTP: --speculative-tokens leaves responses, usage and streams
+as plain decoding gives them, and /metrics counts drafts with vLLM's names. Drafts are forced
+(forced_drafts, a test facility) from the plain server's output, so acceptance is known."""
+
+import pytest
+
+from conftest import Server
+from support import stream
+
+PROMPT = [0] + [1000 + 37 * i for i in range(40)]
+LABEL = 'model_name="tiny"'
+SPEC = ["vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_total"]
+
+
+@pytest.fixture(scope="module")
+def spec_server(tiny_model):
+    s = Server(tiny_model, "--test-forced-output", "--served-model-name", "tiny",
+               "--max-running", "4", "--max-model-len", "256", "--speculative-tokens", "3")
+    yield s
+    assert s.stop() == 0, s.stderr_text()
+
+
+def completion(server, **extra):
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 12, "temperature": 0,
+            "ignore_eos": True, "logprobs": 1, "return_tokens_as_token_ids": True, **extra}
+    status, r = server.post("/v1/completions", body)
+    assert status == 200, r
+    c = r["choices"][0]
+    ids = [int(t.split(":")[1]) for t in c["logprobs"]["tokens"]]
+    return ids, c, r["usage"]
+
+
+def counts(server):
+    m = server.metrics()
+    out = [m[f"{name}{{{LABEL}}}"] for name in SPEC]
+    out.append([m[f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="{p}",{LABEL}}}']
+                for p in range(3)])
+    return out
+
+
+def delta(a, b):
+    return [b[i] - a[i] for i in range(3)] + [[y - x for x, y in zip(a[3], b[3])]]
+
+
+def test_plain_server_has_no_spec_metrics(server):
+    assert not any(k.startswith("vllm:spec_decode") for k in server.metrics())
+
+
+def test_outputs_equal_plain_decoding_and_metrics_count_drafts(server, spec_server):
+    want_ids, want, want_usage = completion(server)
+    assert len(want_ids) == 12
+    spec_server.wait_idle()
+
+    # Every draft right: 12 tokens as 1 (prefill) + 4 + 4 + 3 (the last verify has room for 2).
+    before = counts(spec_server)
+    ids, got, usage = completion(spec_server, forced_drafts=want_ids)
+    spec_server.wait_idle()
+    assert (ids, got["text"], got["logprobs"], usage) == (want_ids, want["text"],
+                                                           want["logprobs"], want_usage)
+    assert delta(before, counts(spec_server)) == [3, 8, 8, [3, 3, 2]]
+
+    # Every draft wrong: one token per step, nothing accepted, the same output.
+    before = counts(spec_server)
+    wrong = [(t + 1) % 129280 for t in want_ids]
+    ids, got, usage = completion(spec_server, forced_drafts=wrong)
+    spec_server.wait_idle()
+    assert (ids, got["text"], usage) == (want_ids, want["text"], want_usage)
+    d = delta(before, counts(spec_server))
+    assert d[0] == 10 and d[1] == 3 * 8 + 2 + 1 and d[2] == 0 and d[3] == [0, 0, 0]
+
+    # Opted out: no drafts.
+    before = counts(spec_server)
+    ids, _, _ = completion(spec_server, speculative_tokens=0)
+    spec_server.wait_idle()
+    assert ids == want_ids
+    assert delta(before, counts(spec_server))[:3] == [0, 0, 0]
+
+
+def test_streaming_is_unchanged(server, spec_server):
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 10, "temperature": 0,
+            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    want, done = stream(server, "/v1/completions", body)
+    assert done
+    want_ids, _, _ = completion(server, max_tokens=10)
+    got, done = stream(spec_server, "/v1/completions", {**body, "forced_drafts": want_ids})
+    assert done
+    text = lambda events: "".join(c["text"] for e in events for c in e.get("choices", []))
+    assert text(got) == text(want)
+    assert got[-1]["usage"] == want[-1]["usage"]
+    assert [c["finish_reason"] for e in got for c in e["choices"] if c["finish_reason"]] == \
+        ["length"]
+
+
+def test_bad_speculative_fields_are_400(server, spec_server):
+    for bad in [{"speculative_tokens": 4}, {"speculative_tokens": -1}]:
+        status, r = spec_server.post("/v1/completions", {"model": "tiny", "prompt": "x", **bad})
+        assert status == 400 and r["error"]["param"] == "speculative_tokens", r
