@@ -20,6 +20,10 @@ namespace dsv4 {
 StepOutput sample_on_host(const StepBatch& batch, const float* logits, int vocab,
                           std::vector<std::string> errors = {});
 
+// The error of an input whose logits row at `position` holds a non-finite value, the first at
+// `vocab_id` (both backends write it).
+std::string nonfinite_logits_error(int64_t position, int vocab_id, float value);
+
 // Per input of the batch: empty, or the error naming the first position whose hidden state
 // went non-finite and the block it happened in (`first_nonfinite`: per token row, from
 // CpuModel::forward).
