@@ -1,6 +1,6 @@
 // A step's samples and scores drawn on the host from its computed logits rows, with the
-// reference sampler. The CPU runner always does this; the CUDA runner does it from the rows
-// it downloads.
+// reference sampler: the CPU runner's way (the CUDA runner samples on the device,
+// ops/cuda/sampling, and shares only the error text below).
 #pragma once
 
 #include <cstdint>

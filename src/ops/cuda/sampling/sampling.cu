@@ -56,9 +56,21 @@ __device__ __forceinline__ bool non_finite(float x) {
   return (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u;
 }
 
-// The reference's e = exp(double((z - zmax) / T)).
+// The reference's s = (z - zmax) / T, and its weight e = exp(double(s)).
+__device__ __forceinline__ float scaled(float z, float zmax, float t) {
+  return __fdiv_rn(__fsub_rn(z, zmax), t);
+}
 __device__ __forceinline__ double weight(float z, float zmax, float t) {
-  return exp(double(__fdiv_rn(__fsub_rn(z, zmax), t)));
+  return exp(double(scaled(z, zmax, t)));
+}
+
+// A bound below which s cannot reach e >= thr (> 0), so most tokens skip the fp64 exp: exp is
+// within one ulp (2^-52 relative) of exact, the margin 1e-6 (1 + |log thr|) is far above that
+// and above the fp32 rounding of the bound. thr = 0 keeps every token.
+__device__ __forceinline__ float scaled_floor(double thr) {
+  if (!(thr > 0)) return -INFINITY;
+  const double l = log(thr);
+  return float(l - 1e-6 * (1 + fabs(l)));
 }
 
 // e in [0, 1] in units of 2^-96, truncated.
@@ -172,6 +184,7 @@ __device__ uint32_t top_p_key(const float* z, int n, float zmax, float t, double
                               SearchStorage& s) {
   uint32_t prefix = 0, mask = 0;
   u128 above = 0;
+  const float floor = scaled_floor(thr);
   for (int shift = 32 - kDigitBits; shift >= 0; shift -= kDigitBits) {
     for (int b = threadIdx.x; b < kBuckets; b += blockDim.x) s.hi[b] = s.lo[b] = 0;
     __syncthreads();
@@ -179,7 +192,9 @@ __device__ uint32_t top_p_key(const float* z, int n, float zmax, float t, double
       const float x = z[i];
       const uint32_t key = order_key(x);
       if ((key & mask) != prefix) continue;
-      const double e = weight(x, zmax, t);
+      const float sx = scaled(x, zmax, t);
+      if (sx < floor) continue;
+      const double e = exp(double(sx));
       if (e >= thr) {
         const int b = (key >> shift) & (kBuckets - 1);
         atomic_add_fixed(&s.hi[b], &s.lo[b], to_fixed(e));
@@ -370,8 +385,11 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingLaunch p) {
       }
       // The exponential race among the kept tokens.
       RaceValue race{-1.0, INT_MAX};
+      const float floor = scaled_floor(thr);
       for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const double e = weight(z[i], zmax, t);
+        const float sx = scaled(z[i], zmax, t);
+        if (sx < floor) continue;
+        const double e = exp(double(sx));
         if (!(e >= thr)) continue;
         const double v = e / -log(sample_uniform(task.seed, task.index, i));
         if (v > race.v) race = {v, i};
