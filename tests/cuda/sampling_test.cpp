@@ -128,7 +128,9 @@ void run_and_compare(int V, const std::vector<float>& logits, const std::vector<
     const float* z = logits.data() + size_t(r) * V;
     const int bad = first_nonfinite(z, V);
     ASSERT_EQ(sampler.nonfinite_index(r), bad) << "row " << r;
-    if (bad >= 0) EXPECT_EQ(bits(sampler.nonfinite_value(r)), bits(z[bad])) << "row " << r;
+    if (bad >= 0) {
+      EXPECT_EQ(bits(sampler.nonfinite_value(r)), bits(z[bad])) << "row " << r;
+    }
   }
   for (size_t i = 0; i < cases.size(); ++i) {
     const float* z = logits.data() + i * size_t(V);
