@@ -1,7 +1,8 @@
 // GPU sampling (ops/cuda/sampling) against the reference sampler (cpu::sample_row,
 // cpu::score_row) on fresh random rows at the real vocabulary (129,280) and at 1, 7 and 1000:
 // every parameter alone and combined, many seeds and indices, ties, forced ids, scores,
-// non-finite rows, poisoned results, invalid inputs.
+// non-finite rows, poisoned results, invalid inputs; and CudaRunner's wiring on a make-tiny
+// model (which rows are sampled and scored, the logits downloaded before rows are patched).
 //
 // Chosen ids must be equal. They could differ only where fp64 exp/log (one ulp apart at most
 // between CUDA and glibc) or the order of the top-p sums decides a comparison (sampling.cu); on
@@ -19,10 +20,13 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "cuda/engine_test_support.h"
 #include "cuda/gpu_test.h"
+#include "model/tiny_checkpoint.h"
 #include "ops/cpu/sampler.h"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/sampling/device_sampler.h"
+#include "support/temp_dir.h"
 
 namespace dsv4 {
 namespace {
@@ -455,6 +459,128 @@ TEST_F(CudaSampling, LargeHistoriesAndRepeatedSteps) {
       }
     }
   }
+}
+
+// CudaRunner on a make-tiny model: samples and scores of logits rows that come back, and of
+// rows that are only sampled or scored (read from the model's device logits after the step:
+// they follow the returned rows in the step's row order, model/paged_runner.cpp), with bias
+// and penalties (their rows patched in place after the download), in a prefill and a decode
+// step; each equal to the reference sampler on the same row.
+TEST_F(CudaSampling, RunnerSamplesAndScoresItsRows) {
+  test::TempDir dir;
+  write_tiny_checkpoint(tiny_preset("flash"), ExpertFormat::kMxfp4, 42, dir.path(),
+                        tiny_init("flash"));
+  test::CudaStackOptions o;
+  o.max_seqs = 4;
+  o.max_context = 640;
+  o.max_step_tokens = 64;
+  std::unique_ptr<test::CudaStack> stack = test::open_cuda_stack(dir.path(), o);
+  CudaRunner& r = *stack->runner;
+  const int V = stack->V();
+  Rng rng(3);
+  auto tokens = [&](int n) {
+    std::vector<int32_t> t;
+    for (int i = 0; i < n; ++i) t.push_back(2 + int32_t(rng.below(uint64_t(V - 2))));
+    return t;
+  };
+  auto device_rows = [&](int n) {
+    DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+    return test::fetch(static_cast<const float*>(r.model().logits()), size_t(n) * V);
+  };
+  auto row = [&](const std::vector<float>& all, int i) { return all.data() + size_t(i) * V; };
+  const int x = r.open_sequence(), y = r.open_sequence(), z = r.open_sequence();
+  const std::vector<int32_t> tx = tokens(20), ty = tokens(7), tz = tokens(5);
+
+  // Prefill: x all logits, sampled with bias and penalties, every row but one scored; y its
+  // last row, greedy; z no logits, sampled and every row scored.
+  TokenCounts cx;
+  cx.output = {{tx[3], 2}, {tx[5], 1}};
+  for (int32_t t : tx)
+    if (std::find(cx.prompt.begin(), cx.prompt.end(), t) == cx.prompt.end()) cx.prompt.push_back(t);
+  SamplingParams px;
+  px.temperature = 0.9f, px.top_k = 20, px.top_p = 0.9f, px.seed = 11;
+  px.repetition_penalty = 1.2f, px.frequency_penalty = 0.3f, px.presence_penalty = 0.1f;
+  px.logit_bias = {{tx[0], 1.0f}, {5, -2.0f}};
+  px.logprobs = true, px.top_logprobs = 5;
+  SamplingParams py;
+  py.logprobs = true, py.top_logprobs = 2;
+  SamplingParams pz;
+  pz.temperature = 1.3f, pz.min_p = 0.05f, pz.seed = 12, pz.logprobs = true, pz.top_logprobs = 3;
+  const SampleSpec sx{&px, 4, &cx, -1}, sy{&py, 0, nullptr, -1}, sz{&pz, 9, nullptr, -1};
+  std::vector<StepInput> in(3);
+  in[0] = StepInput(x, tx, true);
+  in[0].sample = &sx;
+  in[0].score = tokens(20);
+  in[0].score[2] = -1;
+  in[0].score_top = 3;
+  in[1] = StepInput(y, ty);
+  in[1].sample = &sy;
+  in[2] = StepInput(z, tz);
+  in[2].logits = false;
+  in[2].sample = &sz;
+  in[2].score = tokens(5);
+  in[2].score_top = 4;
+  StepOutput out = r.step(in);
+  // Rows: x's 20, y's last (returned), then z's last (sampled, scored), z's rows 0..3 (scored).
+  std::vector<float> dev = device_rows(26);
+  ASSERT_EQ(out.logits.size(), size_t(21) * V);
+  for (int i = 0; i < 21; ++i) {
+    if (i == 19) continue;  // x's last row: patched in place after its download
+    EXPECT_EQ(0, std::memcmp(row(out.logits, i), row(dev, i), size_t(V) * 4)) << "row " << i;
+  }
+  ASSERT_EQ(out.errors, std::vector<std::string>(3));
+  ASSERT_EQ(out.samples.size(), 3u);
+  ASSERT_EQ(out.scores.size(), 2u);
+  expect_same_token(out.samples[0], cpu::sample_row(row(out.logits, 19), V, px, 4, &cx),
+                    row(out.logits, 19), V, "prefill x sample");
+  expect_same_token(out.samples[1], cpu::sample_row(row(out.logits, 20), V, py, 0, nullptr),
+                    row(out.logits, 20), V, "prefill y sample");
+  expect_same_token(out.samples[2], cpu::sample_row(row(dev, 21), V, pz, 9, nullptr), row(dev, 21),
+                    V, "prefill z sample");
+  ASSERT_EQ(out.scores[0].size(), 20u);
+  for (int j = 0; j < 20; ++j) {
+    if (j == 2) {
+      EXPECT_EQ(out.scores[0][size_t(j)].id, -1);
+      continue;
+    }
+    expect_same_token(out.scores[0][size_t(j)],
+                      cpu::score_row(row(out.logits, j), V, in[0].score[size_t(j)], 3),
+                      row(out.logits, j), V, cat("prefill x score ", j));
+  }
+  ASSERT_EQ(out.scores[1].size(), 5u);
+  for (int j = 0; j < 5; ++j) {
+    const int dr = j == 4 ? 21 : 22 + j;
+    expect_same_token(out.scores[1][size_t(j)],
+                      cpu::score_row(row(dev, dr), V, in[2].score[size_t(j)], 4), row(dev, dr), V,
+                      cat("prefill z score ", j));
+  }
+
+  // Decode: x sampled only (top-k, no patches), y returned and greedy, z sampled only, greedy.
+  SamplingParams px2;
+  px2.temperature = 0.7f, px2.top_k = 3, px2.seed = 13;
+  SamplingParams pz2;
+  const SampleSpec sx2{&px2, 5, nullptr, -1}, sz2{&pz2, 10, nullptr, -1};
+  std::vector<StepInput> d(3);
+  d[0] = StepInput(x, tokens(1));
+  d[0].logits = false;
+  d[0].sample = &sx2;
+  d[1] = StepInput(y, tokens(1));
+  d[1].sample = &sy;
+  d[2] = StepInput(z, tokens(1));
+  d[2].logits = false;
+  d[2].sample = &sz2;
+  out = r.step(d);
+  // Rows: y's (returned), then x's and z's.
+  dev = device_rows(3);
+  ASSERT_EQ(out.logits.size(), size_t(V));
+  EXPECT_EQ(0, std::memcmp(out.logits.data(), dev.data(), size_t(V) * 4));
+  ASSERT_EQ(out.samples.size(), 3u);
+  expect_same_token(out.samples[0], cpu::sample_row(row(dev, 1), V, px2, 5, nullptr), row(dev, 1),
+                    V, "decode x sample");
+  expect_same_token(out.samples[1], cpu::sample_row(row(dev, 0), V, py, 0, nullptr), row(dev, 0), V,
+                    "decode y sample");
+  expect_same_token(out.samples[2], cpu::sample_row(row(dev, 2), V, pz2, 10, nullptr), row(dev, 2),
+                    V, "decode z sample");
 }
 
 TEST_F(CudaSampling, InvalidInputsRejected) {
