@@ -97,6 +97,31 @@ __device__ __forceinline__ void atomic_add_fixed(u64* hi, u64* lo, u128 v) {
   if (up) atomicAdd(hi, up);
 }
 
+// Histogram updates from a whole warp at once (every lane calls; bucket < 0: nothing to add):
+// the lanes adding to one bucket are combined first, so that a row whose keys share a few
+// leading digits (the usual case: logits span a few binades) does not serialise on one
+// shared-memory counter. Integer sums: the result does not depend on the order.
+__device__ __forceinline__ void warp_count(unsigned* count, int bucket) {
+  const unsigned peers = __match_any_sync(0xffffffffu, bucket);
+  if (bucket >= 0 && int(threadIdx.x & 31) == __ffs(peers) - 1)
+    atomicAdd(&count[bucket], unsigned(__popc(peers)));
+}
+
+__device__ __forceinline__ void warp_weigh(u64* hi, u64* lo, int bucket, u128 v) {
+  const unsigned active = __ballot_sync(0xffffffffu, bucket >= 0);
+  if (!active) return;
+  const unsigned peers = __match_any_sync(0xffffffffu, bucket);
+  u128 sum = 0;
+  for (unsigned m = active; m; m &= m - 1) {
+    const int j = __ffs(m) - 1;
+    const u64 l = __shfl_sync(0xffffffffu, u64(v), j),
+              h = __shfl_sync(0xffffffffu, u64(v >> 64), j);
+    if ((peers >> j) & 1) sum += (u128(h) << 64) | u128(l);
+  }
+  if (bucket >= 0 && int(threadIdx.x & 31) == __ffs(peers) - 1)
+    atomic_add_fixed(hi + bucket, lo + bucket, sum);
+}
+
 struct KeyIndex {
   uint32_t key;
   int index;
@@ -158,9 +183,14 @@ __device__ uint32_t kth_largest_key(int n, int k, const KeyFn& key, SearchStorag
   for (int shift = 32 - kDigitBits; shift >= 0; shift -= kDigitBits) {
     for (int b = threadIdx.x; b < kBuckets; b += blockDim.x) s.count[b] = 0;
     __syncthreads();
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const uint32_t x = key(i);
-      if ((x & mask) == prefix) atomicAdd(&s.count[(x >> shift) & (kBuckets - 1)], 1u);
+    for (int base = 0; base < n; base += blockDim.x) {  // uniform: whole warps call warp_count
+      const int i = base + int(threadIdx.x);
+      int bucket = -1;
+      if (i < n) {
+        const uint32_t x = key(i);
+        if ((x & mask) == prefix) bucket = int((x >> shift) & (kBuckets - 1));
+      }
+      warp_count(s.count, bucket);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -188,17 +218,20 @@ __device__ uint32_t top_p_key(const float* z, int n, float zmax, float t, double
   for (int shift = 32 - kDigitBits; shift >= 0; shift -= kDigitBits) {
     for (int b = threadIdx.x; b < kBuckets; b += blockDim.x) s.hi[b] = s.lo[b] = 0;
     __syncthreads();
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const float x = z[i];
-      const uint32_t key = order_key(x);
-      if ((key & mask) != prefix) continue;
-      const float sx = scaled(x, zmax, t);
-      if (sx < floor) continue;
-      const double e = exp(double(sx));
-      if (e >= thr) {
-        const int b = (key >> shift) & (kBuckets - 1);
-        atomic_add_fixed(&s.hi[b], &s.lo[b], to_fixed(e));
+    for (int base = 0; base < n; base += blockDim.x) {  // uniform: whole warps call warp_weigh
+      const int i = base + int(threadIdx.x);
+      int bucket = -1;
+      u128 v = 0;
+      if (i < n) {
+        const float x = z[i];
+        const uint32_t key = order_key(x);
+        const float sx = scaled(x, zmax, t);
+        if ((key & mask) == prefix && !(sx < floor)) {
+          const double e = exp(double(sx));
+          if (e >= thr) bucket = int((key >> shift) & (kBuckets - 1)), v = to_fixed(e);
+        }
       }
+      warp_weigh(s.hi, s.lo, bucket, v);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
