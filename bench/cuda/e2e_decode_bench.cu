@@ -410,8 +410,8 @@ void run_shape(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
         for (int id : seqs) in.push_back({id, {int32_t(2 + rng() % (c.vocab_size - 2))}, false});
         runner.step(in);
       };
-      // The engine loop's decode step: greedy samples, no logits returned (the rows still come
-      // to pinned host memory, where the host sampler scans and samples them).
+      // The engine loop's decode step: greedy samples, no logits returned (sampled on the
+      // device; only the ids come back).
       SamplingParams greedy;
       std::vector<SampleSpec> specs(static_cast<size_t>(B));
       for (SampleSpec& sp : specs) sp.params = &greedy;
@@ -449,7 +449,7 @@ void run_shape(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
       for (int i = 0; i < 3; ++i) sampled_step();
       for (int i = 0; i < iters; ++i) {
         DSV4_CUDA_CHECK(cudaEventRecord(a, model.stream()));
-        sampled_step();  // synchronises (the rows to sample, to pinned memory)
+        sampled_step();  // synchronises (the sampled ids, to pinned memory)
         DSV4_CUDA_CHECK(cudaEventRecord(b, model.stream()));
         DSV4_CUDA_CHECK(cudaEventSynchronize(b));
         float ms;
@@ -488,7 +488,7 @@ void run_shape(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
       }
       emit("e2e_decode_step_measured", shape, measured, part);
       std::snprintf(shape, sizeof shape,
-                    "%s %s %d-block model (measured, greedy samples on the host), decode b=%d "
+                    "%s %s %d-block model (measured, greedy samples on the device), decode b=%d "
                     "ctx=%lld",
                     s.name.c_str(), fname, c.n_layers, B, (long long)ctx);
       emit("e2e_decode_step_sampled", shape, double(median(sampled)), part);

@@ -81,6 +81,11 @@ std::vector<SampledToken> verify_samples(const float* logits, int V, const std::
   return more;
 }
 
+std::string nonfinite_logits_error(int64_t position, int vocab_id, float value) {
+  return cat("non-finite logits at position ", position, " (vocabulary id ", vocab_id, ": ", value,
+             ")");
+}
+
 StepOutput sample_on_host(const StepBatch& b, const float* logits, int V,
                           std::vector<std::string> errors) {
   StepOutput out;
@@ -100,9 +105,8 @@ StepOutput sample_on_host(const StepBatch& b, const float* logits, int V,
     const float* row = logits + i * size_t(V);
     for (int v = 0; v < V; ++v)
       if (!std::isfinite(row[v])) {
-        e = cat("non-finite logits at position ",
-                b.chunks[size_t(in)].start + (b.rows[i] - row0[size_t(in)]), " (vocabulary id ", v,
-                ": ", row[v], ")");
+        e = nonfinite_logits_error(b.chunks[size_t(in)].start + (b.rows[i] - row0[size_t(in)]), v,
+                                   row[v]);
         break;
       }
   }

@@ -1,6 +1,6 @@
 // A step's samples and scores drawn on the host from its computed logits rows, with the
-// reference sampler. The CPU runner always does this; the CUDA runner does it from the rows
-// it downloads.
+// reference sampler: the CPU runner's way (the CUDA runner samples on the device,
+// ops/cuda/sampling, and shares only the error text below).
 #pragma once
 
 #include <cstdint>
@@ -32,6 +32,10 @@ StepOutput sample_on_host(const StepBatch& batch, const float* logits, int vocab
 std::vector<SampledToken> verify_samples(const float* logits, int vocab,
                                          const std::vector<int>& rows, const int32_t* drafts,
                                          const SampleSpec& s, const SampledToken& first);
+
+// The error of an input whose logits row at `position` holds a non-finite value, the first at
+// `vocab_id` (both backends write it).
+std::string nonfinite_logits_error(int64_t position, int vocab_id, float value);
 
 // Per input of the batch: empty, or the error naming the first position whose hidden state
 // went non-finite and the block it happened in (`first_nonfinite`: per token row, from

@@ -75,6 +75,7 @@ class CudaModel {
   // Embedding, every decoder block, and the logits of st's logit rows: logits() [R, vocab] fp32.
   void forward(const DeviceStep& st, DeviceCache& cache);
   const float* logits() const { return act_.logits; }
+  float* logits() { return act_.logits; }  // the runner's sampler patches sampled rows in place
   // The last decoder block's streams of the last forward, [T, hc, dim] BF16 (MTP input).
   const __nv_bfloat16* hidden() const { return act_.streams[cur_]; }
 

@@ -48,7 +48,9 @@ CudaRunner::CudaRunner(CudaModel& model, const CacheConfig& cache, const CudaRun
       model_(model),
       cache_(model.config(), cache),
       meta_(step_limits(model, cache), model.config().window_size),
-      opt_(o) {
+      opt_(o),
+      sampler_(model.config().vocab_size, model.limits().max_logit_rows,
+               std::min(model.limits().max_seqs, cache.max_seqs)) {
   const size_t n = size_t(model.limits().max_logit_rows) * size_t(model.config().vocab_size);
   DSV4_CUDA_CHECK(cudaMallocHost(&host_logits_, n * sizeof(float)));
 }
@@ -125,6 +127,18 @@ void CudaRunner::run_graph(const std::vector<ChunkRef>& chunks, const std::vecto
 StepOutput CudaRunner::forward(const StepBatch& b) {
   const std::vector<ChunkRef>& chunks = b.chunks;
   const cudaStream_t stream = model_.stream();
+  // The sampling requests are validated and staged before the forward pass runs.
+  std::vector<cuda::DeviceSampler::Sample> samples;
+  for (size_t i = 0; i < b.samples.size(); ++i) {
+    const SampleSpec& s = *b.samples[i];
+    samples.push_back({b.sample_rows[i], s.params, s.index, s.counts, s.forced});
+  }
+  std::vector<cuda::DeviceSampler::Score> scores;
+  for (const StepBatch::Score& sc : b.scores)
+    for (size_t j = 0; j < sc.rows.size(); ++j)
+      if (sc.rows[j] >= 0) scores.push_back({sc.rows[j], (*sc.ids)[j], sc.top});
+  sampler_.stage(int(b.rows.size()), samples, scores);
+
   if (opt_.cuda_graphs && !verify_ && b.decode_only &&
       opt_.graph_batch_sizes.count(int(chunks.size()))) {
     run_graph(chunks, b.rows);
@@ -133,15 +147,47 @@ StepOutput CudaRunner::forward(const StepBatch& b) {
     const DeviceStep st = meta_.build(chunks, b.rows, bound, stream);
     model_.forward(st, cache_);
   }
-  // Every computed row (the wanted logits first, then rows only sampled) in one copy.
+  // The wanted logits rows (the first num_logit_rows) before the sampler patches rows in place,
+  // then the samples, scores and non-finite flags.
   const int V = config().vocab_size;
-  const size_t n = b.rows.size() * size_t(V);
+  const size_t n = size_t(b.num_logit_rows) * size_t(V);
   if (n)
     DSV4_CUDA_CHECK(cudaMemcpyAsync(host_logits_, model_.logits(), n * sizeof(float),
                                     cudaMemcpyDeviceToHost, stream));
+  sampler_.launch(model_.logits(), stream);
   DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));
-  StepOutput out = sample_on_host(b, host_logits_, V);
-  out.logits.assign(host_logits_, host_logits_ + size_t(b.num_logit_rows) * V);
+
+  // As sample_on_host: per input, the first non-finite row (in row order) names the error; a
+  // failed input's samples and scores are id -1.
+  StepOutput out;
+  out.errors.resize(b.chunks.size());
+  std::vector<int> row0(b.chunks.size(), 0);
+  for (size_t i = 1; i < b.chunks.size(); ++i) row0[i] = row0[i - 1] + b.chunks[i - 1].n;
+  for (size_t i = 0; i < b.rows.size(); ++i) {
+    const int in = b.row_input[i];
+    std::string& e = out.errors[size_t(in)];
+    const int v = sampler_.nonfinite_index(int(i));
+    if (!e.empty() || v < 0) continue;
+    e = nonfinite_logits_error(b.chunks[size_t(in)].start + (b.rows[i] - row0[size_t(in)]), v,
+                               sampler_.nonfinite_value(int(i)));
+  }
+  auto failed = [&](int row_index) {
+    return !out.errors[size_t(b.row_input[size_t(row_index)])].empty();
+  };
+  out.samples.resize(b.samples.size());
+  for (size_t i = 0; i < b.samples.size(); ++i)
+    if (!failed(b.sample_rows[i])) out.samples[i] = sampler_.sample(int(i));
+  int k = 0;
+  for (const StepBatch::Score& sc : b.scores) {
+    std::vector<SampledToken> row(sc.rows.size());
+    for (size_t j = 0; j < sc.rows.size(); ++j) {
+      if (sc.rows[j] < 0) continue;
+      if (!failed(sc.rows[j])) row[j] = sampler_.score(k);
+      ++k;
+    }
+    out.scores.push_back(std::move(row));
+  }
+  out.logits.assign(host_logits_, host_logits_ + n);
   return out;
 }
 

@@ -10,8 +10,10 @@
 // of a (size, bucket) runs eagerly (it also sets the kernels' function attributes), the second
 // captures, later ones replay. Graph replay and eager runs give the same bits.
 //
-// Logits rows and the rows to sample come back through a pinned buffer planned for the
-// largest step; the samples are drawn with the reference sampler (ops/cpu/sampler.h).
+// Samples and scores are drawn on the device (ops/cuda/sampling: the rules of
+// ops/common/sampling.h, the ids of the reference sampler); only their results come back, and
+// the logits rows the step asks for, each with one copy into pinned buffers planned for the
+// largest step, then one synchronisation.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,6 +31,7 @@
 #include "backends/cuda/model.h"
 #include "backends/cuda/step.h"
 #include "model/paged_runner.h"
+#include "ops/cuda/sampling/device_sampler.h"
 
 namespace dsv4 {
 
@@ -92,6 +95,7 @@ class CudaRunner final : public PagedRunner {
   std::map<std::pair<int, int64_t>, Graph> graphs_;
   int64_t replays_ = 0;
   float* host_logits_ = nullptr;  // pinned [max_logit_rows, vocab]
+  cuda::DeviceSampler sampler_;
 };
 
 }  // namespace dsv4

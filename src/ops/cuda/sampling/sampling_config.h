@@ -1,0 +1,13 @@
+// Geometry of the sampling kernels (sampling.cu): one block of kThreads per logits row, the
+// row streamed from global memory once per pass; selections (top-k, top-p, the raw top
+// alternatives) are radix searches over 32-bit order keys, kDigitBits per pass.
+#pragma once
+
+namespace dsv4::cuda::sampling_cfg {
+
+constexpr int kThreads = 512;  // per row
+constexpr int kDigitBits = 8;  // 4 passes per 32-bit key search
+constexpr int kBuckets = 1 << kDigitBits;
+constexpr int kPatchThreads = 256;  // the patch kernel: one thread per patched token
+
+}  // namespace dsv4::cuda::sampling_cfg
