@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "backends/cuda/glue.h"
+#include "backends/cuda/parallel_moe.h"
 #include "backends/cuda/verify.h"
 #include "core/error.h"
 #include "core/formats.h"
@@ -395,7 +396,8 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
                           bf16* out) {
   const ModelConfig& c = cfg_;
   const CudaBlockWeights& b = w_.blocks[block];
-  const int T = st.num_tokens, H = c.n_heads, D = c.head_dim, QL = c.q_lora_rank;
+  // H: this rank's heads (all of them on one rank).
+  const int T = st.num_tokens, H = int(b.sink.size()), D = c.head_dim, QL = c.q_lora_rank;
   const int ratio = b.ratio;
   const float2* cs = act_.cs[ratio > 0 ? 1 : 0];
   const int64_t Tmax = limits_.max_tokens;
@@ -510,9 +512,19 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   // Lightning indexer (CSA).
   if (ratio == 4) {
     const int HI = c.index_n_heads, DI = c.index_head_dim;
-    gemm(aq, b.index_wq_b, act_.qi, int64_t(HI) * DI, false);
+    // Tensor parallel: every rank scores with all heads, gathered in head order.
+    const int HIl = b.index_wq_b.n / DI;
+    if (HIl != HI) {
+      gemm(aq, b.index_wq_b, tp_mine_, int64_t(HIl) * DI, false);
+      tp_gather(tp_mine_, T, HIl * DI, act_.qi);
+      blas_->linear(x, c.dim, T, b.weights_proj.ptr(), HIl, c.dim, tp_mine_, HIl, false, stream_);
+      tp_gather(tp_mine_, T, HIl, act_.wproj);
+    } else {
+      gemm(aq, b.index_wq_b, act_.qi, int64_t(HI) * DI, false);
+    }
     if (V) V->linear(block, VLinear::kIndexWqB, act_.qr_n, QL, T, act_.qi, int64_t(HI) * DI, false);
-    blas_->linear(x, c.dim, T, b.weights_proj.ptr(), HI, c.dim, act_.wproj, HI, false, stream_);
+    if (HIl == HI)
+      blas_->linear(x, c.dim, T, b.weights_proj.ptr(), HI, c.dim, act_.wproj, HI, false, stream_);
     if (V) V->linear(block, VLinear::kWeightsProj, x, c.dim, T, act_.wproj, HI, false);
     cuda::IndexerParams ip;
     ip.batch = st.attn_batch();
@@ -604,13 +616,17 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   wp.cos_sin = cs;
   wp.num_tokens = T;
   wp.num_heads = H;
-  wp.o_groups = c.o_groups;
+  // Tensor parallel: this rank's groups, then wo_b whole on every rank's (its sums are the
+  // one-rank sums).
+  const int Gl = b.wo_a.n / c.o_lora_rank;
+  wp.o_groups = Gl;
   wp.o_lora = c.o_lora_rank;
   wp.w = b.wo_a.codes.data();
   wp.w_scale = b.wo_a.scale_e8m0.data();
   wp.w_scale_rows = b.wo_a_scale_rows.ptr();
-  wp.z = act_.z;
+  wp.z = Gl != c.o_groups ? tp_mine_ : act_.z;
   cuda::attn_output_wo_a(wp, stream_);
+  if (Gl != c.o_groups) tp_gather(tp_mine_, T, Gl * c.o_lora_rank, act_.z);
   if (V) V->wo_a(block, act_.z);
   const int GOL = c.o_groups * c.o_lora_rank;
   const Fp8Act az = quantize(act_.z, GOL, T, GOL, 0);
@@ -656,6 +672,10 @@ void CudaModel::moe(int block, const DeviceStep& st, const bf16* x, bf16* out) {
   const Fp8Act aa = quantize(act_.sact, inter, T, inter, 1);
   gemm(aa, b.shared_w2, act_.shared, c.dim, true);
   if (V) V->linear(block, VLinear::kSharedW2, act_.sact, inter, T, act_.shared, c.dim, false);
+  if (pmoe_) {  // the parallel engine: routed experts across ranks
+    pmoe_->forward(b, x, st.tokens, act_.shared, T, out, stream_);
+    return;
+  }
 
   cuda::moe::MoeArgs m;
   m.x = x;

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backends/cpu/weights.h"
 #include "model/model_config.h"
 #include "model/weights.h"
 #include "ops/cuda/common/device_buffer.h"
@@ -75,8 +76,12 @@ struct CudaBlockWeights {
   CudaFp8Linear index_wq_b;
   CudaBf16 weights_proj;  // [index_heads, dim]
 
-  // MoE.
+  // MoE. One rank: `moe` holds the router and every routed expert. A rank of the parallel
+  // engine with a share of the experts: `moe` holds the router alone (n_experts = all, no
+  // expert weights) and `moe_local` the experts [experts_lo, experts_lo + its n_experts).
   cuda::moe::MoeDeviceWeights moe;
+  cuda::moe::MoeDeviceWeights moe_local;
+  int experts_lo = 0;
   bool shared_fused = false;           // shared_w13 holds [w1; w3]
   CudaFp8Linear shared_w13;            // fused: [2*inter, dim]
   CudaFp8Linear shared_w1, shared_w3;  // not fused
@@ -107,6 +112,10 @@ struct CudaModelWeights {
 void check_cuda_supported(const ModelConfig& c);
 
 // Uploads and repacks every tensor (synchronously). `progress`: a progress bar on stderr.
-CudaModelWeights upload_cuda_weights(const ModelConfig& c, const WeightsRef& ref, bool progress);
+// `shard`: one rank of the parallel engine keeps only its rows of wq_b and the sinks (heads),
+// wo_a (output groups), the indexer's wq_b and weights_proj (index heads) and its routed
+// experts; a split that does not fall on the FP8 scale blocks (128 rows) is an error.
+CudaModelWeights upload_cuda_weights(const ModelConfig& c, const WeightsRef& ref, bool progress,
+                                     const cpu::WeightShard& shard = {});
 
 }  // namespace dsv4
