@@ -51,7 +51,8 @@ std::string name(const Tuple& t) {
   return "dp" + std::to_string(t.dp) + " ep" + std::to_string(t.ep) + " tp" + std::to_string(t.tp);
 }
 
-EngineOptions options(const std::string& dir, const Tuple& t, int seqs = 4) {
+EngineOptions options(const std::string& dir, const Tuple& t, const std::string& comm = "inproc",
+                      int seqs = 4) {
   EngineOptions o;
   o.model_dir = dir;
   o.backend = "cuda";
@@ -64,7 +65,7 @@ EngineOptions options(const std::string& dir, const Tuple& t, int seqs = 4) {
   o.dp = t.dp;
   o.ep = t.ep;
   o.tp = t.tp;
-  o.parallel_comm = "inproc";
+  o.parallel_comm = comm;
   o.prefix_block = 16;
   return o;
 }
@@ -120,8 +121,13 @@ bool heads_fit(int heads) {
   return heads == 4 || heads == 8 || (heads % 16 == 0 && heads <= 256);
 }
 
-// Every tuple against one rank on one model directory.
-void check_model(const std::string& dir) {
+int world(const Tuple& t) {
+  return std::max(t.dp * t.tp, t.ep);
+}
+
+// Every tuple against one rank on one model directory. "nccl": only the tuples this machine
+// has a GPU per rank for.
+void check_model(const std::string& dir, const std::string& comm = "inproc") {
   const ModelConfig c = load_model_config(dir + "/config.json");
   std::mt19937 rng(3);
   std::vector<int32_t> prompt{0};
@@ -134,9 +140,10 @@ void check_model(const std::string& dir) {
   ref.reset();
   for (const Tuple& t : kTuples) {
     SCOPED_TRACE(name(t));
+    if (comm == "nccl" && world(t) > cuda::device_count()) continue;
     if (!heads_fit(c.n_heads / t.tp)) {
       try {
-        Engine::open(options(dir, t));
+        Engine::open(options(dir, t, comm));
         ADD_FAILURE() << name(t) << ": " << c.n_heads / t.tp
                       << " heads per rank opened; the sparse attention does not take them";
       } catch (const Error& e) {
@@ -145,8 +152,8 @@ void check_model(const std::string& dir) {
       }
       continue;
     }
-    std::printf("  %s\n", name(t).c_str());
-    std::unique_ptr<Engine> e = Engine::open(options(dir, t));
+    std::printf("  %s over %s\n", name(t).c_str(), comm.c_str());
+    std::unique_ptr<Engine> e = Engine::open(options(dir, t, comm));
     // One request: with dp 2 the other data-parallel group has no work.
     const std::vector<float> got = e->prompt_logits(prompt, 0);
     expect_logits_close(name(t) + " prefill", got, want, V);
@@ -251,6 +258,20 @@ TEST_F(ParallelCuda, EveryTupleWithinToleranceOfOneRankOnTheGoldenCheckpoints) {
     SCOPED_TRACE(set);
     std::printf("[%s hf-mxfp4]\n", set);
     check_model(root + "/" + set + "/hf-mxfp4");
+  }
+}
+
+// The same runner over NCCL with a GPU per rank (threads of this process): the tuples that fit
+// the visible GPUs (none on one GPU: NCCL takes one rank per device).
+TEST_F(ParallelCuda, TuplesOverNcclWithinToleranceOfOneRank) {
+  if (cuda::device_count() < 2) GTEST_SKIP() << "NCCL with several ranks needs several GPUs";
+  for (const char* preset : {"flash", "pro"}) {
+    TempDir d;
+    write_tiny_checkpoint(tiny_preset(preset), ExpertFormat::kNvfp4, 8, d.path(),
+                          tiny_init(preset));
+    SCOPED_TRACE(preset);
+    std::printf("[%s, %d GPUs]\n", preset, cuda::device_count());
+    check_model(d.path(), "nccl");
   }
 }
 

@@ -180,8 +180,11 @@ void ParallelCudaRunner::worker(int w) {
       (*job)(w);
     } catch (...) {
       err = std::current_exception();
-      // The other ranks may be waiting for this one in a collective.
-      if (ranks_[size_t(w)].world) ranks_[size_t(w)].world->abort();
+      // The other ranks may be waiting for this one in a collective (in-process: aborting
+      // the world ends its splits too; NCCL: each communicator is aborted itself).
+      Rank& r = ranks_[size_t(w)];
+      for (DeviceCommunicator* c : {r.ep.get(), r.group.get(), r.tp.get(), r.world.get()})
+        if (c) c->abort();
     }
     std::lock_guard<std::mutex> lock(mu_);
     if (err) errors_[size_t(w)] = err;
