@@ -29,7 +29,8 @@ void CudaModel::set_rank(const CudaRankContext* rank) {
     tp_all_ = reinterpret_cast<__nv_bfloat16*>(ctx_.allocate(bytes * size_t(tp)));
   }
   if (rank->ep->size() > 1 || rank->group->size() > 1)
-    pmoe_ = std::make_unique<CudaParallelMoe>(ctx_, cfg_, w_, *rank, limits_.max_tokens);
+    pmoe_ = std::make_unique<CudaParallelMoe>(ctx_, cfg_, w_, *rank, limits_.max_tokens,
+                                              act_.moe_ws, act_.moe_ws_bytes);
 }
 
 void CudaModel::idle_forward() {

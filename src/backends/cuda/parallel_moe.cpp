@@ -35,21 +35,32 @@ moe::MoeParams params(const ModelConfig& c, int top_k) {
 
 CudaParallelMoe::CudaParallelMoe(DeviceContext& ctx, const ModelConfig& config,
                                  const CudaModelWeights& weights, const CudaRankContext& rank,
-                                 int max_tokens)
-    : cfg_(config), rank_(rank), max_tokens_(max_tokens) {
+                                 int max_tokens, void* token_ws, size_t token_ws_bytes)
+    : cfg_(config),
+      rank_(rank),
+      max_tokens_(max_tokens),
+      token_ws_(token_ws),
+      token_ws_bytes_(token_ws_bytes) {
   DSV4_CHECK(rank.layout && rank.group && rank.ep, "parallel MoE without its communicators");
   const int K = config.n_activated_experts, E = config.n_routed_experts, dim = config.dim;
   const int ep = rank.ep->size();
   DSV4_CHECK(!weights.blocks.empty(), "parallel MoE: no blocks");
   const CudaBlockWeights& b0 = weights.blocks[0];
-  token_ws_bytes_ = workspace_upto(b0.moe, max_tokens, K);
-  token_ws_ = ctx.allocate(token_ws_bytes_);
+  DSV4_CHECK(token_ws && token_ws_bytes >= moe::moe_workspace_bytes(b0.moe, max_tokens, K),
+             "parallel MoE: the model's MoE workspace is smaller than ", max_tokens, " rows need");
   if (ep > 1) {
-    DSV4_CHECK(b0.moe_local.n_experts == rank.layout->experts_per_rank(),
-               "parallel MoE: the weights hold ", b0.moe_local.n_experts, " experts, the layout ",
-               rank.layout->experts_per_rank());
-    // Worst case: every sender's whole share routed to this owner.
-    const int64_t recv = int64_t(ep) * max_tokens * K;
+    const ParallelLayout& L = *rank.layout;
+    const int El = L.experts_per_rank();
+    DSV4_CHECK(b0.moe_local.n_experts == El, "parallel MoE: the weights hold ",
+               b0.moe_local.n_experts, " experts, the layout ", El);
+    // Worst case: every row of every dp group in this EP group sends this owner
+    // min(top-k, El) pairs (a row's experts are distinct).
+    std::vector<char> seen(size_t(L.config().dp), 0);
+    int groups = 0;
+    for (int w = L.ep_group(rank.rank) * L.config().ep;
+         w < (L.ep_group(rank.rank) + 1) * L.config().ep; ++w)
+      if (!seen[size_t(L.dp_group(w))]++) ++groups;
+    const int64_t recv = int64_t(groups) * max_tokens * std::min(K, El);
     DSV4_CHECK(recv < (int64_t(1) << 31), "parallel MoE: ", recv, " pairs per owner");
     max_recv_ = int(recv);
     owner_ws_bytes_ = workspace_upto(b0.moe_local, max_recv_, 1);

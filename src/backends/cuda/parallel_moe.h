@@ -36,9 +36,14 @@ namespace dsv4 {
 
 class CudaParallelMoe {
  public:
-  // Buffers for dp-group steps of up to `max_tokens` rows, carved from ctx.
+  // Buffers for dp-group steps of up to `max_tokens` rows, carved from ctx; the rank's own
+  // rows use the model's MoE workspace (`token_ws`, moe_workspace_bytes of the router for
+  // max_tokens rows). The owner's buffers hold what may arrive: from each dp group in the EP
+  // group, max_tokens rows of at most min(top-k, experts here) pairs each (the memory plan's
+  // exchange figure).
   CudaParallelMoe(DeviceContext& ctx, const ModelConfig& config, const CudaModelWeights& weights,
-                  const CudaRankContext& rank, int max_tokens);
+                  const CudaRankContext& rank, int max_tokens, void* token_ws,
+                  size_t token_ws_bytes);
   ~CudaParallelMoe();
   CudaParallelMoe(const CudaParallelMoe&) = delete;
   CudaParallelMoe& operator=(const CudaParallelMoe&) = delete;
@@ -53,7 +58,7 @@ class CudaParallelMoe {
   const ModelConfig& cfg_;
   const CudaRankContext& rank_;
   int max_tokens_ = 0, max_recv_ = 0;
-  void* token_ws_ = nullptr;  // Route/Plan/Combine workspace of this rank's share
+  void* token_ws_ = nullptr;  // Route/Plan/Combine workspace of this rank's share (the model's)
   size_t token_ws_bytes_ = 0;
   void* owner_ws_ = nullptr;  // the owner's Plan/GateUp/Down workspace (one pair per row)
   size_t owner_ws_bytes_ = 0;
