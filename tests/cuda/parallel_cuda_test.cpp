@@ -17,8 +17,9 @@
 //    MoE owner's token tile follows its own batch (moe_default_tile_n); a dp group's batch
 //    differs from the one-rank batch, and the kernels are not batch-invariant
 //    (engine_parity_test);
-//  - a tensor-parallel share of heads the sparse attention does not take (flash: 4 heads, tp 2)
-//    is a clear error, as are verify mode and an unknown communicator.
+//  - a tensor-parallel share of heads the sparse attention does not take (flash: 4 heads, tp 2
+//    leaves 2) runs padded with zero queries (CudaBlockWeights::attn_heads);
+//  - verify mode, an unknown communicator and a tuple that does not divide are clear errors.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -66,7 +67,9 @@ EngineOptions options(const std::string& dir, const Tuple& t, const std::string&
   o.ep = t.ep;
   o.tp = t.tp;
   o.parallel_comm = comm;
-  o.prefix_block = 16;
+  // No prefix cache: a second serve of the same requests then runs the same steps (a hit would
+  // change the batches, and the kernels are not batch-invariant).
+  o.prefix_snapshots = 0;
   return o;
 }
 
@@ -117,10 +120,6 @@ void expect_same(const Served& got, const Served& want, const std::string& what)
   }
 }
 
-bool heads_fit(int heads) {
-  return heads == 4 || heads == 8 || (heads % 16 == 0 && heads <= 256);
-}
-
 int world(const Tuple& t) {
   return std::max(t.dp * t.tp, t.ep);
 }
@@ -141,17 +140,6 @@ void check_model(const std::string& dir, const std::string& comm = "inproc") {
   for (const Tuple& t : kTuples) {
     SCOPED_TRACE(name(t));
     if (comm == "nccl" && world(t) > cuda::device_count()) continue;
-    if (!heads_fit(c.n_heads / t.tp)) {
-      try {
-        Engine::open(options(dir, t, comm));
-        ADD_FAILURE() << name(t) << ": " << c.n_heads / t.tp
-                      << " heads per rank opened; the sparse attention does not take them";
-      } catch (const Error& e) {
-        std::printf("  %s: refused as expected: %s\n", name(t).c_str(), e.what());
-        EXPECT_NE(std::string(e.what()).find("heads per rank"), std::string::npos) << e.what();
-      }
-      continue;
-    }
     std::printf("  %s over %s\n", name(t).c_str(), comm.c_str());
     std::unique_ptr<Engine> e = Engine::open(options(dir, t, comm));
     // One request: with dp 2 the other data-parallel group has no work.

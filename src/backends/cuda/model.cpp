@@ -396,12 +396,16 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
                           bf16* out) {
   const ModelConfig& c = cfg_;
   const CudaBlockWeights& b = w_.blocks[block];
-  // H: this rank's heads (all of them on one rank).
-  const int T = st.num_tokens, H = int(b.sink.size()), D = c.head_dim, QL = c.q_lora_rank;
+  // H: this rank's heads (all of them on one rank); HA: the heads attention runs (H padded with
+  // zero queries to a count the sparse attention takes; a tensor-parallel share may need it).
+  const int T = st.num_tokens, H = b.heads, HA = b.attn_heads, D = c.head_dim, QL = c.q_lora_rank;
   const int ratio = b.ratio;
   const float2* cs = act_.cs[ratio > 0 ? 1 : 0];
   const int64_t Tmax = limits_.max_tokens;
   CudaVerifier* V = verify_;
+  if (HA != H)  // the padding heads' queries: zero (wq_b writes the real heads' columns)
+    DSV4_CUDA_CHECK(cudaMemset2DAsync(act_.q + int64_t(H) * D, size_t(HA) * D * 2, 0,
+                                      size_t(HA - H) * D * 2, size_t(T), stream_));
 
   // q and window KV projections share the quantised x.
   const Fp8Act ax = quantize(x, c.dim, T, c.dim, 0);
@@ -421,7 +425,7 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   cuda::rms_norm(rn, stream_);
   if (V) V->rms_norm(block, VNorm::kQNorm, act_.qr, T, QL, act_.qr_n);
   const Fp8Act aq = quantize(act_.qr_n, QL, T, QL, 1);
-  gemm(aq, b.wq_b, act_.q, int64_t(H) * D, true);
+  gemm(aq, b.wq_b, act_.q, int64_t(HA) * D, true);
   if (V) V->linear(block, VLinear::kWqB, act_.qr_n, QL, T, act_.q, int64_t(H) * D, false);
   std::vector<float> q_in;
   if (V) q_in = V->bf16(act_.q, size_t(T) * H * D);
@@ -430,7 +434,7 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   qp.out = act_.q;
   qp.cos_sin = cs;
   qp.num_tokens = T;
-  qp.num_heads = H;
+  qp.num_heads = HA;
   qp.eps = c.norm_eps;
   cuda::q_norm_rope(qp, stream_);
   if (V) V->q_norm_rope(block, q_in, act_.q);
@@ -572,7 +576,7 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   // Sparse attention over the window (+ staged chunk) and the compressed entries.
   cuda::SparseAttnParams sp;
   sp.batch = st.attn_batch();
-  sp.n_heads = H;
+  sp.n_heads = HA;
   sp.head_dim = D;
   sp.softmax_scale = static_cast<float>(1.0 / std::sqrt(double(D)));
   sp.sink = b.sink.data();
@@ -599,7 +603,7 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   sp.workspace_bytes = act_.attn_ws_bytes;
   {
     const cuda::SparseAttnPlan plan = cuda::sparse_attention_plan(sp);
-    const int64_t fits = attn_splits_for(T, H);
+    const int64_t fits = attn_splits_for(T, HA);
     // Fewer key splits when the planned ones do not fit the scratch (long contexts at
     // mid-size batches); the split count changes only the order of the fp32 combine.
     if (plan.num_splits > 1 && plan.num_splits > fits)
@@ -613,6 +617,12 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   // Output path: inverse RoPE + grouped wo_a, then wo_b.
   cuda::WoAParams wp;
   wp.o = act_.o;
+  if (HA != H) {  // the real heads' outputs, compacted into the (spent) query buffer
+    DSV4_CUDA_CHECK(cudaMemcpy2DAsync(act_.q, size_t(H) * D * 2, act_.o, size_t(HA) * D * 2,
+                                      size_t(H) * D * 2, size_t(T), cudaMemcpyDeviceToDevice,
+                                      stream_));
+    wp.o = act_.q;
+  }
   wp.cos_sin = cs;
   wp.num_tokens = T;
   wp.num_heads = H;

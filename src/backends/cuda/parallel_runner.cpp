@@ -53,16 +53,6 @@ PagedRunner::Limits runner_limits(const CudaModelLimits& m, const CacheConfig& c
   return l;
 }
 
-// The sparse attention kernels take 4, 8 or a multiple of 16 heads (weights.cpp's
-// check_cuda_supported); under tensor parallelism that is each rank's share.
-void check_cuda_layout(const ModelConfig& c, const ParallelLayout& L) {
-  const int h = L.heads_per_rank();
-  DSV4_CHECK(h == 4 || h == 8 || (h % 16 == 0 && h <= 256), "backend 'cuda': tp ", L.config().tp,
-             " leaves ", h, " of the model's ", c.n_heads,
-             " attention heads per rank; the CUDA sparse attention takes 4, 8 or a multiple of 16 "
-             "heads (use a smaller tp)");
-}
-
 }  // namespace
 
 ParallelCudaRunner::ParallelCudaRunner(const ModelConfig& config, const WeightsRef& weights,
@@ -73,7 +63,6 @@ ParallelCudaRunner::ParallelCudaRunner(const ModelConfig& config, const WeightsR
       layout_(config, parallel),
       opt_(options),
       ranks_(size_t(layout_.world())) {
-  check_cuda_layout(config, layout_);
   const int W = layout_.world();
   const int gpus = cuda::device_count();
   DSV4_CHECK(gpus > 0, "backend 'cuda': no usable CUDA GPU (", cuda::describe_device(), ")");

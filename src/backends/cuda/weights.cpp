@@ -185,6 +185,11 @@ size_t free_device_bytes() {
 
 }  // namespace
 
+int cuda_attention_heads(int heads) {
+  DSV4_CHECK(heads >= 1 && heads <= 256, "attention heads ", heads, " per rank");
+  return heads <= 4 ? 4 : heads <= 8 ? 8 : (heads + 15) / 16 * 16;
+}
+
 void check_cuda_supported(const ModelConfig& c) {
   auto need = [](bool ok, auto&&... what) {
     if (!ok) throw Error(cat("CUDA backend: unsupported model: ", what...));
@@ -277,9 +282,18 @@ CudaModelWeights upload_cuda_weights(const ModelConfig& c, const WeightsRef& ref
     b.wo_b = fp8(a.wo_b);
     b.q_norm = bf16_tensor(a.q_norm, "q_norm");
     b.kv_norm = bf16_tensor(a.kv_norm, "kv_norm");
-    DSV4_CHECK(a.attn_sink, "CUDA weights: attn_sink missing");
-    const TensorView sink = rows_of(*a.attn_sink, heads_lo, heads);
-    b.sink = f32_tensor(&sink, "attn_sink");
+    DSV4_CHECK(
+        a.attn_sink && a.attn_sink->dtype == DType::kF32 && a.attn_sink->numel() == c.n_heads,
+        "CUDA weights: attn_sink must be F32 [", c.n_heads, "]");
+    b.heads = heads;
+    b.attn_heads = cuda_attention_heads(heads);
+    DSV4_CHECK(b.attn_heads <= c.n_heads, "CUDA weights: ", heads, " heads per rank pad to ",
+               b.attn_heads, ", more than the model's ", c.n_heads);
+    {
+      std::vector<float> sink(size_t(b.attn_heads), 0.0f);  // padding heads: zero sinks
+      std::memcpy(sink.data(), a.attn_sink->data + size_t(heads_lo) * 4, size_t(heads) * 4);
+      b.sink = DeviceBuffer<float>(sink);
+    }
     // wo_a: codes and UE8M0 scales as in the checkpoint, plus the tensor-core path's scales.
     check_fp8(a.wo_a);
     const int in_g = c.heads_per_group() * c.head_dim;

@@ -59,10 +59,13 @@ struct CudaBlockWeights {
   CudaHcUnit hc_attn, hc_ffn;
   CudaBf16 attn_norm, ffn_norm;
 
-  // Attention.
+  // Attention. heads: this rank's query heads (all on one rank); attn_heads: the heads the
+  // attention kernels run — `heads` padded to a count the sparse attention takes
+  // (cuda_attention_heads) with zero queries and zero sinks, whose outputs are dropped.
+  int heads = 0, attn_heads = 0;
   CudaFp8Linear wq_a, wq_b, wkv, wo_b;
   CudaBf16 q_norm, kv_norm;
-  DeviceBuffer<float> sink;  // [n_heads]
+  DeviceBuffer<float> sink;  // [attn_heads]
   CudaFp8Linear wo_a;        // codes + scale_e8m0 (+ scales_t unused)
   CudaBf16 wo_a_scale_rows;  // attn_output's per-row scales (tensor-core path)
   // Compressor projections (ratio > 0): rows [main wkv | main wgate | idx wkv | idx wgate].
@@ -106,6 +109,11 @@ struct CudaModelWeights {
     return ratio > 0 ? inv_freq_yarn.data() : inv_freq_plain.data();
   }
 };
+
+// The smallest head count >= heads the sparse attention kernels take (4, 8 or a multiple of
+// 16): a tensor-parallel share of a model's heads may be fewer (the tiny flash preset's 4 heads
+// at tp 2).
+int cuda_attention_heads(int heads);
 
 // Throws dsv4::Error naming the first feature of `c` the CUDA backend does not run (checked
 // before any upload, so an unsupported model fails fast).
