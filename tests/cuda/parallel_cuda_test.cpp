@@ -3,6 +3,8 @@
 // per rank), against the one-rank CUDA backend:
 //  - the in-process device collectives move bytes exactly (all-gather, all-to-all(v) with
 //    empty entries, split), with the ranks' streams ordered only by events;
+//  - the parallel runner with one rank (nothing to exchange) gives CudaRunner's logits bit for
+//    bit, over the in-process and the NCCL communicator (a world of one);
 //  - for every (dp, ep, tp) tuple of the issue, on both make-tiny presets and the golden
 //    checkpoints when present: prompt logits of one prefill, of 17-token chunks and of
 //    token-by-token decode steps within the golden README's end-to-end tolerance of one rank
@@ -30,10 +32,13 @@
 #include <thread>
 
 #include "backends/cuda/backend.h"
+#include "backends/cuda/parallel_runner.h"
 #include "comm/inproc_device_communicator.h"
 #include "core/error.h"
 #include "cuda/engine_test_support.h"
 #include "dsv4/engine.h"
+#include "io/checkpoint.h"
+#include "model/cache_spec.h"
 #include "model/model_config.h"
 #include "model/tiny_checkpoint.h"
 #include "ops/cuda/common/device_buffer.h"
@@ -260,6 +265,57 @@ TEST_F(ParallelCuda, TuplesOverNcclWithinToleranceOfOneRank) {
     SCOPED_TRACE(preset);
     std::printf("[%s, %d GPUs]\n", preset, cuda::device_count());
     check_model(d.path(), "nccl");
+  }
+}
+
+// The parallel runner with one rank has nothing to exchange, so its forward is the one-rank
+// model's: the same logits bit for bit as CudaRunner (eager), over either communicator (the
+// NCCL one: a world of one, split into groups of one).
+TEST_F(ParallelCuda, OneRankRunnerEqualsTheCudaRunnerBitForBit) {
+  for (const char* preset : {"flash", "pro"}) {
+    SCOPED_TRACE(preset);
+    TempDir d;
+    write_tiny_checkpoint(tiny_preset(preset), ExpertFormat::kMxfp4, 5, d.path(),
+                          tiny_init(preset));
+    CudaStackOptions so;
+    so.max_seqs = 2;
+    so.max_context = 320;
+    so.max_step_tokens = 160;
+    std::unique_ptr<CudaStack> one = open_cuda_stack(d.path(), so);
+    std::mt19937 rng(11);
+    std::vector<int32_t> toks{one->config.bos_token_id};
+    while (toks.size() < 150) toks.push_back(2 + int32_t(rng() % uint32_t(one->V() - 2)));
+    const std::vector<float> want = forced_logits(*one->runner, toks, 130, 0);
+    const QuantScheme scheme = QuantScheme::load(d.path(), one->config);
+    Checkpoint ckpt(d.path());
+    const WeightsRef ref = bind_weights(ckpt, one->config, scheme);
+    CudaModelLimits lim;
+    lim.max_tokens = so.max_step_tokens;
+    lim.max_seqs = so.max_seqs;
+    lim.max_context = so.max_context;
+    const CacheConfig cc = cache_capacity(one->config, so.max_seqs, so.max_context, so.page_size);
+    for (CudaCommKind kind : {CudaCommKind::kInProcess, CudaCommKind::kNccl}) {
+      const char* what = kind == CudaCommKind::kNccl ? "nccl" : "inproc";
+      ParallelCudaOptions po;
+      po.comm = kind;
+      std::unique_ptr<ParallelCudaRunner> r;
+      try {
+        r = std::make_unique<ParallelCudaRunner>(one->config, ref, ParallelConfig{1, 1, 1}, cc, lim,
+                                                 po);
+      } catch (const Error& e) {
+        if (kind == CudaCommKind::kNccl &&
+            std::string(e.what()).find("no NCCL") != std::string::npos) {
+          std::printf("  %s: %s\n", what, e.what());
+          continue;
+        }
+        throw;
+      }
+      const std::vector<float> got = forced_logits(*r, toks, 130, 0);
+      ASSERT_EQ(got.size(), want.size()) << what;
+      EXPECT_EQ(first_diff_row(got, want, one->V()), size_t(-1)) << what;
+      std::printf("  [%s] one-rank parallel runner over %s: %s\n", preset, what,
+                  got == want ? "bit-identical" : "DIFFERS");
+    }
   }
 }
 
