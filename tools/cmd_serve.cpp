@@ -43,6 +43,7 @@ int run(const Args& a) {
   o.engine.dp = static_cast<int>(a.integer("--dp"));
   o.engine.ep = static_cast<int>(a.integer("--ep"));
   o.engine.tp = static_cast<int>(a.integer("--tp"));
+  o.engine.parallel_comm = a.str("--comm");
   if (o.engine.backend != "cuda")
     DSV4_CHECK(o.engine.cuda_graphs && !o.engine.exact_linears,
                "--no-cuda-graphs and --exact-linears apply to --backend cuda");

@@ -18,6 +18,12 @@ std::vector<Flag> parallel_flags() {
       {"--dp", "N", "data-parallel attention groups", "1", false, {}, 1, 1024},
       {"--ep", "N", "expert-parallel ranks (routed experts split)", "1", false, {}, 1, 1024},
       {"--tp", "N", "tensor-parallel ranks per attention group", "1", false, {}, 1, 1024},
+      {"--comm",
+       "NAME",
+       "cuda, several ranks: nccl (a GPU per rank) or inproc (every rank on GPU 0; tests)",
+       "nccl",
+       false,
+       {"nccl", "inproc"}},
   };
 }
 
@@ -76,6 +82,7 @@ EngineOptions engine_options(const Args& a, int64_t max_tokens) {
   o.dp = static_cast<int>(a.integer("--dp"));
   o.ep = static_cast<int>(a.integer("--ep"));
   o.tp = static_cast<int>(a.integer("--tp"));
+  o.parallel_comm = a.str("--comm");
   const int64_t cache_mb = a.integer("--cache-mb");
   o.cache_bytes = cache_mb << 20;
   if (o.backend != "cuda")

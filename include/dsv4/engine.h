@@ -43,6 +43,11 @@ struct EngineOptions {
   // max(dp x tp, ep) ranks (the CPU backend runs them as threads). With dp > 1,
   // max_sequences, the cache and the prefix cache are per data-parallel rank.
   int dp = 1, ep = 1, tp = 1;
+  // CUDA backend with several ranks: the communicator. "nccl": one GPU per rank (threads of
+  // this process, NCCL collectives). "inproc": every rank on GPU 0 as threads, collectives by
+  // device copies — a test and development facility (parity with one rank without several
+  // GPUs), not a way to serve.
+  std::string parallel_comm = "nccl";
   // CUDA backend only.
   bool verify = false;      // re-run every op on the CPU from the GPU's inputs; the first
                             // divergence is thrown as a dsv4::Error naming block, op, metric

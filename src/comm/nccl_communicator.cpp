@@ -31,6 +31,27 @@ struct NcclCommunicator::Impl {
   int device = 0;
 };
 
+NcclCommunicator::NcclCommunicator(std::unique_ptr<Impl> impl, int world, int rank)
+    : impl_(std::move(impl)), world_(world), rank_(rank) {}
+
+std::unique_ptr<DeviceCommunicator> NcclCommunicator::split(int color, int key) {
+  auto child = std::make_unique<Impl>();
+  child->device = impl_->device;
+  check_cuda(cudaSetDevice(impl_->device), "set device");
+  check(ncclCommSplit(impl_->comm, color, key, &child->comm, nullptr), "split");
+  int n = 0, r = 0;
+  check(ncclCommCount(child->comm, &n), "count");
+  check(ncclCommUserRank(child->comm, &r), "user rank");
+  return std::unique_ptr<DeviceCommunicator>(new NcclCommunicator(std::move(child), n, r));
+}
+
+void NcclCommunicator::abort() {
+  if (impl_ && impl_->comm) {
+    ncclCommAbort(impl_->comm);
+    impl_->comm = nullptr;
+  }
+}
+
 std::vector<uint8_t> NcclCommunicator::unique_id() {
   keep_multicast_off();
   ncclUniqueId id;
@@ -60,6 +81,7 @@ NcclCommunicator::~NcclCommunicator() {
 }
 
 void NcclCommunicator::all_gather(const void* send, void* recv, size_t bytes, cudaStream_t s) {
+  DSV4_CHECK(impl_->comm, "NCCL communicator aborted");
   check(ncclAllGather(send, recv, bytes, ncclUint8, impl_->comm, s), "all-gather");
 }
 
@@ -74,6 +96,7 @@ void NcclCommunicator::all_to_all_v(const void* send, const std::vector<size_t>&
   DSV4_CHECK(int(send_offset.size()) == world_ && int(send_bytes.size()) == world_ &&
                  int(recv_offset.size()) == world_ && int(recv_bytes.size()) == world_,
              "all_to_all_v: one count and offset per rank");
+  DSV4_CHECK(impl_->comm, "NCCL communicator aborted");
   check(ncclGroupStart(), "group start");
   for (int r = 0; r < world_; ++r) {
     if (send_bytes[size_t(r)])

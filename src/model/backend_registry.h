@@ -26,6 +26,9 @@ struct RunnerOptions {
   // The parallel engine (model/parallel_layout.h); max_sequences and the cache are then per
   // data-parallel rank.
   int dp = 1, ep = 1, tp = 1;
+  // CUDA, several ranks: "nccl" (one GPU per rank, this process) or "inproc" (every rank on
+  // GPU 0, collectives by device copies: a test and development facility).
+  std::string parallel_comm = "nccl";
 };
 
 using RunnerFactory = std::unique_ptr<Runner> (*)(const RunnerOptions& options);

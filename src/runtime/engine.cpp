@@ -107,6 +107,7 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& o) {
   ro.dp = o.dp;
   ro.ep = o.ep;
   ro.tp = o.tp;
+  ro.parallel_comm = o.parallel_comm;
   return std::make_unique<LoopEngine>(factory(ro), o);
 }
 

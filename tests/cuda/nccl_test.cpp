@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -70,6 +71,36 @@ TEST(Nccl, CollectivesAcrossTheVisibleGpus) {
       failures[size_t(r)] = bad;
       cudaGraphExecDestroy(ge);
       cudaGraphDestroy(g);
+      cudaStreamDestroy(s);
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(failures[size_t(r)], 0) << "rank " << r;
+}
+
+// The parallel engine's view (DeviceCommunicator): ncclCommSplit into the ranks of one parity,
+// ordered by descending key, and an all-gather inside each part.
+TEST(Nccl, SplitThroughTheDeviceCommunicatorInterface) {
+  const int n = cuda::device_count();
+  if (n == 0) GTEST_SKIP() << "no GPU: " << cuda::describe_device();
+  const std::vector<uint8_t> id = NcclCommunicator::unique_id();
+  std::vector<std::thread> threads;
+  std::vector<int> failures(size_t(n), 0);
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      DSV4_CUDA_CHECK(cudaSetDevice(r));
+      NcclCommunicator world(id, n, r, r);
+      DeviceCommunicator& c = world;
+      std::unique_ptr<DeviceCommunicator> part = c.split(r % 2, -r);
+      cudaStream_t s;
+      DSV4_CUDA_CHECK(cudaStreamCreate(&s));
+      cuda::DeviceBuffer<int> mine(std::vector<int>{r}), all(size_t(part->size()));
+      part->all_gather(mine.data(), all.data(), 4, s);
+      DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
+      std::vector<int> want;  // my parity, descending
+      for (int q = n - 1; q >= 0; --q)
+        if (q % 2 == r % 2) want.push_back(q);
+      failures[size_t(r)] = (all.download() != want) + (part->size() != int(want.size()));
+      part.reset();
       cudaStreamDestroy(s);
     });
   for (auto& t : threads) t.join();

@@ -7,6 +7,7 @@
 #include "backends/cpu/weights.h"
 #include "backends/cuda/device_context.h"
 #include "backends/cuda/model.h"
+#include "backends/cuda/parallel_runner.h"
 #include "backends/cuda/runner.h"
 #include "backends/cuda/verify.h"
 #include "backends/cuda/weights.h"
@@ -21,20 +22,84 @@
 
 namespace dsv4 {
 
+namespace {
+
+// Several ranks: the parallel engine (backends/cuda/parallel_runner.h).
+std::unique_ptr<Runner> open_parallel_cuda_runner(const RunnerOptions& o) {
+  DSV4_CHECK(o.parallel_comm == "nccl" || o.parallel_comm == "inproc", "unknown communicator '",
+             o.parallel_comm, "' (nccl, inproc)");
+  DSV4_CHECK(!o.verify, "verify mode runs one rank (dp ", o.dp, ", ep ", o.ep, ", tp ", o.tp,
+             " asked)");
+  if (o.cuda_graphs)
+    std::fprintf(stderr,
+                 "dsv4: the parallel CUDA engine runs every step eagerly (CUDA graphs are not "
+                 "offered with several ranks yet)\n");
+  const ModelConfig config =
+      load_model_config((std::filesystem::path(o.model_dir) / "config.json").string());
+  const QuantScheme scheme = QuantScheme::load(o.model_dir, config);
+  check_cuda_supported(config);
+  ParallelConfig pc;
+  pc.dp = o.dp;
+  pc.ep = o.ep;
+  pc.tp = o.tp;
+  const ParallelLayout layout(config, pc);  // a tuple that does not divide: its error first
+  ParallelCudaOptions po;
+  po.comm = o.parallel_comm == "inproc" ? CudaCommKind::kInProcess : CudaCommKind::kNccl;
+  // The memory plan first: one pool per rank; in-process every rank shares GPU 0.
+  const MemoryPlan plan = plan_memory(config, scheme, memory_plan_options(o, PlanBackend::kCuda));
+  if (po.comm == CudaCommKind::kInProcess) {
+    DSV4_CUDA_CHECK(cudaSetDevice(po.device));
+    MemoryPool all;
+    all.name = cat("GPU ", po.device, " memory (", plan.pools.size(), " ranks in-process)");
+    for (const MemoryPool& p : plan.pools) {
+      all.weights += p.weights;
+      all.cache += p.cache;
+      all.cache_min += p.cache;
+      all.activations += p.activations;
+      all.reserve = std::max(all.reserve, p.reserve);
+    }
+    size_t free = 0, total = 0;
+    DSV4_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    require_fits(all, int64_t(free), "free on the GPU");
+  } else {
+    for (const MemoryPool& p : plan.pools) {
+      if (p.rank < 0 || p.rank >= cuda::device_count()) continue;  // the runner says why
+      DSV4_CUDA_CHECK(cudaSetDevice(p.rank));
+      size_t free = 0, total = 0;
+      DSV4_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+      MemoryPool q = p;
+      q.cache_min = q.cache;  // the pool is not shrunk here
+      require_fits(q, int64_t(free), cat("free on GPU ", p.rank));
+    }
+  }
+  // Each group's pool: the flag's size, else room for max_sequences x max_tokens (not shrunk
+  // to what is left: the ranks share or split the GPUs).
+  const CacheConfig cc = plan_cache(config, o.max_sequences, o.max_tokens, o.page_size,
+                                    o.cache_bytes, o.snapshot_slots);
+  CudaModelLimits lim;
+  lim.max_seqs = o.max_sequences;
+  lim.max_context = o.max_tokens;
+  lim.exact_linears = o.exact_linears;
+  lim.max_tokens = int(plan.step.tokens);
+  lim.max_logit_rows = int(plan.step.logit_rows);
+  Checkpoint ckpt(o.model_dir);
+  const WeightsRef ref = bind_weights(ckpt, config, scheme);
+  check_weights_finite(ckpt);
+  return std::make_unique<ParallelCudaRunner>(config, ref, pc, cc, lim, po);
+}
+
+}  // namespace
+
 std::unique_ptr<Runner> open_cuda_runner(const RunnerOptions& o) {
   DSV4_CHECK(o.page_size > 0 && o.page_size <= 4096, "page size must be in [1, 4096]");
   DSV4_CHECK(o.max_sequences > 0, "max_sequences must be positive");
   DSV4_CHECK(o.max_tokens > 0, "max_tokens must be positive");
   DSV4_CHECK(o.max_step_tokens >= 0 && o.cache_bytes >= 0, "negative step or cache size");
-  // Refused rather than run as one rank: the sharded CUDA forward pass is not built yet.
-  DSV4_CHECK(o.dp == 1 && o.ep == 1 && o.tp == 1, "backend 'cuda' runs one rank (dp ", o.dp,
-             ", ep ", o.ep, ", tp ", o.tp,
-             " asked): its parallel forward pass is not built yet; the parallel engine runs on "
-             "--backend cpu");
   DSV4_CHECK(std::filesystem::is_directory(o.model_dir), o.model_dir,
              ": model directory does not exist");
   DSV4_CHECK(cuda::device_count() > 0, "backend 'cuda': no usable CUDA GPU (",
              cuda::describe_device(), ")");
+  if (o.dp != 1 || o.ep != 1 || o.tp != 1) return open_parallel_cuda_runner(o);
   auto owned = std::make_unique<CudaRunner::Owned>();
   const ModelConfig config =
       load_model_config((std::filesystem::path(o.model_dir) / "config.json").string());

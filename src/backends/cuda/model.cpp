@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "backends/cuda/glue.h"
+#include "backends/cuda/parallel_moe.h"
 #include "backends/cuda/verify.h"
 #include "core/error.h"
 #include "core/formats.h"
@@ -400,11 +401,16 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
                           bf16* out) {
   const ModelConfig& c = cfg_;
   const CudaBlockWeights& b = w_.blocks[block];
-  const int T = st.num_tokens, H = c.n_heads, D = c.head_dim, QL = c.q_lora_rank;
+  // H: this rank's heads (all of them on one rank); HA: the heads attention runs (H padded with
+  // zero queries to a count the sparse attention takes; a tensor-parallel share may need it).
+  const int T = st.num_tokens, H = b.heads, HA = b.attn_heads, D = c.head_dim, QL = c.q_lora_rank;
   const int ratio = b.ratio;
   const float2* cs = act_.cs[ratio > 0 ? 1 : 0];
   const int64_t Tmax = limits_.max_tokens;
   CudaVerifier* V = verify_;
+  if (HA != H)  // the padding heads' queries: zero (wq_b writes the real heads' columns)
+    DSV4_CUDA_CHECK(cudaMemset2DAsync(act_.q + int64_t(H) * D, size_t(HA) * D * 2, 0,
+                                      size_t(HA - H) * D * 2, size_t(T), stream_));
 
   // q and window KV projections share the quantised x.
   const Fp8Act ax = quantize(x, c.dim, T, c.dim, 0);
@@ -424,7 +430,7 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   cuda::rms_norm(rn, stream_);
   if (V) V->rms_norm(block, VNorm::kQNorm, act_.qr, T, QL, act_.qr_n);
   const Fp8Act aq = quantize(act_.qr_n, QL, T, QL, 1);
-  gemm(aq, b.wq_b, act_.q, int64_t(H) * D, true);
+  gemm(aq, b.wq_b, act_.q, int64_t(HA) * D, true);
   if (V) V->linear(block, VLinear::kWqB, act_.qr_n, QL, T, act_.q, int64_t(H) * D, false);
   std::vector<float> q_in;
   if (V) q_in = V->bf16(act_.q, size_t(T) * H * D);
@@ -433,7 +439,7 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   qp.out = act_.q;
   qp.cos_sin = cs;
   qp.num_tokens = T;
-  qp.num_heads = H;
+  qp.num_heads = HA;
   qp.eps = c.norm_eps;
   cuda::q_norm_rope(qp, stream_);
   if (V) V->q_norm_rope(block, q_in, act_.q);
@@ -515,9 +521,19 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   // Lightning indexer (CSA).
   if (ratio == 4) {
     const int HI = c.index_n_heads, DI = c.index_head_dim;
-    gemm(aq, b.index_wq_b, act_.qi, int64_t(HI) * DI, false);
+    // Tensor parallel: every rank scores with all heads, gathered in head order.
+    const int HIl = b.index_wq_b.n / DI;
+    if (HIl != HI) {
+      gemm(aq, b.index_wq_b, tp_mine_, int64_t(HIl) * DI, false);
+      tp_gather(tp_mine_, T, HIl * DI, act_.qi);
+      blas_->linear(x, c.dim, T, b.weights_proj.ptr(), HIl, c.dim, tp_mine_, HIl, false, stream_);
+      tp_gather(tp_mine_, T, HIl, act_.wproj);
+    } else {
+      gemm(aq, b.index_wq_b, act_.qi, int64_t(HI) * DI, false);
+    }
     if (V) V->linear(block, VLinear::kIndexWqB, act_.qr_n, QL, T, act_.qi, int64_t(HI) * DI, false);
-    blas_->linear(x, c.dim, T, b.weights_proj.ptr(), HI, c.dim, act_.wproj, HI, false, stream_);
+    if (HIl == HI)
+      blas_->linear(x, c.dim, T, b.weights_proj.ptr(), HI, c.dim, act_.wproj, HI, false, stream_);
     if (V) V->linear(block, VLinear::kWeightsProj, x, c.dim, T, act_.wproj, HI, false);
     cuda::IndexerParams ip;
     ip.batch = st.attn_batch();
@@ -565,7 +581,7 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   // Sparse attention over the window (+ staged chunk) and the compressed entries.
   cuda::SparseAttnParams sp;
   sp.batch = st.attn_batch();
-  sp.n_heads = H;
+  sp.n_heads = HA;
   sp.head_dim = D;
   sp.softmax_scale = static_cast<float>(1.0 / std::sqrt(double(D)));
   sp.sink = b.sink.data();
@@ -592,7 +608,7 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   sp.workspace_bytes = act_.attn_ws_bytes;
   {
     const cuda::SparseAttnPlan plan = cuda::sparse_attention_plan(sp);
-    const int64_t fits = attn_splits_for(T, H);
+    const int64_t fits = attn_splits_for(T, HA);
     // Fewer key splits when the planned ones do not fit the scratch (long contexts at
     // mid-size batches); the split count changes only the order of the fp32 combine.
     if (plan.num_splits > 1 && plan.num_splits > fits)
@@ -606,16 +622,26 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   // Output path: inverse RoPE + grouped wo_a, then wo_b.
   cuda::WoAParams wp;
   wp.o = act_.o;
+  if (HA != H) {  // the real heads' outputs, compacted into the (spent) query buffer
+    DSV4_CUDA_CHECK(cudaMemcpy2DAsync(act_.q, size_t(H) * D * 2, act_.o, size_t(HA) * D * 2,
+                                      size_t(H) * D * 2, size_t(T), cudaMemcpyDeviceToDevice,
+                                      stream_));
+    wp.o = act_.q;
+  }
   wp.cos_sin = cs;
   wp.num_tokens = T;
   wp.num_heads = H;
-  wp.o_groups = c.o_groups;
+  // Tensor parallel: this rank's groups, then wo_b whole on every rank's (its sums are the
+  // one-rank sums).
+  const int Gl = b.wo_a.n / c.o_lora_rank;
+  wp.o_groups = Gl;
   wp.o_lora = c.o_lora_rank;
   wp.w = b.wo_a.codes.data();
   wp.w_scale = b.wo_a.scale_e8m0.data();
   wp.w_scale_rows = b.wo_a_scale_rows.ptr();
-  wp.z = act_.z;
+  wp.z = Gl != c.o_groups ? tp_mine_ : act_.z;
   cuda::attn_output_wo_a(wp, stream_);
+  if (Gl != c.o_groups) tp_gather(tp_mine_, T, Gl * c.o_lora_rank, act_.z);
   if (V) V->wo_a(block, act_.z);
   const int GOL = c.o_groups * c.o_lora_rank;
   const Fp8Act az = quantize(act_.z, GOL, T, GOL, 0);
@@ -661,6 +687,10 @@ void CudaModel::moe(int block, const DeviceStep& st, const bf16* x, bf16* out) {
   const Fp8Act aa = quantize(act_.sact, inter, T, inter, 1);
   gemm(aa, b.shared_w2, act_.shared, c.dim, true);
   if (V) V->linear(block, VLinear::kSharedW2, act_.sact, inter, T, act_.shared, c.dim, false);
+  if (pmoe_) {  // the parallel engine: routed experts across ranks
+    pmoe_->forward(b, x, st.tokens, act_.shared, T, out, stream_);
+    return;
+  }
 
   cuda::moe::MoeArgs m;
   m.x = x;

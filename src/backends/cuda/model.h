@@ -22,6 +22,7 @@
 #include "backends/cuda/blas.h"
 #include "backends/cuda/device_cache.h"
 #include "backends/cuda/device_context.h"
+#include "backends/cuda/rank_context.h"
 #include "backends/cuda/step.h"
 #include "backends/cuda/weights.h"
 #include "model/model_config.h"
@@ -30,6 +31,7 @@
 namespace dsv4 {
 
 class CudaVerifier;
+class CudaParallelMoe;
 
 // The largest step the activations are planned for.
 struct CudaModelLimits {
@@ -60,6 +62,15 @@ class CudaModel {
   DeviceContext& context() const { return ctx_; }
   // Device bytes of the planned activations and workspaces.
   int64_t activation_bytes() const { return act_bytes_; }
+
+  // The parallel engine: this model is one rank's shard (weights uploaded with the rank's
+  // cpu::WeightShard) and runs the collectives of `rank` (which outlives the model): the
+  // tensor-parallel gathers of the wo_a outputs and indexer heads, the MoE exchanges
+  // (backends/cuda/parallel_moe.h). Null: one rank. Not with verify mode or traces.
+  void set_rank(const CudaRankContext* rank);
+  // A rank whose data-parallel group has no work this step: the MoE collectives of every
+  // decoder block with no rows, in forward()'s order.
+  void idle_forward();
 
   // Verify mode and traces (both synchronise per op; never while capturing a graph).
   // The verifier learns which path the FP8 linears take (--exact-linears) to judge their sums.
@@ -121,6 +132,10 @@ class CudaModel {
   void gemm(const Fp8Act& a, const CudaFp8Linear& w, __nv_bfloat16* y, int64_t ldy, bool pdl);
   int64_t attn_splits_for(int tokens, int heads_per_cta) const;
 
+  // Every tensor-parallel rank's [rows, width] slab (mine) as out [rows, tp x width], rank
+  // order (the one-rank column order: heads and groups are split contiguously).
+  void tp_gather(const __nv_bfloat16* mine, int rows, int width, __nv_bfloat16* out);
+
   void trace_rows(int block, const DeviceStep& st, const char* name, const __nv_bfloat16* x,
                   int width);
 
@@ -158,6 +173,10 @@ class CudaModel {
   CudaVerifier* verify_ = nullptr;
   TraceSink* trace_ = nullptr;
   std::vector<cudaEvent_t> events_;  // block timing: n_layers + 2 events when on
+  // Parallel engine (set_rank).
+  const CudaRankContext* rank_ = nullptr;
+  std::unique_ptr<CudaParallelMoe> pmoe_;
+  __nv_bfloat16 *tp_mine_ = nullptr, *tp_all_ = nullptr;  // tp_gather's slabs
 };
 
 }  // namespace dsv4

@@ -112,6 +112,71 @@ CudaBf16 bf16_stack(const std::vector<const TensorView*>& parts) {
   return out;
 }
 
+// Rows [lo, lo + n) of a tensor's first dimension (a view into the checkpoint's bytes).
+TensorView rows_of(const TensorView& t, int64_t lo, int64_t n) {
+  DSV4_CHECK(!t.shape.empty() && lo >= 0 && n >= 0 && lo + n <= t.shape[0], "tensor '", t.name,
+             "': rows [", lo, ", ", lo + n, ") out of range");
+  const size_t row = t.nbytes / size_t(t.shape[0]);
+  TensorView v = t;
+  v.data = t.data + size_t(lo) * row;
+  v.shape[0] = n;
+  v.nbytes = size_t(n) * row;
+  v.name = cat(t.name, "[", lo, ":", lo + n, "]");
+  return v;
+}
+
+// An FP8 linear's output rows [lo, lo + n) with their scale blocks.
+struct Fp8Rows {
+  TensorView weight, scale;
+  Fp8Ref ref() const { return {&weight, &scale}; }
+};
+Fp8Rows fp8_rows(const Fp8Ref& r, int64_t lo, int64_t n) {
+  check_fp8(r);
+  DSV4_CHECK(lo % 128 == 0 && (n % 128 == 0 || lo + n == r.weight->shape[0]), "tensor '",
+             r.weight->name, "': rows [", lo, ", ", lo + n,
+             ") of a shard do not fall on its 128-row scale blocks");
+  return {rows_of(*r.weight, lo, n), rows_of(*r.scale, lo / 128, (n + 127) / 128)};
+}
+
+// The router of a layer whose routed experts are split over ranks: gate, bias and tid2eid for
+// every expert, no expert weights; inter and format from the rank's share.
+cuda::moe::MoeDeviceWeights router_of(const MoeRef& ref, const cuda::moe::MoeDeviceWeights& mine) {
+  cuda::moe::MoeDeviceWeights w;
+  const int E = int(ref.experts.size());
+  w.format = mine.format;
+  w.n_experts = E;
+  w.dim = mine.dim;
+  w.inter = mine.inter;
+  DSV4_CHECK(ref.gate && ref.gate->dtype == DType::kBF16 && ref.gate->shape.size() == 2 &&
+                 ref.gate->shape[0] == E,
+             "moe: gate must be BF16 [", E, ", dim]");
+  w.gate = upload_raw<uint16_t>(*ref.gate);
+  if (ref.bias) w.bias = f32_tensor(ref.bias, "gate bias");
+  if (ref.tid2eid) {
+    const TensorView& t = *ref.tid2eid;
+    DSV4_CHECK((t.dtype == DType::kI64 || t.dtype == DType::kI32) && t.shape.size() == 2,
+               "tensor '", t.name, "': expected I64/I32 [vocab, top_k]");
+    w.vocab = int(t.shape[0]);
+    w.hash_top_k = int(t.shape[1]);
+    std::vector<int32_t> ids(size_t(t.numel()));
+    for (size_t i = 0; i < ids.size(); ++i) {
+      int64_t v = 0;
+      if (t.dtype == DType::kI64) {
+        std::memcpy(&v, t.data + 8 * i, 8);
+      } else {
+        int32_t v32;
+        std::memcpy(&v32, t.data + 4 * i, 4);
+        v = v32;
+      }
+      DSV4_CHECK(v >= 0 && v < E, "tensor '", t.name, "': expert id ", v, " out of range [0, ", E,
+                 ")");
+      ids[i] = int32_t(v);
+    }
+    w.tid2eid = DeviceBuffer<int32_t>(ids);
+  }
+  return w;
+}
+
 size_t free_device_bytes() {
   size_t free = 0, total = 0;
   DSV4_CUDA_CHECK(cudaMemGetInfo(&free, &total));
@@ -119,6 +184,11 @@ size_t free_device_bytes() {
 }
 
 }  // namespace
+
+int cuda_attention_heads(int heads) {
+  DSV4_CHECK(heads >= 1 && heads <= 256, "attention heads ", heads, " per rank");
+  return heads <= 4 ? 4 : heads <= 8 ? 8 : (heads + 15) / 16 * 16;
+}
 
 void check_cuda_supported(const ModelConfig& c) {
   auto need = [](bool ok, auto&&... what) {
@@ -151,8 +221,23 @@ void check_cuda_supported(const ModelConfig& c) {
   }
 }
 
-CudaModelWeights upload_cuda_weights(const ModelConfig& c, const WeightsRef& ref, bool progress) {
+CudaModelWeights upload_cuda_weights(const ModelConfig& c, const WeightsRef& ref, bool progress,
+                                     const cpu::WeightShard& shard) {
   check_cuda_supported(c);
+  const int heads_lo = shard.heads < 0 ? 0 : shard.heads_lo;
+  const int heads = shard.heads < 0 ? c.n_heads : shard.heads;
+  const int groups_lo = shard.groups < 0 ? 0 : shard.groups_lo;
+  const int groups = shard.groups < 0 ? c.o_groups : shard.groups;
+  const int iheads_lo = shard.index_heads < 0 ? 0 : shard.index_heads_lo;
+  const int iheads = shard.index_heads < 0 ? c.index_n_heads : shard.index_heads;
+  const int experts_lo = shard.experts < 0 ? 0 : shard.experts_lo;
+  const int experts = shard.experts < 0 ? c.n_routed_experts : shard.experts;
+  DSV4_CHECK(heads_lo >= 0 && heads >= 1 && heads_lo + heads <= c.n_heads && groups_lo >= 0 &&
+                 groups >= 1 && groups_lo + groups <= c.o_groups && iheads_lo >= 0 &&
+                 iheads_lo + iheads <= c.index_n_heads && experts_lo >= 0 && experts >= 1 &&
+                 experts_lo + experts <= c.n_routed_experts &&
+                 heads * c.o_groups == groups * c.n_heads,
+             "CUDA weights: shard out of the model's ranges");
   const size_t free0 = free_device_bytes();
   CudaModelWeights m;
   const int units = int(ref.blocks.size()) + 1;
@@ -191,24 +276,39 @@ CudaModelWeights upload_cuda_weights(const ModelConfig& c, const WeightsRef& ref
 
     const AttentionRef& a = br.attn;
     b.wq_a = fp8(a.wq_a);
-    b.wq_b = fp8(a.wq_b);
+    b.wq_b =
+        fp8(fp8_rows(a.wq_b, int64_t(heads_lo) * c.head_dim, int64_t(heads) * c.head_dim).ref());
     b.wkv = fp8(a.wkv);
     b.wo_b = fp8(a.wo_b);
     b.q_norm = bf16_tensor(a.q_norm, "q_norm");
     b.kv_norm = bf16_tensor(a.kv_norm, "kv_norm");
-    b.sink = f32_tensor(a.attn_sink, "attn_sink");
+    DSV4_CHECK(
+        a.attn_sink && a.attn_sink->dtype == DType::kF32 && a.attn_sink->numel() == c.n_heads,
+        "CUDA weights: attn_sink must be F32 [", c.n_heads, "]");
+    b.heads = heads;
+    b.attn_heads = cuda_attention_heads(heads);
+    DSV4_CHECK(b.attn_heads <= c.n_heads, "CUDA weights: ", heads, " heads per rank pad to ",
+               b.attn_heads, ", more than the model's ", c.n_heads);
+    {
+      std::vector<float> sink(size_t(b.attn_heads), 0.0f);  // padding heads: zero sinks
+      std::memcpy(sink.data(), a.attn_sink->data + size_t(heads_lo) * 4, size_t(heads) * 4);
+      b.sink = DeviceBuffer<float>(sink);
+    }
     // wo_a: codes and UE8M0 scales as in the checkpoint, plus the tensor-core path's scales.
     check_fp8(a.wo_a);
-    b.wo_a.n = int(a.wo_a.weight->shape[0]);
-    b.wo_a.k = int(a.wo_a.weight->shape[1]);
-    b.wo_a.codes = upload_raw<uint8_t>(*a.wo_a.weight);
-    b.wo_a.scale_e8m0 = upload_raw<uint8_t>(*a.wo_a.scale);
     const int in_g = c.heads_per_group() * c.head_dim;
-    DSV4_CHECK(b.wo_a.n == c.o_groups * c.o_lora_rank && b.wo_a.k == in_g, "tensor '",
-               a.wo_a.weight->name, "': unexpected shape");
+    DSV4_CHECK(a.wo_a.weight->shape[0] == int64_t(c.o_groups) * c.o_lora_rank &&
+                   a.wo_a.weight->shape[1] == in_g,
+               "tensor '", a.wo_a.weight->name, "': unexpected shape");
+    const Fp8Rows wo_a =
+        fp8_rows(a.wo_a, int64_t(groups_lo) * c.o_lora_rank, int64_t(groups) * c.o_lora_rank);
+    b.wo_a.n = int(wo_a.weight.shape[0]);
+    b.wo_a.k = int(wo_a.weight.shape[1]);
+    b.wo_a.codes = upload_raw<uint8_t>(wo_a.weight);
+    b.wo_a.scale_e8m0 = upload_raw<uint8_t>(wo_a.scale);
     b.wo_a_scale_rows.bits =
-        DeviceBuffer<uint16_t>(cuda::wo_a_scale_rows_elems(c.o_groups, c.o_lora_rank, in_g));
-    cuda::wo_a_prepare_scales(b.wo_a.scale_e8m0.data(), c.o_groups, c.o_lora_rank, in_g,
+        DeviceBuffer<uint16_t>(cuda::wo_a_scale_rows_elems(groups, c.o_lora_rank, in_g));
+    cuda::wo_a_prepare_scales(b.wo_a.scale_e8m0.data(), groups, c.o_lora_rank, in_g,
                               reinterpret_cast<__nv_bfloat16*>(b.wo_a_scale_rows.bits.data()),
                               nullptr);
 
@@ -225,14 +325,38 @@ CudaModelWeights upload_cuda_weights(const ModelConfig& c, const WeightsRef& ref
         b.index_width = int(ix.compressor.wkv->shape[0]);
         b.index_ape = f32_tensor(ix.compressor.ape, "indexer compressor ape");
         b.index_norm = bf16_tensor(ix.compressor.norm, "indexer compressor norm");
-        b.index_wq_b = fp8(ix.wq_b);
-        b.weights_proj = bf16_tensor(ix.weights_proj, "indexer weights_proj");
+        b.index_wq_b = fp8(fp8_rows(ix.wq_b, int64_t(iheads_lo) * c.index_head_dim,
+                                    int64_t(iheads) * c.index_head_dim)
+                               .ref());
+        DSV4_CHECK(ix.weights_proj, "CUDA weights: indexer weights_proj missing");
+        const TensorView wproj = rows_of(*ix.weights_proj, iheads_lo, iheads);
+        b.weights_proj = bf16_tensor(&wproj, "indexer weights_proj");
       }
       b.comp_rows = 2 * b.main_width + 2 * b.index_width;
       b.comp_proj = bf16_stack(rows);
     }
 
-    b.moe = cuda::moe::upload_moe_weights(br.ffn);
+    if (experts == c.n_routed_experts) {
+      b.moe = cuda::moe::upload_moe_weights(br.ffn);
+    } else {
+      // This rank's experts (their gate rows ride along, unused), and the whole router.
+      DSV4_CHECK(br.ffn.gate && int(br.ffn.experts.size()) == c.n_routed_experts,
+                 "CUDA weights: block ", br.index, " routed experts missing");
+      MoeRef mine = br.ffn;
+      mine.experts.assign(br.ffn.experts.begin() + experts_lo,
+                          br.ffn.experts.begin() + experts_lo + experts);
+      const TensorView gate = rows_of(*br.ffn.gate, experts_lo, experts);
+      TensorView bias;
+      mine.gate = &gate;
+      if (br.ffn.bias) {
+        bias = rows_of(*br.ffn.bias, experts_lo, experts);
+        mine.bias = &bias;
+      }
+      mine.tid2eid = nullptr;
+      b.moe_local = cuda::moe::upload_moe_weights(mine);
+      b.experts_lo = experts_lo;
+      b.moe = router_of(br.ffn, b.moe_local);
+    }
     b.shared_inter = int(br.ffn.shared_w1.weight->shape[0]);
     b.shared_fused = b.shared_inter % 128 == 0;
     if (b.shared_fused) {

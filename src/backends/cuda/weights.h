@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backends/cpu/weights.h"
 #include "model/model_config.h"
 #include "model/weights.h"
 #include "ops/cuda/common/device_buffer.h"
@@ -58,10 +59,13 @@ struct CudaBlockWeights {
   CudaHcUnit hc_attn, hc_ffn;
   CudaBf16 attn_norm, ffn_norm;
 
-  // Attention.
+  // Attention. heads: this rank's query heads (all on one rank); attn_heads: the heads the
+  // attention kernels run — `heads` padded to a count the sparse attention takes
+  // (cuda_attention_heads) with zero queries and zero sinks, whose outputs are dropped.
+  int heads = 0, attn_heads = 0;
   CudaFp8Linear wq_a, wq_b, wkv, wo_b;
   CudaBf16 q_norm, kv_norm;
-  DeviceBuffer<float> sink;  // [n_heads]
+  DeviceBuffer<float> sink;  // [attn_heads]
   CudaFp8Linear wo_a;        // codes + scale_e8m0 (+ scales_t unused)
   CudaBf16 wo_a_scale_rows;  // attn_output's per-row scales (tensor-core path)
   // Compressor projections (ratio > 0): rows [main wkv | main wgate | idx wkv | idx wgate].
@@ -75,8 +79,12 @@ struct CudaBlockWeights {
   CudaFp8Linear index_wq_b;
   CudaBf16 weights_proj;  // [index_heads, dim]
 
-  // MoE.
+  // MoE. One rank: `moe` holds the router and every routed expert. A rank of the parallel
+  // engine with a share of the experts: `moe` holds the router alone (n_experts = all, no
+  // expert weights) and `moe_local` the experts [experts_lo, experts_lo + its n_experts).
   cuda::moe::MoeDeviceWeights moe;
+  cuda::moe::MoeDeviceWeights moe_local;
+  int experts_lo = 0;
   bool shared_fused = false;           // shared_w13 holds [w1; w3]
   CudaFp8Linear shared_w13;            // fused: [2*inter, dim]
   CudaFp8Linear shared_w1, shared_w3;  // not fused
@@ -102,11 +110,20 @@ struct CudaModelWeights {
   }
 };
 
+// The smallest head count >= heads the sparse attention kernels take (4, 8 or a multiple of
+// 16): a tensor-parallel share of a model's heads may be fewer (the tiny flash preset's 4 heads
+// at tp 2).
+int cuda_attention_heads(int heads);
+
 // Throws dsv4::Error naming the first feature of `c` the CUDA backend does not run (checked
 // before any upload, so an unsupported model fails fast).
 void check_cuda_supported(const ModelConfig& c);
 
 // Uploads and repacks every tensor (synchronously). `progress`: a progress bar on stderr.
-CudaModelWeights upload_cuda_weights(const ModelConfig& c, const WeightsRef& ref, bool progress);
+// `shard`: one rank of the parallel engine keeps only its rows of wq_b and the sinks (heads),
+// wo_a (output groups), the indexer's wq_b and weights_proj (index heads) and its routed
+// experts; a split that does not fall on the FP8 scale blocks (128 rows) is an error.
+CudaModelWeights upload_cuda_weights(const ModelConfig& c, const WeightsRef& ref, bool progress,
+                                     const cpu::WeightShard& shard = {});
 
 }  // namespace dsv4

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/per_device.h"
 #include "ops/cuda/gemm/fp8_gemm_heuristic.h"
 #include "ops/cuda/gemm/stream_gemm.cuh"
 #include "ops/cuda/gemm/stream_gemm.h"
@@ -34,8 +35,8 @@ void launch_tokens(const StreamGemmLaunch& p, cudaStream_t stream) {
   constexpr int kStages = gemm_cfg::stream_stages(kMT, kFp8);
   constexpr int kSmem = gemm_cfg::stream_smem_bytes(kMT, kFp8);
   auto kernel = stream_gemm::stream_gemm_kernel<kMT, kFp8, kStages>;
-  static std::once_flag once;
-  std::call_once(once, [&] {
+  static std::atomic<uint64_t> once{0};
+  once_per_device(once, [&] {
     DSV4_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   });

@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/per_device.h"
 #include "ops/cuda/common/sm90/bf16x2.cuh"
 #include "ops/cuda/common/sm90/cp_async.cuh"
 #include "ops/cuda/common/sm90/warp_mma.cuh"
@@ -253,12 +254,11 @@ void launch_logits(const IndexerParams& p, cudaStream_t stream) {
   LogitsArgs a{p.q_fp4,          p.weights, p.scores, p.score_stride, p.batch.cu_seqlens,
                p.batch.seq_pos0, p.keys,    p.ratio,  int(kpc)};
   const size_t smem = sizeof(LogitsSmem<HI>);
-  static bool attr = [&] {
+  static std::atomic<uint64_t> attr{0};
+  once_per_device(attr, [&] {
     DSV4_CUDA_CHECK(cudaFuncSetAttribute(indexer_logits_kernel<HI>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    return true;
-  }();
-  (void)attr;
+  });
   dim3 grid(unsigned(chunks), unsigned(tiles), unsigned(p.batch.num_seqs));
   indexer_logits_kernel<HI><<<grid, kLogitsThreads, smem, stream>>>(a);
   DSV4_CUDA_CHECK(cudaGetLastError());

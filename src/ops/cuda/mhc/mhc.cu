@@ -27,6 +27,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/per_device.h"
 #include "ops/cuda/common/sm90/cp_async.cuh"
 #include "ops/cuda/common/sm90/sync.cuh"
 #include "ops/cuda/common/sm90/warp_mma.cuh"
@@ -656,7 +657,8 @@ int max_clusters(int cs) {
   auto kernel = hc_cluster_kernel<kMode, kDw, kMaxMt>;
   const size_t max_smem = smem_layout(kMaxMt, kDw).total;
   static std::mutex mu;
-  static int cached[kMaxCluster + 1] = {};
+  static int cached_per_device[kMaxDevices][kMaxCluster + 1] = {};  // attributes: per device
+  int* cached = cached_per_device[current_device()];
   std::lock_guard<std::mutex> lock(mu);
   if (cached[cs] == 0) {
     DSV4_CUDA_CHECK(

@@ -31,6 +31,7 @@
 
 #if defined(__CUDACC__)
 #include "ops/cuda/common/numerics.cuh"
+#include "ops/cuda/common/per_device.h"
 #include "ops/cuda/common/sm90/cp_async.cuh"
 #include "ops/cuda/common/sm90/smem.cuh"
 #include "ops/cuda/common/sm90/sync.cuh"
@@ -386,23 +387,26 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
 }
 
 // One kernel instance: opt-in shared memory and the persistent grid (resident CTAs per SM x
-// SMs) are set up once per instance.
+// SMs) are set up once per instance and device.
 template <ExpertFormat F, class T, bool GATE_UP>
 void launch_moe_gemm_instance(const GemmArgs& a, const LaunchCtx& c) {
   auto kernel = moe_gemm_kernel<F, T, GATE_UP>;
   constexpr int smem = gemm_smem_bytes<F, T>();
-  static const int grid = [&] {
+  static std::atomic<int> grids[kMaxDevices] = {};
+  const int dev = current_device();
+  int grid = grids[dev].load(std::memory_order_acquire);
+  if (grid == 0) {
     DSV4_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    int per_sm = 0, dev = 0, sms = 0;
+    int per_sm = 0, sms = 0;
     DSV4_CUDA_CHECK(
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, T::THREADS, smem));
-    DSV4_CUDA_CHECK(cudaGetDevice(&dev));
     DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     DSV4_CHECK(per_sm > 0, "moe expert GEMM (tile_n ", T::BN, "): no CTA fits on an SM (", smem,
                " bytes of shared memory)");
-    return per_sm * sms;
-  }();
+    grid = per_sm * sms;
+    grids[dev].store(grid, std::memory_order_release);
+  }
   launch_kernel(c, kernel, dim3(grid), dim3(T::THREADS), size_t(smem), a);
 }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "ops/cuda/common/numerics.cuh"
+#include "ops/cuda/common/per_device.h"
 #include "ops/cuda/common/sm90/sync.cuh"
 #include "ops/cuda/moe/moe.h"
 #include "ops/cuda/moe/moe_config.h"
@@ -451,13 +452,12 @@ void launch_plan(const LaunchCtx& c, const MoeDeviceWeights& w, const MoeArgs& a
 
 void launch_route_plan_small(const LaunchCtx& c, const MoeDeviceWeights& w, const MoeArgs& a,
                              const MoeWorkspace& ws, int tile_n) {
-  static const bool attr = [] {
+  static std::atomic<uint64_t> attr{0};
+  once_per_device(attr, [] {
     DSV4_CUDA_CHECK(cudaFuncSetAttribute(route_plan_small_kernel,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          int(kFusedRouteSmem)));
-    return true;
-  }();
-  (void)attr;
+  });
   const size_t smem = size_t(a.m) * w.n_experts * sizeof(float);
   launch_kernel(c, route_plan_small_kernel, dim3(1), dim3(kPlanThreads), smem,
                 finish_args(w, a, ws), plan_args(w, a, ws, tile_n));

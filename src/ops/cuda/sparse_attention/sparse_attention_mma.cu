@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/per_device.h"
 #include "ops/cuda/common/sm90/bf16x2.cuh"
 #include "ops/cuda/common/sm90/cp_async.cuh"
 #include "ops/cuda/common/sm90/warp_mma.cuh"
@@ -306,12 +307,11 @@ __global__ void __launch_bounds__(MmaCfg<HT>::kThreads, 1)
 template <int HT>
 void launch_mma_t(const AttnArgs& a, cudaStream_t stream) {
   constexpr size_t smem = mma_smem_bytes<HT>();
-  static bool attr = [] {
+  static std::atomic<uint64_t> attr{0};
+  once_per_device(attr, [] {
     DSV4_CUDA_CHECK(cudaFuncSetAttribute(sparse_attn_mma_kernel<HT>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    return true;
-  }();
-  (void)attr;
+  });
   const dim3 grid(unsigned(int64_t(a.num_tokens) * a.head_tiles), unsigned(a.num_splits));
   sparse_attn_mma_kernel<HT><<<grid, MmaCfg<HT>::kThreads, smem, stream>>>(a);
   DSV4_CUDA_CHECK(cudaGetLastError());

@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/per_device.h"
 #include "ops/cuda/sparse_attention/sparse_attention_internal.h"
 
 #if defined(DSV4_HAVE_CUTLASS)
@@ -356,12 +357,11 @@ size_t wgmma_smem_bytes() {
 
 void launch_wgmma(const AttnArgs& a, cudaStream_t stream) {
   const size_t smem = wgmma_smem_bytes();
-  static bool attr = [&] {
+  static std::atomic<uint64_t> attr{0};
+  once_per_device(attr, [&] {
     DSV4_CUDA_CHECK(cudaFuncSetAttribute(sparse_attn_wgmma_kernel,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    return true;
-  }();
-  (void)attr;
+  });
   const dim3 grid(unsigned(int64_t(a.num_tokens) * a.head_tiles), unsigned(a.num_splits));
   sparse_attn_wgmma_kernel<<<grid, C::kThreads, smem, stream>>>(a);
   DSV4_CUDA_CHECK(cudaGetLastError());
