@@ -38,14 +38,15 @@ def emit(path, row):
 def report(rows):
     """The markdown table of a sweep's lines."""
     meta = next((r for r in rows if r.get("bench") == "serve_setup"), {})
-    out = ["# Serving benchmark: dsv4 serve on one GPU", ""]
+    out = ["# Serving benchmark: dsv4 serve", ""]
     if meta:
         out += [f"GPU: {meta.get('gpu', '?')}. Commit: `{meta.get('commit', '?')}`. "
                 f"Date: {meta.get('date', '?')}.", "",
                 f"Model: the shapes of `{meta['config']}` with random weights, "
-                f"**{meta['layers']} of its {meta['config_layers']} layers** (compress ratios {meta['compress_ratios']}, no MTP block), routed "
-                f"experts in {meta['format']} (each layer's 256 experts repeat one random draw: "
-                f"`make-tiny --repeat-experts`; the gate, hence the routing, is random), "
+                f"**{meta['layers']} of its {meta['config_layers']} layers** (compress ratios "
+                f"{meta['compress_ratios']}, no MTP block), routed experts in {meta['format']} "
+                f"(each layer's {meta['experts']} experts repeat one random draw: `make-tiny "
+                f"--repeat-experts`; the gate, hence the routing, is random), "
                 f"{meta['checkpoint_gib']:.1f} GiB, written in {meta['write_s']:.0f} s. "
                 f"Backend {meta['backend']}. Workload: random prompt ids, {meta['input_len']} "
                 f"input / {meta['output_len']} output tokens (EOS ignored, temperature 0.8), "
@@ -78,7 +79,8 @@ def report(rows):
 
 def gpu_name():
     try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+        return subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total",
+                               "--format=csv,noheader"],
                               capture_output=True, text=True, timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -122,6 +124,7 @@ def main():
                     "--repeat-experts", "--format", a.format, "--seed", "1", "--out", str(model),
                     "--force", *(["--tokenizer", str(tok)] if tok.exists() else [])], check=True)
     write_s = time.time() - t0
+    print(f"[{write_s:.0f} s] checkpoint written; the engine loop alone next", flush=True)
     cfg = json.loads((model / "config.json").read_text())
     full = json.loads(pathlib.Path(a.config).read_text())
     size = sum(f.stat().st_size for f in model.glob("*.safetensors"))
@@ -130,7 +133,7 @@ def main():
                  "date": time.strftime("%Y-%m-%d", time.gmtime()), "backend": a.backend,
                  "config": pathlib.Path(a.config).name,
                  "config_layers": full["num_hidden_layers"], "layers": a.layers,
-                 "compress_ratios": cfg["compress_ratios"],
+                 "compress_ratios": cfg["compress_ratios"], "experts": cfg["n_routed_experts"],
                  "format": a.format, "checkpoint_gib": size / 2**30, "write_s": write_s,
                  "input_len": a.input_len, "output_len": a.output_len, "waves": a.waves})
 
@@ -144,6 +147,8 @@ def main():
                         *common], capture_output=True, text=True)
     sys.stderr.write(r.stderr[-3000:])
     engine = json.loads(r.stdout) if r.returncode == 0 else None
+    print(f"[{time.time() - t0:.0f} s] engine loop done (rc {r.returncode}); starting the server",
+          flush=True)
     if engine:
         emit(jsonl, engine)
 
@@ -167,6 +172,7 @@ def main():
                                   output_len=a.output_len, requests=0, waves=a.waves,
                                   timeout=3600)
         for c in levels:
+            print(f"[{time.time() - t0:.0f} s] concurrency {c}", flush=True)
             row = load.run_level(args, c, vocab=min(120000, cfg["vocab_size"]))
             row.pop("url", None)
             rows.append(row)
