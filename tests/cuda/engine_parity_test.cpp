@@ -173,6 +173,61 @@ TEST_P(EngineParity, GraphReplayEqualsEager) {
   EXPECT_EQ(first_diff_row(g, e, p.V()), size_t(-1)) << "graph replay differs from eager";
 }
 
+// A decode step of a size without a graph runs as the next captured size, padded with dummy
+// rows of the runner's scratch sequence: its real rows are the eager step's within the
+// end-to-end tolerance (another batch size: the kernels are not batch-invariant), and the
+// dummy rows write nothing a real sequence reads: a sequence opened after the padded steps
+// computes exactly what it computes in a runner that never padded.
+TEST_P(EngineParity, GraphPaddingKeepsTheRealRows) {
+  Preset& p = preset();
+  CudaStackOptions o;
+  o.max_seqs = 4;
+  o.max_context = 640;
+  o.max_step_tokens = kLen;
+  auto padded = open_cuda_stack(p.dir.path(), o);
+  auto eager = open_cuda_stack(p.dir.path(), o);
+  CudaRunnerOptions ro;
+  ro.cuda_graphs = true;
+  ro.graph_batch_sizes = {4};
+  padded->runner =
+      std::make_unique<CudaRunner>(*padded->model, cache_capacity(padded->config, 4, 640, 64), ro);
+  ro.cuda_graphs = false;
+  eager->runner =
+      std::make_unique<CudaRunner>(*eager->model, cache_capacity(eager->config, 4, 640, 64), ro);
+  const int D = 20;
+  auto run = [&](CudaRunner& r, std::vector<float>& later) {
+    const int a = r.open_sequence(), b = r.open_sequence(), c = r.open_sequence();
+    std::vector<float> out =
+        r.step_logits({{a, {p.prompt.begin(), p.prompt.begin() + 100}, false},
+                       {b, {p.prompt.begin() + 50, p.prompt.begin() + 77}, false},
+                       {c, {p.prompt.begin() + 10, p.prompt.begin() + 40}, false}});
+    for (int i = 0; i < D; ++i) {  // three sequences: padded to the graph of four
+      std::vector<float> l = r.step_logits({{a, {p.prompt[100 + i]}, false},
+                                            {b, {p.prompt[200 + i]}, false},
+                                            {c, {p.prompt[150 + i]}, false}});
+      out.insert(out.end(), l.begin(), l.end());
+    }
+    const int d = r.open_sequence();  // the fourth slot, after the scratch rows ran
+    later = r.step_logits({{d, {p.prompt.begin() + 5, p.prompt.begin() + 69}, true}});
+    for (int id : {a, b, c, d}) r.close_sequence(id);
+    return out;
+  };
+  std::vector<float> g_later, e_later;
+  const std::vector<float> g = run(*padded->runner, g_later), e = run(*eager->runner, e_later);
+  std::printf("[%s] padded steps %lld, graphs captured %d, replays %lld\n", GetParam().c_str(),
+              (long long)padded->runner->padded_steps(), padded->runner->graphs_captured(),
+              (long long)padded->runner->graph_replays());
+  EXPECT_EQ(padded->runner->padded_steps(), D);
+  EXPECT_EQ(padded->runner->graphs_captured(), 1);
+  EXPECT_EQ(padded->runner->graph_replays(), D - 2);  // the first runs eagerly, the second captures
+  EXPECT_EQ(eager->runner->padded_steps(), 0);
+  ASSERT_EQ(g.size(), e.size());
+  expect_logits_close("padded graph steps", g, e, p.V());
+  ASSERT_EQ(g_later.size(), e_later.size());
+  EXPECT_EQ(first_diff_row(g_later, e_later, p.V()), size_t(-1))
+      << "a sequence opened after padded steps differs from one in a runner that never padded";
+}
+
 // Independent CUDA and CPU runs of the same prompt, end to end: one prefill and token by token.
 TEST_P(EngineParity, CudaMatchesCpuBackend) {
   Preset& p = preset();
