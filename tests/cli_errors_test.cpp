@@ -250,6 +250,16 @@ TEST_F(CliErrors, MakeTinyRefusesANonEmptyDirectoryUnlessForced) {
   write_file(*tmp_ / "plain", "x");
   expect_error("make-tiny --preset flash --out " + *tmp_ / "plain",
                "exists and is not a directory");
+  // The geometry: a preset or a config, not both; --layers within the config's.
+  expect_error("make-tiny --out " + *tmp_ / "none", "give exactly one of --preset and --config");
+  expect_error("make-tiny --preset flash --config " + d + "/config.json --out " + *tmp_ / "both",
+               "give exactly one of --preset and --config");
+  expect_error("make-tiny --config " + d + "/config.json --layers 7 --out " + *tmp_ / "deep",
+               "layers must be in [1, 5], got 7");
+  const CliResult cut =
+      run("make-tiny --config " + d + "/config.json --layers 2 --out " + *tmp_ / "cut");
+  ASSERT_EQ(cut.code, 0) << cut.err;
+  EXPECT_NE(cut.out.find("2 layers"), std::string::npos) << cut.out;
 }
 
 TEST_F(CliErrors, NoGpuIsNotBlamedOnTheDriverVersion) {

@@ -4,10 +4,17 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
 #include <random>
+#include <sstream>
 
 #include "backends/cpu/loader.h"
 #include "backends/cpu/runner.h"
+#include "core/error.h"
+#include "io/safetensors.h"
 #include "model/cache_spec.h"
 #include "model/tiny_checkpoint.h"
 #include "support/golden.h"
@@ -15,6 +22,13 @@
 
 namespace dsv4::test {
 namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
 
 double rms(const float* x, size_t n) {
   double s = 0;
@@ -87,6 +101,68 @@ TEST_P(TinyPreset, BranchesAddAboutThreePercent) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, TinyPreset, ::testing::Values("flash", "pro"));
+
+TEST(FirstLayers, KeepsTheShapesAndTheFirstRatiosWithoutMtp) {
+  const ModelConfig c = tiny_preset("pro");  // ratios {128, 128, 4, 128, 4 | MTP 0}, 3 hash
+  const ModelConfig f = first_layers(c, 2);
+  EXPECT_EQ(f.n_layers, 2);
+  EXPECT_EQ(f.n_mtp_layers, 0);
+  EXPECT_EQ(f.compress_ratios, (std::vector<int>{128, 128}));
+  EXPECT_EQ(f.n_hash_layers, 2);  // no more hash layers than layers
+  EXPECT_EQ(f.dim, c.dim);
+  EXPECT_EQ(f.n_routed_experts, c.n_routed_experts);
+  EXPECT_EQ(first_layers(c, 5).compress_ratios, (std::vector<int>{128, 128, 4, 128, 4}));
+  EXPECT_THROW(first_layers(c, 0), Error);
+  EXPECT_THROW(first_layers(c, 6), Error);
+}
+
+// repeat_experts: every routed expert of a block is expert 0's bytes (NVFP4: with the scales
+// and ModelOpt's per-module entries), other tensors stay distinct draws, and it loads.
+TEST(RepeatExperts, EveryExpertOfABlockIsTheFirstOnesDraw) {
+  for (ExpertFormat fmt : {ExpertFormat::kMxfp4, ExpertFormat::kNvfp4}) {
+    TempDir d;
+    TinyInit init = tiny_init("flash");
+    init.repeat_experts = true;
+    const ModelConfig c = first_layers(tiny_preset("flash"), 3);
+    write_tiny_checkpoint(c, fmt, 5, d.path(), init);
+    LoadedModel lm = load_cpu_model(d.path());  // inventory, dtypes and shapes check out
+    std::map<std::string, std::unique_ptr<SafetensorsFile>> files;
+    std::map<std::string, const TensorView*> all;
+    for (const auto& e : std::filesystem::directory_iterator(d.path())) {
+      if (e.path().extension() != ".safetensors") continue;
+      auto f = std::make_unique<SafetensorsFile>(e.path().string());
+      for (const auto& [name, t] : f->tensors()) all[name] = &t;
+      files[e.path().string()] = std::move(f);
+    }
+    auto bytes = [&](const std::string& n) {
+      const TensorView* t = all.at(n);
+      return std::vector<uint8_t>(t->data, t->data + t->nbytes);
+    };
+    int compared = 0;
+    for (int b = 0; b < c.n_layers; ++b) {
+      const std::string p = cat("layers.", b, ".ffn.experts.");
+      for (const auto& [name, t] : all) {
+        if (name.rfind(p + "0.", 0) != 0) continue;
+        const std::string rest = name.substr(p.size() + 2);
+        for (int e = 1; e < c.n_routed_experts; ++e) {
+          ASSERT_EQ(bytes(cat(p, e, ".", rest)), bytes(name)) << name << " expert " << e;
+          ++compared;
+        }
+      }
+      if (b > 0)  // a new draw per block
+        EXPECT_NE(bytes(p + "0.w1.weight"),
+                  bytes(cat("layers.", b - 1, ".ffn.experts.0.w1.weight")));
+    }
+    EXPECT_EQ(compared, c.n_layers * (c.n_routed_experts - 1) *
+                            (fmt == ExpertFormat::kNvfp4 ? 12 : 6));  // tensors per expert
+    EXPECT_NE(bytes("layers.0.attn.wq_a.weight"), bytes("layers.1.attn.wq_a.weight"));
+    if (fmt == ExpertFormat::kNvfp4) {
+      const std::string q = read_text(d.path() + "/hf_quant_config.json");
+      EXPECT_NE(q.find(cat("layers.2.ffn.experts.", c.n_routed_experts - 1, ".w2")),
+                std::string::npos);
+    }
+  }
+}
 
 }  // namespace
 }  // namespace dsv4::test

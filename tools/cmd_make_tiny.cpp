@@ -1,4 +1,5 @@
-// dsv4 make-tiny: a random checkpoint with the golden sets' geometry. --tokenizer copies a
+// dsv4 make-tiny: a random checkpoint with the golden sets' geometry (or a --config's, cut to
+// --layers, for benchmarks at real shapes). --tokenizer copies a
 // tokenizer.json beside it, so text prompts work; the embedding and head then have the
 // tokenizer's size in rows unless --vocab says otherwise (BOS stays id 0 and EOS id 1).
 #include <cstdio>
@@ -8,6 +9,7 @@
 #include "args.h"
 #include "commands.h"
 #include "core/error.h"
+#include "model/model_config.h"
 #include "model/tiny_checkpoint.h"
 #include "prompt_input.h"
 
@@ -40,8 +42,14 @@ void prepare_out_dir(const std::string& out, bool force) {
 }
 
 int run(const Args& a) {
-  const std::string preset = a.str("--preset"), fmt = a.str("--format"), out = a.str("--out");
-  ModelConfig c = tiny_preset(preset);
+  const std::string fmt = a.str("--format"), out = a.str("--out");
+  DSV4_CHECK(a.has("--preset") != a.has("--config"), "give exactly one of --preset and --config");
+  // A --config geometry (e.g. the real Flash or Pro config.json) takes the flash preset's gains.
+  const std::string preset = a.has("--preset") ? a.str("--preset") : "flash";
+  ModelConfig c = a.has("--config") ? load_model_config(a.str("--config")) : tiny_preset(preset);
+  if (a.has("--layers")) c = first_layers(c, static_cast<int>(a.integer("--layers")));
+  TinyInit init = tiny_init(preset);
+  init.repeat_experts = a.has("--repeat-experts");
   const uint64_t seed = a.unsigned_integer("--seed");
   const std::optional<std::string> tokenizer_path = a.opt("--tokenizer");
   int64_t tokenizer_size = 0;
@@ -60,16 +68,18 @@ int run(const Args& a) {
   c.vocab_size = static_cast<int>(vocab);
   prepare_out_dir(out, a.has("--force"));
   write_tiny_checkpoint(c, fmt == "nvfp4" ? ExpertFormat::kNvfp4 : ExpertFormat::kMxfp4, seed, out,
-                        tiny_init(preset));
+                        init);
   const fs::path tokenizer_out = fs::path(out) / "tokenizer.json";
   if (tokenizer_path) {
     fs::copy_file(*tokenizer_path, tokenizer_out, fs::copy_options::overwrite_existing);
     // The copy is the model's own (a read-only source must not make it read-only).
     fs::permissions(tokenizer_out, fs::perms::owner_write, fs::perm_options::add);
   }
-  std::printf("wrote %s (%s, %s, seed %llu, vocab %d%s)\n", out.c_str(), preset.c_str(),
-              fmt.c_str(), static_cast<unsigned long long>(seed), c.vocab_size,
-              tokenizer_path ? ", with tokenizer.json" : "");
+  const std::string geometry = a.has("--config") ? a.str("--config") : preset;
+  std::printf("wrote %s (%s, %d layers, %s, seed %llu, vocab %d%s%s)\n", out.c_str(),
+              geometry.c_str(), c.n_layers, fmt.c_str(), static_cast<unsigned long long>(seed),
+              c.vocab_size, tokenizer_path ? ", with tokenizer.json" : "",
+              init.repeat_experts ? ", repeated experts" : "");
   return 0;
 }
 
@@ -79,12 +89,25 @@ const Command& make_tiny_command() {
   static const Command c{
       "make-tiny",
       "write a random tiny checkpoint",
-      "dsv4 make-tiny --preset flash|pro --out DIR [flags]",
+      "dsv4 make-tiny (--preset flash|pro | --config FILE) --out DIR [flags]",
       "Writes config.json, generation_config.json, sharded safetensors with their index and, for\n"
       "nvfp4, hf_quant_config.json: the official tensor names, dtypes and scale layouts with the\n"
-      "golden sets' geometry. DIR must be new or empty unless --force.",
+      "golden sets' geometry (or --config's). DIR must be new or empty unless --force.",
       {
-          {"--preset", "NAME", "the geometry", "", true, {"flash", "pro"}},
+          {"--preset", "NAME", "the geometry", "", false, {"flash", "pro"}},
+          {"--config", "FILE",
+           "a config.json whose geometry to use instead of a preset (e.g. the real Flash's)"},
+          {"--layers",
+           "N",
+           "keep the first N layers and no MTP block (same shapes, fewer layers)",
+           "",
+           false,
+           {},
+           1,
+           1024},
+          {"--repeat-experts", "",
+           "every routed expert of a layer repeats one random draw, and large draws run on every "
+           "core (other values than without it; for benchmarks)"},
           {"--format", "FMT", "the routed experts' format", "mxfp4", false, {"mxfp4", "nvfp4"}},
           {"--seed", "S", "the weights' seed (a 64-bit unsigned integer)", "0"},
           {"--out", "DIR", "the directory to write", "", true},

@@ -9,7 +9,7 @@ tokens/s and total (input + output) tokens/s over the level's wall time. Token c
 the usage chunk (stream_options.include_usage). Standard library only.
 
   bench/serve/load.py --url http://127.0.0.1:8000 --concurrency 1,16,64 \\
-      --input-len 8192 --output-len 1024 [--model NAME] [--api-key K] [--jsonl OUT]
+      --input-len 8192 --output-len 1024 [--waves W] [--model NAME] [--api-key K] [--jsonl OUT]
 """
 
 import argparse
@@ -72,7 +72,7 @@ def one_request(url, model, api_key, prompt, output_len, timeout):
 
 
 def run_level(args, concurrency, vocab):
-    total = args.requests or 2 * concurrency
+    total = args.requests or getattr(args, "waves", 2) * concurrency
     rng = random.Random(concurrency)
     prompts = [[rng.randrange(100, vocab) for _ in range(args.input_len)] for _ in range(total)]
     results, errors, lock = [], [], threading.Lock()
@@ -129,7 +129,10 @@ def main(argv=None):
     p.add_argument("--concurrency", default="1,16,64", help="comma-separated levels")
     p.add_argument("--input-len", type=int, default=8192)
     p.add_argument("--output-len", type=int, default=1024)
-    p.add_argument("--requests", type=int, default=0, help="per level (default 2 x concurrency)")
+    p.add_argument("--requests", type=int, default=0, help="per level (default: waves x "
+                   "concurrency)")
+    p.add_argument("--waves", type=int, default=2, help="requests per client and level")
+    p.add_argument("--extra", default="{}", help="a JSON object merged into every --jsonl line")
     p.add_argument("--vocab", type=int, default=120000, help="prompt ids are below this")
     p.add_argument("--timeout", type=float, default=3600)
     p.add_argument("--jsonl", help="append one JSON line per level")
@@ -166,7 +169,7 @@ def main(argv=None):
             print(f"      first error: {r['first_error']}", file=sys.stderr)
         if args.jsonl:
             with open(args.jsonl, "a") as f:
-                f.write(json.dumps(r) + "\n")
+                f.write(json.dumps({**r, **json.loads(args.extra)}) + "\n")
     return 1 if any(r["errors"] for r in rows) else 0
 
 

@@ -5,8 +5,15 @@
 #   run(command="DSV4_COMMIT=$(git rev-parse --short HEAD) scripts/h200/run.sh [tests|bench|all|cli] [filter]",
 #       carry=[".carry"])   (after scripts/h200/pack.sh)
 # cli: builds the dsv4 CLI (build-cli/) and runs the README's GPU commands on make-tiny checkpoints.
+# serve (after `scripts/h200/pack.sh serve`): builds dsv4 with the CUDA backend and the server
+#   (build-serve/) and runs the server suite (tests/server/) against `dsv4 serve --backend cuda`;
+#   [filter] is a pytest -k expression. Logs: $OUT/server-tests.log, $OUT/server-junit.xml.
+# serve-bench (after `scripts/h200/pack.sh serve`): the serving benchmark (bench/serve/sweep.py) at
+#   V4-Flash shapes cut to [filter] layers (default 8): JSON lines in $OUT/serve-bench.jsonl, the
+#   table in $OUT/serve-bench.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+START=$(date +%s)
 OUT="${OUT:-/tmp/dsv4-h200}"
 mkdir -p "$OUT"
 WHAT="${1:-all}"
@@ -20,14 +27,70 @@ for g in .carry/golden-*.tar .carry/golden-*.tar.xz; do
   [ -f "$g" ] || continue
   mkdir -p .golden && tar -xf "$g" -C .golden && export DSV4_GOLDEN_DIR="$PWD/.golden"
 done
-if [ "$WHAT" = "cli" ]; then
+setup_pcre2() {
   # The tokenizer needs PCRE2: the carried header, the image's libpcre2-8.so.0.
   P="$PWD/.carry/pcre2"
-  [ -f "$P/include/pcre2.h" ] || { echo "no .carry/pcre2/include/pcre2.h (scripts/h200/pack.sh)"; exit 1; }
+  [ -f "$P/include/pcre2.h" ] || { echo "no .carry/pcre2/include/pcre2.h (scripts/h200/pack.sh)"; return 1; }
   mkdir -p "$P/lib" "$P/pkgconfig"
   ln -sf /usr/lib/x86_64-linux-gnu/libpcre2-8.so.0 "$P/lib/libpcre2-8.so"
   printf 'includedir=%s/include\nlibdir=%s/lib\nName: libpcre2-8\nVersion: 10\nDescription: carried header\nLibs: -L${libdir} -lpcre2-8\nCflags: -I${includedir}\n' "$P" "$P" > "$P/pkgconfig/libpcre2-8.pc"
-  export PKG_CONFIG_PATH="$P/pkgconfig"
+  export PKG_CONFIG_PATH="$P/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+}
+# What `pack.sh serve` carried, unpacked under /tmp/dsv4-serve: Debian's cpp-httplib (its
+# header, its library and the headers of its build flags; the Debian copies of libssl/libz/
+# libbrotli only where the image lacks the soname), the tokenizer, and the test client's wheels
+# installed into a private site directory (no registry is reached).
+setup_serve() {
+  S=/tmp/dsv4-serve
+  [ -f .carry/serve.tar.xz ] && [ -d .carry/wheels ] || { echo "no .carry/serve.tar.xz or .carry/wheels (scripts/h200/pack.sh serve)"; return 1; }
+  rm -rf "$S" && mkdir -p "$S" && tar -xJf .carry/serve.tar.xz -C "$S" || return 1
+  H="$S/httplib"
+  ln -sf "$(ls "$H"/lib/libcpp-httplib.so.* | head -1)" "$H/lib/libcpp-httplib.so"
+  for so in libssl.so.3 libcrypto.so.3 libz.so.1 libbrotlicommon.so.1 libbrotlidec.so.1 libbrotlienc.so.1; do
+    if ! ldconfig -p | grep -q "^[[:space:]]*$so "; then
+      echo "the image has no $so: using Debian's (carried)"
+      ln -sf "$H/fallback/$so" "$H/lib/$so"
+    fi
+  done
+  mkdir -p "$H/pkgconfig"
+  printf 'Name: cpp-httplib\nVersion: 0.11.4\nDescription: Debian libcpp-httplib-dev, carried\nLibs: -L%s/lib -lcpp-httplib -Wl,-rpath-link,%s/lib -Wl,-rpath,%s/lib\nCflags: -I%s/include -DCPPHTTPLIB_OPENSSL_SUPPORT -DCPPHTTPLIB_ZLIB_SUPPORT -DCPPHTTPLIB_BROTLI_SUPPORT\n' \
+    "$H" "$H" "$H" "$H" > "$H/pkgconfig/cpp-httplib.pc"
+  export PKG_CONFIG_PATH="$H/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+  export LD_LIBRARY_PATH="$H/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export DSV4_TOKENIZER_DIR="$S/tokenizer"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$S/site" .carry/wheels/*.whl > "$OUT/pip.log" 2>&1 || { tail -5 "$OUT/pip.log"; return 1; }
+  export PYTHONPATH="$S/site${PYTHONPATH:+:$PYTHONPATH}"
+  # The image's own pytest plugins (xdist, timeout, cov, ...) were built for its pytest.
+  export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
+}
+if [ "$WHAT" = "serve" ] || [ "$WHAT" = "serve-bench" ]; then
+  setup_pcre2 && setup_serve || exit 1
+  t0=$(date +%s)
+  cmake -S . -B build-serve -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
+    -DBUILD_TESTING=OFF -DDSV4_BENCH=OFF -DDSV4_SERVER=ON > "$OUT/serve-configure.log" 2>&1 || { tail -30 "$OUT/serve-configure.log"; exit 1; }
+  cmake --build build-serve -j "$(nproc)" --target dsv4 engine_loop_bench > "$OUT/serve-build.log" 2>&1 || { grep -E "error|Error" "$OUT/serve-build.log" | head -30; exit 1; }
+  echo "build: $(( $(date +%s) - t0 )) s"
+  export DSV4_CLI="$PWD/build-serve/tools/dsv4"
+  if [ "$WHAT" = "serve" ]; then
+    # One backend: CUDA (the CPU suite runs in CI). The suite gets what is left of the device
+    # tool's 600 s after the build (a cut-short run names the tests it finished in its log; run
+    # the same command again while the machine is warm: the build is then a no-op).
+    left=$(( ${DSV4_RUN_LIMIT_S:-585} - ($(date +%s) - START) ))
+    [ "$left" -gt 60 ] || { echo "only ${left} s left after the build: run the same command again (warm machine)"; exit 1; }
+    echo "server suite: ${left} s left"
+    DSV4_TEST_BACKEND=cuda PYTHONUNBUFFERED=1 timeout "$left" python3 tests/server/run.py -v --durations=15 \
+      --junitxml="$OUT/server-junit.xml" ${FILTER:+-k "$FILTER"} 2>&1 | tee "$OUT/server-tests.log" | grep -vE "PASSED|^$"
+    exit "${PIPESTATUS[0]}"
+  fi
+  # [filter]: the number of layers (default 8: what fits the run's time, not the GPU's memory).
+  PYTHONUNBUFFERED=1 python3 bench/serve/sweep.py --cli "$DSV4_CLI" \
+    --engine-bench "$PWD/build-serve/bench/serve/engine_loop_bench" --out "$OUT" \
+    --layers "${FILTER:-8}" 2>&1 | tee "$OUT/serve-bench.log" | grep -vE "^\{"
+  exit "${PIPESTATUS[0]}"
+fi
+if [ "$WHAT" = "cli" ]; then
+  setup_pcre2 || exit 1
   cmake -S . -B build-cli -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
     -DBUILD_TESTING=OFF -DDSV4_BENCH=OFF -DDSV4_SERVER=OFF > "$OUT/cli-configure.log" 2>&1 || { tail -20 "$OUT/cli-configure.log"; exit 1; }
   cmake --build build-cli -j "$(nproc)" --target dsv4 > "$OUT/cli-build.log" 2>&1 || { grep -E "error" "$OUT/cli-build.log" | head -20; exit 1; }

@@ -1,12 +1,14 @@
 #include "model/tiny_checkpoint.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "core/error.h"
 #include "core/formats.h"
@@ -29,12 +31,35 @@ constexpr float kNvfp4InputAmax = 8.0f;
 
 class Writer {
  public:
+  static constexpr size_t kChunk = size_t(1) << 20;
+
   Writer(uint64_t seed, ExpertFormat fmt, const TinyInit& init)
       : rng_(seed), fmt_(fmt), init_(init) {}
 
   std::vector<float> gaussian(size_t n, double std) {
     std::vector<float> v(n);
+    if (init_.repeat_experts && n >= kChunk) return parallel_gaussian(std::move(v), std);
     for (auto& x : v) x = static_cast<float>(rng_.normal() * std);
+    return v;
+  }
+  // repeat_experts' other speed-up: large draws in chunks of kChunk, each from its own seed
+  // (taken from the main sequence), on every core. Other values than the serial draw.
+  std::vector<float> parallel_gaussian(std::vector<float> v, double std) {
+    const size_t chunks = (v.size() + kChunk - 1) / kChunk;
+    const uint64_t base = rng_.below(uint64_t(1) << 62);
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t c; (c = next++) < chunks;) {
+        Rng r(base + c * 0x9E3779B97F4A7C15ull);
+        const size_t end = std::min(v.size(), (c + 1) * kChunk);
+        for (size_t i = c * kChunk; i < end; ++i) v[i] = static_cast<float>(r.normal() * std);
+      }
+    };
+    std::vector<std::thread> threads;
+    const unsigned n = std::max(1u, std::thread::hardware_concurrency());
+    for (unsigned t = 1; t < n; ++t) threads.emplace_back(work);
+    work();
+    for (std::thread& t : threads) t.join();
     return v;
   }
 
@@ -44,13 +69,19 @@ class Writer {
     shard().add(name, DType::kBF16, std::move(shape), b);
     index_[name] = current_;
   }
-  void f32(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v) {
-    shard().add(name, DType::kF32, std::move(shape), v);
-    index_[name] = current_;
-  }
   void raw(const std::string& name, DType t, std::vector<int64_t> shape,
            const std::vector<uint8_t>& v) {
+    if (recording_) repeat_[name] = {t, shape, v};
     shard().add(name, t, std::move(shape), v);
+    index_[name] = current_;
+  }
+  void f32(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v) {
+    if (recording_) {
+      std::vector<uint8_t> b(v.size() * sizeof(float));
+      std::memcpy(b.data(), v.data(), b.size());
+      repeat_[name] = {DType::kF32, shape, b};
+    }
+    shard().add(name, DType::kF32, std::move(shape), v);
     index_[name] = current_;
   }
   // Normal weights with std gain / sqrt(fan_in), in FP8 with 128x128 UE8M0 scales.
@@ -68,8 +99,22 @@ class Writer {
     for (float& x : v) x += 1.0f;
     bf16(name, {n}, v);
   }
-  // One routed expert (w1, w3 [inter, dim]; w2 [dim, inter]).
-  void expert(const std::string& p, int dim, int inter) {
+  // One routed expert (w1, w3 [inter, dim]; w2 [dim, inter]). With repeat_experts, expert e > 0
+  // of a block copies expert 0's tensors (`first`: the names of expert 0's, "...experts.0.").
+  void expert(const std::string& p, int dim, int inter, const std::string& first) {
+    if (init_.repeat_experts && p != first) {
+      for (const auto& [name, t] : repeat_)
+        raw(p + name.substr(first.size()), t.dtype, t.shape, t.bytes);
+      if (fmt_ == ExpertFormat::kNvfp4)
+        for (const char* w : {"w1", "w2", "w3"}) quantized_.push_back(p + w);
+      return;
+    }
+    recording_ = init_.repeat_experts;
+    repeat_.clear();
+    generate_expert(p, dim, inter);
+    recording_ = false;
+  }
+  void generate_expert(const std::string& p, int dim, int inter) {
     std::vector<float> w1 = gaussian(size_t(inter) * dim, init_.expert_in / std::sqrt(dim));
     std::vector<float> w3 = gaussian(size_t(inter) * dim, init_.expert_in / std::sqrt(dim));
     std::vector<float> w2 =
@@ -150,9 +195,17 @@ class Writer {
     return buf;
   }
 
+  struct Tensor {
+    DType dtype;
+    std::vector<int64_t> shape;
+    std::vector<uint8_t> bytes;
+  };
+
   Rng rng_;
   ExpertFormat fmt_;
   TinyInit init_;
+  std::map<std::string, Tensor> repeat_;  // expert 0's tensors of the block (repeat_experts)
+  bool recording_ = false;                // generating expert 0 with repeat_experts
   std::vector<SafetensorsWriter> shards_;
   std::map<std::string, int> index_;
   std::vector<std::string> quantized_;
@@ -225,6 +278,18 @@ ModelConfig tiny_preset(const std::string& preset) {
   return c;
 }
 
+ModelConfig first_layers(const ModelConfig& config, int layers) {
+  DSV4_CHECK(layers >= 1 && layers <= config.n_layers, "layers must be in [1, ", config.n_layers,
+             "], got ", layers);
+  ModelConfig c = config;
+  c.n_layers = layers;
+  c.n_mtp_layers = 0;
+  c.compress_ratios.resize(size_t(layers));
+  c.n_hash_layers = std::min(c.n_hash_layers, layers);
+  c.validate();
+  return c;
+}
+
 TinyInit tiny_init(const std::string& preset) {
   TinyInit i;
   if (preset == "pro") {
@@ -291,7 +356,7 @@ void write_tiny_checkpoint(const ModelConfig& config, ExpertFormat format, uint6
       w.f32(p + "ffn.gate.bias", {c.n_routed_experts}, w.gaussian(c.n_routed_experts, 0.1));
     }
     for (int e = 0; e < c.n_routed_experts; ++e)
-      w.expert(cat(p, "ffn.experts.", e, "."), dim, c.moe_inter_dim);
+      w.expert(cat(p, "ffn.experts.", e, "."), dim, c.moe_inter_dim, cat(p, "ffn.experts.0."));
     w.fp8_linear(p + "ffn.shared_experts.w1", c.moe_inter_dim, dim, 1.0);
     w.fp8_linear(p + "ffn.shared_experts.w3", c.moe_inter_dim, dim, 1.0);
     w.fp8_linear(p + "ffn.shared_experts.w2", dim, c.moe_inter_dim, kRho * kSharedOutCoef);

@@ -14,12 +14,20 @@ namespace dsv4 {
 // "flash" or "pro": the golden sets' geometry. Throws on an unknown preset.
 ModelConfig tiny_preset(const std::string& preset);
 
+// The first `layers` main layers of `c` (their compress ratios) without MTP blocks: a model of
+// the same shapes with fewer layers. Throws unless 1 <= layers <= c.n_layers.
+ModelConfig first_layers(const ModelConfig& c, int layers);
+
 // Weight gains (std = gain / sqrt(fan_in)) that differ between the presets: the pro set
 // drives its routed experts into the SwiGLU clamp and scales their outputs down to match.
 struct TinyInit {
   double head = 3.0;
   double expert_in = 1.0;         // routed w1 / w3
   double routed_out_coef = 1.58;  // routed w2 gain = rho * coef
+  // Every routed expert of a block repeats the first one's random draw: a checkpoint at the
+  // real shapes in seconds rather than hours, for benchmarks (the bytes each expert GEMM reads
+  // and the routing, which the gate decides, are what a random checkpoint's speed depends on).
+  bool repeat_experts = false;
 };
 TinyInit tiny_init(const std::string& preset);
 

@@ -2,8 +2,13 @@
 
 #include <httplib.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 
 #include "core/error.h"
@@ -14,6 +19,36 @@
 
 namespace dsv4::server {
 namespace {
+
+// cpp-httplib listens with a backlog of CPPHTTPLIB_LISTEN_BACKLOG, compiled into Debian's
+// library as 5: a burst of connections (64 or 256 clients starting at once) overflows the
+// accept queue, and Linux drops the handshakes beyond it, so those clients retry seconds later
+// or see resets. listen() again on the bound socket widens its queue (Linux keeps the socket and
+// takes the new backlog); the socket is the one listening on `port` (the library keeps its
+// descriptor private). Returns whether one was found.
+bool widen_listen_backlog(int port) {
+  bool found = false;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    int fd = -1;
+    try {
+      fd = std::stoi(e.path().filename().string());
+    } catch (const std::exception&) {
+      continue;
+    }
+    int listening = 0;
+    socklen_t len = sizeof listening;
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
+    sockaddr_storage addr{};
+    len = sizeof addr;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) continue;
+    int bound = -1;
+    if (addr.ss_family == AF_INET) bound = ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+    if (addr.ss_family == AF_INET6)
+      bound = ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
+    if (bound == port && ::listen(fd, SOMAXCONN) == 0) found = true;
+  }
+  return found;
+}
 
 using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
 
@@ -157,6 +192,9 @@ void HttpServer::start() {
                " (in use, or not an address of this machine?)");
     port_ = o.port;
   }
+  if (!widen_listen_backlog(port_))
+    std::fprintf(stderr, "dsv4 serve: warning: could not widen the listen backlog of port %d\n",
+                 port_);
   listener_ = std::thread([this] { http_->listen_after_bind(); });
   ctx_.worker->start();
 }

@@ -173,6 +173,76 @@ TEST_P(EngineParity, GraphReplayEqualsEager) {
   EXPECT_EQ(first_diff_row(g, e, p.V()), size_t(-1)) << "graph replay differs from eager";
 }
 
+// A decode step of a size without a graph runs as the next captured size, padded with dummy
+// rows of the runner's scratch sequence (token 0 at position 0, fresh states). Its real rows are
+// bit for bit those of the same graph run with a real fourth sequence in the dummy's place (a
+// fresh sequence fed token 0, opened and closed every step), and within the end-to-end
+// tolerance of eager steps of the three (another batch size: the kernels are not
+// batch-invariant); a sequence opened after the padded steps computes exactly what it computes
+// in a runner that never padded.
+TEST_P(EngineParity, GraphPaddingKeepsTheRealRows) {
+  Preset& p = preset();
+  CudaStackOptions o;
+  o.max_seqs = 4;
+  o.max_context = 640;
+  o.max_step_tokens = kLen;
+  auto padded = open_cuda_stack(p.dir.path(), o);
+  auto mated = open_cuda_stack(p.dir.path(), o);
+  auto eager = open_cuda_stack(p.dir.path(), o);
+  CudaRunnerOptions ro;
+  ro.cuda_graphs = true;
+  ro.graph_batch_sizes = {4};
+  auto runner = [&](CudaStack& s) {
+    s.runner = std::make_unique<CudaRunner>(*s.model, cache_capacity(s.config, 4, 640, 64), ro);
+  };
+  runner(*padded);
+  runner(*mated);
+  ro.cuda_graphs = false;
+  runner(*eager);
+  const int D = 20, V = p.V();
+  // The three sequences' logits: the prefill's last rows, then each decode step's three rows.
+  auto run = [&](CudaRunner& r, bool mate, std::vector<float>& later) {
+    const int a = r.open_sequence(), b = r.open_sequence(), c = r.open_sequence();
+    std::vector<float> out =
+        r.step_logits({{a, {p.prompt.begin(), p.prompt.begin() + 100}, false},
+                       {b, {p.prompt.begin() + 50, p.prompt.begin() + 77}, false},
+                       {c, {p.prompt.begin() + 10, p.prompt.begin() + 40}, false}});
+    for (int i = 0; i < D; ++i) {
+      std::vector<StepInput> in{{a, {p.prompt[100 + i]}, false},
+                                {b, {p.prompt[200 + i]}, false},
+                                {c, {p.prompt[150 + i]}, false}};
+      const int z = mate ? r.open_sequence() : -1;
+      if (mate) in.push_back({z, {0}, false});
+      const std::vector<float> l = r.step_logits(in);
+      out.insert(out.end(), l.begin(), l.begin() + size_t(3) * V);
+      if (mate) r.close_sequence(z);
+    }
+    const int d = r.open_sequence();  // the fourth slot, after the padded steps
+    later = r.step_logits({{d, {p.prompt.begin() + 5, p.prompt.begin() + 69}, true}});
+    for (int id : {a, b, c, d}) r.close_sequence(id);
+    return out;
+  };
+  std::vector<float> p_later, m_later, e_later;
+  const std::vector<float> g = run(*padded->runner, false, p_later);
+  const std::vector<float> m = run(*mated->runner, true, m_later);
+  const std::vector<float> e = run(*eager->runner, false, e_later);
+  std::printf("[%s] padded steps %lld, graphs captured %d, replays %lld\n", GetParam().c_str(),
+              (long long)padded->runner->padded_steps(), padded->runner->graphs_captured(),
+              (long long)padded->runner->graph_replays());
+  EXPECT_EQ(padded->runner->padded_steps(), D);
+  EXPECT_EQ(padded->runner->graphs_captured(), 1);
+  EXPECT_EQ(padded->runner->graph_replays(), D - 2);  // the first runs eagerly, the second captures
+  EXPECT_EQ(mated->runner->padded_steps(), 0);
+  EXPECT_EQ(mated->runner->graph_replays(), D - 2);
+  ASSERT_EQ(g.size(), m.size());
+  EXPECT_EQ(first_diff_row(g, m, V), size_t(-1)) << "padding differs from a real fourth row";
+  ASSERT_EQ(g.size(), e.size());
+  expect_logits_close("padded graph steps vs eager", g, e, V);
+  ASSERT_EQ(p_later.size(), e_later.size());
+  EXPECT_EQ(first_diff_row(p_later, e_later, V), size_t(-1))
+      << "a sequence opened after padded steps differs from one in a runner that never padded";
+}
+
 // Independent CUDA and CPU runs of the same prompt, end to end: one prefill and token by token.
 TEST_P(EngineParity, CudaMatchesCpuBackend) {
   Preset& p = preset();

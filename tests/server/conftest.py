@@ -3,7 +3,8 @@
 
 Environment: DSV4_CLI (the dsv4 binary, required), DSV4_TOKENIZER_DIR (default
 <source>/../shared/tokenizer/deepseek-v4), DSV4_TEST_TIME_SCALE (multiplies every timeout, for
-slow builds such as ThreadSanitizer's; default 1)."""
+slow builds such as ThreadSanitizer's; default 1), DSV4_TEST_BACKEND (cpu or cuda: the backend of
+every server and `dsv4 logits` run; default cpu; the pytest option --backend overrides it)."""
 
 import json
 import os
@@ -20,6 +21,26 @@ import pytest
 
 SOURCE_DIR = pathlib.Path(__file__).resolve().parents[2]
 TIME_SCALE = float(os.environ.get("DSV4_TEST_TIME_SCALE", "1"))
+BACKENDS = ("cpu", "cuda")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--backend", choices=BACKENDS, default=None,
+                     help="the backend of the servers under test (default: $DSV4_TEST_BACKEND "
+                          "or cpu)")
+
+
+def pytest_configure(config):
+    backend = config.getoption("--backend") or os.environ.get("DSV4_TEST_BACKEND", "cpu")
+    if backend not in BACKENDS:
+        raise pytest.UsageError(f"DSV4_TEST_BACKEND={backend}: not one of {BACKENDS}")
+    os.environ["DSV4_TEST_BACKEND"] = backend  # backend() reads it, in every module
+
+
+def backend():
+    """The backend under test. CPU: every response equals its solo run token for token. CUDA
+    (kernels not batch-invariant): support.check_near_solo's end-to-end tolerance instead."""
+    return os.environ.get("DSV4_TEST_BACKEND", "cpu")
 
 
 def cli_path():
@@ -71,7 +92,8 @@ class Server:
             self.api_key = self.flags[self.flags.index("--api-key") + 1]
         self.stderr = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
-            [cli_path(), "serve", "--model", model, "--port", "0", *self.flags],
+            [cli_path(), "serve", "--model", model, "--port", "0", "--backend", backend(),
+             *self.flags],
             stdout=subprocess.PIPE, stderr=self.stderr, text=True)
         self.lines = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()

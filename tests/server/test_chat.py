@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from support import EOS, chat, chat_stream_text, stream, tokenize
+from conftest import backend
+from support import (EOS, chat, chat_prompt_ids, chat_stream_text, check_near_solo, stream,
+                     teacher_forced_rows, tokenize, with_logprobs)
 
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 TOOLS = [{"type": "function", "function": {
@@ -106,14 +108,22 @@ def test_seed_reproduces_a_sampled_response(server):
     assert chat(server, seed=43, **body)["choices"][0]["message"]["content"] != a
 
 
-def test_n_choices_are_independent_draws(server):
+def test_n_choices_are_independent_draws(server, workdir):
     body = dict(messages=USER, max_tokens=5, temperature=1.0, seed=7)
+    if backend() == "cuda":
+        body = with_logprobs(body)
     r = chat(server, n=3, **body)
     assert [c["index"] for c in r["choices"]] == [0, 1, 2]
     texts = [c["message"]["content"] for c in r["choices"]]
     assert len(set(texts)) > 1
-    # Choice 0 draws with the request's seed: it is the n = 1 response.
-    assert chat(server, **body)["choices"][0]["message"]["content"] == texts[0]
+    # Choice 0 draws with the request's seed: it is the n = 1 response (on CUDA, where the three
+    # rows batch together, within the end-to-end tolerance of it).
+    one = chat(server, **body)["choices"][0]
+    if backend() == "cpu":
+        assert one["message"]["content"] == texts[0]
+    elif check_near_solo("choice 0", one, r["choices"][0], False, teacher_forced_rows(
+            server.model, chat_prompt_ids(server, body), workdir)) == 5:
+        assert one["message"]["content"] == texts[0]
     assert r["usage"]["completion_tokens"] == 15
 
 

@@ -1,6 +1,8 @@
 """Every endpoint besides generation, the error contract, the API key, 503 while loading."""
 
 import json
+import shutil
+import subprocess
 import time
 
 import pytest
@@ -212,6 +214,18 @@ def test_unknown_route_and_method_are_404(server):
         status, _, data = server.request(method, path, b"{}" if method == "POST" else None)
         assert status == 404, (method, path)
         assert json.loads(data)["error"]["type"] == "not_found_error"
+
+
+def test_the_listen_backlog_holds_a_burst_of_clients(server):
+    """cpp-httplib's compiled-in backlog (5 in Debian's build) would drop the handshakes of many
+    clients starting at once; the server widens it. ss reports a listening socket's backlog as
+    its Send-Q."""
+    ss = shutil.which("ss")
+    if not ss:
+        pytest.skip("no ss (iproute2) to read the listen backlog")
+    row = subprocess.run([ss, "-Hltn", f"sport = :{server.port}"], capture_output=True,
+                         text=True, timeout=30).stdout.split()
+    assert row[:1] == ["LISTEN"] and int(row[2]) >= 128, row
 
 
 def test_a_body_over_the_limit_is_413(server):

@@ -13,9 +13,36 @@ int64_t DeviceCache::bytes_needed(const ModelConfig& m, const CacheConfig& c) {
   return cache_bytes(m, c);
 }
 
-DeviceCache::DeviceCache(const ModelConfig& m, const CacheConfig& c)
-    : model_(m), config_(c), kv_(dsv4::kv_layout(m)), ix_(dsv4::index_layout(m)) {
-  DSV4_CHECK(c.page_size > 0 && c.max_seqs > 0, "device cache: bad configuration");
+namespace {
+
+int window_pages_per_seq(const ModelConfig& m, const CacheConfig& c) {
+  return (m.window_size + c.page_size - 1) / c.page_size;
+}
+
+// The allocated layout: the pool's stores grown by the extra sequences' slots and window pages
+// at their ends (each store is slot- or page-major, so the pool's part is a prefix of it).
+CacheConfig with_extra(const ModelConfig& m, CacheConfig c, int extra_seqs) {
+  c.max_seqs += extra_seqs;
+  c.pages[int(PageKind::kWindow)] += extra_seqs * window_pages_per_seq(m, c);
+  return c;
+}
+
+}  // namespace
+
+std::vector<int> DeviceCache::extra_window_pages(int i) const {
+  DSV4_CHECK(i >= 0 && config_.max_seqs + i < slots_, "device cache: no extra sequence ", i);
+  const int n = window_pages_per_seq(model_, config_);
+  std::vector<int> pages;
+  for (int j = 0; j < n; ++j) pages.push_back(config_.pages[int(PageKind::kWindow)] + i * n + j);
+  return pages;
+}
+
+DeviceCache::DeviceCache(const ModelConfig& m, const CacheConfig& pool, int extra_seqs)
+    : model_(m), config_(pool), kv_(dsv4::kv_layout(m)), ix_(dsv4::index_layout(m)) {
+  DSV4_CHECK(pool.page_size > 0 && pool.max_seqs > 0 && extra_seqs >= 0,
+             "device cache: bad configuration");
+  const CacheConfig c = with_extra(m, pool, extra_seqs);
+  slots_ = c.max_seqs;
   kv_page_bytes_ = kv_.page_bytes(c.page_size);
   ix_page_bytes_ = ix_.page_bytes(c.page_size);
   bytes_ = bytes_needed(m, c);
@@ -96,12 +123,12 @@ EntryRef DeviceCache::index_key(int block, const SequenceCache& s, int64_t i) co
 }
 
 float* DeviceCache::main_state(int block, int slot) const {
-  DSV4_CHECK(model_.ratio(block) > 0 && slot >= 0 && slot < config_.max_seqs, "bad state access");
+  DSV4_CHECK(model_.ratio(block) > 0 && slot >= 0 && slot < slots_, "bad state access");
   return main_states(block) + size_t(slot) * main_state_layout(block).floats();
 }
 
 float* DeviceCache::index_state(int block, int slot) const {
-  DSV4_CHECK(model_.ratio(block) == 4 && slot >= 0 && slot < config_.max_seqs, "bad state access");
+  DSV4_CHECK(model_.ratio(block) == 4 && slot >= 0 && slot < slots_, "bad state access");
   return index_states(block) + size_t(slot) * index_state_layout().floats();
 }
 
@@ -118,7 +145,7 @@ std::pair<const uint8_t*, int64_t> DeviceCache::store_range(int block, int kind)
 }
 
 void DeviceCache::reset_states(int slot, cudaStream_t stream) {
-  DSV4_CHECK(slot >= 0 && slot < config_.max_seqs, "reset_states: slot ", slot);
+  DSV4_CHECK(slot >= 0 && slot < slots_, "reset_states: slot ", slot);
   int32_t* d_slot = slot_scratch_.data() + slot;
   DSV4_CUDA_CHECK(cudaMemcpyAsync(d_slot, &slot, sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   // The copy reads `slot` from pageable memory before returning, so the local is safe.

@@ -22,12 +22,20 @@ namespace dsv4 {
 
 class DeviceCache {
  public:
-  DeviceCache(const ModelConfig& model, const CacheConfig& config);
+  // `extra_seqs`: state slots and window pages for that many sequences past the pool's
+  // (config.max_seqs ..., window pages config.pages[window] ...), which the block manager never
+  // hands out (the CUDA runner's padding rows). config(), upload, download and store_range
+  // cover the pool alone.
+  DeviceCache(const ModelConfig& model, const CacheConfig& config, int extra_seqs = 0);
 
-  // Device bytes a cache of this configuration takes (what the constructor allocates).
+  // Device bytes a cache of this configuration takes (what the constructor allocates without
+  // extra sequences).
   static int64_t bytes_needed(const ModelConfig& model, const CacheConfig& config);
 
   const CacheConfig& config() const { return config_; }
+  // The state slot and window pages of extra sequence i.
+  int extra_slot(int i) const { return config_.max_seqs + i; }
+  std::vector<int> extra_window_pages(int i) const;
   const KvEntryLayout& kv_layout() const { return kv_; }
   const IndexKeyLayout& index_layout() const { return ix_; }
   CompressorStateLayout main_state_layout(int block) const;
@@ -84,6 +92,7 @@ class DeviceCache {
 
   ModelConfig model_;
   CacheConfig config_;
+  int slots_ = 0;  // state slots allocated: the pool's and the extra sequences'
   KvEntryLayout kv_;
   IndexKeyLayout ix_;
   int64_t kv_page_bytes_ = 0, ix_page_bytes_ = 0;

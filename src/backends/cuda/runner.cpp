@@ -46,11 +46,13 @@ PagedRunner::Limits runner_limits(const CudaModel& m, const CacheConfig& c) {
 CudaRunner::CudaRunner(CudaModel& model, const CacheConfig& cache, const CudaRunnerOptions& o)
     : PagedRunner(model.config(), cache, runner_limits(model, cache)),
       model_(model),
-      cache_(model.config(), cache),
+      cache_(model.config(), cache, /*extra_seqs=*/1),
       meta_(step_limits(model, cache), model.config().window_size),
       opt_(o),
       sampler_(model.config().vocab_size, model.limits().max_logit_rows,
                std::min(model.limits().max_seqs, cache.max_seqs)) {
+  scratch_.state_slot = cache_.extra_slot(0);
+  scratch_.pages[int(PageKind::kWindow)] = cache_.extra_window_pages(0);
   const size_t n = size_t(model.limits().max_logit_rows) * size_t(model.config().vocab_size);
   DSV4_CUDA_CHECK(cudaMallocHost(&host_logits_, n * sizeof(float)));
 }
@@ -124,6 +126,16 @@ void CudaRunner::run_graph(const std::vector<ChunkRef>& chunks, const std::vecto
   DSV4_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
 }
 
+int CudaRunner::graph_size(int n) const {
+  const auto it = opt_.graph_batch_sizes.lower_bound(n);
+  if (it == opt_.graph_batch_sizes.end()) return 0;
+  if (*it == n) return n;
+  const CudaModelLimits& l = model_.limits();
+  const bool fits = *it <= limits().max_step_seqs && *it <= l.max_tokens &&
+                    *it <= (l.max_logit_rows > 0 ? l.max_logit_rows : l.max_tokens);
+  return opt_.pad_to_graph_sizes && fits ? *it : 0;
+}
+
 StepOutput CudaRunner::forward(const StepBatch& b) {
   const std::vector<ChunkRef>& chunks = b.chunks;
   const cudaStream_t stream = model_.stream();
@@ -139,9 +151,21 @@ StepOutput CudaRunner::forward(const StepBatch& b) {
       if (sc.rows[j] >= 0) scores.push_back({sc.rows[j], (*sc.ids)[j], sc.top});
   sampler_.stage(int(b.rows.size()), samples, scores);
 
-  if (opt_.cuda_graphs && !verify_ && b.decode_only &&
-      opt_.graph_batch_sizes.count(int(chunks.size()))) {
+  const int padded = b.decode_only ? graph_size(int(chunks.size())) : 0;
+  if (opt_.cuda_graphs && !verify_ && padded == int(chunks.size())) {
     run_graph(chunks, b.rows);
+  } else if (opt_.cuda_graphs && !verify_ && padded > 0) {
+    // Dummy rows after the real ones (token 0 at position 0 of the scratch sequence), each with
+    // a logits row after the real rows: the graph's shapes, and the real rows come first.
+    static const int32_t kToken = 0;
+    std::vector<ChunkRef> all = chunks;
+    std::vector<int> rows = b.rows;
+    for (int i = int(chunks.size()); i < padded; ++i) {
+      all.push_back({&scratch_, 0, &kToken, 1});
+      rows.push_back(i);
+    }
+    run_graph(all, rows);
+    ++padded_;
   } else {
     const int64_t bound = b.decode_only && opt_.bucket_eager_decode ? bucket(chunks) - 1 : -1;
     const DeviceStep st = meta_.build(chunks, b.rows, bound, stream);

@@ -4,8 +4,11 @@
 // host and uploaded in one go.
 //
 // Decode steps (every sequence one token) of the batch sizes in `graph_batch_sizes` are
-// captured as CUDA graphs, one per (batch size, context bucket): the launch bounds of a graph
-// use the bucket's end (the next power of two >= 1024 of the longest sequence) as the largest
+// captured as CUDA graphs, one per (batch size, context bucket); a decode step of another size
+// is padded to the next captured size that the step limits allow, with dummy rows of a scratch
+// sequence (its own state slot and window pages beyond the pool's, always at position 0:
+// nothing a real sequence reads; their logits rows are never downloaded). The launch bounds of a
+// graph use the bucket's end (the next power of two >= 1024 of the longest sequence) as the largest
 // position, so one graph serves every step whose positions fall in the bucket. The first step
 // of a (size, bucket) runs eagerly (it also sets the kernels' function attributes), the second
 // captures, later ones replay. Graph replay and eager runs give the same bits.
@@ -40,6 +43,7 @@ class CudaVerifier;
 struct CudaRunnerOptions {
   bool cuda_graphs = true;
   std::set<int> graph_batch_sizes = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+  bool pad_to_graph_sizes = true;  // other decode sizes: padded to the next captured one
   // Eager decode steps size their launches with the same bucketed position bound as graphs
   // (so an eager run and a graph replay compute the same bits; tests compare them).
   bool bucket_eager_decode = false;
@@ -70,6 +74,7 @@ class CudaRunner final : public PagedRunner {
   CudaModel& model() { return model_; }
   int graphs_captured() const { return int(graphs_.size()); }
   int64_t graph_replays() const { return replays_; }
+  int64_t padded_steps() const { return padded_; }
 
  private:
   struct Graph {
@@ -84,6 +89,9 @@ class CudaRunner final : public PagedRunner {
   StepOutput forward(const StepBatch& batch) override;
   void run_graph(const std::vector<ChunkRef>& chunks, const std::vector<int>& rows);
   int64_t bucket(const std::vector<ChunkRef>& chunks) const;
+  // The captured batch size a decode step of n sequences runs as (n or a padded size), or 0:
+  // eager.
+  int graph_size(int n) const;
 
   std::unique_ptr<Owned> owned_;  // destroyed last
   CudaModel& model_;
@@ -94,6 +102,8 @@ class CudaRunner final : public PagedRunner {
   std::map<std::pair<int, int64_t>, int> seen_;  // (batch, bucket) -> eager runs
   std::map<std::pair<int, int64_t>, Graph> graphs_;
   int64_t replays_ = 0;
+  int64_t padded_ = 0;
+  SequenceCache scratch_;         // the padding rows' sequence: the cache's extra sequence 0
   float* host_logits_ = nullptr;  // pinned [max_logit_rows, vocab]
   cuda::DeviceSampler sampler_;
 };
