@@ -4,7 +4,7 @@ as plain decoding gives them, and /metrics counts drafts with vLLM's names. Draf
 
 import pytest
 
-from conftest import Server
+from conftest import Server, backend
 from support import stream
 
 PROMPT = [0] + [1000 + 37 * i for i in range(40)]
@@ -13,8 +13,23 @@ SPEC = ["vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_
         "vllm:spec_decode_num_accepted_tokens_total"]
 
 
+def test_cuda_refuses_speculation_clearly(tiny_model):
+    """The CUDA backend does not implement speculation yet: serve must refuse the flag at start,
+    naming it, rather than decode without it."""
+    if backend() != "cuda":
+        pytest.skip("the CPU backend implements speculative decoding (the tests below)")
+    s = Server(tiny_model, "--speculative-tokens", "3", wait_ready=False)
+    code = s.proc.wait(timeout=120)
+    err = s.stderr_text()
+    assert code != 0, err
+    assert "does not implement speculative decoding (--speculative-tokens)" in err, err
+
+
 @pytest.fixture(scope="module")
 def spec_server(tiny_model):
+    if backend() == "cuda":
+        pytest.skip("speculative decoding is implemented on the CPU backend only (CUDA refuses "
+                    "--speculative-tokens: test_cuda_refuses_speculation_clearly)")
     s = Server(tiny_model, "--test-forced-output", "--served-model-name", "tiny",
                "--max-running", "4", "--max-model-len", "256", "--speculative-tokens", "3")
     yield s
