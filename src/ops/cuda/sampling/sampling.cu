@@ -122,6 +122,53 @@ __device__ __forceinline__ void warp_weigh(u64* hi, u64* lo, int bucket, u128 v)
     atomic_add_fixed(hi + bucket, lo + bucket, sum);
 }
 
+// Streams a row: every thread calls f(i, x, valid) the same number of times (so f may use warp
+// collectives), and each i in [0, n) comes exactly once with valid set, x = z[i]. The body is
+// read as float4 with kUnroll loads in flight per thread (one block must keep ~32 KB in flight
+// to stream from L2 or HBM at speed; one scalar load per thread kept 2 KB); a head of up to
+// three scalars aligns it, a tail of up to three follows. The order a thread sees indices in
+// depends on the geometry, so every caller combines with an order-free rule (min, max with
+// index tie-break, integer or exact fixed-point sums) or, for the fp64 sum of the log-sum-exp,
+// one whose error bound does not depend on the order.
+template <typename F>
+__device__ __forceinline__ void for_each_logit_uniform(const float* __restrict__ z, int n,
+                                                       const F& f) {
+  const int tid = int(threadIdx.x), threads = int(blockDim.x);
+  const int head = min(n, int(((16 - (reinterpret_cast<uintptr_t>(z) & 15)) & 15) >> 2));
+  f(tid, tid < head ? __ldg(z + tid) : 0.0f, tid < head);
+  const int nv = (n - head) >> 2;
+  const float4* v = reinterpret_cast<const float4*>(z + head);
+  for (int base = 0; base < nv; base += threads * kUnroll) {
+    float4 q[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = base + u * threads + tid;
+      q[u] = j < nv ? __ldg(v + j) : make_float4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = base + u * threads + tid;
+      const bool ok = j < nv;
+      const int i = head + 4 * j;
+      f(i, q[u].x, ok);
+      f(i + 1, q[u].y, ok);
+      f(i + 2, q[u].z, ok);
+      f(i + 3, q[u].w, ok);
+    }
+  }
+  const int tail = head + 4 * nv;
+  const bool in_tail = tail + tid < n;
+  f(tail + tid, in_tail ? __ldg(z + tail + tid) : 0.0f, in_tail);
+}
+
+// The same, calling f(i, x) only for valid elements (no warp collectives in f).
+template <typename F>
+__device__ __forceinline__ void for_each_logit(const float* __restrict__ z, int n, const F& f) {
+  for_each_logit_uniform(z, n, [&](int i, float x, bool ok) {
+    if (ok) f(i, x);
+  });
+}
+
 struct KeyIndex {
   uint32_t key;
   int index;
@@ -176,22 +223,16 @@ struct SearchStorage {
 
 // The k-th largest key among key(i), i in [0, n) (1 <= k <= n): one radix digit per pass,
 // counting the keys that share the digits found so far.
-template <typename KeyFn>
-__device__ uint32_t kth_largest_key(int n, int k, const KeyFn& key, SearchStorage& s) {
+__device__ uint32_t kth_largest_key(const float* z, int n, int k, SearchStorage& s) {
   uint32_t prefix = 0, mask = 0;
   unsigned remaining = unsigned(k);
   for (int shift = 32 - kDigitBits; shift >= 0; shift -= kDigitBits) {
     for (int b = threadIdx.x; b < kBuckets; b += blockDim.x) s.count[b] = 0;
     __syncthreads();
-    for (int base = 0; base < n; base += blockDim.x) {  // uniform: whole warps call warp_count
-      const int i = base + int(threadIdx.x);
-      int bucket = -1;
-      if (i < n) {
-        const uint32_t x = key(i);
-        if ((x & mask) == prefix) bucket = int((x >> shift) & (kBuckets - 1));
-      }
-      warp_count(s.count, bucket);
-    }
+    for_each_logit_uniform(z, n, [&](int, float v, bool ok) {  // whole warps call warp_count
+      const uint32_t x = order_key(v);
+      warp_count(s.count, ok && (x & mask) == prefix ? int((x >> shift) & (kBuckets - 1)) : -1);
+    });
     __syncthreads();
     if (threadIdx.x == 0) {
       int b = kBuckets - 1;
@@ -218,12 +259,10 @@ __device__ uint32_t top_p_key(const float* z, int n, float zmax, float t, double
   for (int shift = 32 - kDigitBits; shift >= 0; shift -= kDigitBits) {
     for (int b = threadIdx.x; b < kBuckets; b += blockDim.x) s.hi[b] = s.lo[b] = 0;
     __syncthreads();
-    for (int base = 0; base < n; base += blockDim.x) {  // uniform: whole warps call warp_weigh
-      const int i = base + int(threadIdx.x);
+    for_each_logit_uniform(z, n, [&](int, float x, bool ok) {  // whole warps call warp_weigh
       int bucket = -1;
       u128 v = 0;
-      if (i < n) {
-        const float x = z[i];
+      if (ok) {
         const uint32_t key = order_key(x);
         const float sx = scaled(x, zmax, t);
         if ((key & mask) == prefix && !(sx < floor)) {
@@ -232,7 +271,7 @@ __device__ uint32_t top_p_key(const float* z, int n, float zmax, float t, double
         }
       }
       warp_weigh(s.hi, s.lo, bucket, v);
-    }
+    });
     __syncthreads();
     if (threadIdx.x == 0) {
       auto bucket = [&](int b) { return (u128(s.hi[b]) << 64) | u128(s.lo[b]); };
@@ -269,6 +308,8 @@ __global__ void __launch_bounds__(kThreads) row_stats_kernel(SamplingLaunch p) {
   __shared__ float s_float;
   __shared__ int s_count;
   __shared__ int cand_ids[kMaxTopLogprobs];
+  __shared__ int tie_ids[kTieCapacity];
+  __shared__ int s_ties;
   const int r = blockIdx.x;
   const int n = p.vocab;
   const float* z = p.logits + size_t(r) * size_t(n);
@@ -277,11 +318,10 @@ __global__ void __launch_bounds__(kThreads) row_stats_kernel(SamplingLaunch p) {
 
   int bad = INT_MAX;
   float m = -INFINITY;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float x = z[i];
-    if (non_finite(x) && bad == INT_MAX) bad = i;
+  for_each_logit(z, n, [&](int i, float x) {
+    if (non_finite(x)) bad = min(bad, i);
     m = fmaxf(m, x);
-  }
+  });
   bad = ReduceInt(tmp.i).Reduce(bad, MinInt());
   if (threadIdx.x == 0) s_int = bad;
   __syncthreads();
@@ -301,7 +341,7 @@ __global__ void __launch_bounds__(kThreads) row_stats_kernel(SamplingLaunch p) {
 
   // log-sum-exp as cpu::score_row: m + log(sum exp(double(z) - double(m))).
   double sum = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) sum += exp(double(z[i]) - double(m));
+  for_each_logit(z, n, [&](int, float x) { sum += exp(double(x) - double(m)); });
   sum = ReduceDouble(tmp.d).Sum(sum);
   __shared__ double s_lse;
   if (threadIdx.x == 0) {
@@ -315,17 +355,38 @@ __global__ void __launch_bounds__(kThreads) row_stats_kernel(SamplingLaunch p) {
 
   // The top_n largest: the top_n-th key, the keys above it, then its ties in index order.
   const int k = min(task.top_n, n);
-  const uint32_t tau = kth_largest_key(
-      n, k, [&](int i) { return order_key(z[i]); }, search);
-  if (threadIdx.x == 0) s_count = 0;
+  const uint32_t tau = kth_largest_key(z, n, k, search);
+  if (threadIdx.x == 0) s_count = 0, s_ties = 0;
   __syncthreads();
-  for (int i = threadIdx.x; i < n; i += blockDim.x)
-    if (order_key(z[i]) > tau) cand_ids[atomicAdd(&s_count, 1)] = i;
+  // The keys above tau (fewer than k), and the indices of its ties while they fit.
+  for_each_logit(z, n, [&](int i, float x) {
+    const uint32_t key = order_key(x);
+    if (key > tau) {
+      cand_ids[atomicAdd(&s_count, 1)] = i;
+    } else if (key == tau) {
+      const int t = atomicAdd(&s_ties, 1);
+      if (t < kTieCapacity) tie_ids[t] = i;
+    }
+  });
   __syncthreads();
   const int above = s_count;
   const int need = k - above;
+  const int ties = s_ties;
+  if (ties <= kTieCapacity) {
+    // All ties collected (the usual case: one): the `need` lowest indices.
+    if (threadIdx.x == 0) {
+      for (int a = 1; a < ties; ++a) {
+        const int id = tie_ids[a];
+        int b = a - 1;
+        for (; b >= 0 && tie_ids[b] > id; --b) tie_ids[b + 1] = tie_ids[b];
+        tie_ids[b + 1] = id;
+      }
+      for (int a = 0; a < need; ++a) cand_ids[above + a] = tie_ids[a];
+    }
+  }
+  // More ties than collected: an ordered scan for the lowest indices.
   int taken = 0;
-  for (int base = 0; base < n && taken < need; base += blockDim.x) {
+  for (int base = 0; ties > kTieCapacity && base < n && taken < need; base += blockDim.x) {
     const int i = base + int(threadIdx.x);
     const int tie = i < n && order_key(z[i]) == tau ? 1 : 0;
     int rank, total;
@@ -396,10 +457,11 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingLaunch p) {
   } else {
     // The first index of the largest (patched) logit.
     KeyIndex best{0, INT_MAX};
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const uint32_t key = order_key(z[i]);
-      if (key > best.key || best.index == INT_MAX) best = {key, i};
-    }
+    for_each_logit(z, n, [&](int i, float x) {
+      const uint32_t key = order_key(x);
+      if (best.index == INT_MAX || key > best.key || (key == best.key && i < best.index))
+        best = {key, i};
+    });
     best = ReduceKey(tmp.key).Reduce(best, LargerKeyFirstIndex());
     if (threadIdx.x == 0) s_id = best.index;
     __syncthreads();
@@ -408,8 +470,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingLaunch p) {
       const float zmax = z[s_id];
       double thr = task.min_p > 0 ? double(task.min_p) : 0.0;
       if (task.top_k > 0 && task.top_k < n) {
-        const uint32_t kk = kth_largest_key(
-            n, task.top_k, [&](int i) { return order_key(z[i]); }, search);
+        const uint32_t kk = kth_largest_key(z, n, task.top_k, search);
         thr = fmax(thr, weight(key_value(kk), zmax, t));
       }
       if (task.top_p < 1) {
@@ -419,14 +480,16 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingLaunch p) {
       // The exponential race among the kept tokens.
       RaceValue race{-1.0, INT_MAX};
       const float floor = scaled_floor(thr);
-      for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float sx = scaled(z[i], zmax, t);
-        if (sx < floor) continue;
+      // Per thread: the larger value, ties to the lower index (NaN never wins), as the
+      // reference's ascending scan with a strict comparison.
+      for_each_logit(z, n, [&](int i, float x) {
+        const float sx = scaled(x, zmax, t);
+        if (sx < floor) return;
         const double e = exp(double(sx));
-        if (!(e >= thr)) continue;
+        if (!(e >= thr)) return;
         const double v = e / -log(sample_uniform(task.seed, task.index, i));
-        if (v > race.v) race = {v, i};
-      }
+        if (v > race.v || (v == race.v && i < race.index)) race = {v, i};
+      });
       race = ReduceRace(tmp.race).Reduce(race, LargerValueFirstIndex());
       __syncthreads();
       if (threadIdx.x == 0) s_id = race.index == INT_MAX ? -1 : race.index;

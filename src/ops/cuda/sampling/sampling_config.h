@@ -8,6 +8,8 @@ namespace dsv4::cuda::sampling_cfg {
 constexpr int kThreads = 512;  // per row
 constexpr int kDigitBits = 8;  // 4 passes per 32-bit key search
 constexpr int kBuckets = 1 << kDigitBits;
+constexpr int kUnroll = 4;          // float4 loads in flight per thread while streaming a row
+constexpr int kTieCapacity = 64;    // ties of the top_n-th key collected in one pass
 constexpr int kPatchThreads = 256;  // the patch kernel: one thread per patched token
 
 }  // namespace dsv4::cuda::sampling_cfg
