@@ -221,6 +221,62 @@ struct SearchStorage {
   double target;
 };
 
+__device__ __forceinline__ unsigned shfl_down(unsigned v, int d) {
+  return __shfl_down_sync(0xffffffffu, v, d);
+}
+__device__ __forceinline__ u128 shfl_down(u128 v, int d) {
+  const u64 lo = __shfl_down_sync(0xffffffffu, u64(v), d),
+            hi = __shfl_down_sync(0xffffffffu, u64(v >> 64), d);
+  return (u128(hi) << 64) | u128(lo);
+}
+__device__ __forceinline__ unsigned shfl_from(unsigned v, int lane) {
+  return __shfl_sync(0xffffffffu, v, lane);
+}
+__device__ __forceinline__ u128 shfl_from(u128 v, int lane) {
+  const u64 lo = __shfl_sync(0xffffffffu, u64(v), lane),
+            hi = __shfl_sync(0xffffffffu, u64(v >> 64), lane);
+  return (u128(hi) << 64) | u128(lo);
+}
+
+// One radix pass's digit, chosen by the 32 lanes of warp 0 together (a single thread walking
+// 256 buckets, one dependent shared-memory load after another, took microseconds per pass).
+// The serial rule it reproduces: b from kBuckets - 1 down to 1, stop at the first b whose
+// suffix sum S(b) = sum of buckets >= b satisfies reached(S(b), total), else b = 0. That b is
+// the largest b >= 1 that satisfies it, whatever `reached` is, and the sums are exact (integers
+// or fixed point), so each S(b) is the serial loop's. Returns b; `above` gets S(b + 1) and
+// `total` the sum of all buckets, in every lane.
+template <typename T, typename BucketFn, typename Reached>
+__device__ int choose_digit(const BucketFn& bucket, const Reached& reached, T& above, T& total) {
+  static_assert(kBuckets % 32 == 0, "buckets split evenly over a warp");
+  constexpr int kPer = kBuckets / 32;
+  const int lane = int(threadIdx.x & 31);
+  T local[kPer];
+  T own = 0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) local[j] = bucket(lane * kPer + j), own += local[j];
+  T incl = own;  // the buckets of lanes >= lane
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const T y = shfl_down(incl, d);
+    if (lane + d < 32) incl += y;
+  }
+  total = shfl_from(incl, 0);
+  T suffix = incl - own;
+  int best = 0;
+  T best_above = 0;
+#pragma unroll
+  for (int j = kPer - 1; j >= 0; --j) {
+    const int b = lane * kPer + j;
+    const T excl = suffix;
+    suffix += local[j];
+    if (best == 0 && b >= 1 && reached(suffix, total)) best = b, best_above = excl;
+    if (b == 0 && best == 0) best_above = excl;
+  }
+  const int chosen = int(__reduce_max_sync(0xffffffffu, unsigned(best)));
+  above = shfl_from(best_above, chosen / kPer);
+  return chosen;
+}
+
 // The k-th largest key among key(i), i in [0, n) (1 <= k <= n): one radix digit per pass,
 // counting the keys that share the digits found so far.
 __device__ uint32_t kth_largest_key(const float* z, int n, int k, SearchStorage& s) {
@@ -234,11 +290,15 @@ __device__ uint32_t kth_largest_key(const float* z, int n, int k, SearchStorage&
       warp_count(s.count, ok && (x & mask) == prefix ? int((x >> shift) & (kBuckets - 1)) : -1);
     });
     __syncthreads();
-    if (threadIdx.x == 0) {
-      int b = kBuckets - 1;
-      for (; b > 0 && s.count[b] < remaining; --b) remaining -= s.count[b];
-      s.prefix = prefix | (uint32_t(b) << shift);
-      s.remaining = remaining;
+    if (threadIdx.x < 32) {
+      unsigned above, total;
+      const int b = choose_digit<unsigned>(
+          [&](int b) { return s.count[b]; },
+          [&](unsigned suffix, unsigned) { return suffix >= remaining; }, above, total);
+      if (threadIdx.x == 0) {
+        s.prefix = prefix | (uint32_t(b) << shift);
+        s.remaining = remaining - above;
+      }
     }
     __syncthreads();
     prefix = s.prefix;
@@ -273,23 +333,25 @@ __device__ uint32_t top_p_key(const float* z, int n, float zmax, float t, double
       warp_weigh(s.hi, s.lo, bucket, v);
     });
     __syncthreads();
-    if (threadIdx.x == 0) {
-      auto bucket = [&](int b) { return (u128(s.hi[b]) << 64) | u128(s.lo[b]); };
-      if (shift == 32 - kDigitBits) {
-        u128 mass = 0;
-        for (int b = 0; b < kBuckets; ++b) mass += bucket(b);
-        s.target = double(top_p) * fixed_to_double(mass);
+    if (threadIdx.x < 32) {
+      // The first pass sees every kept token: its total is the kept mass.
+      const bool first = shift == 32 - kDigitBits;
+      const double old_target = s.target;
+      u128 higher, total;
+      const int b = choose_digit<u128>(
+          [&](int b) { return (u128(s.hi[b]) << 64) | u128(s.lo[b]); },
+          [&](u128 suffix, u128 mass) {
+            const double target = first ? double(top_p) * fixed_to_double(mass) : old_target;
+            return fixed_to_double(above + suffix) >= target;
+          },
+          higher, total);
+      if (threadIdx.x == 0) {
+        if (first) s.target = double(top_p) * fixed_to_double(total);
+        const u128 cum = above + higher;
+        s.prefix = prefix | (uint32_t(b) << shift);
+        s.above_hi = u64(cum >> 64);
+        s.above_lo = u64(cum);
       }
-      u128 cum = above;
-      int b = kBuckets - 1;
-      for (; b > 0; --b) {
-        const u128 next = cum + bucket(b);
-        if (fixed_to_double(next) >= s.target) break;
-        cum = next;
-      }
-      s.prefix = prefix | (uint32_t(b) << shift);
-      s.above_hi = u64(cum >> 64);
-      s.above_lo = u64(cum);
     }
     __syncthreads();
     prefix = s.prefix;
