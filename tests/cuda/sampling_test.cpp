@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
@@ -350,6 +351,27 @@ TEST_F(CudaSampling, Ties) {
       SCOPED_TRACE(cat("vocab ", V, " set ", k));
       run_and_compare(V, tied_rows(rows, V, 300 + k), cases_of(ps[k], rows, 40 + k));
     }
+  }
+  // The top_n-th largest value tied at up to 1 .. 300 places (random places, a few may
+  // coincide), around the number of ties the kernel collects in one pass (64; more take an
+  // ordered scan): the reported ties must be the lowest indices. Vocabularies 129,280 and 1,001
+  // (rows not 16-byte aligned: head and tail elements).
+  for (int V : {kVocab, 1001}) {
+    const int counts[] = {1, 2, 19, 63, 64, 65, 300};
+    const int rows = int(std::size(counts));
+    Rng rng(77);
+    std::vector<float> z(size_t(rows) * V);
+    for (int r = 0; r < rows; ++r) {
+      float* row = z.data() + size_t(r) * V;
+      for (int i = 0; i < V; ++i) row[i] = float(rng.uniform(-8, 4));
+      for (int a = 0; a < 7; ++a) row[rng.below(uint64_t(V))] = 6.0f + 0.25f * float(a);
+      for (int a = 0; a < counts[r]; ++a) row[rng.below(uint64_t(V))] = 5.5f;
+    }
+    SamplingParams tp;
+    tp.logprobs = true;
+    tp.top_logprobs = kMaxTopLogprobs;
+    SCOPED_TRACE(cat("vocab ", V, " tied top_n-th value"));
+    run_and_compare(V, z, cases_of(tp, rows, 5));
   }
   // Every value equal.
   std::vector<float> flat(size_t(4) * 1000, 1.25f);
