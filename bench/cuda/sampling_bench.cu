@@ -1,7 +1,8 @@
 // GPU sampling (ops/cuda/sampling) at the real vocabulary: batches of 1, 8, 32, 128 and 256
-// rows of 129,280 fp32 logits, greedy and seeded sampling (T 0.8 with top-k 50 and top-p 0.9;
-// T 1 with top-p 0.95 alone), each with logprobs and 5 top alternatives. Timed: one step's
-// launch (the parameter upload, the three kernels, the results download) with CUDA events,
+// rows of 129,280 fp32 logits: plain greedy (the usual decode step: no logprobs, so no
+// log-sum-exp and no top alternatives), then greedy and seeded sampling (T 0.8 with top-k 50
+// and top-p 0.9; T 1 with top-p 0.95 alone), each with logprobs and 5 top alternatives. Timed: one
+// step's launch (the parameter upload, the three kernels, the results download) with CUDA events,
 // logits rotated through more memory than the L2 holds. The roofline is one read of the
 // logits; the peer is what the host path paid before any sampling: the download of every row
 // into pinned memory.
@@ -97,6 +98,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  SamplingParams plain;
   SamplingParams greedy;
   greedy.logprobs = true;
   greedy.top_logprobs = 5;
@@ -110,6 +112,7 @@ int main(int argc, char** argv) {
   topp.top_p = 0.95f;
   topp.seed = 7;
   for (int batch : {1, 8, 32, 128, 256}) {
+    bench_mode("greedy_plain", plain, batch, iters);
     bench_mode("greedy", greedy, batch, iters);
     bench_mode("T0.8_topk50_topp0.9", topk_topp, batch, iters);
     bench_mode("T1_topp0.95", topp, batch, iters);

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
@@ -349,6 +350,54 @@ TEST_F(CudaSampling, Ties) {
     for (size_t k = 0; k < ps.size(); ++k) {
       SCOPED_TRACE(cat("vocab ", V, " set ", k));
       run_and_compare(V, tied_rows(rows, V, 300 + k), cases_of(ps[k], rows, 40 + k));
+    }
+  }
+  // The top_n-th largest value tied at up to 1 .. 300 places (random places, a few may
+  // coincide), around the number of ties the kernel collects in one pass (64; more take an
+  // ordered scan): the reported ties must be the lowest indices. Vocabularies 129,280 and 1,001
+  // (rows not 16-byte aligned: head and tail elements).
+  for (int V : {kVocab, 1001}) {
+    const int counts[] = {1, 2, 19, 63, 64, 65, 300};
+    const int rows = int(std::size(counts));
+    Rng rng(77);
+    std::vector<float> z(size_t(rows) * V);
+    for (int r = 0; r < rows; ++r) {
+      float* row = z.data() + size_t(r) * V;
+      for (int i = 0; i < V; ++i) row[i] = float(rng.uniform(-8, 4));
+      for (int a = 0; a < 7; ++a) row[rng.below(uint64_t(V))] = 6.0f + 0.25f * float(a);
+      for (int a = 0; a < counts[r]; ++a) row[rng.below(uint64_t(V))] = 5.5f;
+    }
+    SamplingParams tp;
+    tp.logprobs = true;
+    tp.top_logprobs = kMaxTopLogprobs;
+    SCOPED_TRACE(cat("vocab ", V, " tied top_n-th value"));
+    run_and_compare(V, z, cases_of(tp, rows, 5));
+  }
+  // The largest value tied on both sides of every boundary where a row can be split between
+  // the blocks of its cluster (parts of ((V + p - 1) / p + 3) & ~3 logits, p = 1 .. 8 blocks:
+  // 1, 2 and 4 rows cover several p on any GPU): argmax, top-k and the top alternatives must
+  // still take the lowest indices.
+  for (int V : {kVocab, 1001}) {
+    for (int rows : {1, 2, 4}) {
+      Rng rng(uint64_t(V) * 10 + uint64_t(rows));
+      std::vector<float> z(size_t(rows) * V);
+      for (int r = 0; r < rows; ++r) {
+        float* row = z.data() + size_t(r) * V;
+        for (int i = 0; i < V; ++i) row[i] = float(rng.uniform(-8, 4));
+        for (int parts = 2; parts <= 8; ++parts) {
+          const int chunk = ((V + parts - 1) / parts + 3) & ~3;
+          for (int b = 1; b < parts && b * chunk < V; ++b) row[b * chunk - 1] = row[b * chunk] = 6;
+        }
+      }
+      SamplingParams g;
+      g.logprobs = true;
+      g.top_logprobs = kMaxTopLogprobs;
+      SamplingParams k = g;
+      k.temperature = 1;
+      k.top_k = 3;
+      SCOPED_TRACE(cat("vocab ", V, " rows ", rows, " ties at block boundaries"));
+      run_and_compare(V, z, cases_of(g, rows, 6));
+      run_and_compare(V, z, cases_of(k, rows, 7));
     }
   }
   // Every value equal.

@@ -22,11 +22,21 @@
 //    sums sequentially in fp64, within (n - 1) * 2^-53 of exact relative (n kept tokens: at
 //    most 129,280, so 1.4e-11). The cutoff token can differ only if a sorted prefix sum falls
 //    within that margin of top_p * mass, a probability of order 1e-11 per draw.
-//  - the log-sum-exp of the logprobs (fp64, per-thread sums then a tree): see the test for the
-//    bound; it does not affect any choice.
+//  - the log-sum-exp of the logprobs (fp64, per-thread sums, a tree per block, then the blocks
+//    of the row's cluster in rank order): see the test for the bound, which holds for any
+//    order; it does not affect any choice. Its last bits can depend on the number of blocks per
+//    row (the batch size and the SM count), never on scheduling.
+//
+// Splitting a row over a cluster's blocks changes no choice: the first non-finite index, the
+// maximum and the argmax (larger key, then lower index) and the race (larger value, then lower
+// index) are order-free combines; the histograms are exact integer or fixed-point sums, and every
+// block chooses each digit from the same summed histogram; the top alternatives are sorted by
+// (key, index) after they are gathered.
+#include <cooperative_groups.h>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 
@@ -39,6 +49,7 @@ namespace dsv4::cuda {
 namespace {
 
 using namespace sampling_cfg;
+namespace cg = cooperative_groups;
 using u128 = unsigned __int128;
 using u64 = unsigned long long;
 
@@ -122,6 +133,53 @@ __device__ __forceinline__ void warp_weigh(u64* hi, u64* lo, int bucket, u128 v)
     atomic_add_fixed(hi + bucket, lo + bucket, sum);
 }
 
+// Streams a row: every thread calls f(i, x, valid) the same number of times (so f may use warp
+// collectives), and each i in [0, n) comes exactly once with valid set, x = z[i]. The body is
+// read as float4 with kUnroll loads in flight per thread (one block must keep ~32 KB in flight
+// to stream from L2 or HBM at speed; one scalar load per thread kept 2 KB); a head of up to
+// three scalars aligns it, a tail of up to three follows. The order a thread sees indices in
+// depends on the geometry, so every caller combines with an order-free rule (min, max with
+// index tie-break, integer or exact fixed-point sums) or, for the fp64 sum of the log-sum-exp,
+// one whose error bound does not depend on the order.
+template <typename F>
+__device__ __forceinline__ void for_each_logit_uniform(const float* __restrict__ z, int n,
+                                                       const F& f) {
+  const int tid = int(threadIdx.x), threads = int(blockDim.x);
+  const int head = min(n, int(((16 - (reinterpret_cast<uintptr_t>(z) & 15)) & 15) >> 2));
+  f(tid, tid < head ? __ldg(z + tid) : 0.0f, tid < head);
+  const int nv = (n - head) >> 2;
+  const float4* v = reinterpret_cast<const float4*>(z + head);
+  for (int base = 0; base < nv; base += threads * kUnroll) {
+    float4 q[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = base + u * threads + tid;
+      q[u] = j < nv ? __ldg(v + j) : make_float4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = base + u * threads + tid;
+      const bool ok = j < nv;
+      const int i = head + 4 * j;
+      f(i, q[u].x, ok);
+      f(i + 1, q[u].y, ok);
+      f(i + 2, q[u].z, ok);
+      f(i + 3, q[u].w, ok);
+    }
+  }
+  const int tail = head + 4 * nv;
+  const bool in_tail = tail + tid < n;
+  f(tail + tid, in_tail ? __ldg(z + tail + tid) : 0.0f, in_tail);
+}
+
+// The same, calling f(i, x) only for valid elements (no warp collectives in f).
+template <typename F>
+__device__ __forceinline__ void for_each_logit(const float* __restrict__ z, int n, const F& f) {
+  for_each_logit_uniform(z, n, [&](int i, float x, bool ok) {
+    if (ok) f(i, x);
+  });
+}
+
 struct KeyIndex {
   uint32_t key;
   int index;
@@ -166,64 +224,170 @@ union TempStorage {
 };
 
 struct SearchStorage {
-  unsigned count[kBuckets];
+  unsigned count[kBuckets];  // this block's histogram
   u64 hi[kBuckets], lo[kBuckets];
+  unsigned count_all[kBuckets];  // the cluster's, summed in rank order
+  u64 hi_all[kBuckets], lo_all[kBuckets];
   uint32_t prefix;
   unsigned remaining;
   u64 above_hi, above_lo;
   double target;
 };
 
-// The k-th largest key among key(i), i in [0, n) (1 <= k <= n): one radix digit per pass,
-// counting the keys that share the digits found so far.
-template <typename KeyFn>
-__device__ uint32_t kth_largest_key(int n, int k, const KeyFn& key, SearchStorage& s) {
+__device__ __forceinline__ unsigned shfl_down(unsigned v, int d) {
+  return __shfl_down_sync(0xffffffffu, v, d);
+}
+__device__ __forceinline__ u128 shfl_down(u128 v, int d) {
+  const u64 lo = __shfl_down_sync(0xffffffffu, u64(v), d),
+            hi = __shfl_down_sync(0xffffffffu, u64(v >> 64), d);
+  return (u128(hi) << 64) | u128(lo);
+}
+__device__ __forceinline__ unsigned shfl_from(unsigned v, int lane) {
+  return __shfl_sync(0xffffffffu, v, lane);
+}
+__device__ __forceinline__ u128 shfl_from(u128 v, int lane) {
+  const u64 lo = __shfl_sync(0xffffffffu, u64(v), lane),
+            hi = __shfl_sync(0xffffffffu, u64(v >> 64), lane);
+  return (u128(hi) << 64) | u128(lo);
+}
+
+// One radix pass's digit, chosen by the 32 lanes of warp 0 together (a single thread walking
+// 256 buckets, one dependent shared-memory load after another, took microseconds per pass).
+// The serial rule it reproduces: b from kBuckets - 1 down to 1, stop at the first b whose
+// suffix sum S(b) = sum of buckets >= b satisfies reached(S(b), total), else b = 0. That b is
+// the largest b >= 1 that satisfies it, whatever `reached` is, and the sums are exact (integers
+// or fixed point), so each S(b) is the serial loop's. Returns b; `above` gets S(b + 1) and
+// `total` the sum of all buckets, in every lane.
+template <typename T, typename BucketFn, typename Reached>
+__device__ int choose_digit(const BucketFn& bucket, const Reached& reached, T& above, T& total) {
+  static_assert(kBuckets % 32 == 0, "buckets split evenly over a warp");
+  constexpr int kPer = kBuckets / 32;
+  const int lane = int(threadIdx.x & 31);
+  T local[kPer];
+  T own = 0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) local[j] = bucket(lane * kPer + j), own += local[j];
+  T incl = own;  // the buckets of lanes >= lane
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const T y = shfl_down(incl, d);
+    if (lane + d < 32) incl += y;
+  }
+  total = shfl_from(incl, 0);
+  T suffix = incl - own;
+  int best = 0;
+  T best_above = 0;
+#pragma unroll
+  for (int j = kPer - 1; j >= 0; --j) {
+    const int b = lane * kPer + j;
+    const T excl = suffix;
+    suffix += local[j];
+    if (best == 0 && b >= 1 && reached(suffix, total)) best = b, best_above = excl;
+    if (b == 0 && best == 0) best_above = excl;
+  }
+  const int chosen = int(__reduce_max_sync(0xffffffffu, unsigned(best)));
+  above = shfl_from(best_above, chosen / kPer);
+  return chosen;
+}
+
+// A row is split over the `parts` blocks of a thread-block cluster (several at small batch, so
+// that a row is streamed by several SMs): block `rank` takes [lo, hi), lo a multiple of 4.
+// Partial results are combined through distributed shared memory in rank order, and every
+// combine is order-free or fixed-order, so a result does not depend on scheduling; the split
+// changes no choice (see combine_in_cluster's callers).
+struct RowPart {
+  int lo = 0, hi = 0;
+};
+__device__ RowPart row_part(int n, unsigned rank, unsigned parts) {
+  const int chunk = ((n + int(parts) - 1) / int(parts) + 3) & ~3;
+  const int lo = min(n, int(rank) * chunk);
+  return {lo, min(n, lo + chunk)};
+}
+
+template <typename F>
+__device__ __forceinline__ void for_part_uniform(const float* z, RowPart part, const F& f) {
+  for_each_logit_uniform(z + part.lo, part.hi - part.lo,
+                         [&](int i, float x, bool ok) { f(part.lo + i, x, ok); });
+}
+template <typename F>
+__device__ __forceinline__ void for_part(const float* z, RowPart part, const F& f) {
+  for_each_logit(z + part.lo, part.hi - part.lo, [&](int i, float x) { f(part.lo + i, x); });
+}
+
+// Every block's `v` (valid in its thread 0) combined in rank order 0, 1, ...; the result in
+// every thread of every block. Ends with a cluster barrier, so `slot` may be reused and the
+// blocks may exit.
+template <typename T, typename Op>
+__device__ T combine_in_cluster(T v, T* slot, const Op& op, cg::cluster_group& cluster) {
+  if (threadIdx.x == 0) *slot = v;
+  cluster.sync();
+  T acc = *cluster.map_shared_rank(slot, 0);
+  for (unsigned r = 1; r < cluster.num_blocks(); ++r)
+    acc = op(acc, *cluster.map_shared_rank(slot, r));
+  cluster.sync();
+  return acc;
+}
+
+// The k-th largest key of the row (1 <= k <= n): one radix digit per pass, counting the keys
+// that share the digits found so far, each block its part; every block sums the histograms of
+// all (integers: exact) and so chooses the same digit.
+__device__ uint32_t kth_largest_key(const float* z, RowPart part, int k, SearchStorage& s,
+                                    cg::cluster_group& cluster) {
   uint32_t prefix = 0, mask = 0;
   unsigned remaining = unsigned(k);
+  const unsigned parts = cluster.num_blocks();
   for (int shift = 32 - kDigitBits; shift >= 0; shift -= kDigitBits) {
     for (int b = threadIdx.x; b < kBuckets; b += blockDim.x) s.count[b] = 0;
     __syncthreads();
-    for (int base = 0; base < n; base += blockDim.x) {  // uniform: whole warps call warp_count
-      const int i = base + int(threadIdx.x);
-      int bucket = -1;
-      if (i < n) {
-        const uint32_t x = key(i);
-        if ((x & mask) == prefix) bucket = int((x >> shift) & (kBuckets - 1));
-      }
-      warp_count(s.count, bucket);
+    for_part_uniform(z, part, [&](int, float v, bool ok) {  // whole warps call warp_count
+      const uint32_t x = order_key(v);
+      warp_count(s.count, ok && (x & mask) == prefix ? int((x >> shift) & (kBuckets - 1)) : -1);
+    });
+    cluster.sync();  // every block's histogram complete
+    for (int b = threadIdx.x; b < kBuckets; b += blockDim.x) {
+      unsigned c[kMaxBlocksPerRow];  // every remote load issued before the first is used
+#pragma unroll
+      for (unsigned r = 0; r < unsigned(kMaxBlocksPerRow); ++r)
+        c[r] = r < parts ? cluster.map_shared_rank(s.count, r)[b] : 0u;
+      unsigned sum = 0;
+#pragma unroll
+      for (int r = 0; r < kMaxBlocksPerRow; ++r) sum += c[r];
+      s.count_all[b] = sum;
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int b = kBuckets - 1;
-      for (; b > 0 && s.count[b] < remaining; --b) remaining -= s.count[b];
-      s.prefix = prefix | (uint32_t(b) << shift);
-      s.remaining = remaining;
+    cluster.sync();  // every histogram read before any is cleared; the sums complete
+    if (threadIdx.x < 32) {
+      unsigned above, total;
+      const int b = choose_digit<unsigned>(
+          [&](int b) { return s.count_all[b]; },
+          [&](unsigned suffix, unsigned) { return suffix >= remaining; }, above, total);
+      if (threadIdx.x == 0) {
+        s.prefix = prefix | (uint32_t(b) << shift);
+        s.remaining = remaining - above;
+      }
     }
     __syncthreads();
     prefix = s.prefix;
     remaining = s.remaining;
     mask |= uint32_t(kBuckets - 1) << shift;
-    __syncthreads();
   }
   return prefix;
 }
 
 // The largest key sigma of the tokens with e >= thr whose e-mass at or above sigma reaches
-// top_p times their whole mass.
-__device__ uint32_t top_p_key(const float* z, int n, float zmax, float t, double thr, float top_p,
-                              SearchStorage& s) {
+// top_p times their whole mass (exact fixed-point sums over the blocks' histograms).
+__device__ uint32_t top_p_key(const float* z, RowPart part, float zmax, float t, double thr,
+                              float top_p, SearchStorage& s, cg::cluster_group& cluster) {
   uint32_t prefix = 0, mask = 0;
   u128 above = 0;
   const float floor = scaled_floor(thr);
+  const unsigned parts = cluster.num_blocks();
   for (int shift = 32 - kDigitBits; shift >= 0; shift -= kDigitBits) {
     for (int b = threadIdx.x; b < kBuckets; b += blockDim.x) s.hi[b] = s.lo[b] = 0;
     __syncthreads();
-    for (int base = 0; base < n; base += blockDim.x) {  // uniform: whole warps call warp_weigh
-      const int i = base + int(threadIdx.x);
+    for_part_uniform(z, part, [&](int, float x, bool ok) {  // whole warps call warp_weigh
       int bucket = -1;
       u128 v = 0;
-      if (i < n) {
-        const float x = z[i];
+      if (ok) {
         const uint32_t key = order_key(x);
         const float sx = scaled(x, zmax, t);
         if ((key & mask) == prefix && !(sx < floor)) {
@@ -232,105 +396,189 @@ __device__ uint32_t top_p_key(const float* z, int n, float zmax, float t, double
         }
       }
       warp_weigh(s.hi, s.lo, bucket, v);
+    });
+    cluster.sync();  // every block's histogram complete
+    for (int b = threadIdx.x; b < kBuckets; b += blockDim.x) {
+      u128 w[kMaxBlocksPerRow];  // every remote load issued before the first is used
+#pragma unroll
+      for (unsigned r = 0; r < unsigned(kMaxBlocksPerRow); ++r)
+        w[r] = r < parts ? (u128(cluster.map_shared_rank(s.hi, r)[b]) << 64) |
+                               u128(cluster.map_shared_rank(s.lo, r)[b])
+                         : u128(0);
+      u128 sum = 0;
+#pragma unroll
+      for (int r = 0; r < kMaxBlocksPerRow; ++r) sum += w[r];
+      s.hi_all[b] = u64(sum >> 64);
+      s.lo_all[b] = u64(sum);
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      auto bucket = [&](int b) { return (u128(s.hi[b]) << 64) | u128(s.lo[b]); };
-      if (shift == 32 - kDigitBits) {
-        u128 mass = 0;
-        for (int b = 0; b < kBuckets; ++b) mass += bucket(b);
-        s.target = double(top_p) * fixed_to_double(mass);
+    cluster.sync();  // every histogram read before any is cleared; the sums complete
+    if (threadIdx.x < 32) {
+      // The first pass sees every kept token: its total is the kept mass.
+      const bool first = shift == 32 - kDigitBits;
+      const double old_target = s.target;
+      u128 higher, total;
+      const int b = choose_digit<u128>(
+          [&](int b) { return (u128(s.hi_all[b]) << 64) | u128(s.lo_all[b]); },
+          [&](u128 suffix, u128 mass) {
+            const double target = first ? double(top_p) * fixed_to_double(mass) : old_target;
+            return fixed_to_double(above + suffix) >= target;
+          },
+          higher, total);
+      if (threadIdx.x == 0) {
+        if (first) s.target = double(top_p) * fixed_to_double(total);
+        const u128 cum = above + higher;
+        s.prefix = prefix | (uint32_t(b) << shift);
+        s.above_hi = u64(cum >> 64);
+        s.above_lo = u64(cum);
       }
-      u128 cum = above;
-      int b = kBuckets - 1;
-      for (; b > 0; --b) {
-        const u128 next = cum + bucket(b);
-        if (fixed_to_double(next) >= s.target) break;
-        cum = next;
-      }
-      s.prefix = prefix | (uint32_t(b) << shift);
-      s.above_hi = u64(cum >> 64);
-      s.above_lo = u64(cum);
     }
     __syncthreads();
     prefix = s.prefix;
     above = (u128(s.above_hi) << 64) | u128(s.above_lo);
     mask |= uint32_t(kBuckets - 1) << shift;
-    __syncthreads();
   }
   return prefix;
 }
 
-// Kernel 1: per row, the non-finite scan and the raw row's statistics.
+struct BadMax {
+  int bad;
+  float m;
+};
+
+// Kernel 1: per row (one cluster), the non-finite scan and the raw row's statistics.
 __global__ void __launch_bounds__(kThreads) row_stats_kernel(SamplingLaunch p) {
   __shared__ TempStorage tmp;
   __shared__ SearchStorage search;
-  __shared__ int s_int;
-  __shared__ float s_float;
-  __shared__ int s_count;
+  __shared__ BadMax s_badmax;
+  __shared__ double s_sum;
+  __shared__ int s_count, s_ties;
   __shared__ int cand_ids[kMaxTopLogprobs];
-  const int r = blockIdx.x;
+  __shared__ int tie_ids[kTieCapacity];
+  // Rank 0's gathering of every block's candidates.
+  __shared__ int all_cand[kMaxTopLogprobs];
+  __shared__ int all_ties[kTieCapacity];
+  __shared__ int s_above, s_all_ties, s_collected;
+  __shared__ int part_count[kMaxBlocksPerRow], part_ties[kMaxBlocksPerRow];
+  __shared__ int cand_at[kMaxBlocksPerRow], tie_at[kMaxBlocksPerRow];
+  cg::cluster_group cluster = cg::this_cluster();
+  const unsigned parts = cluster.num_blocks(), rank = cluster.block_rank();
+  const int r = int(blockIdx.x / parts);
   const int n = p.vocab;
   const float* z = p.logits + size_t(r) * size_t(n);
+  const RowPart part = row_part(n, rank, parts);
   const SamplingRowTask task = p.row_tasks[r];
   SamplingRowResult& out = p.row_results[r];
 
   int bad = INT_MAX;
   float m = -INFINITY;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float x = z[i];
-    if (non_finite(x) && bad == INT_MAX) bad = i;
+  for_part(z, part, [&](int i, float x) {
+    if (non_finite(x)) bad = min(bad, i);
     m = fmaxf(m, x);
-  }
+  });
   bad = ReduceInt(tmp.i).Reduce(bad, MinInt());
-  if (threadIdx.x == 0) s_int = bad;
   __syncthreads();
-  bad = s_int;
   m = ReduceFloat(tmp.f).Reduce(m, MaxFloat());
-  if (threadIdx.x == 0) {
-    s_float = m;
+  const BadMax bm = combine_in_cluster(
+      BadMax{bad, m}, &s_badmax,
+      [](const BadMax& a, const BadMax& b) {
+        return BadMax{min(a.bad, b.bad), fmaxf(a.m, b.m)};
+      },
+      cluster);
+  bad = bm.bad;
+  m = bm.m;
+  if (rank == 0 && threadIdx.x == 0) {
     out.nonfinite_index = bad == INT_MAX ? -1 : bad;
     out.nonfinite_value = bad == INT_MAX ? 0.0f : z[bad];
     out.score_logprob = 0;
     out.top_count = 0;
     out.lse = 0;
   }
-  __syncthreads();
-  m = s_float;
-  if (bad != INT_MAX || !task.need_lse) return;
+  if (bad != INT_MAX || !task.need_lse) return;  // the same in every block
 
-  // log-sum-exp as cpu::score_row: m + log(sum exp(double(z) - double(m))).
+  // log-sum-exp as cpu::score_row: m + log(sum exp(double(z) - double(m))); the sum per thread,
+  // a tree per block, then the blocks in rank order.
   double sum = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) sum += exp(double(z[i]) - double(m));
+  for_part(z, part, [&](int, float x) { sum += exp(double(x) - double(m)); });
   sum = ReduceDouble(tmp.d).Sum(sum);
-  __shared__ double s_lse;
-  if (threadIdx.x == 0) {
-    s_lse = double(m) + log(sum);
-    out.lse = s_lse;
-    if (task.score_id >= 0) out.score_logprob = float(double(z[task.score_id]) - s_lse);
+  sum = combine_in_cluster(
+      sum, &s_sum, [](double a, double b) { return a + b; }, cluster);
+  const double lse = double(m) + log(sum);
+  if (rank == 0 && threadIdx.x == 0) {
+    out.lse = lse;
+    if (task.score_id >= 0) out.score_logprob = float(double(z[task.score_id]) - lse);
   }
-  __syncthreads();
-  const double lse = s_lse;
   if (task.top_n <= 0) return;
 
   // The top_n largest: the top_n-th key, the keys above it, then its ties in index order.
   const int k = min(task.top_n, n);
-  const uint32_t tau = kth_largest_key(
-      n, k, [&](int i) { return order_key(z[i]); }, search);
-  if (threadIdx.x == 0) s_count = 0;
+  const uint32_t tau = kth_largest_key(z, part, k, search, cluster);
+  if (threadIdx.x == 0) s_count = 0, s_ties = 0;
   __syncthreads();
-  for (int i = threadIdx.x; i < n; i += blockDim.x)
-    if (order_key(z[i]) > tau) cand_ids[atomicAdd(&s_count, 1)] = i;
-  __syncthreads();
-  const int above = s_count;
+  // Per block: the keys above tau (fewer than k in all), and its ties while they fit.
+  for_part(z, part, [&](int i, float x) {
+    const uint32_t key = order_key(x);
+    if (key > tau) {
+      cand_ids[atomicAdd(&s_count, 1)] = i;
+    } else if (key == tau) {
+      const int t = atomicAdd(&s_ties, 1);
+      if (t < kTieCapacity) tie_ids[t] = i;
+    }
+  });
+  cluster.sync();
+  if (rank == 0) {
+    // Rank 0 gathers: each block's counts, their offsets, then the ids (in parallel).
+    if (threadIdx.x < parts) {
+      part_count[threadIdx.x] = *cluster.map_shared_rank(&s_count, threadIdx.x);
+      part_ties[threadIdx.x] = *cluster.map_shared_rank(&s_ties, threadIdx.x);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int above = 0, ties = 0;
+      for (unsigned q = 0; q < parts; ++q) {
+        cand_at[q] = above, tie_at[q] = ties;
+        above += part_count[q];
+        ties += part_ties[q];
+      }
+      s_above = above;
+      s_all_ties = ties;
+      s_collected = ties <= kTieCapacity ? 1 : 0;  // then every block kept all its ties
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < int(parts) * kMaxTopLogprobs; j += blockDim.x) {
+      const int q = j / kMaxTopLogprobs, a = j % kMaxTopLogprobs;
+      if (a < part_count[q]) all_cand[cand_at[q] + a] = cluster.map_shared_rank(cand_ids, q)[a];
+    }
+    for (int j = threadIdx.x; s_collected && j < int(parts) * kTieCapacity; j += blockDim.x) {
+      const int q = j / kTieCapacity, a = j % kTieCapacity;
+      if (a < part_ties[q]) all_ties[tie_at[q] + a] = cluster.map_shared_rank(tie_ids, q)[a];
+    }
+  }
+  cluster.sync();  // every block's candidates read: the others may exit
+  if (rank != 0) return;
+  const int above = s_above;
   const int need = k - above;
+  const bool collected = s_collected != 0;
+  if (collected) {
+    // All ties collected (the usual case: one): the `need` lowest indices.
+    if (threadIdx.x == 0) {
+      const int ties = s_all_ties;
+      for (int a = 1; a < ties; ++a) {
+        const int id = all_ties[a];
+        int b = a - 1;
+        for (; b >= 0 && all_ties[b] > id; --b) all_ties[b + 1] = all_ties[b];
+        all_ties[b + 1] = id;
+      }
+      for (int a = 0; a < need; ++a) all_cand[above + a] = all_ties[a];
+    }
+  }
+  // More ties than collected: an ordered scan of the whole row for the lowest indices.
   int taken = 0;
-  for (int base = 0; base < n && taken < need; base += blockDim.x) {
+  for (int base = 0; !collected && base < n && taken < need; base += blockDim.x) {
     const int i = base + int(threadIdx.x);
     const int tie = i < n && order_key(z[i]) == tau ? 1 : 0;
-    int rank, total;
-    ScanInt(tmp.scan).ExclusiveSum(tie, rank, total);
-    if (tie && taken + rank < need) cand_ids[above + taken + rank] = i;
+    int rank_in, total;
+    ScanInt(tmp.scan).ExclusiveSum(tie, rank_in, total);
+    if (tie && taken + rank_in < need) all_cand[above + taken + rank_in] = i;
     taken += total;
     __syncthreads();
   }
@@ -338,24 +586,23 @@ __global__ void __launch_bounds__(kThreads) row_stats_kernel(SamplingLaunch p) {
   if (threadIdx.x == 0) {
     // Larger first, ties to the lower index (insertion sort of at most kMaxTopLogprobs).
     for (int a = 1; a < k; ++a) {
-      const int id = cand_ids[a];
+      const int id = all_cand[a];
       const uint32_t key = order_key(z[id]);
       int b = a - 1;
       for (; b >= 0; --b) {
-        const uint32_t kb = order_key(z[cand_ids[b]]);
-        if (kb > key || (kb == key && cand_ids[b] < id)) break;
-        cand_ids[b + 1] = cand_ids[b];
+        const uint32_t kb = order_key(z[all_cand[b]]);
+        if (kb > key || (kb == key && all_cand[b] < id)) break;
+        all_cand[b + 1] = all_cand[b];
       }
-      cand_ids[b + 1] = id;
+      all_cand[b + 1] = id;
     }
     for (int a = 0; a < k; ++a) {
-      out.top_ids[a] = cand_ids[a];
-      out.top_logprobs[a] = float(double(z[cand_ids[a]]) - lse);
+      out.top_ids[a] = all_cand[a];
+      out.top_logprobs[a] = float(double(z[all_cand[a]]) - lse);
     }
     out.top_count = k;
   }
 }
-
 // Kernel 2: the patched tokens of sampled rows, raw values saved.
 __global__ void patch_kernel(SamplingLaunch p) {
   const int j = blockIdx.x * blockDim.x + threadIdx.x;
@@ -376,61 +623,73 @@ __global__ void patch_kernel(SamplingLaunch p) {
   *zp = z;
 }
 
-// Kernel 3: per sampled row, the choice and its logprob.
+// Kernel 3: per sampled row (one cluster), the choice and its logprob.
 __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingLaunch p) {
   __shared__ TempStorage tmp;
   __shared__ SearchStorage search;
+  __shared__ KeyIndex s_best;
+  __shared__ RaceValue s_race;
   __shared__ int s_id;
   __shared__ float s_raw;
-  const SamplingSampleTask task = p.samples[blockIdx.x];
+  cg::cluster_group cluster = cg::this_cluster();
+  const unsigned parts = cluster.num_blocks(), rank = cluster.block_rank();
+  const int si = int(blockIdx.x / parts);
+  const SamplingSampleTask task = p.samples[si];
   const int n = p.vocab;
   const float* z = p.logits + size_t(task.row) * size_t(n);
+  const RowPart part = row_part(n, rank, parts);
   const SamplingRowResult& stats = p.row_results[task.row];
-  SamplingSampleResult& out = p.sample_results[blockIdx.x];
-  if (stats.nonfinite_index >= 0) {
-    if (threadIdx.x == 0) out.id = -1, out.logprob = 0;
+  SamplingSampleResult& out = p.sample_results[si];
+  if (stats.nonfinite_index >= 0) {  // the same in every block
+    if (rank == 0 && threadIdx.x == 0) out.id = -1, out.logprob = 0;
     return;
   }
   if (task.forced >= 0) {
+    if (rank != 0) return;  // nothing to search: rank 0 alone reports
     if (threadIdx.x == 0) s_id = task.forced;
   } else {
-    // The first index of the largest (patched) logit.
+    // The first index of the largest (patched) logit: per thread, per block, then the blocks.
     KeyIndex best{0, INT_MAX};
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const uint32_t key = order_key(z[i]);
-      if (key > best.key || best.index == INT_MAX) best = {key, i};
-    }
+    for_part(z, part, [&](int i, float x) {
+      const uint32_t key = order_key(x);
+      if (best.index == INT_MAX || key > best.key || (key == best.key && i < best.index))
+        best = {key, i};
+    });
     best = ReduceKey(tmp.key).Reduce(best, LargerKeyFirstIndex());
-    if (threadIdx.x == 0) s_id = best.index;
-    __syncthreads();
+    best = combine_in_cluster(best, &s_best, LargerKeyFirstIndex(), cluster);
+    int id = best.index;
     if (task.temperature > 0) {
       const float t = task.temperature;
-      const float zmax = z[s_id];
+      const float zmax = z[id];
       double thr = task.min_p > 0 ? double(task.min_p) : 0.0;
       if (task.top_k > 0 && task.top_k < n) {
-        const uint32_t kk = kth_largest_key(
-            n, task.top_k, [&](int i) { return order_key(z[i]); }, search);
+        const uint32_t kk = kth_largest_key(z, part, task.top_k, search, cluster);
         thr = fmax(thr, weight(key_value(kk), zmax, t));
       }
       if (task.top_p < 1) {
-        const uint32_t sigma = top_p_key(z, n, zmax, t, thr, task.top_p, search);
+        const uint32_t sigma = top_p_key(z, part, zmax, t, thr, task.top_p, search, cluster);
         thr = fmax(thr, weight(key_value(sigma), zmax, t));
       }
-      // The exponential race among the kept tokens.
+      // The exponential race among the kept tokens. Per thread: the larger value, ties to the
+      // lower index (NaN never wins), as the reference's ascending scan with a strict
+      // comparison; then the block, then the blocks.
       RaceValue race{-1.0, INT_MAX};
       const float floor = scaled_floor(thr);
-      for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float sx = scaled(z[i], zmax, t);
-        if (sx < floor) continue;
+      for_part(z, part, [&](int i, float x) {
+        const float sx = scaled(x, zmax, t);
+        if (sx < floor) return;
         const double e = exp(double(sx));
-        if (!(e >= thr)) continue;
+        if (!(e >= thr)) return;
         const double v = e / -log(sample_uniform(task.seed, task.index, i));
-        if (v > race.v) race = {v, i};
-      }
+        if (v > race.v || (v == race.v && i < race.index)) race = {v, i};
+      });
+      __syncthreads();  // tmp was last used by the argmax's reduction
       race = ReduceRace(tmp.race).Reduce(race, LargerValueFirstIndex());
-      __syncthreads();
-      if (threadIdx.x == 0) s_id = race.index == INT_MAX ? -1 : race.index;
+      race = combine_in_cluster(race, &s_race, LargerValueFirstIndex(), cluster);
+      id = race.index == INT_MAX ? -1 : race.index;
     }
+    if (rank != 0) return;  // every remote read is done (combine_in_cluster ends synced)
+    if (threadIdx.x == 0) s_id = id;
   }
   __syncthreads();
   const int id = s_id;
@@ -450,6 +709,33 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingLaunch p) {
   }
 }
 
+// Blocks per row: enough to give every SM a share of the rows at small batch, at most the
+// portable cluster size.
+unsigned blocks_per_row(int rows) {
+  int device = 0, sms = 0;
+  DSV4_CUDA_CHECK(cudaGetDevice(&device));
+  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return unsigned(std::clamp(sms / std::max(rows, 1), 1, kMaxBlocksPerRow));
+}
+
+void launch_clustered(void (*kernel)(SamplingLaunch), int rows, const SamplingLaunch& p,
+                      cudaStream_t stream) {
+  const unsigned parts = blocks_per_row(rows);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(rows) * parts);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = parts;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+}
+
 }  // namespace
 
 void sample_rows(const SamplingLaunch& p, cudaStream_t stream) {
@@ -464,17 +750,13 @@ void sample_rows(const SamplingLaunch& p, cudaStream_t stream) {
              "sampling: null sample tasks or results");
   DSV4_CHECK(p.num_patch_tokens == 0 || (p.patch_tokens && p.saved_raw && p.patch_ops),
              "sampling: null patch arrays");
-  row_stats_kernel<<<p.rows, kThreads, 0, stream>>>(p);
-  DSV4_CUDA_CHECK(cudaGetLastError());
+  launch_clustered(row_stats_kernel, p.rows, p, stream);
   if (p.num_patch_tokens > 0) {
     patch_kernel<<<(p.num_patch_tokens + kPatchThreads - 1) / kPatchThreads, kPatchThreads, 0,
                    stream>>>(p);
     DSV4_CUDA_CHECK(cudaGetLastError());
   }
-  if (p.num_samples > 0) {
-    sample_kernel<<<p.num_samples, kThreads, 0, stream>>>(p);
-    DSV4_CUDA_CHECK(cudaGetLastError());
-  }
+  if (p.num_samples > 0) launch_clustered(sample_kernel, p.num_samples, p, stream);
 }
 
 }  // namespace dsv4::cuda
