@@ -11,40 +11,19 @@
 #include "backends/cpu/runner.h"
 #include "model/cache_spec.h"
 #include "model/tiny_checkpoint.h"
+#include "support/custom_config.h"
 #include "support/temp_dir.h"
 
 namespace dsv4::test {
 namespace {
 
-ModelConfig unusual() {
-  ModelConfig c = tiny_preset("flash");
-  c.dim = 128;
-  c.n_layers = 5;
-  c.n_mtp_layers = 0;
-  c.compress_ratios = {4, 0, 128, 4, 128};
-  c.n_hash_layers = 1;
-  c.n_heads = 2;
-  c.o_groups = 1;
-  c.o_lora_rank = 128;
-  c.window_size = 16;
-  c.index_n_heads = 4;
-  c.index_topk = 3;
-  c.n_routed_experts = 8;
-  c.n_activated_experts = 2;
-  c.score_func = ScoreFunc::kSigmoid;
-  c.route_scale = 1.0f;
-  c.vocab_size = 500;
-  c.validate();
-  return c;
-}
-
 TEST(CustomConfig, RunsAndStaysPathIndependent) {
   TempDir d;
-  write_tiny_checkpoint(unusual(), ExpertFormat::kNvfp4, 9, d.path());
+  write_tiny_checkpoint(custom_config(), ExpertFormat::kNvfp4, 9, d.path());
   LoadedModel lm = load_cpu_model(d.path());
   const ModelConfig& c = lm.config;
   EXPECT_EQ(c.window_size, 16);
-  EXPECT_EQ(c.compress_ratios, unusual().compress_ratios);
+  EXPECT_EQ(c.compress_ratios, custom_config().compress_ratios);
   const int T = 300, V = c.vocab_size;
   std::mt19937 rng(1);
   std::vector<int32_t> prompt(T);

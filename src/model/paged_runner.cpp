@@ -143,34 +143,6 @@ CacheUsage PagedRunner::usage_excluding(const std::vector<int>& seqs) const {
   return u;
 }
 
-namespace {
-
-void check_sampling(const SampleSpec& s, int vocab) {
-  DSV4_CHECK(s.params != nullptr, "sample without sampling parameters");
-  const SamplingParams& p = *s.params;
-  DSV4_CHECK(std::isfinite(p.temperature) && p.temperature >= 0, "temperature must be >= 0");
-  DSV4_CHECK(p.top_k >= 0, "top_k must be >= 0");
-  DSV4_CHECK(p.top_p > 0 && p.top_p <= 1, "top_p must be in (0, 1]");
-  DSV4_CHECK(p.min_p >= 0 && p.min_p <= 1, "min_p must be in [0, 1]");
-  DSV4_CHECK(std::isfinite(p.presence_penalty) && std::isfinite(p.frequency_penalty) &&
-                 std::isfinite(p.repetition_penalty) && p.repetition_penalty > 0,
-             "penalties must be finite (repetition > 0)");
-  DSV4_CHECK(p.top_logprobs >= 0 && p.top_logprobs <= kMaxTopLogprobs,
-             "top_logprobs must be in [0, ", kMaxTopLogprobs, "]");
-  for (const auto& [t, b] : p.logit_bias)
-    DSV4_CHECK(t >= 0 && t < vocab && std::isfinite(b), "logit_bias token ", t,
-               " out of range [0, ", vocab, ") or not finite");
-  DSV4_CHECK(s.forced < vocab, "forced token ", s.forced, " out of range");
-  if (s.counts) {
-    for (const auto& [t, c] : s.counts->output)
-      DSV4_CHECK(t >= 0 && t < vocab && c >= 0, "token count of ", t, " out of range");
-    for (int32_t t : s.counts->prompt)
-      DSV4_CHECK(t >= 0 && t < vocab, "token ", t, " out of range");
-  }
-}
-
-}  // namespace
-
 std::set<int> PagedRunner::rows_of(const StepInput& in) {
   std::set<int> r;
   const int n = static_cast<int>(in.tokens.size());
@@ -206,7 +178,8 @@ StepBatch PagedRunner::prepare(int group, const std::vector<const StepInput*>& i
                ")");
     DSV4_CHECK(end <= lim_.max_context, "sequence of ", end,
                " tokens exceeds the planned context of ", lim_.max_context);
-    if (in.sample) check_sampling(*in.sample, V);
+    if (in.sample)
+      check_sampling_request(in.sample->params, in.sample->counts, in.sample->forced, V);
     DSV4_CHECK(in.verify >= 0 && in.verify <= kMaxDraftTokens && in.draft >= 0 &&
                    in.draft <= kMaxDraftTokens,
                "verify and draft must be in [0, ", kMaxDraftTokens, "]");

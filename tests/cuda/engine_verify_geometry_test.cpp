@@ -15,6 +15,7 @@
 #include "cuda/engine_test_support.h"
 #include "model/tiny_checkpoint.h"
 #include "ops/cpu/sampler.h"
+#include "support/custom_config.h"
 #include "support/golden.h"
 #include "support/temp_dir.h"
 
@@ -124,27 +125,6 @@ TEST_P(VerifyGeometry, CatchesACorruptedSharedW2) {
 // golden sets (whichever formats are present) and the custom-config test's geometry (dim 128,
 // 2 heads in 1 group, window 16, sigmoid routing over 8 experts, CSA / HCA interleaved), which
 // the CUDA backend refuses at open (dim 128), so that case skips with the refusal's text.
-ModelConfig custom_geometry() {
-  ModelConfig c = tiny_preset("flash");
-  c.dim = 128;
-  c.n_layers = 5;
-  c.n_mtp_layers = 0;
-  c.compress_ratios = {4, 0, 128, 4, 128};
-  c.n_hash_layers = 1;
-  c.n_heads = 2;
-  c.o_groups = 1;
-  c.o_lora_rank = 128;
-  c.window_size = 16;
-  c.index_n_heads = 4;
-  c.index_topk = 3;
-  c.n_routed_experts = 8;
-  c.n_activated_experts = 2;
-  c.score_func = ScoreFunc::kSigmoid;
-  c.route_scale = 1.0f;
-  c.vocab_size = 500;
-  c.validate();
-  return c;
-}
 
 struct ModelCase {
   const char* model;  // "custom" or a golden set's name
@@ -166,7 +146,7 @@ TEST_P(VerifyCheckpoints, Prefill300ThenDecode300) {
   std::vector<std::string> dirs;
   const std::string model = GetParam().model;
   if (model == "custom") {
-    write_tiny_checkpoint(custom_geometry(), ExpertFormat::kNvfp4, 9, tmp.path());
+    write_tiny_checkpoint(custom_config(), ExpertFormat::kNvfp4, 9, tmp.path());
     dirs.push_back(tmp.path());
   } else {
     const std::string root = golden_root();

@@ -24,6 +24,17 @@ namespace dsv4 {
 
 namespace {
 
+// What a rank's model is sized for: the options' sequences and context, the plan's step.
+CudaModelLimits model_limits(const RunnerOptions& o, const MemoryPlan& plan) {
+  CudaModelLimits lim;
+  lim.max_seqs = o.max_sequences;
+  lim.max_context = o.max_tokens;
+  lim.exact_linears = o.exact_linears;
+  lim.max_tokens = int(plan.step.tokens);
+  lim.max_logit_rows = int(plan.step.logit_rows);
+  return lim;
+}
+
 // Several ranks: the parallel engine (backends/cuda/parallel_runner.h).
 std::unique_ptr<Runner> open_parallel_cuda_runner(const RunnerOptions& o) {
   DSV4_CHECK(o.parallel_comm == "nccl" || o.parallel_comm == "inproc", "unknown communicator '",
@@ -76,12 +87,7 @@ std::unique_ptr<Runner> open_parallel_cuda_runner(const RunnerOptions& o) {
   // to what is left: the ranks share or split the GPUs).
   const CacheConfig cc = plan_cache(config, o.max_sequences, o.max_tokens, o.page_size,
                                     o.cache_bytes, o.snapshot_slots);
-  CudaModelLimits lim;
-  lim.max_seqs = o.max_sequences;
-  lim.max_context = o.max_tokens;
-  lim.exact_linears = o.exact_linears;
-  lim.max_tokens = int(plan.step.tokens);
-  lim.max_logit_rows = int(plan.step.logit_rows);
+  const CudaModelLimits lim = model_limits(o, plan);
   Checkpoint ckpt(o.model_dir);
   const WeightsRef ref = bind_weights(ckpt, config, scheme);
   check_weights_finite(ckpt);
@@ -123,12 +129,7 @@ std::unique_ptr<Runner> open_cuda_runner(const RunnerOptions& o) {
     CudaModelWeights w = upload_cuda_weights(config, ref, bytes >= (size_t(1) << 30));
     if (o.verify) owned->cpu_weights = cpu::prepare_weights(config, ref);
 
-    CudaModelLimits lim;
-    lim.max_seqs = o.max_sequences;
-    lim.max_context = o.max_tokens;
-    lim.exact_linears = o.exact_linears;
-    lim.max_tokens = int(plan.step.tokens);
-    lim.max_logit_rows = int(plan.step.logit_rows);
+    const CudaModelLimits lim = model_limits(o, plan);
     owned->model = std::make_unique<CudaModel>(*owned->context, config, std::move(w), lim);
   }
 

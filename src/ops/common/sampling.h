@@ -18,9 +18,12 @@
 //     preemption and the backend do not change it.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <utility>
 #include <vector>
+
+#include "core/error.h"
 
 #if defined(__CUDACC__)
 #define DSV4_SAMPLING_HD __host__ __device__ __forceinline__
@@ -69,6 +72,32 @@ DSV4_SAMPLING_HD double sample_uniform(uint64_t seed, int64_t index, int32_t tok
   const uint64_t h = splitmix64(splitmix64(seed ^ splitmix64(uint64_t(index))) ^
                                 (uint64_t(uint32_t(token)) * 0xD1B54A32D192ED03ull));
   return (double(h >> 11) + 0.5) * (1.0 / 9007199254740992.0);  // 2^-53
+}
+
+// Throws dsv4::Error naming the first parameter a sampler cannot take: both backends check a
+// step's sampling requests with it before running anything.
+inline void check_sampling_request(const SamplingParams* params, const TokenCounts* counts,
+                                   int32_t forced, int vocab) {
+  DSV4_CHECK(params != nullptr, "sample without sampling parameters");
+  const SamplingParams& p = *params;
+  DSV4_CHECK(std::isfinite(p.temperature) && p.temperature >= 0, "temperature must be >= 0");
+  DSV4_CHECK(p.top_k >= 0, "top_k must be >= 0");
+  DSV4_CHECK(p.top_p > 0 && p.top_p <= 1, "top_p must be in (0, 1]");
+  DSV4_CHECK(p.min_p >= 0 && p.min_p <= 1, "min_p must be in [0, 1]");
+  DSV4_CHECK(std::isfinite(p.presence_penalty) && std::isfinite(p.frequency_penalty) &&
+                 std::isfinite(p.repetition_penalty) && p.repetition_penalty > 0,
+             "penalties must be finite (repetition > 0)");
+  DSV4_CHECK(p.top_logprobs >= 0 && p.top_logprobs <= kMaxTopLogprobs,
+             "top_logprobs must be in [0, ", kMaxTopLogprobs, "]");
+  for (const auto& [t, b] : p.logit_bias)
+    DSV4_CHECK(t >= 0 && t < vocab && std::isfinite(b), "logit_bias token ", t,
+               " out of range [0, ", vocab, ") or not finite");
+  DSV4_CHECK(forced < vocab, "forced token ", forced, " out of range");
+  if (counts) {
+    for (const auto& [t, c] : counts->output)
+      DSV4_CHECK(t >= 0 && t < vocab && c >= 0, "token count of ", t, " out of range");
+    for (int32_t t : counts->prompt) DSV4_CHECK(t >= 0 && t < vocab, "token ", t, " out of range");
+  }
 }
 
 // What the sampler returns for one row.

@@ -35,30 +35,6 @@ struct ResultsLayout {
   }
 };
 
-void check_params(const DeviceSampler::Sample& s, int vocab) {
-  DSV4_CHECK(s.params != nullptr, "sample without sampling parameters");
-  const SamplingParams& p = *s.params;
-  DSV4_CHECK(std::isfinite(p.temperature) && p.temperature >= 0, "temperature must be >= 0");
-  DSV4_CHECK(p.top_k >= 0, "top_k must be >= 0");
-  DSV4_CHECK(p.top_p > 0 && p.top_p <= 1, "top_p must be in (0, 1]");
-  DSV4_CHECK(p.min_p >= 0 && p.min_p <= 1, "min_p must be in [0, 1]");
-  DSV4_CHECK(std::isfinite(p.presence_penalty) && std::isfinite(p.frequency_penalty) &&
-                 std::isfinite(p.repetition_penalty) && p.repetition_penalty > 0,
-             "penalties must be finite (repetition > 0)");
-  DSV4_CHECK(p.top_logprobs >= 0 && p.top_logprobs <= kMaxTopLogprobs,
-             "top_logprobs must be in [0, ", kMaxTopLogprobs, "]");
-  for (const auto& [t, b] : p.logit_bias)
-    DSV4_CHECK(t >= 0 && t < vocab && std::isfinite(b), "logit_bias token ", t,
-               " out of range [0, ", vocab, ") or not finite");
-  DSV4_CHECK(s.forced < vocab, "forced token ", s.forced, " out of range");
-  if (s.counts) {
-    for (const auto& [t, c] : s.counts->output)
-      DSV4_CHECK(t >= 0 && t < vocab && c >= 0, "token count of ", t, " out of range");
-    for (int32_t t : s.counts->prompt)
-      DSV4_CHECK(t >= 0 && t < vocab, "token ", t, " out of range");
-  }
-}
-
 }  // namespace
 
 DeviceSampler::DeviceSampler(int vocab, int max_rows, int max_samples)
@@ -177,7 +153,7 @@ void DeviceSampler::stage(int rows, const std::vector<Sample>& samples,
     DSV4_CHECK(s.row >= 0 && s.row < rows, "sampled row ", s.row, " out of range [0, ", rows, ")");
     DSV4_CHECK(!sampled[size_t(s.row)], "row ", s.row, " sampled twice");
     sampled[size_t(s.row)] = 1;
-    check_params(s, vocab_);
+    check_sampling_request(s.params, s.counts, s.forced, vocab_);
   }
   for (const Score& s : scores) {
     DSV4_CHECK(s.row >= 0 && s.row < rows, "scored row ", s.row, " out of range [0, ", rows, ")");
