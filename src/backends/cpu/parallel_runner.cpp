@@ -4,6 +4,7 @@
 
 #include "backends/cpu/host_sampling.h"
 #include "backends/cpu/weights.h"
+#include "comm/first_failure.h"
 #include "comm/inproc_communicator.h"
 #include "core/error.h"
 
@@ -92,23 +93,7 @@ void ParallelCpuRunner::run_all(const std::function<void(int)>& job) {
   cv_.notify_all();
   done_cv_.wait(lock, [&] { return pending_ == 0; });
   // The failure that caused the others (they report a collective aborted) comes first.
-  std::exception_ptr first;
-  for (const std::exception_ptr& e : errors_) {
-    if (!e) continue;
-    try {
-      std::rethrow_exception(e);
-    } catch (const Error& x) {
-      if (std::string(x.what()).find("collective aborted") == std::string::npos) {
-        first = e;
-        break;
-      }
-    } catch (...) {
-      first = e;
-      break;
-    }
-    if (!first) first = e;
-  }
-  if (first) std::rethrow_exception(first);
+  if (std::exception_ptr first = first_failure(errors_)) std::rethrow_exception(first);
 }
 
 void ParallelCpuRunner::reset_states(int g, int slot) {

@@ -6,6 +6,7 @@
 #include "backends/cpu/host_sampling.h"
 #include "backends/cpu/weights.h"
 #include "backends/cuda/weights.h"
+#include "comm/first_failure.h"
 #include "comm/inproc_device_communicator.h"
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
@@ -190,23 +191,7 @@ void ParallelCudaRunner::run_all(const std::function<void(int)>& job) {
   cv_.notify_all();
   done_cv_.wait(lock, [&] { return pending_ == 0; });
   // The failure that caused the others (they report a collective aborted) comes first.
-  std::exception_ptr first;
-  for (const std::exception_ptr& e : errors_) {
-    if (!e) continue;
-    try {
-      std::rethrow_exception(e);
-    } catch (const Error& x) {
-      if (std::string(x.what()).find("collective aborted") == std::string::npos) {
-        first = e;
-        break;
-      }
-    } catch (...) {
-      first = e;
-      break;
-    }
-    if (!first) first = e;
-  }
-  if (first) std::rethrow_exception(first);
+  if (std::exception_ptr first = first_failure(errors_)) std::rethrow_exception(first);
 }
 
 // Page and state copies go on each rank's own stream (ordered before its next forward).
