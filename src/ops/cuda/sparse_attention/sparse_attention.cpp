@@ -1,5 +1,4 @@
-// Host side of the sparse attention: validation, the launch heuristic (heads per CTA, key
-// splits) and dispatch.
+// Host side of the sparse attention: validation, the planner's inputs and dispatch.
 #include "ops/cuda/sparse_attention/sparse_attention.h"
 
 #include <algorithm>
@@ -8,6 +7,7 @@
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
 #include "ops/cuda/sparse_attention/sparse_attention_config.h"
+#include "ops/cuda/sparse_attention/sparse_attention_heuristics.h"
 #include "ops/cuda/sparse_attention/sparse_attention_internal.h"
 
 namespace dsv4::cuda {
@@ -16,6 +16,8 @@ namespace {
 using namespace sparse_attn_cfg;
 using sparse_attn_detail::AttnArgs;
 using sparse_attn_detail::kPartialFloats;
+static_assert(kPartialFloats * sizeof(float) == sparse_attn_heuristics::kPartialBytes,
+              "the cost model's partial size");
 
 int sm_count() {
   static int n = [] {
@@ -103,42 +105,16 @@ int max_key_blocks(const SparseAttnParams& p) {
 
 SparseAttnPlan sparse_attention_plan(const SparseAttnParams& p) {
   validate(p);
-  SparseAttnPlan plan;
-  plan.kernel = p.kernel;
-  if (plan.kernel == SparseAttnKernel::kAuto)
-    plan.kernel = p.n_heads % 64 == 0 && sparse_attn_detail::wgmma_available()
-                      ? SparseAttnKernel::kWgmma
-                      : SparseAttnKernel::kMma;
-  plan.max_key_blocks = max_key_blocks(p);
-  const int T = std::max(1, p.batch.num_tokens);
-  const int sms = sm_count();
-  // Heads per CTA: a whole 64-head tile when there are enough (token, tile) units to fill the
-  // GPU (each CTA decodes its keys once); smaller tiles when a few tokens must spread out.
-  int ht = plan.kernel == SparseAttnKernel::kWgmma ? 64 : p.heads_per_cta;
-  if (ht == 0) {
-    ht = std::min(64, std::max(16, (p.n_heads + 15) / 16 * 16));
-    while (ht > 16 && int64_t(T) * ((p.n_heads + ht - 1) / ht) < sms / 2) ht /= 2;
-  }
-  plan.heads_per_cta = ht;
-  const int64_t units = int64_t(T) * ((p.n_heads + ht - 1) / ht);
-  int splits = p.num_splits;
-  if (splits == 0) {
-    // Both kernels run one CTA per SM: minimise waves x blocks per split, plus about half a
-    // block for the combine pass when splitting.
-    splits = 1;
-    double best = 1e300;
-    for (int s = 1; s <= std::max(1, plan.max_key_blocks); ++s) {
-      const int bps = (plan.max_key_blocks + s - 1) / s;
-      if ((plan.max_key_blocks + bps - 1) / bps != s) continue;  // the same split as a smaller s
-      const double waves = double((units * s + sms - 1) / sms);
-      const double cost = waves * bps + (s > 1 ? 0.5 : 0.0);
-      if (cost < best - 1e-9) best = cost, splits = s;
-    }
-  }
-  splits = std::clamp(splits, 1, std::max(1, plan.max_key_blocks));
-  plan.blocks_per_split = (plan.max_key_blocks + splits - 1) / splits;
-  plan.num_splits = (plan.max_key_blocks + plan.blocks_per_split - 1) / plan.blocks_per_split;
-  return plan;
+  SparseAttnShape shape;
+  shape.num_tokens = p.batch.num_tokens;
+  shape.n_heads = p.n_heads;
+  shape.max_key_blocks = max_key_blocks(p);
+  shape.sm_count = sm_count();
+  shape.wgmma_available = sparse_attn_detail::wgmma_available();
+  shape.kernel = p.kernel;
+  shape.heads_per_cta = p.heads_per_cta;
+  shape.num_splits = p.num_splits;
+  return plan_sparse_attention(shape);
 }
 
 size_t sparse_attention_workspace_bytes(const SparseAttnParams& p) {

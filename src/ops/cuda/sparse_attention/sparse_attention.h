@@ -36,16 +36,9 @@
 
 #include "ops/cuda/common/paged_cache.h"
 #include "ops/cuda/sparse_attention/attn_batch.h"
+#include "ops/cuda/sparse_attention/sparse_attention_plan.h"
 
 namespace dsv4::cuda {
-
-enum class SparseAttnKernel {
-  kAuto,   // the heuristic's choice (sparse_attention_plan): kWgmma when n_heads % 64 == 0
-  kMma,    // mma.sync m16n8k16 kernel: every head count (4, 8, 16, 32, 64, 128), tiles of 16-64
-           // heads without padding past the next 16
-  kWgmma,  // Hopper wgmma kernel, warp-specialised (producer decodes FP8 while two warpgroups
-           // run the MMAs): n_heads a multiple of 64
-};
 
 struct SparseAttnParams {
   AttnBatch batch;
@@ -80,15 +73,7 @@ struct SparseAttnParams {
   int num_splits = 0;     // key-block splits per (token, head tile), combined afterwards
 };
 
-// What a launch will do: kernel, heads per CTA, key splits (1 = no combine pass).
-struct SparseAttnPlan {
-  SparseAttnKernel kernel = SparseAttnKernel::kMma;
-  int heads_per_cta = 0;
-  int num_splits = 1;
-  int blocks_per_split = 0;  // 64-key blocks per split
-  int max_key_blocks = 0;    // 64-key blocks of the longest key list
-};
-
+// The planner's choice for these parameters (sparse_attention_plan.h; validates them).
 SparseAttnPlan sparse_attention_plan(const SparseAttnParams& p);
 size_t sparse_attention_workspace_bytes(const SparseAttnParams& p);
 void sparse_attention(const SparseAttnParams& p, cudaStream_t stream);

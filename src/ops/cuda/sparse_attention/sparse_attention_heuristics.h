@@ -1,0 +1,72 @@
+// The measured data the sparse-attention planner (sparse_attention_plan.cpp) decides by, kept
+// apart from the kernels: which kernel runs a head count, and the constants of the cost model
+// that picks heads per CTA and key splits. Every figure is an H200 measurement from
+// bench/results/kernels-h200.md, sections "sparse_attention[mma]" and "sparse_attention[wgmma]"
+// (16384 tokens of context, CUDA events, inputs rotated past L2, median of 100); when a kernel
+// changes, re-measure (bench/cuda/sparse_attention_bench.cu prints the model's estimate beside
+// each time) and update the figures here, not the planner.
+//
+// Pure data: no CUDA, so the planner is testable on the CPU (tests/sparse_attention_plan_test).
+#pragma once
+
+#include "ops/cuda/sparse_attention/sparse_attention_plan.h"
+
+namespace dsv4::cuda::sparse_attn_heuristics {
+
+// ---- kernel per head count ---------------------------------------------------------------
+// kAuto's kernel: the first row whose head count divides n_heads and whose token range holds
+// the launch. Both kernels were measured on the same plan (heads per CTA, splits) and inputs:
+struct KernelRule {
+  int heads_multiple;  // n_heads % heads_multiple == 0
+  int min_tokens, max_tokens;
+  SparseAttnKernel kernel;
+};
+inline constexpr KernelRule kKernelTable[] = {
+    // Batch 2 (2-4 query tokens), 64 heads: mma with 16-head tiles 21.57 / 23.42 µs (Flash CSA
+    // s_q 1 / 2) and 17.82 / 19.01 µs (Flash HCA) against wgmma's (64-head tiles only) 31.26 /
+    // 32.16 and 27.62 / 26.72 µs: mma 1.4-1.5x faster.
+    {64, 1, 31, SparseAttnKernel::kMma},
+    // Batch 128, 64-head tiles on both: Flash CSA s_q 1 89.73 (mma) vs 90.02 (wgmma), s_q 2
+    // 164.61 vs 166.98; Flash HCA s_q 1 44.42 vs 43.90, s_q 2 79.01 vs 85.70; Pro CSA (128
+    // heads, same splits) s_q 1 788.96 vs 1027.90, s_q 2 1021.22 vs 1222.02; prefill s_q 4096
+    // 6713 vs 8600. wgmma wins one shape by 1 % and loses the rest by up to 30 %: mma.
+    {64, 32, 1 << 30, SparseAttnKernel::kMma},
+    // Other head counts (4, 8, 16, 32, 48, ...): only the mma kernel runs them.
+    {1, 1, 1 << 30, SparseAttnKernel::kMma},
+};
+
+// ---- cost model ----------------------------------------------------------------------------
+// Both kernels run one CTA per SM (shared memory), so a launch of C CTAs takes ceil(C / SMs)
+// waves of the slowest CTA. Estimated time of a plan (heads per CTA ht, s key splits of bps
+// 64-key blocks each, units = tokens x head tiles):
+//   kLaunchUs + waves(units x s) x (kCtaFixedUs + bps x block_us(ht) + partial_write_us(ht))
+//   + (s > 1: kCombineLaunchUs + combine bytes / kHbmBytesPerUs)
+// where block_us(ht) = kBlockUsBase + kBlockUsPer16Heads x ht / 16 (a key block's gather,
+// decode and MMAs), partial_write_us = the CTA's O[512] + m + l partials (ht x 2064 bytes)
+// at its share (1 / SMs) of the HBM bandwidth, and the combine reads every partial once and
+// writes the BF16 output (tokens x heads x (s x 2064 + 1024) bytes).
+//
+// Fitted to the mma rows (measured / model, µs):
+//   ht 64, 1 split, one wave: Flash CSA b=128 s_q 1 (10 blocks) 89.73 / 89.0; Flash HCA
+//     b=128 s_q 1 (4 blocks) 44.42 / 43.4; two waves: CSA s_q 2 164.61 / 168.0, HCA s_q 2
+//     79.01 / 76.8  -> block_us(64) = 7.6, kLaunchUs + kCtaFixedUs = 13;
+//   ht 16, one wave of 1-5 blocks with the combine: Flash CSA b=2 s_q 1 (10 splits) 21.57 /
+//     20.9, s_q 2 (5 splits) 23.42 / 24.5; Flash HCA b=2 s_q 1 (4 splits) 17.82 / 20.4; Pro
+//     CSA b=2 s_q 1 (6 splits) 28.93 / 28.3, s_q 2 (4 splits) 38.59 / 35.8 -> block_us(16)
+//     ~ 3.5, kCombineLaunchUs = 2;
+//   many waves of 1-2 blocks with the partials and the combine: Pro CSA b=128 s_q 1 (18
+//     splits, 35 waves) 788.96 / 795, s_q 2 (9 splits) 1021.22 / 1066; Flash CSA prefill
+//     s_q 4096 (10 splits, 311 waves) 6713 / 7009 -> kCtaFixedUs = 3 and 3 TB/s for the
+//     partials; the Flash CSA s_q 2 b=256 (10 splits) 1183 against ~2 x 166 at 1 split
+//     (model 889 / 326).
+// tests/sparse_attention_plan_test.cpp holds the model within 25 % of each of these figures.
+inline constexpr double kLaunchUs = 10.0;
+inline constexpr double kCtaFixedUs = 3.0;
+inline constexpr double kBlockUsBase = 2.2;
+inline constexpr double kBlockUsPer16Heads = 1.35;
+inline constexpr double kCombineLaunchUs = 2.0;
+inline constexpr double kHbmBytesPerUs = 3.0e6;   // 3.0 TB/s
+inline constexpr double kPartialBytes = 516 * 4;  // O[512], m, l, pad (fp32), per (token, head)
+inline constexpr double kOutBytes = 512 * 2;      // BF16 output per (token, head)
+
+}  // namespace dsv4::cuda::sparse_attn_heuristics

@@ -1,0 +1,100 @@
+// The sparse-attention launch planner (sparse_attention_plan.h): every candidate (heads per
+// CTA, key splits) of the chosen kernel is costed with the model of
+// sparse_attention_heuristics.h and the cheapest one is kept.
+#include "ops/cuda/sparse_attention/sparse_attention_plan.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "core/error.h"
+#include "ops/cuda/sparse_attention/sparse_attention_heuristics.h"
+
+namespace dsv4::cuda {
+namespace {
+
+namespace h = sparse_attn_heuristics;
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// Rows of the heads-per-CTA tile the kernel computes (a tile never pads past the next 16).
+int tile_rows(int n_heads, int ht) {
+  return std::min(ht, std::max(16, int(ceil_div(n_heads, 16)) * 16));
+}
+
+double model_us(const SparseAttnShape& s, int ht, int splits, int bps) {
+  const int64_t units = int64_t(std::max(1, s.num_tokens)) * ceil_div(s.n_heads, ht);
+  const int64_t waves = ceil_div(units * splits, std::max(1, s.sm_count));
+  const int rows = tile_rows(s.n_heads, ht);
+  const double block_us = h::kBlockUsBase + h::kBlockUsPer16Heads * rows / 16.0;
+  double cta_us = h::kCtaFixedUs + bps * block_us;
+  double us = h::kLaunchUs;
+  if (splits > 1) {
+    cta_us += rows * h::kPartialBytes / (h::kHbmBytesPerUs / std::max(1, s.sm_count));
+    const double rows_total = double(std::max(1, s.num_tokens)) * s.n_heads;
+    us += h::kCombineLaunchUs +
+          rows_total * (splits * h::kPartialBytes + h::kOutBytes) / h::kHbmBytesPerUs;
+  }
+  return us + double(waves) * cta_us;
+}
+
+}  // namespace
+
+SparseAttnKernel sparse_attention_auto_kernel(const SparseAttnShape& s) {
+  const int tokens = std::max(1, s.num_tokens);
+  for (const h::KernelRule& r : h::kKernelTable)
+    if (s.n_heads % r.heads_multiple == 0 && tokens >= r.min_tokens && tokens <= r.max_tokens) {
+      if (r.kernel == SparseAttnKernel::kWgmma && !s.wgmma_available) continue;
+      return r.kernel;
+    }
+  return SparseAttnKernel::kMma;
+}
+
+SparseAttnPlan plan_sparse_attention(const SparseAttnShape& s) {
+  DSV4_CHECK(s.n_heads > 0 && s.sm_count > 0 && s.max_key_blocks >= 0 && s.num_tokens >= 0,
+             "sparse_attention plan: bad shape (heads ", s.n_heads, ", SMs ", s.sm_count,
+             ", key blocks ", s.max_key_blocks, ", tokens ", s.num_tokens, ")");
+  SparseAttnPlan plan;
+  plan.kernel = s.kernel == SparseAttnKernel::kAuto ? sparse_attention_auto_kernel(s) : s.kernel;
+  plan.max_key_blocks = s.max_key_blocks;
+  const int nblk = std::max(1, s.max_key_blocks);
+
+  std::vector<int> tiles;
+  if (s.heads_per_cta != 0)
+    tiles = {s.heads_per_cta};
+  else if (plan.kernel == SparseAttnKernel::kWgmma)
+    tiles = {64};
+  else  // largest first: ties go to the tile that decodes each key block for the most heads
+    for (int ht : {64, 32, 16})
+      if (ht == 16 || ht <= ceil_div(s.n_heads, 16) * 16) tiles.push_back(ht);
+
+  double best = 0;
+  bool have = false;
+  for (int ht : tiles) {
+    const int lo = s.num_splits > 0 ? s.num_splits : 1;
+    const int hi = s.num_splits > 0 ? s.num_splits : nblk;
+    for (int splits = lo; splits <= hi; ++splits) {
+      const int clamped = std::clamp(splits, 1, nblk);
+      const int bps = int(ceil_div(nblk, clamped));
+      const int eff = int(ceil_div(nblk, bps));
+      if (s.num_splits == 0 && eff != splits) continue;  // the same split as a smaller count
+      const double us = model_us(s, ht, eff, bps);
+      if (!have || us < best - 1e-9) {
+        have = true;
+        best = us;
+        plan.heads_per_cta = ht;
+        plan.num_splits = eff;
+        plan.blocks_per_split = bps;
+      }
+    }
+  }
+  return plan;
+}
+
+double sparse_attention_model_us(const SparseAttnShape& s, const SparseAttnPlan& plan) {
+  return model_us(s, plan.heads_per_cta, plan.num_splits, plan.blocks_per_split);
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,51 @@
+// The sparse-attention launch planner: which kernel, heads per CTA and key splits a launch
+// uses, as a pure function of the launch's shape and the GPU's SM count (no CUDA calls, so
+// tests/sparse_attention_plan_test.cpp checks its choices on the CPU). The data it decides by
+// lives in sparse_attention_heuristics.h.
+#pragma once
+
+namespace dsv4::cuda {
+
+enum class SparseAttnKernel {
+  kAuto,   // the heuristic table's choice (sparse_attention_heuristics.h)
+  kMma,    // mma.sync m16n8k16 kernel: every head count (4, 8, 16, 32, 64, 128), tiles of 16-64
+           // heads without padding past the next 16
+  kWgmma,  // Hopper wgmma kernel, warp-specialised (producer decodes FP8 while two warpgroups
+           // run the MMAs): n_heads a multiple of 64
+};
+
+// What a launch will do: kernel, heads per CTA, key splits (1 = no combine pass).
+struct SparseAttnPlan {
+  SparseAttnKernel kernel = SparseAttnKernel::kMma;
+  int heads_per_cta = 0;
+  int num_splits = 1;
+  int blocks_per_split = 0;  // 64-key blocks per split
+  int max_key_blocks = 0;    // 64-key blocks of the longest key list
+};
+
+// The shape of one launch as the planner sees it (sparse_attention.cpp fills it from the
+// validated SparseAttnParams).
+struct SparseAttnShape {
+  int num_tokens = 0;      // query tokens of the launch
+  int n_heads = 0;         // 4, 8 or a multiple of 16
+  int max_key_blocks = 0;  // 64-key blocks of the longest key list (window + compressed)
+  int sm_count = 0;        // SMs of the GPU (132 on the H200)
+  bool wgmma_available = true;
+  // Overrides (kAuto / 0: the planner chooses), for tests, benchmarks and the engine's
+  // workspace cap; a forced value is kept and the others are chosen around it.
+  SparseAttnKernel kernel = SparseAttnKernel::kAuto;
+  int heads_per_cta = 0;  // 16, 32 or 64 (kMma); 64 (kWgmma)
+  int num_splits = 0;
+};
+
+// The plan of least modelled time (ties: larger head tiles, then fewer splits).
+SparseAttnPlan plan_sparse_attention(const SparseAttnShape& shape);
+
+// The cost model's estimate of a plan's time in µs (kernel + combine), for tests and for the
+// benchmark to print beside the measured time.
+double sparse_attention_model_us(const SparseAttnShape& shape, const SparseAttnPlan& plan);
+
+// The kernel kAuto resolves to for this shape (the heuristic table's row).
+SparseAttnKernel sparse_attention_auto_kernel(const SparseAttnShape& shape);
+
+}  // namespace dsv4::cuda
