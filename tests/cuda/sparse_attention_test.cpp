@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/formats.h"
@@ -118,8 +120,21 @@ std::string describe(const Scenario& sc) {
   return os.str();
 }
 
-// Runs one scenario on the GPU and the CPU; returns the worst per-token relative L2 error.
-double run_scenario(const Scenario& sc, uint32_t seed, std::string* plan_out = nullptr) {
+// One GPU launch of a scenario: the kernel / tile / split overrides it runs with.
+struct Variant {
+  cuda::SparseAttnKernel kernel = cuda::SparseAttnKernel::kAuto;
+  int heads_per_cta = 0, num_splits = 0;
+};
+struct VariantResult {
+  double worst = 0.0;  // worst per-token relative L2 error
+  std::string plan;
+};
+
+// Runs one scenario on the GPU once per variant and on the CPU once (tokens in parallel);
+// returns each variant's worst per-token relative L2 error and its plan.
+std::vector<VariantResult> run_scenario(const Scenario& base, uint32_t seed,
+                                        const std::vector<Variant>& variants) {
+  const Scenario& sc = base;
   std::mt19937 rng(seed);
   const int S = int(sc.ntok.size()), H = sc.heads, W = sc.window;
   std::vector<int32_t> cu{0};
@@ -194,7 +209,7 @@ double run_scenario(const Scenario& sc, uint32_t seed, std::string* plan_out = n
   DeviceBuffer<int32_t> d_cu(cu), d_pos0(std::vector<int32_t>(sc.pos0.begin(), sc.pos0.end()));
   DeviceBuffer<uint8_t> d_ring(ring.pages), d_comp(comp.pages), d_std(st_data), d_sts(st_scales);
   DeviceBuffer<int32_t> d_rt(ring.table), d_ct(comp.table), d_topk(topk);
-  DeviceBuffer<uint16_t> d_q(q), d_out(q.size());
+  DeviceBuffer<uint16_t> d_q(q);
   DeviceBuffer<float> d_sink(sink);
   cuda::SparseAttnParams p;
   p.batch = {d_cu.data(), d_pos0.data(), S, T, *std::max_element(sc.ntok.begin(), sc.ntok.end()),
@@ -203,7 +218,6 @@ double run_scenario(const Scenario& sc, uint32_t seed, std::string* plan_out = n
   p.softmax_scale = static_cast<float>(1.0 / std::sqrt(double(kD)));
   p.sink = d_sink.data();
   p.q = reinterpret_cast<const __nv_bfloat16*>(d_q.data());
-  p.out = reinterpret_cast<__nv_bfloat16*>(d_out.data());
   p.window = W;
   p.window_cache = cuda::kv_store_view(d_ring.data(), sc.win_page, d_rt.data(), ring.stride);
   if (sc.staged) {
@@ -215,35 +229,52 @@ double run_scenario(const Scenario& sc, uint32_t seed, std::string* plan_out = n
   p.topk_idx = d_topk.data();
   p.topk = sc.topk;
   p.topk_stride = tk_stride;
-  p.heads_per_cta = sc.heads_per_cta;
-  p.num_splits = sc.num_splits;
-  p.kernel = sc.kernel;
-  DeviceBuffer<uint8_t> d_ws(cuda::sparse_attention_workspace_bytes(p));
-  d_ws.fill_bytes(0xff);
-  p.workspace = d_ws.data();
-  p.workspace_bytes = d_ws.size();
-  const cuda::SparseAttnPlan plan = cuda::sparse_attention_plan(p);
-  if (plan_out) {
+  // Every variant on the same inputs, outputs and split scratch poisoned (0xff: NaN) before
+  // the launch, with a poisoned guard row past the last token that must stay untouched.
+  const size_t out_elems = size_t(T) * H * kD;
+  std::vector<std::vector<uint16_t>> outs;
+  std::vector<VariantResult> results(variants.size());
+  for (size_t v = 0; v < variants.size(); ++v) {
+    p.heads_per_cta = variants[v].heads_per_cta;
+    p.num_splits = variants[v].num_splits;
+    p.kernel = variants[v].kernel;
+    DeviceBuffer<uint16_t> d_out(out_elems + size_t(H) * kD);
+    p.out = reinterpret_cast<__nv_bfloat16*>(d_out.data());
+    DeviceBuffer<uint8_t> d_ws(cuda::sparse_attention_workspace_bytes(p));
+    d_ws.fill_bytes(0xff);
+    p.workspace = d_ws.data();
+    p.workspace_bytes = d_ws.size();
+    const cuda::SparseAttnPlan plan = cuda::sparse_attention_plan(p);
     std::ostringstream os;
-    os << "ht " << plan.heads_per_cta << " splits " << plan.num_splits << " blocks/split "
-       << plan.blocks_per_split;
-    *plan_out = os.str();
+    os << kernel_name(plan.kernel) << " ht " << plan.heads_per_cta << " splits " << plan.num_splits
+       << " blocks/split " << plan.blocks_per_split;
+    results[v].plan = os.str();
+    if (variants[v].num_splits > 0) {  // a forced count is kept, evened out over the blocks
+      const int nblk = std::max(1, plan.max_key_blocks);
+      const int bps = (nblk + std::min(variants[v].num_splits, nblk) - 1) /
+                      std::min(variants[v].num_splits, nblk);
+      EXPECT_EQ(plan.num_splits, (nblk + bps - 1) / bps) << results[v].plan;
+    }
+    d_out.fill_bytes(0xff);
+    cuda::sparse_attention(p, nullptr);
+    DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+    auto out = d_out.download();
+    int guard_written = 0;
+    for (size_t i = out_elems; i < out.size(); ++i) guard_written += out[i] != 0xffff;
+    EXPECT_EQ(guard_written, 0) << describe(sc) << " " << results[v].plan
+                                << ": values written past the last token's output";
+    out.resize(out_elems);
+    outs.push_back(std::move(out));
   }
-  d_out.fill_bytes(0xff);
-  cuda::sparse_attention(p, nullptr);
-  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
-  const auto out = d_out.download();
 
-  // CPU, token by token, in CpuModel::attention's key order.
+  // CPU, token by token, in CpuModel::attention's key order; tokens spread over threads.
   cpu::SparseAttnParams cp;
   cp.n_heads = H;
   cp.head_dim = kD;
   cp.softmax_scale = p.softmax_scale;
   cp.sink = sink.data();
-  std::vector<float> ref(size_t(H) * kD);
-  double worst = 0.0;
-  int bad_reported = 0;
-  for (int t = 0; t < T; ++t) {
+  std::vector<float> ref(out_elems);
+  auto reference = [&](int t) {
     const int s = seq_of(t), pos = pos_of(t);
     std::vector<const float*> keys(W, nullptr);
     const int lo = std::max(0, pos - W + 1);
@@ -258,49 +289,73 @@ double run_scenario(const Scenario& sc, uint32_t seed, std::string* plan_out = n
         keys.push_back(i >= 0 && i < (pos + 1) / 4 ? comp_dec[s][i].data() : nullptr);
       }
     cpu::sparse_attention(cp, qf.data() + size_t(t) * H * kD, keys.data(), int(keys.size()),
-                          ref.data());
-    double num = 0, den = 0;
-    int nan = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      const float g = bf16_to_float(out[size_t(t) * H * kD + i]);
-      if (std::isnan(g)) ++nan;
-      num += (double(g) - ref[i]) * (double(g) - ref[i]);
-      den += double(ref[i]) * ref[i];
-    }
-    const double rel = nan ? INFINITY : std::sqrt(num / std::max(den, 1e-30));
-    worst = std::max(worst, rel);
-    if ((nan || rel > kTol) && bad_reported++ < 3) {
-      std::ostringstream os;
-      for (size_t i = 0; i < ref.size(); ++i) {
-        const float g = bf16_to_float(out[size_t(t) * H * kD + i]);
-        if (std::isnan(g) || std::fabs(g - ref[i]) > 0.05f * (std::fabs(ref[i]) + 0.05f)) {
-          os << " first bad: head " << i / kD << " dim " << i % kD << " gpu " << g << " cpu "
-             << ref[i];
-          break;
-        }
-      }
-      ADD_FAILURE() << describe(sc) << ": token " << t << " (seq " << s << ", pos " << pos
-                    << ") rel L2 " << rel << ", " << nan << " NaN (unwritten) values;" << os.str();
-    }
+                          ref.data() + size_t(t) * H * kD);
+  };
+  {
+    std::atomic<int> next{0};
+    const int n_threads = int(std::clamp(std::thread::hardware_concurrency(), 1u, 32u));
+    std::vector<std::thread> pool;
+    for (int i = 0; i < std::min(n_threads, T); ++i)
+      pool.emplace_back([&] {
+        for (int t = next++; t < T; t = next++) reference(t);
+      });
+    for (auto& th : pool) th.join();
   }
-  return worst;
+  for (size_t v = 0; v < variants.size(); ++v) {
+    const std::vector<uint16_t>& out = outs[v];
+    double worst = 0.0;
+    int bad_reported = 0;
+    for (int t = 0; t < T; ++t) {
+      const int s = seq_of(t), pos = pos_of(t);
+      const float* rt = ref.data() + size_t(t) * H * kD;
+      const uint16_t* gt = out.data() + size_t(t) * H * kD;
+      double num = 0, den = 0;
+      int nan = 0;
+      for (size_t i = 0; i < size_t(H) * kD; ++i) {
+        const float g = bf16_to_float(gt[i]);
+        if (std::isnan(g)) ++nan;
+        num += (double(g) - rt[i]) * (double(g) - rt[i]);
+        den += double(rt[i]) * rt[i];
+      }
+      const double rel = nan ? INFINITY : std::sqrt(num / std::max(den, 1e-30));
+      worst = std::max(worst, rel);
+      if ((nan || rel > kTol) && bad_reported++ < 3) {
+        std::ostringstream os;
+        for (size_t i = 0; i < size_t(H) * kD; ++i) {
+          const float g = bf16_to_float(gt[i]);
+          if (std::isnan(g) || std::fabs(g - rt[i]) > 0.05f * (std::fabs(rt[i]) + 0.05f)) {
+            os << " first bad: head " << i / kD << " dim " << i % kD << " gpu " << g << " cpu "
+               << rt[i];
+            break;
+          }
+        }
+        ADD_FAILURE() << describe(sc) << " [" << results[v].plan << "]: token " << t << " (seq "
+                      << s << ", pos " << pos << ") rel L2 " << rel << ", " << nan
+                      << " NaN (unwritten) values;" << os.str();
+      }
+    }
+    results[v].worst = worst;
+  }
+  return results;
 }
 
-// Runs the scenario through every kernel that supports it (both for n_heads % 64 == 0).
-void expect_ok(const Scenario& sc, uint32_t seed) {
-  std::vector<cuda::SparseAttnKernel> kernels{sc.kernel};
-  if (sc.kernel == cuda::SparseAttnKernel::kAuto) {
-    kernels = {cuda::SparseAttnKernel::kMma};
-    if (sc.heads % 64 == 0 && (sc.heads_per_cta == 0 || sc.heads_per_cta == 64))
-      kernels.push_back(cuda::SparseAttnKernel::kWgmma);
+// Runs the scenario through every kernel that supports it (both for n_heads % 64 == 0), or
+// through the given variants.
+void expect_ok(const Scenario& sc, uint32_t seed, std::vector<Variant> variants = {}) {
+  if (variants.empty()) {
+    if (sc.kernel != cuda::SparseAttnKernel::kAuto) {
+      variants.push_back({sc.kernel, sc.heads_per_cta, sc.num_splits});
+    } else {  // the table's kernel for every head count is one of these two
+      variants.push_back({cuda::SparseAttnKernel::kMma, sc.heads_per_cta, sc.num_splits});
+      if (sc.heads % 64 == 0 && (sc.heads_per_cta == 0 || sc.heads_per_cta == 64))
+        variants.push_back({cuda::SparseAttnKernel::kWgmma, sc.heads_per_cta, sc.num_splits});
+    }
   }
-  for (auto k : kernels) {
-    Scenario s = sc;
-    s.kernel = k;
-    std::string plan;
-    const double worst = run_scenario(s, seed, &plan);
-    EXPECT_LE(worst, kTol) << describe(s) << " plan " << plan;
-    std::printf("  %-90s plan [%s] worst rel L2 %.2e\n", describe(s).c_str(), plan.c_str(), worst);
+  const std::vector<VariantResult> res = run_scenario(sc, seed, variants);
+  for (size_t v = 0; v < variants.size(); ++v) {
+    EXPECT_LE(res[v].worst, kTol) << describe(sc) << " plan " << res[v].plan;
+    std::printf("  %-80s [%s] worst rel L2 %.2e\n", describe(sc).c_str(), res[v].plan.c_str(),
+                res[v].worst);
   }
 }
 
@@ -463,6 +518,85 @@ TEST_F(CudaSparseAttention, SmallWindow) {
   sc.pos0 = {100, 7};
   sc.win_page = 4;
   expect_ok(sc, 60);
+}
+
+// Issue 17, point 5: the shapes no test reached before.
+
+// HCA at the real head counts with more than 1024 compressed entries (positions past 131072):
+// key lists of 20 blocks beside a short sequence of 7 entries (empty trailing splits), through
+// the planner's choice, one whole-list split, and forced splits down to one block each.
+TEST_F(CudaSparseAttention, HcaOver1024Entries) {
+  for (int heads : {64, 128}) {
+    Scenario sc{"HCA > 1024 entries"};
+    sc.heads = heads;
+    sc.ratio = 128;
+    sc.ntok = {1, 2, 1};
+    sc.pos0 = {131200, 140001, 1000};  // 1025, 1093-1094 and 7 entries
+    using K = cuda::SparseAttnKernel;
+    expect_ok(sc, 70 + heads,
+              {{K::kAuto, 0, 0},
+               {K::kMma, 0, 1},
+               {K::kMma, 64, 1},
+               {K::kMma, 16, 7},
+               {K::kMma, 32, 20},
+               {K::kWgmma, 0, 0},
+               {K::kWgmma, 0, 1},
+               {K::kWgmma, 0, 20}});
+  }
+}
+
+// CSA prefill at the real shapes: 64 heads / top-512 and 128 heads / top-1024 with >= 128
+// query tokens per launch (a long chunk, and at 64 heads a second sequence with fewer visible
+// entries than k), staged window entries; the planner's choice (one split) and forced splits
+// (the combine over hundreds of tokens).
+TEST_F(CudaSparseAttention, CsaPrefillFlashShape) {
+  Scenario sc{"CSA prefill 64 heads top-512"};
+  sc.heads = 64;
+  sc.ratio = 4;
+  sc.topk = 512;
+  sc.ntok = {160, 130};
+  sc.pos0 = {6000, 300};
+  sc.win_page = 64;
+  using K = cuda::SparseAttnKernel;
+  expect_ok(sc, 80,
+            {{K::kAuto, 0, 0},
+             {K::kMma, 16, 0},
+             {K::kMma, 64, 10},
+             {K::kMma, 32, 3},
+             {K::kWgmma, 0, 0},
+             {K::kWgmma, 0, 4}});
+}
+
+TEST_F(CudaSparseAttention, CsaPrefillProShape) {
+  Scenario sc{"CSA prefill 128 heads top-1024"};
+  sc.heads = 128;
+  sc.ratio = 4;
+  sc.topk = 1024;
+  sc.ntok = {136};
+  sc.pos0 = {8000};
+  sc.win_page = 64;
+  sc.invalid_every = 97;  // a few -1 slots inside the rows
+  using K = cuda::SparseAttnKernel;
+  expect_ok(sc, 81, {{K::kAuto, 0, 0}, {K::kMma, 32, 0}, {K::kMma, 64, 18}, {K::kWgmma, 0, 0}});
+}
+
+// The many-split path at the Pro decode shape (18 key blocks): every tile with 2 .. 18 splits
+// and more splits than blocks, on a sequence with fewer visible entries than k beside a long
+// one (splits past its valid keys see only -1 slots).
+TEST_F(CudaSparseAttention, ManySplitsProDecode) {
+  Scenario sc{"many splits, 128 heads top-1024"};
+  sc.heads = 128;
+  sc.ratio = 4;
+  sc.topk = 1024;
+  sc.ntok = {2, 1};
+  sc.pos0 = {9000, 700};
+  sc.q_scale = 3.0f;
+  using K = cuda::SparseAttnKernel;
+  std::vector<Variant> v{{K::kAuto, 0, 0}};
+  for (int ht : {16, 32, 64})
+    for (int splits : {2, 5, 9, 18, 64}) v.push_back({K::kMma, ht, splits});
+  for (int splits : {3, 18}) v.push_back({K::kWgmma, 0, splits});
+  expect_ok(sc, 90, v);
 }
 
 // Host-side validation only: runs without a GPU.
