@@ -333,11 +333,10 @@ TEST_F(CudaIndexer, TopkSizes) {
   }
 }
 
-// Top-k alone on synthetic scores with many ties (few distinct BF16 values), rows from empty
-// to the 256K maximum: longer than one 16384-entry segment, and exactly at segment edges.
-TEST_F(CudaIndexer, TopkTiesAndSegments) {
-  std::mt19937 rng(6);
-  const std::vector<int> vis = {0, 1, 7, 1024, 1025, 16384, 16385, 40000, 262144};
+// Top-k alone on synthetic scores with many ties (few distinct BF16 values), one token per
+// row with vis[i] visible entries, against cpu::topk_desc exactly.
+void check_topk_rows(const std::vector<int>& vis, uint32_t seed) {
+  std::mt19937 rng(seed);
   std::vector<int> ntok(vis.size(), 1), pos0;
   for (int v : vis) pos0.push_back(4 * v + v % 3);  // (p + 1) / 4 == v
   Batch b = make_batch(ntok, pos0);
@@ -388,6 +387,27 @@ TEST_F(CudaIndexer, TopkTiesAndSegments) {
       EXPECT_EQ(bad, 0) << "k " << k << ", visible " << vis[t];
     }
   }
+}
+
+// Rows from empty to the 256K maximum: longer than one 16384-entry segment, and exactly at
+// segment edges (9 tokens: a small batch, rows over 8192 entries split into sqrt(n k) segments).
+TEST_F(CudaIndexer, TopkTiesAndSegments) {
+  check_topk_rows({0, 1, 7, 1024, 1025, 16384, 16385, 40000, 262144}, 6);
+}
+
+// One token over 32K entries (128K tokens of context, issue 17's batch-1 target): the row on
+// several CTAs, the merge over their unsorted candidates; and 2 tokens at 8193 / 65536.
+TEST_F(CudaIndexer, TopkSmallBatchSplitsRows) {
+  check_topk_rows({32768}, 7);
+  check_topk_rows({8193, 65536}, 8);
+}
+
+// More than the small-batch bound (24 tokens): rows cut into 16384-entry segments only, some
+// longer than one, some exactly one, short ones.
+TEST_F(CudaIndexer, TopkLargeBatchSegments) {
+  std::vector<int> vis;
+  for (int i = 0; i < 24; ++i) vis.push_back(i % 4 == 0 ? 40000 : (i % 4 == 1 ? 16384 : 100 * i));
+  check_topk_rows(vis, 9);
 }
 
 // The whole indexer against the CPU pipeline from the same raw inputs: the CPU computes its

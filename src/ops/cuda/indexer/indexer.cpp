@@ -1,4 +1,7 @@
 #include "ops/cuda/indexer/indexer.h"
+
+#include <algorithm>
+#include <cmath>
 #include "core/error.h"
 #include "ops/cuda/indexer/indexer_config.h"
 #include "ops/cuda/indexer/indexer_internal.h"
@@ -12,8 +15,22 @@ int64_t max_visible(const IndexerParams& p) {
   return p.ratio > 0 ? (p.batch.max_position + 1) / p.ratio : 0;
 }
 
+int topk_segment_len(const IndexerParams& p) {
+  const int64_t n = max_visible(p);
+  if (p.batch.num_tokens > kTopkSmallBatch || n <= kTopkMinSplit || p.topk < 1) return kSegment;
+  // About sqrt(n k) entries, a multiple of 1024 (>= k), with at most kSegment / k segments so
+  // that the merge's candidates fit one segment.
+  const int64_t k = p.topk;
+  int64_t len =
+      (static_cast<int64_t>(std::ceil(std::sqrt(double(n) * double(k)))) + 1023) / 1024 * 1024;
+  const int64_t max_segs = kSegment / k;
+  len = std::max(len, (n + max_segs - 1) / max_segs);
+  return static_cast<int>(std::clamp<int64_t>(len, 1024, kSegment));
+}
+
 int num_segments(const IndexerParams& p) {
-  return static_cast<int>((max_visible(p) + kSegment - 1) / kSegment);
+  const int64_t len = topk_segment_len(p);
+  return static_cast<int>((max_visible(p) + len - 1) / len);
 }
 
 void validate(const IndexerParams& p, Stage stage) {
@@ -70,10 +87,19 @@ void validate(const IndexerParams& p, Stage stage) {
 }  // namespace indexer_detail
 
 size_t indexer_workspace_bytes(const IndexerParams& p) {
-  const int segs = indexer_detail::num_segments(p);
-  if (segs <= 1) return 0;
-  // Per token and segment: up to topk candidates of (ordered score key, entry index).
-  return size_t(p.batch.num_tokens) * segs * size_t(p.topk) * 2 * sizeof(uint32_t);
+  using namespace indexer_cfg;
+  // Per token and segment: up to topk candidates of (ordered score key, entry index). Enough
+  // for any launch of at most num_tokens tokens and max_position: the large-batch segments of
+  // kSegment entries, and the small-batch split (at most kSegment / topk segments of topk
+  // candidates for each of at most kTopkSmallBatch tokens), whichever needs more.
+  const int64_t n = indexer_detail::max_visible(p);
+  const int64_t T = p.batch.num_tokens;
+  const int64_t full_segs = (n + kSegment - 1) / kSegment;
+  size_t bytes = full_segs > 1 ? size_t(T) * full_segs * size_t(p.topk) * 2 * sizeof(uint32_t) : 0;
+  if (n > kTopkMinSplit && p.topk >= 1)
+    bytes = std::max(bytes, size_t(std::min<int64_t>(T, kTopkSmallBatch)) *
+                                size_t(kSegment / p.topk) * size_t(p.topk) * 2 * sizeof(uint32_t));
+  return bytes;
 }
 
 void lightning_indexer(const IndexerParams& p, cudaStream_t stream) {

@@ -28,5 +28,11 @@ constexpr int kMaxKeysPerCta = 2048;
 constexpr int kTopkThreads = 512;
 constexpr int kSegment = 16384;
 constexpr int kSortCap = 1024;  // = kIndexerMaxTopk, the bitonic sort width
+// Small batches (issue 17 point 3): launches of at most kTopkSmallBatch tokens whose rows hold
+// more than kTopkMinSplit entries cut them into segments of about sqrt(visible x k) entries
+// (segment pass and merge of equal size), so that one row runs on several CTAs. Both bounds are
+// first guesses, not yet measured (bench/cuda/indexer_bench.cu times batch 1-2).
+constexpr int kTopkSmallBatch = 16;
+constexpr int kTopkMinSplit = 8192;
 
 }  // namespace dsv4::cuda::indexer_cfg

@@ -5,8 +5,10 @@
 // order-preserving score key finds the k-th largest key T; every entry above T is taken, and
 // of the entries equal to T the first ones in index order (a block scan); the k winners are
 // then bitonic-sorted on (key, -position), which is unique. Rows longer than one segment are
-// cut into segments whose sorted candidates (in segment order, so equal scores stay in index
-// order) a second CTA per row selects from in the same way.
+// cut into segments (16384 entries, or about sqrt(visible x k) at small batch so that a row
+// spreads over several CTAs) whose candidates, left unsorted in index order, a second CTA per
+// row selects from and sorts in the same way (candidates in segment order, so equal scores
+// stay in index order).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -113,8 +115,9 @@ __device__ void find_crossing(TopkSmem& sm, uint32_t target) {
 }
 
 // Selects the min(k, n) largest of sm.keys[0, n) (ties to the lower position) and leaves them
-// in sm.sorted[0, k') as (key << 16) | (0xffff - position), descending. Returns k'.
-__device__ int select_sorted(int n, int k, TopkSmem& sm) {
+// in sm.sorted[0, k') as (key << 16) | (0xffff - position), descending when `sort`, else in
+// position order. Returns k'.
+__device__ int select_sorted(int n, int k, TopkSmem& sm, bool sort = true) {
   const int kk = min(k, n);
   if (kk <= 0) return 0;
   histogram(
@@ -153,6 +156,10 @@ __device__ int select_sorted(int n, int k, TopkSmem& sm) {
       ++eq_before;
     }
   }
+  if (!sort) {
+    __syncthreads();
+    return kk;
+  }
   int p2 = 1;
   while (p2 < kk) p2 <<= 1;
   for (int i = kk + threadIdx.x; i < p2; i += kTopkThreads) sm.sorted[i] = 0;
@@ -184,6 +191,7 @@ struct TopkArgs {
   int num_seqs;
   int ratio;
   int k;
+  int seg_len;  // entries per segment (<= kSegment)
   int max_segments;
   int32_t* out;
   uint2* cand;  // [num_tokens, max_segments, k] (ordered key, entry index)
@@ -200,7 +208,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_segment_kernel(const TopkAr
   __shared__ TopkSmem sm;
   const int t = blockIdx.x, sg = blockIdx.y;
   const int n_t = visible_of_token(a, t);
-  const int seg_lo = sg * kSegment;
+  const int seg_lo = sg * a.seg_len;
   int32_t* out = a.out + size_t(t) * a.k;
   if (n_t == 0) {
     if (sg == 0)
@@ -208,12 +216,13 @@ __global__ void __launch_bounds__(kTopkThreads) topk_segment_kernel(const TopkAr
     return;
   }
   if (seg_lo >= n_t) return;
-  const int n = min(kSegment, n_t - seg_lo);
+  const int n = min(a.seg_len, n_t - seg_lo);
   const uint16_t* row = a.scores + size_t(t) * a.stride + seg_lo;
   for (int i = threadIdx.x; i < n; i += kTopkThreads) sm.keys[i] = uint16_t(order_key(row[i]));
   __syncthreads();
-  const int kk = select_sorted(n, a.k, sm);
-  if (n_t <= kSegment) {
+  const bool whole_row = n_t <= a.seg_len;
+  const int kk = select_sorted(n, a.k, sm, whole_row);
+  if (whole_row) {
     for (int r = threadIdx.x; r < a.k; r += kTopkThreads)
       out[r] = r < kk ? int32_t(0xffffu - (sm.sorted[r] & 0xffffu)) : -1;
   } else {
@@ -230,10 +239,10 @@ __global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(const TopkArgs
   __shared__ TopkSmem sm;
   const int t = blockIdx.x;
   const int n_t = visible_of_token(a, t);
-  if (n_t <= kSegment) return;
-  const int segs = (n_t + kSegment - 1) / kSegment;
-  const int last = n_t - (segs - 1) * kSegment;
-  // Every segment but the last holds kSegment >= k entries, so k candidates: positions are
+  if (n_t <= a.seg_len) return;
+  const int segs = (n_t + a.seg_len - 1) / a.seg_len;
+  const int last = n_t - (segs - 1) * a.seg_len;
+  // Every segment but the last holds seg_len >= k entries, so k candidates: positions are
   // contiguous at stride k.
   const int n = (segs - 1) * a.k + min(a.k, last);
   const uint2* cand = a.cand + size_t(t) * a.max_segments * a.k;
@@ -253,6 +262,9 @@ void indexer_topk(const IndexerParams& p, cudaStream_t stream) {
   static_assert(int64_t(kIndexerMaxVisible / kSegment) * kIndexerMaxTopk <= kSegment,
                 "merged candidates must fit one segment");
   const int segs = std::max(1, indexer_detail::num_segments(p));
+  const int seg_len = indexer_detail::topk_segment_len(p);
+  DSV4_CHECK(seg_len >= p.topk && seg_len <= kSegment && int64_t(segs) * p.topk <= kSegment,
+             "indexer_topk: segments of ", seg_len, " entries x ", segs, " for k ", p.topk);
   TopkArgs a{reinterpret_cast<const uint16_t*>(p.scores),
              p.score_stride,
              p.batch.cu_seqlens,
@@ -260,6 +272,7 @@ void indexer_topk(const IndexerParams& p, cudaStream_t stream) {
              p.batch.num_seqs,
              p.ratio,
              p.topk,
+             seg_len,
              segs,
              p.topk_idx,
              static_cast<uint2*>(p.workspace)};
