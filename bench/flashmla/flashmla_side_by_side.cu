@@ -6,7 +6,8 @@
 // timer for both: CUDA events around one call, inputs rotated past L2 (bench::median_us);
 // FlashMLA's time is its decode kernel plus its combine (the scheduler metadata, which its API
 // caches, is computed once outside the timing). Every window entry is read from the ring on
-// both sides (no staged entries), the sinks are the same.
+// both sides (no staged entries), the sinks are the same. HCA rows pass each sequence's entry
+// count as FlashMLA's extra_topk_length.
 //
 // Built only with -DDSV4_FLASHMLA_DIR (a FlashMLA copy, never committed) and
 // -DDSV4_FLASHMLA_LIB (its sm90 sources compiled by scripts/flashmla/run.sh); one JSON line
@@ -105,6 +106,12 @@ void run(const Shape& shape, const DeviceBuffer<uint8_t>& pool, std::mt19937& rn
     d_win.emplace_back(w);
     d_extra.emplace_back(e);
   }
+  // HCA: each sequence's entry count as FlashMLA's extra_topk_length (its own test's "<= 1024
+  // entries" rows do the same), so it skips the -1 padding past a sequence's entries as we do.
+  std::vector<int32_t> extra_len(b);
+  for (int s = 0; s < b; ++s) extra_len[s] = int32_t((in.position(s * sq + sq - 1) + 1) / 128);
+  DeviceBuffer<int32_t> d_extra_len(extra_len);
+  int32_t* extra_len_ptr = sh.ratio == 128 ? d_extra_len.data() : nullptr;
   const int num_sm_parts = std::max(sms / sq / (H / 64), 1);
   DeviceBuffer<int32_t> sched(size_t(num_sm_parts) * (sizeof(DecodingSchedMeta) / 4));
   DeviceBuffer<int32_t> num_splits(size_t(b) + 1);
@@ -117,7 +124,7 @@ void run(const Shape& shape, const DeviceBuffer<uint8_t>& pool, std::mt19937& rn
     m.topk = kWindow;
     m.extra_topk = extra_topk;
     m.topk_length = nullptr;
-    m.extra_topk_length = nullptr;
+    m.extra_topk_length = extra_len_ptr;
     m.seqlens_k_ptr = nullptr;
     m.tile_scheduler_metadata_ptr = reinterpret_cast<DecodingSchedMeta*>(sched.data());
     m.num_splits_ptr = num_splits.data();
@@ -155,7 +162,7 @@ void run(const Shape& shape, const DeviceBuffer<uint8_t>& pool, std::mt19937& rn
   fp.extra_page_block_size = kPage;
   fp.extra_topk = extra_topk;
   fp.extra_kv = fp.kv;
-  fp.extra_topk_length = nullptr;
+  fp.extra_topk_length = extra_len_ptr;
   fp.stride_q_b = sq * H * 512;
   fp.stride_q_s_q = H * 512;
   fp.stride_q_h_q = 512;
