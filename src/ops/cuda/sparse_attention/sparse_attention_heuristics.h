@@ -60,6 +60,7 @@ inline constexpr KernelRule kKernelTable[] = {
 //     partials; the Flash CSA s_q 2 b=256 (10 splits) 1183 against ~2 x 166 at 1 split
 //     (model 889 / 326).
 // tests/sparse_attention_plan_test.cpp holds the model within 25 % of each of these figures.
+// The same constants cost a forced wgmma plan (measured within 1-30 % of mma, see above).
 inline constexpr double kLaunchUs = 10.0;
 inline constexpr double kCtaFixedUs = 3.0;
 inline constexpr double kBlockUsBase = 2.2;
