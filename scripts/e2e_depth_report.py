@@ -74,14 +74,18 @@ def main() -> int:
         print()
 
         launches = {(key(r), r["kind"]): r for r in by["e2e_depth_launches"] if r["phase"] == "decode"}
+        glaunch = {(key(r), r["kind"]): r for r in by["e2e_depth_graph_launches"]}
         print("### Decode: per layer kind (CUDA events inside the graph; launches and kernel sum from the "
               "eager CUPTI replay)\n")
-        print("| ctx | b | kind | measured | µs per layer | roofline | × | launches | kernel sum (eager) |")
-        print("|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+        print("| ctx | b | kind | measured | µs per layer | roofline | × | launches (graph) | launches (eager) "
+              "| kernel sum (eager) |")
+        print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
         for r in sorted(by["e2e_depth_kind"], key=lambda r: (key(r), r["kind"])):
             la = launches.get((key(r), r["kind"]))
+            gl = glaunch.get((key(r), r["kind"]))
             print(f"| {int(r['ctx'])} | {int(r['batch'])} | {r['kind']} | {int(r['measured_count'])}/{int(r['real_count'])} "
                   f"| {fmt_us(float(r['us']))} | {fmt_us(float(r['roofline_us']))} | {ratio(r)} "
+                  f"| {int(gl['launches']) if gl else ''} "
                   f"| {int(la['launches']) if la else ''} | {fmt_us(float(la['kernel_sum_us'])) if la else ''} |")
         heads = sorted(by["e2e_depth_head"], key=key)
         if heads:

@@ -107,14 +107,15 @@ __global__ void tid2eid_kernel(int32_t* p, int vocab, int k, int experts, uint32
     for (int j = 0; j < k; ++j) p[size_t(t) * k + j] = int32_t((h + uint32_t(j * step)) % experts);
   }
 }
-// Whole pages of a store copied: pairs[i] = (from page, to page).
+// Whole pages of a store copied: pairs[i] = (from page, to page), in words of type W.
+template <typename W>
 __global__ void copy_pages_kernel(uint8_t* base, int64_t page_bytes, const int2* pairs,
                                   int n_pairs) {
-  const int64_t words = page_bytes / 16;
+  const int64_t words = page_bytes / int64_t(sizeof(W));
   for (int pi = blockIdx.y; pi < n_pairs; pi += gridDim.y) {
     const int2 pr = pairs[pi];
-    const uint4* src = reinterpret_cast<const uint4*>(base + pr.x * page_bytes);
-    uint4* dst = reinterpret_cast<uint4*>(base + pr.y * page_bytes);
+    const W* src = reinterpret_cast<const W*>(base + pr.x * page_bytes);
+    W* dst = reinterpret_cast<W*>(base + pr.y * page_bytes);
     for (int64_t w = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; w < words;
          w += int64_t(gridDim.x) * blockDim.x)
       dst[w] = src[w];
@@ -657,12 +658,17 @@ void clone_sequences(CudaRunner& r, int proto, const std::vector<int>& seqs) {
     for (int b = 0; b < c.num_blocks(); ++b) {
       if (c.ratio(b) == 0 || dc.compressed_kind(b) != k) continue;
       auto copy = [&](uint8_t* base, int64_t page_bytes) {
-        DSV4_CHECK(page_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0,
-                   "clone: pages not 16-byte aligned");
-        const dim3 grid(unsigned(std::min<int64_t>(64, (page_bytes / 16 + 255) / 256)),
-                        unsigned(std::min<size_t>(pairs.size(), 65535)));
-        copy_pages_kernel<<<grid, 256, 0, stream>>>(base, page_bytes, dpairs.data(),
-                                                    int(pairs.size()));
+        const unsigned ny = unsigned(std::min<size_t>(pairs.size(), 65535));
+        auto grid = [&](int64_t words) {
+          return dim3(unsigned(std::min<int64_t>(64, (words + 255) / 256)), ny);
+        };
+        const bool a16 = page_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0;
+        if (a16)
+          copy_pages_kernel<uint4><<<grid(page_bytes / 16), 256, 0, stream>>>(
+              base, page_bytes, dpairs.data(), int(pairs.size()));
+        else
+          copy_pages_kernel<uint8_t><<<grid(page_bytes), 256, 0, stream>>>(
+              base, page_bytes, dpairs.data(), int(pairs.size()));
         DSV4_CUDA_CHECK(cudaGetLastError());
       };
       copy(dc.compressed_pages(b), dc.kv_page_bytes());
@@ -795,6 +801,39 @@ void emit_kernels(const std::vector<bench::TracedOp>& ops, const ModelConfig& c,
                   what.c_str(), per_block[size_t(n_blocks)].size());
     emit("e2e_depth_outside", shape, us, Cost{}, base_extra.str());
   }
+}
+
+// Launches per block of one decode forward as a CUDA graph holds them (no CUPTI needed): the
+// forward captured (block timing on: an event-record node before the embedding and after each
+// block and the head), its nodes walked in capture order, kernels and copies counted between
+// the event nodes. [n_layers] blocks, then the head.
+std::vector<int> graph_launches(CudaModel& model, const DeviceStep& st, DeviceCache& cache) {
+  const cudaStream_t s = model.stream();
+  cudaGraph_t g = nullptr;
+  DSV4_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  model.forward(st, cache);
+  DSV4_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  size_t n = 0;
+  DSV4_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  DSV4_CUDA_CHECK(cudaGraphGetNodes(g, nodes.data(), &n));
+  const int blocks = model.config().n_layers + 1;
+  std::vector<int> per(size_t(blocks), 0);
+  int block = -1;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType t;
+    DSV4_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
+    if (t == cudaGraphNodeTypeEventRecord) {
+      ++block;
+      continue;
+    }
+    if ((t == cudaGraphNodeTypeKernel || t == cudaGraphNodeTypeMemcpy ||
+         t == cudaGraphNodeTypeMemset) &&
+        block >= 0 && block < blocks)
+      ++per[size_t(block)];
+  }
+  DSV4_CUDA_CHECK(cudaGraphDestroy(g));
+  return per;
 }
 
 struct Built {
@@ -1086,6 +1125,21 @@ void run(const Options& o) {
         }
         const DeviceStep st = meta.build(chunks, rows, -1, stream);
         DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));
+        {
+          const std::vector<int> per = graph_launches(model, st, runner.cache());
+          std::map<std::string, std::vector<double>> launches;
+          for (int b = 0; b < n; ++b) launches[kind_of(c, b)].push_back(double(per[size_t(b)]));
+          launches["head"].push_back(double(per[size_t(n)]));
+          for (const auto& [k, v] : launches) {
+            std::snprintf(shape, sizeof shape,
+                          "%s %s launches per layer in the decode graph (kernels + copies), b=%d "
+                          "ctx=%lld",
+                          prefix.c_str(), k.c_str(), Bn, (long long)ctx);
+            Extra e = base_extra("decode", Bn, ctx);
+            e.kv("kind", k).kv("launches", median(v));
+            emit("e2e_depth_graph_launches", shape, median(v), Cost{}, e.str());
+          }
+        }
         model.forward(st, runner.cache());  // warm (the eager path's own launch shapes)
         DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));
         const bool traced = kernels && trace.begin();

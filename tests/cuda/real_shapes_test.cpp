@@ -3,11 +3,12 @@
 //
 // RealShapeMoe.*  moe_forward with every routed expert of a real layer -- Flash: 256 experts,
 //   dim 4096, inter 2048; Pro: 384, dim 7168, inter 3072; top-6 -- at M >= 128 (the batch-128
-//   decode step and beyond), MXFP4 and NVFP4, score and hash routing. Every stage as moe_test
-//   judges it (router selections: only near-ties may differ; weights; x and activation
-//   quantisation bytes identical; the grouping and tiles; gate/up + SwiGLU and the layer output
-//   within moe_test's tolerance: relative L2 <= 4e-3, >= 99 % within one BF16 ulp, gate/up also
-//   no element beyond 4 ulps of the largest), and the down GEMM per element within its derived
+//   decode step and beyond), MXFP4 and NVFP4, score and hash routing (Flash: both formats and
+//   routings, M 128 and 512; Pro: NVFP4 score routing at M 128, the costliest CPU reference). Every
+//   stage as moe_test judges it (router selections: only near-ties may differ; weights; x and
+//   activation quantisation bytes identical; the grouping and tiles; gate/up + SwiGLU and the layer
+//   output within moe_test's tolerance: relative L2 <= 4e-3, >= 99 % within one BF16 ulp, gate/up
+//   also no element beyond 4 ulps of the largest), and the down GEMM per element within its derived
 //   bound (ops/cpu/error_bound.h: BF16 MMA sums, kBf16Mma) from the GPU's own quantised
 //   activations (every expert at Flash size, every 4th at Pro size: the bound costs ~3x the
 //   GEMM on the CPU), besides the tolerance on every expert; the combine bit-exact. The CPU
@@ -22,8 +23,8 @@
 //   element within the derived bound of the blockwise FP8 wgmma sums (kFp8WgmmaBlock) and the
 //   sample within gemm_test's tolerance (relative L2 <= 4e-3, >= 99 % within one ulp).
 //
-// Run time on the H200 machine (16 cores): about 4-5 minutes (estimated from the CPU
-// references' cost on a slower machine), most of it the CPU references; CTest allows 900 s.
+// Run time on the H200 machine (16 cores): about 3 minutes (estimated from the CPU references'
+// cost on a slower machine), most of it the CPU references; CTest allows 900 s.
 // Host memory: up to ~25 GB (the Pro experts' checkpoint bytes plus the per-thread dequantised
 // experts). Skips (exit 77) without a GPU.
 #include <gtest/gtest.h>
@@ -552,7 +553,6 @@ std::vector<MoeSpec> moe_specs() {
       {"flash_mx_score_m512", 4096, 2048, 256, 6, MX, false, 512},
       // V4-Pro: 384 experts, dim 7168, inter 3072, top-6.
       {"pro_nv_score_m128", 7168, 3072, 384, 6, NV, false, 128, 4},
-      {"pro_mx_hash_m256", 7168, 3072, 384, 6, MX, true, 256, 4},
   };
 }
 
