@@ -26,6 +26,7 @@
 //
 // Usage: e2e_depth_bench [flash|pro] [nvfp4|mxfp4] [--layers N] [--quick] [--no-kernels]
 //        [--batches 1,8,32,128] [--contexts 4096,65536] [--no-prefill]
+//        [--dry-run FREE_GIB]  (no GPU: the layer mix, cache size and rooflines it would run)
 // Output: JSON lines (stdout, and $DSV4_BENCH_OUT), progress on stderr; the markdown tables:
 // scripts/e2e_depth_report.py.
 #include <cuda_bf16.h>
@@ -612,6 +613,7 @@ struct Options {
   std::string model = "flash", fmt = "nvfp4";
   int layers = 0;  // 0: as many as fit
   bool quick = false, kernels = true, prefill = true;
+  double dry_run_gib = 0;  // > 0: no GPU; plan for this much free memory and print the rooflines
   std::vector<int> batches = {1, 8, 32, 128};
   std::vector<int64_t> contexts = {4096, 65536};
 };
@@ -896,14 +898,17 @@ void run(const Options& o) {
   const Model m = o.model == "pro" ? pro_model(nv) : flash_model(nv);
   const int full_layers = int(m.real_ratios.size());
   const int64_t max_ctx = *std::max_element(o.contexts.begin(), o.contexts.end());
-  DSV4_CUDA_CHECK(cudaSetDevice(0));
-  DSV4_CUDA_CHECK(cudaFree(nullptr));
+  if (o.dry_run_gib <= 0) {
+    DSV4_CUDA_CHECK(cudaSetDevice(0));
+    DSV4_CUDA_CHECK(cudaFree(nullptr));
+  }
 
   // N: the given count, or a first guess from the free memory, lowered by 2 (one CSA, one
   // HCA: the proportion stays the real prefix's) until the model, activations and cache fit.
   int n = o.layers;
   if (n <= 0) {
-    const double free_gib = double(free_bytes()) / double(1ull << 30);
+    const double free_gib =
+        o.dry_run_gib > 0 ? o.dry_run_gib : double(free_bytes()) / double(1ull << 30);
     const double head_gib =
         2.0 * m.base.vocab_size * m.base.dim * 2 / double(1ull << 30);  // embed + head
     // The MTP block (a whole layer: 3.5 / 13.7 GiB), the activations of an 8K-token step
@@ -914,6 +919,34 @@ void run(const Options& o) {
     if (n > 3 && n % 2 == 0) --n;  // odd: as many CSA as HCA after the 3 hash layers
     std::fprintf(stderr, "[%s %s] %.1f GiB free, ~%.2f GiB per layer: trying %d layers\n",
                  m.name.c_str(), o.fmt.c_str(), free_gib, layer_gib(m, fmt, max_ctx), n);
+  }
+  if (o.dry_run_gib > 0) {
+    // The plan without a GPU: the layer mix, the cache and the rooflines of every case.
+    const ModelConfig c = config_with_layers(m, n);
+    check_cuda_supported(c);
+    const std::map<std::string, int> measured = kind_counts(m, n),
+                                     real = kind_counts(m, full_layers);
+    for (const auto& [k, cnt] : measured)
+      std::printf("kind %-9s measured %2d of %2d\n", k.c_str(), cnt, real.at(k));
+    const CacheConfig cc = cache_capacity(c, kMaxBatch + 1, max_ctx + 256, 64);
+    std::printf("cache %.2f GiB (%d sequences x %lld tokens)\n",
+                double(cache_bytes(c, cc)) / double(1ull << 30), kMaxBatch + 1,
+                (long long)(max_ctx + 256));
+    auto step = [&](int layers, int tokens, int64_t ctx, int rows) {
+      const ModelConfig cl = config_with_layers(m, layers);
+      Cost k = head_cost(c, rows);
+      for (int b = 0; b < layers; ++b) k += layer_cost(c, cl.ratio(b), fmt, tokens, ctx);
+      return k;
+    };
+    for (int64_t ctx : o.contexts)
+      for (int B : o.batches)
+        std::printf("decode b=%3d ctx=%6lld: roofline %9.1f us (%d layers), %9.1f us (%d)\n", B,
+                    (long long)ctx, step(n, B, ctx, B).bound_us(), n,
+                    step(full_layers, B, ctx, B).bound_us(), full_layers);
+    std::printf("prefill %d: roofline %.1f us (%d layers), %.1f us (%d)\n", kPrefillTokens,
+                step(n, kPrefillTokens, 0, 1).bound_us(), n,
+                step(full_layers, kPrefillTokens, 0, 1).bound_us(), full_layers);
+    return;
   }
   Built B;
   for (;;) {
@@ -1283,7 +1316,7 @@ int main(int argc, char** argv) {
   Options o;
   const char* usage =
       "usage: e2e_depth_bench [flash|pro] [nvfp4|mxfp4] [--layers N] [--quick] [--no-kernels] "
-      "[--no-prefill] [--batches 1,8,32,128] [--contexts 4096,65536]\n";
+      "[--no-prefill] [--batches 1,8,32,128] [--contexts 4096,65536] [--dry-run FREE_GIB]\n";
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
@@ -1303,6 +1336,8 @@ int main(int argc, char** argv) {
         o.quick = true;
       else if (a == "--no-kernels")
         o.kernels = false;
+      else if (a == "--dry-run")
+        o.dry_run_gib = std::stod(value());
       else if (a == "--no-prefill")
         o.prefill = false;
       else if (a == "--batches") {
