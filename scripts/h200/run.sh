@@ -4,6 +4,8 @@
 #   scripts/fetch_cutlass.sh
 #   run(command="DSV4_COMMIT=$(git rev-parse --short HEAD) scripts/h200/run.sh [tests|bench|all|cli] [filter]",
 #       carry=[".carry"])   (after scripts/h200/pack.sh)
+# depth [bench [args] | tests]: only e2e_depth_bench (V4-Flash and V4-Pro; $OUT/depth.md) or
+#   real_shapes_test (issue 14).
 # cli: builds the dsv4 CLI (build-cli/) and runs the README's GPU commands on make-tiny checkpoints.
 # serve (after `scripts/h200/pack.sh serve`): builds dsv4 with the CUDA backend and the server
 #   (build-serve/) and runs the server suite (tests/server/) against `dsv4 serve --backend cuda`;
@@ -104,6 +106,34 @@ if [ "$WHAT" = "cli" ]; then
       echo "$out" | tail -3
     done
   done
+  exit $rc
+fi
+if [ "$WHAT" = "depth" ]; then
+  # Issue 14: only e2e_depth_bench and real_shapes_test (and the library they link).
+  #   depth bench [args]: V4-Flash then V4-Pro (NVFP4; [args], e.g. --quick, go to both runs),
+  #                       JSON lines in $OUT/depth.jsonl, tables in $OUT/depth.md, logs per model.
+  #   depth tests:        real_shapes_test (the real-shape MoE and FP8 GEMM tests).
+  cmake -S . -B build-h200 -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DBUILD_TESTING=ON -DDSV4_GPU_ONLY=ON -DDSV4_BENCH=ON > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+  t0=$(date +%s)
+  cmake --build build-h200 -j "$(nproc)" --target e2e_depth_bench real_shapes_test > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -40; exit 1; }
+  echo "build: $(( $(date +%s) - t0 )) s"
+  rc=0
+  SUB="${FILTER:-bench}"
+  if [ "$SUB" = "tests" ]; then
+    build-h200/tests/real_shapes_test --gtest_color=no 2>&1 | tee "$OUT/real_shapes_test.log" | grep -E "^\[|^  [a-zA-Z]" | tail -60
+    rc=${PIPESTATUS[0]}
+    [ "$rc" = 77 ] && rc=0
+  else
+    export DSV4_BENCH_OUT="$OUT/depth.jsonl"
+    shift 2 2>/dev/null || shift $#
+    for m in flash pro; do
+      t0=$(date +%s)
+      timeout 280 build-h200/bench/e2e_depth_bench "$m" nvfp4 "$@" > /dev/null 2> "$OUT/depth-$m.log" || { rc=1; echo "e2e_depth_bench $m failed: $(tail -3 "$OUT/depth-$m.log")"; }
+      echo "e2e_depth_bench $m: $(( $(date +%s) - t0 )) s"; grep -E "layers \+ MTP|done in|WARNING" "$OUT/depth-$m.log"
+    done
+    python3 scripts/e2e_depth_report.py "$OUT/depth.jsonl" > "$OUT/depth.md" && grep -A12 "^### Decode step" "$OUT/depth.md"
+  fi
   exit $rc
 fi
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; nvcc --version | tail -1; } > "$OUT/gpu.txt" 2>&1

@@ -18,8 +18,15 @@ Linear Linear::from_rows(LinearKind kind, int out, int in, const std::vector<flo
   l.out = out;
   l.in = in;
   l.wt.resize(w.size());
-  for (int o = 0; o < out; ++o)
-    for (int k = 0; k < in; ++k) l.wt[size_t(k) * out + o] = w[size_t(o) * in + k];
+  // Transposed in 32 x 32 tiles (a row-by-row transpose misses the cache on every store: ~1 s
+  // for a V4-Pro expert projection).
+  constexpr int kTile = 32;
+  for (int o0 = 0; o0 < out; o0 += kTile)
+    for (int k0 = 0; k0 < in; k0 += kTile) {
+      const int o1 = std::min(out, o0 + kTile), k1 = std::min(in, k0 + kTile);
+      for (int o = o0; o < o1; ++o)
+        for (int k = k0; k < k1; ++k) l.wt[size_t(k) * out + o] = w[size_t(o) * in + k];
+    }
   return l;
 }
 

@@ -28,9 +28,11 @@ int sm_count() {
 int router_ksplit(int m, int n_experts, int dim) {
   const int te = router_tile_e(m), tm = router_tile_m(m);
   const long blocks = long((n_experts + te - 1) / te) * ((m + tm - 1) / tm);
+  const long max_rows =
+      route_plan_fused(m, n_experts) ? kRouterMaxSplitRows : kRouterMaxSplitRowsFinish;
   int ks = 1;
   while (ks < kRouterMaxSplit && dim % (kRouterKChunk * ks * 2) == 0 &&
-         blocks * ks < 2 * sm_count() && long(ks) * 2 * m <= kRouterMaxSplitRows)
+         blocks * ks < 2 * sm_count() && long(ks) * 2 * m <= max_rows)
     ks *= 2;
   return ks;
 }

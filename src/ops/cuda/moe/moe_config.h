@@ -43,12 +43,16 @@ constexpr int kRouterRun = 64;
 constexpr int kRouterKChunk = 64;
 // Tiles (tokens x experts per CTA, one output per thread up to 32 rows): decode up to 8 rows,
 // 8 x 32; up to 32 rows, 32 x 8 (many CTAs stream the gate); prefill 64 x 64, 4 x 4 per
-// thread. K is split across CTAs while the partial sums stay small (splits x rows <= 64).
+// thread. K is split across CTAs (up to ~2 CTAs per SM) while the partial sums stay small for
+// their reader: splits x rows <= 64 where one CTA selects and groups the rows (the fused
+// route_plan_small reads every partial itself), <= 2048 where route_finish reads them (a warp
+// per row over many CTAs): a batch-128 decode step's logits then run on 128 CTAs, not 8.
 constexpr int kRouterSmallTM = 8, kRouterSmallTE = 32;
 constexpr int kRouterMidTM = 32, kRouterMidTE = 8;
 constexpr int kRouterLargeTM = 64, kRouterLargeTE = 64;
 constexpr int kRouterMaxSplit = 32;
 constexpr int kRouterMaxSplitRows = 64;
+constexpr int kRouterMaxSplitRowsFinish = 2048;
 
 // ---- routing / grouping ----------------------------------------------------------------------
 constexpr int kMaxExperts = 1024;  // plan kernel: one thread per expert

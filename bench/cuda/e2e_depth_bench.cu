@@ -1,0 +1,1364 @@
+// The engine's decode step and prefill on as many real-shape layers as fit one GPU (issue 14,
+// point 1): V4-Flash or V4-Pro geometry, random weights generated on the GPU directly in the
+// layouts the engine loads (FP8 linears with UE8M0 scales, routed experts in NVFP4 or MXFP4
+// repacked tiles, BF16 / F32 tensors; no checkpoint, no host copy), every layer kind in its
+// real proportion: the model's first N layers exactly as the real config has them (Flash:
+// layers 0-1 SWA and 2 CSA hash-routed, then CSA / HCA alternating; Pro: 0-1 HCA and 2 CSA
+// hash-routed, then HCA / CSA alternating) plus the MTP block. N: as many as fit (or --layers).
+//
+// Caches hold real data: for each context length one sequence is prefilled with random tokens
+// (chunks of 8192), then its pages, window ring and compressor states are copied into every
+// sequence of the batch (each sequence owns its pages: the batch reads B times the bytes).
+// Decode steps run through CudaRunner::step as the engine loop does (CUDA graphs, device
+// sampling, one synchronisation): batch 1, 8, 32, 128 at 4K and 64K contexts, each with greedy
+// samples (the serving step) and with every row's logits downloaded. Per-layer times: CUDA
+// events between the blocks inside the captured graph. Per-kernel times: one eager replay of
+// the same step under CUPTI (bench/cuda/kernel_trace.h), each kernel's exclusive device time
+// (its end minus the later of its start and every earlier kernel's end) attributed to its
+// block, with the launches per layer. The MTP block: one eager forward per batch.
+// Prefill: one sequence of 8192 tokens (eager, per-block events, one CUPTI replay).
+//
+// The full-depth step is EXTRAPOLATED, and every such row says so: the measured N-layer step
+// + (real count - measured count) x the median measured time of each layer kind.
+// Rooflines: bytes / 4.3 TB/s or FLOPs at FP8 1454 / BF16 749 TFLOPS, whichever is larger
+// (../shared/spec/anchors.md), per layer from the config (weights, the experts the batch is
+// expected to touch, the cache entries each query reads) and per op class.
+//
+// Usage: e2e_depth_bench [flash|pro] [nvfp4|mxfp4] [--layers N] [--quick] [--no-kernels]
+//        [--batches 1,8,32,128] [--contexts 4096,65536] [--no-prefill]
+//        [--dry-run FREE_GIB]  (no GPU: the layer mix, cache size and rooflines it would run)
+// Output: JSON lines (stdout, and $DSV4_BENCH_OUT), progress on stderr; the markdown tables:
+// scripts/e2e_depth_report.py.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/model.h"
+#include "backends/cuda/runner.h"
+#include "backends/cuda/weights.h"
+#include "core/error.h"
+#include "cuda/bench_util.h"
+#include "cuda/device_fill.cuh"
+#include "cuda/kernel_trace.h"
+#include "model/cache_spec.h"
+#include "ops/cpu/rope.h"
+#include "ops/cuda/attn_output/attn_output.h"
+#include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/gemm/fp8_gemm.h"
+#include "ops/cuda/gemm/w8a16_linear.h"
+#include "ops/cuda/moe/fp4_pack.h"
+
+namespace dsv4 {
+namespace {
+
+namespace cm = cuda::moe;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// ---- random weights on the device -----------------------------------------------------------
+
+__global__ void fp8_codes_kernel(uint8_t* p, size_t n, uint32_t seed) {
+  // e4m3 codes in +-[0.5, 2) (exponent bits 0110 / 0111): no NaN, sane magnitudes.
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x)
+    p[i] = uint8_t(0x30 | (bench::index_hash(i, seed) & 0x8f));
+}
+__global__ void bf16_mag_kernel(uint16_t* p, size_t n, uint32_t seed, uint32_t exp) {
+  // sign and mantissa random, exponent fixed: +-[0.5, 1) * 2^(exp - 126).
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const uint32_t r = bench::index_hash(i, seed);
+    p[i] = uint16_t(((r >> 31) << 15) | (exp << 7) | (r & 0x7f));
+  }
+}
+__global__ void f32_mag_kernel(float* p, size_t n, uint32_t seed, float offset, float mag) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x)
+    p[i] = offset + mag * (float(bench::index_hash(i, seed) % 2001) / 1000.0f - 1.0f);
+}
+// Packed FP4 tiles (fp4_pack.h): [2048 code bytes][scale bytes] per 64x64 tile. Codes random
+// (every bit pattern is a valid e2m1 set); scale bytes `scale_lo + hash % scale_span`.
+__global__ void fp4_tiles_kernel(uint8_t* p, size_t n, uint32_t seed, int tile_bytes,
+                                 uint32_t scale_lo, uint32_t scale_span) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const uint32_t h = bench::index_hash(i, seed);
+    const int t = int(i % size_t(tile_bytes));
+    p[i] = t < cm::kPackCodeBytes ? uint8_t(h) : uint8_t(scale_lo + h % scale_span);
+  }
+}
+// tid2eid [vocab, k]: k distinct experts per token.
+__global__ void tid2eid_kernel(int32_t* p, int vocab, int k, int experts, uint32_t seed) {
+  for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < vocab; t += gridDim.x * blockDim.x) {
+    const uint32_t h = bench::index_hash(size_t(t), seed);
+    const int step = experts / k;
+    for (int j = 0; j < k; ++j) p[size_t(t) * k + j] = int32_t((h + uint32_t(j * step)) % experts);
+  }
+}
+// Whole pages of a store copied: pairs[i] = (from page, to page), in words of type W.
+template <typename W>
+__global__ void copy_pages_kernel(uint8_t* base, int64_t page_bytes, const int2* pairs,
+                                  int n_pairs) {
+  const int64_t words = page_bytes / int64_t(sizeof(W));
+  for (int pi = blockIdx.y; pi < n_pairs; pi += gridDim.y) {
+    const int2 pr = pairs[pi];
+    const W* src = reinterpret_cast<const W*>(base + pr.x * page_bytes);
+    W* dst = reinterpret_cast<W*>(base + pr.y * page_bytes);
+    for (int64_t w = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; w < words;
+         w += int64_t(gridDim.x) * blockDim.x)
+      dst[w] = src[w];
+  }
+}
+
+class Gen {
+ public:
+  void fp8(uint8_t* p, size_t n) { fp8_codes_kernel<<<grid(n), 256>>>(p, n, next()); }
+  void bf16(uint16_t* p, size_t n, double mag) {
+    const uint32_t e = uint32_t(126 + std::lround(std::log2(std::max(mag, 1e-30))));
+    bf16_mag_kernel<<<grid(n), 256>>>(p, n, next(), e);
+  }
+  void f32(float* p, size_t n, double mag, double offset = 0) {
+    f32_mag_kernel<<<grid(n), 256>>>(p, n, next(), float(offset), float(mag));
+  }
+  void fp4(uint8_t* p, size_t n, int tile_bytes, uint32_t lo, uint32_t span) {
+    fp4_tiles_kernel<<<grid(n), 256>>>(p, n, next(), tile_bytes, lo, span);
+  }
+  void tid2eid(int32_t* p, int vocab, int k, int experts) {
+    tid2eid_kernel<<<grid(size_t(vocab)), 256>>>(p, vocab, k, experts, next());
+  }
+  static void check() { DSV4_CUDA_CHECK(cudaGetLastError()); }
+
+ private:
+  static unsigned grid(size_t n) {
+    return unsigned(std::max<size_t>(1, std::min<size_t>(8192, (n + 255) / 256)));
+  }
+  uint32_t next() { return seed_ += 0x9e3779b9u; }
+  uint32_t seed_ = 12345;
+};
+
+CudaBf16 bf16_tensor(Gen& g, size_t n, double mag) {
+  CudaBf16 t{DeviceBuffer<uint16_t>(n)};
+  g.bf16(t.bits.data(), n, mag);
+  return t;
+}
+DeviceBuffer<float> f32_tensor(Gen& g, size_t n, double mag, double offset = 0) {
+  DeviceBuffer<float> t(n);
+  g.f32(t.data(), n, mag, offset);
+  return t;
+}
+CudaHcUnit hc_unit(Gen& g, int rows, int width, int nscale) {
+  return {f32_tensor(g, size_t(rows) * width, 1.0 / std::sqrt(double(width))),
+          f32_tensor(g, size_t(rows), 0.5), f32_tensor(g, size_t(nscale), 0.2, 0.5)};
+}
+
+// An FP8 linear [n, k] as upload_cuda_weights builds it: e4m3 codes, UE8M0 scales of
+// 1/sqrt(k), their fp32 transposed copy and the exact path's per-row BF16 scales.
+CudaFp8Linear fp8_linear(Gen& g, int n, int k) {
+  CudaFp8Linear l;
+  l.n = n;
+  l.k = k;
+  l.codes = DeviceBuffer<uint8_t>(size_t(n) * k);
+  g.fp8(l.codes.data(), l.codes.size());
+  const int so = (n + 127) / 128, si = k / 128;
+  DeviceBuffer<uint8_t> e8m0(size_t(so) * si);
+  DSV4_CUDA_CHECK(
+      cudaMemset(e8m0.data(), 127 - int(std::lround(0.5 * std::log2(double(k)))), e8m0.size()));
+  l.scales_t = DeviceBuffer<float>(size_t(si) * so);
+  cuda::fp8_weight_scales_to_f32(e8m0.data(), n, k, l.scales_t.data(), nullptr);
+  if (n % 128 == 0) {
+    l.scale_rows = DeviceBuffer<uint16_t>(cuda::w8a16_scale_rows_elems(n, k));
+    cuda::w8a16_prepare_scales(e8m0.data(), n, k,
+                               reinterpret_cast<__nv_bfloat16*>(l.scale_rows.data()), nullptr);
+  }
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // e8m0 is read by the conversions above
+  l.scale_e8m0 = std::move(e8m0);
+  return l;
+}
+
+// One FP4 projection's scale bytes and epilogue for fan-in `in` (as fp4_pack.cpp derives them
+// from a checkpoint whose scales are those bytes): weights ~ 1/sqrt(in) / 3 per e2m1 unit.
+struct Fp4Gen {
+  uint32_t lo = 0, span = 1;
+  cm::Fp4Scale epi;
+};
+Fp4Gen fp4_gen(ExpertFormat f, int in) {
+  Fp4Gen r;
+  const double scale = 1.0 / std::sqrt(double(in)) / 3.0;
+  if (f == ExpertFormat::kMxfp4) {
+    const int s = 127 + int(std::lround(std::log2(scale)));
+    const int lo = 128 - s, hi = 254 - s, c = std::max(lo, std::min(126, hi));
+    r.lo = uint32_t(s);
+    r.epi.bias = uint32_t(c) * 128u * 0x10001u;
+    r.epi.mult = std::ldexp(1.0f, 126 - c);
+  } else {
+    // E4M3 block scales in [0.5, 2) (codes 0x30..0x3f) re-encoded u5m3: E' = e + 3 (9, 10).
+    r.lo = 0x48;
+    r.span = 16;
+    r.epi.bias = cm::kNvScaleBias * 0x10001u;
+    r.epi.mult = std::ldexp(float(scale), cm::kNvScaleShift);
+  }
+  return r;
+}
+
+cm::MoeDeviceWeights moe_weights(Gen& g, const ModelConfig& c, ExpertFormat f, bool hash) {
+  cm::MoeDeviceWeights w;
+  const int E = c.n_routed_experts, dim = c.dim, inter = c.moe_inter_dim;
+  w.format = f;
+  w.n_experts = E;
+  w.dim = dim;
+  w.inter = inter;
+  const int tb = cm::pack_tile_bytes(f);
+  w.w13_stride = size_t(2 * inter / cm::kPackRows) * (dim / cm::kPackK) * tb;
+  w.w2_stride = size_t(dim / cm::kPackRows) * (inter / cm::kPackK) * tb;
+  const Fp4Gen g13 = fp4_gen(f, dim), g2 = fp4_gen(f, inter);
+  w.w13 = DeviceBuffer<uint8_t>(w.w13_stride * E);
+  w.w2 = DeviceBuffer<uint8_t>(w.w2_stride * E);
+  g.fp4(w.w13.data(), w.w13.size(), tb, g13.lo, g13.span);
+  g.fp4(w.w2.data(), w.w2.size(), tb, g2.lo, g2.span);
+  w.epi13 = DeviceBuffer<cm::Fp4Epilogue>(std::vector<cm::Fp4Epilogue>(E, {g13.epi, g13.epi}));
+  w.epi2 = DeviceBuffer<cm::Fp4Epilogue>(std::vector<cm::Fp4Epilogue>(E, {g2.epi, g2.epi}));
+  w.gate = DeviceBuffer<uint16_t>(size_t(E) * dim);
+  g.bf16(w.gate.data(), w.gate.size(), 1.0 / std::sqrt(double(dim)));
+  if (hash) {
+    w.vocab = c.vocab_size;
+    w.hash_top_k = c.n_activated_experts;
+    w.tid2eid = DeviceBuffer<int32_t>(size_t(c.vocab_size) * c.n_activated_experts);
+    g.tid2eid(w.tid2eid.data(), c.vocab_size, c.n_activated_experts, E);
+  } else {
+    w.bias = DeviceBuffer<float>(std::vector<float>(size_t(E), 0.0f));
+  }
+  return w;
+}
+
+CudaBlockWeights block_weights(Gen& g, const ModelConfig& c, int i, ExpertFormat f) {
+  CudaBlockWeights b;
+  const int dim = c.dim, hcd = c.hc_mult * c.dim, H = c.n_heads, D = c.head_dim;
+  const int QL = c.q_lora_rank, G = c.o_groups, OL = c.o_lora_rank;
+  b.index = i;
+  b.ratio = c.ratio(i);
+  b.hc_attn = hc_unit(g, c.mix_hc(), hcd, 3);
+  b.hc_ffn = hc_unit(g, c.mix_hc(), hcd, 3);
+  b.attn_norm = bf16_tensor(g, size_t(dim), 1.0);
+  b.ffn_norm = bf16_tensor(g, size_t(dim), 1.0);
+  b.heads = H;
+  b.attn_heads = cuda_attention_heads(H);
+  b.wq_a = fp8_linear(g, QL, dim);
+  b.wq_b = fp8_linear(g, H * D, QL);
+  b.wkv = fp8_linear(g, D, dim);
+  b.wo_b = fp8_linear(g, dim, G * OL);
+  b.q_norm = bf16_tensor(g, size_t(QL), 1.0);
+  b.kv_norm = bf16_tensor(g, size_t(D), 1.0);
+  b.sink = f32_tensor(g, size_t(b.attn_heads), 0.5);
+  {  // wo_a: codes + UE8M0 scales + the tensor-core path's per-row scales
+    const int in_g = c.heads_per_group() * D;
+    b.wo_a.n = G * OL;
+    b.wo_a.k = in_g;
+    b.wo_a.codes = DeviceBuffer<uint8_t>(size_t(G) * OL * in_g);
+    g.fp8(b.wo_a.codes.data(), b.wo_a.codes.size());
+    b.wo_a.scale_e8m0 = DeviceBuffer<uint8_t>(size_t((G * OL + 127) / 128) * (in_g / 128));
+    DSV4_CUDA_CHECK(cudaMemset(b.wo_a.scale_e8m0.data(),
+                               127 - int(std::lround(0.5 * std::log2(double(in_g)))),
+                               b.wo_a.scale_e8m0.size()));
+    b.wo_a_scale_rows.bits = DeviceBuffer<uint16_t>(cuda::wo_a_scale_rows_elems(G, OL, in_g));
+    cuda::wo_a_prepare_scales(b.wo_a.scale_e8m0.data(), G, OL, in_g,
+                              reinterpret_cast<__nv_bfloat16*>(b.wo_a_scale_rows.bits.data()),
+                              nullptr);
+  }
+  if (b.ratio > 0) {
+    const int coff = b.ratio == 4 ? 2 : 1;
+    b.main_width = coff * D;
+    b.main_ape = f32_tensor(g, size_t(b.ratio) * coff * D, 0.5);
+    b.main_norm = bf16_tensor(g, size_t(D), 1.0);
+    if (b.ratio == 4) {
+      const int DI = c.index_head_dim, HI = c.index_n_heads;
+      b.index_width = 2 * DI;
+      b.index_ape = f32_tensor(g, size_t(4) * 2 * DI, 0.5);
+      b.index_norm = bf16_tensor(g, size_t(DI), 1.0);
+      b.index_wq_b = fp8_linear(g, HI * DI, QL);
+      b.weights_proj = bf16_tensor(g, size_t(HI) * dim, 1.0 / 64);
+    }
+    b.comp_rows = 2 * b.main_width + 2 * b.index_width;
+    b.comp_proj = bf16_tensor(g, size_t(b.comp_rows) * dim, 1.0 / std::sqrt(double(dim)));
+  }
+  b.moe = moe_weights(g, c, f, c.is_hash_layer(i));
+  b.shared_inter = c.moe_inter_dim;
+  b.shared_fused = b.shared_inter % 128 == 0;
+  if (b.shared_fused) {
+    b.shared_w13 = fp8_linear(g, 2 * b.shared_inter, dim);
+  } else {
+    b.shared_w1 = fp8_linear(g, b.shared_inter, dim);
+    b.shared_w3 = fp8_linear(g, b.shared_inter, dim);
+  }
+  b.shared_w2 = fp8_linear(g, dim, b.shared_inter);
+  if (i >= c.n_layers) {  // the MTP block
+    b.has_mtp = true;
+    b.e_proj = fp8_linear(g, dim, dim);
+    b.h_proj = fp8_linear(g, dim, dim);
+    b.enorm = bf16_tensor(g, size_t(dim), 1.0);
+    b.hnorm = bf16_tensor(g, size_t(dim), 1.0);
+    b.mtp_norm = bf16_tensor(g, size_t(dim), 1.0);
+    b.mtp_hc_head = hc_unit(g, c.hc_mult, hcd, 1);
+  }
+  Gen::check();
+  return b;
+}
+
+size_t free_bytes() {
+  size_t free = 0, total = 0;
+  DSV4_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return free;
+}
+
+CudaModelWeights model_weights(const ModelConfig& c, ExpertFormat f) {
+  check_cuda_supported(c);
+  const size_t free0 = free_bytes();
+  Gen g;
+  CudaModelWeights m;
+  m.embed = bf16_tensor(g, size_t(c.vocab_size) * c.dim, 1.0);
+  m.head = bf16_tensor(g, size_t(c.vocab_size) * c.dim, 1.0 / std::sqrt(double(c.dim)));
+  m.norm = bf16_tensor(g, size_t(c.dim), 1.0);
+  m.hc_head = hc_unit(g, c.hc_mult, c.hc_mult * c.dim, 1);
+  const cpu::RopeTable plain = cpu::RopeTable::make(c.rope_head_dim, c.rope_theta, 0, c.rope_factor,
+                                                    c.beta_fast, c.beta_slow);
+  const cpu::RopeTable yarn =
+      cpu::RopeTable::make(c.rope_head_dim, c.compress_rope_theta, c.original_seq_len,
+                           c.rope_factor, c.beta_fast, c.beta_slow);
+  m.inv_freq_plain = DeviceBuffer<float>(plain.inv_freq);
+  m.inv_freq_yarn = DeviceBuffer<float>(yarn.inv_freq);
+  for (int i = 0; i < c.num_blocks(); ++i) m.blocks.push_back(block_weights(g, c, i, f));
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+  m.device_bytes = free0 - free_bytes();
+  return m;
+}
+
+// ---- shapes -----------------------------------------------------------------------------------
+
+// The real model's layer kinds, in order (compress ratio, hash-routed).
+struct Model {
+  std::string name;
+  ModelConfig base;              // n_layers / compress_ratios set per run
+  std::vector<int> real_ratios;  // the real decoder's compress_ratios (MTP excluded)
+  int hash_layers = 3;
+};
+
+Model flash_model(bool nvfp4) {
+  ModelConfig c;
+  c.vocab_size = 129280;
+  c.dim = 4096;
+  c.n_mtp_layers = 1;
+  c.n_heads = 64;
+  c.head_dim = 512;
+  c.rope_head_dim = 64;
+  c.q_lora_rank = 1024;
+  c.o_groups = 8;
+  c.o_lora_rank = 1024;
+  c.window_size = 128;
+  c.index_n_heads = 64;
+  c.index_head_dim = 128;
+  c.index_topk = 512;
+  c.rope_theta = 10000;
+  c.compress_rope_theta = 160000;
+  c.rope_factor = 16;
+  c.original_seq_len = 65536;
+  c.hc_mult = 4;
+  c.hc_sinkhorn_iters = 20;
+  c.n_routed_experts = 256;
+  c.n_shared_experts = 1;
+  c.n_activated_experts = 6;
+  c.moe_inter_dim = 2048;
+  c.route_scale = 1.5f;
+  c.swiglu_limit = 10;
+  c.max_position_embeddings = 1 << 20;
+  c.moe_quant_algo = nvfp4 ? "NVFP4" : "";
+  Model m{"flash", c, {}, 3};
+  // ../shared/spec/v4_arch.md 1.2: layers 0, 1 SWA; even 2..42 CSA; odd 3..41 HCA.
+  for (int i = 0; i < 43; ++i) m.real_ratios.push_back(i < 2 ? 0 : i % 2 == 0 ? 4 : 128);
+  return m;
+}
+
+Model pro_model(bool nvfp4) {
+  Model m = flash_model(nvfp4);
+  ModelConfig& c = m.base;
+  m.name = "pro";
+  c.dim = 7168;
+  c.n_heads = 128;
+  c.q_lora_rank = 1536;
+  c.o_groups = 16;
+  c.index_topk = 1024;
+  c.n_routed_experts = 384;
+  c.moe_inter_dim = 3072;
+  c.route_scale = 2.5f;
+  // Layers 0, 1 HCA; even 2..60 CSA; odd 3..59 HCA.
+  m.real_ratios.clear();
+  for (int i = 0; i < 61; ++i) m.real_ratios.push_back(i < 2 ? 128 : i % 2 == 0 ? 4 : 128);
+  return m;
+}
+
+ModelConfig config_with_layers(const Model& m, int n) {
+  ModelConfig c = m.base;
+  c.n_layers = n;
+  c.n_hash_layers = std::min(m.hash_layers, n);
+  c.compress_ratios.assign(m.real_ratios.begin(), m.real_ratios.begin() + n);
+  c.compress_ratios.push_back(0);  // MTP
+  c.validate();
+  return c;
+}
+
+// Layer kinds: the attention kind and the routing.
+std::string kind_of(const ModelConfig& c, int block) {
+  const int r = c.ratio(block);
+  std::string k = block >= c.n_layers ? "MTP" : r == 4 ? "CSA" : r == 128 ? "HCA" : "SWA";
+  if (block < c.n_layers && c.is_hash_layer(block)) k += "-hash";
+  return k;
+}
+std::map<std::string, int> kind_counts(const Model& m, int n_layers) {
+  const ModelConfig c = config_with_layers(m, n_layers);
+  std::map<std::string, int> k;
+  for (int b = 0; b < n_layers; ++b) ++k[kind_of(c, b)];
+  return k;
+}
+
+// ---- rooflines ------------------------------------------------------------------------------
+
+struct Cost {
+  double bytes = 0, fp8_flops = 0, bf16_flops = 0;
+  double flops() const { return fp8_flops + bf16_flops; }
+  double bound_us() const {
+    return std::max(bytes / (bench::kHbmTBps * 1e6),
+                    (fp8_flops / bench::kFp8Tflops + bf16_flops / bench::kBf16Tflops) / 1e6);
+  }
+  Cost& operator+=(const Cost& o) {
+    bytes += o.bytes, fp8_flops += o.fp8_flops, bf16_flops += o.bf16_flops;
+    return *this;
+  }
+};
+
+// Op classes of a layer (kernel names map onto them in op_class()).
+const char* const kOpClasses[] = {"mhc",        "fp8_gemm", "wo_a",     "attention", "moe",
+                                  "norm_quant", "head",     "sampling", "copy",      "other"};
+
+// One layer of compress ratio `ratio` for a step of `tokens` query rows at positions ~`ctx`
+// (decode: each row its own sequence reading its own cache) or 0..tokens-1 (prefill, ctx 0),
+// by op class. Dense FP8 GEMMs at the FP8 rate; wo_a (W8A16), the experts (W4A16), router,
+// compressor, indexer and attention at the BF16 rate. The MTP block adds e_proj, h_proj and
+// the head.
+std::map<std::string, Cost> layer_costs(const ModelConfig& c, int ratio, ExpertFormat fmt,
+                                        int tokens, int64_t ctx, bool mtp = false) {
+  std::map<std::string, Cost> k;
+  const double T = tokens, dim = c.dim, H = c.n_heads, D = c.head_dim, QL = c.q_lora_rank;
+  const double GOL = double(c.o_groups) * c.o_lora_rank, inter = c.moe_inter_dim;
+  const double HI = c.index_n_heads, DI = c.index_head_dim, E = c.n_routed_experts;
+  const double hcd = double(c.hc_mult) * c.dim;
+  // Dense FP8 weights (every FP8 GEMM but wo_a).
+  double fp8 = QL * dim + H * D * QL + D * dim + dim * GOL + 3 * inter * dim;
+  if (ratio == 4) fp8 += HI * DI * QL;
+  if (mtp) fp8 += 2 * dim * dim;
+  k["fp8_gemm"].bytes = fp8;
+  k["fp8_gemm"].fp8_flops = 2 * T * fp8 + (mtp ? 2 * T * (c.hc_mult - 1) * dim * dim : 0);
+  const double wo_a = GOL * (H * D / c.o_groups);
+  k["wo_a"].bytes = wo_a;
+  k["wo_a"].bf16_flops = 2 * T * wo_a;
+  // mHC: two units' fp32 weights, each reading the streams and writing them back (pre + post).
+  k["mhc"].bytes = 2 * c.mix_hc() * hcd * 4 + 2 * T * (2 * hcd * 2);
+  k["mhc"].bf16_flops = 2 * 2 * T * c.mix_hc() * hcd;
+  // MoE: router gate (BF16) + the experts the step is expected to touch + activations.
+  const double bits = fmt == ExpertFormat::kMxfp4 ? 4.25 : 4.5;
+  const double expert_bytes = 3 * inter * dim * bits / 8;
+  const double picks = T * c.n_activated_experts;
+  const double touched = E * (1 - std::pow(1 - c.n_activated_experts / E, T));
+  k["moe"].bytes = E * dim * 2 + touched * expert_bytes + 2 * T * dim * 2;
+  k["moe"].bf16_flops = 2 * T * E * dim + 2 * picks * 3 * inter * dim;
+  // Attention: compressor projections (BF16), indexer weights, and per query the keys it
+  // attends (window + top-k or all compressed entries) and the indexer keys it scores.
+  Cost& at = k["attention"];
+  double comp = 0;
+  if (ratio > 0) comp += (ratio == 4 ? 2 * 2 * D : 2 * D) * dim;
+  if (ratio == 4) comp += 2 * 2 * DI * dim + HI * dim;
+  at.bytes = 2 * comp;
+  at.bf16_flops = 2 * T * comp;
+  const double kv_entry = 584, key_entry = 68;
+  for (int q = 0; q < tokens; ++q) {
+    const double p = ctx > 0 ? double(ctx) : double(q);
+    double keys = std::min(p + 1, double(c.window_size));
+    if (ratio == 4) keys += std::min(double(c.index_topk), std::floor((p + 1) / 4));
+    if (ratio == 128) keys += std::floor((p + 1) / 128);
+    at.bf16_flops += 2.0 * H * keys * 2 * D;
+    if (ratio == 4) at.bf16_flops += 2.0 * HI * DI * std::floor((p + 1) / 4);
+    if (ctx > 0) {
+      at.bytes += keys * kv_entry;
+      if (ratio == 4) at.bytes += std::floor((p + 1) / 4) * key_entry;
+    }
+  }
+  if (mtp) {
+    k["head"].bytes = double(c.vocab_size) * dim * 2;
+    k["head"].bf16_flops = 2 * T * c.vocab_size * dim;
+  }
+  return k;
+}
+Cost total(const std::map<std::string, Cost>& m) {
+  Cost t;
+  for (const auto& [n, c] : m) t += c;
+  return t;
+}
+Cost layer_cost(const ModelConfig& c, int ratio, ExpertFormat fmt, int tokens, int64_t ctx,
+                bool mtp = false) {
+  return total(layer_costs(c, ratio, fmt, tokens, ctx, mtp));
+}
+Cost head_cost(const ModelConfig& c, int rows) {
+  Cost k;
+  k.bytes = double(c.vocab_size) * c.dim * 2;
+  k.bf16_flops = 2.0 * rows * c.vocab_size * c.dim;
+  return k;
+}
+
+// The op class of a traced kernel (by its demangled name). The project's two CUTLASS kernels
+// are told apart by their element type (the prefill FP8 GEMM's e4m3, wo_a's BF16); other GEMMs
+// inside a layer are cuBLAS's (the compressor projections, counted with attention).
+std::string op_class(const bench::TracedOp& op) {
+  const std::string& n = op.demangled;
+  auto has = [&](const char* s) { return n.find(s) != std::string::npos; };
+  if (!op.kernel) return "copy";
+  if (has("hc_cluster") || has("hc_post") || has("hc_pre") || has("mtp_combine")) return "mhc";
+  if (has("stream_gemm") || has("w8a16")) return "fp8_gemm";
+  if (has("cutlass::device_kernel")) return has("float_e4m3") ? "fp8_gemm" : "wo_a";
+  if (has("wo_a")) return "wo_a";
+  if (has("sparse_attn") || has("kv_entry") || has("kv_insert") || has("q_norm_rope") ||
+      has("inverse_rope") || has("rope_table") || has("compressor") || has("indexer") ||
+      has("topk_segment") || has("topk_merge"))
+    return "attention";
+  if (has("router") || has("route_") || has("plan_kernel") || has("moe") || has("combine_kernel") ||
+      has("swiglu"))
+    return "moe";
+  if (has("rms_norm") || has("quant")) return "norm_quant";
+  if (has("embed") || has("gather_rows")) return "head";
+  if (has("sample") || has("row_stats") || has("patch_kernel")) return "sampling";
+  if (has("gemm") || has("xmma") || has("cutlass")) return "attention";  // cuBLAS in a layer
+  return "other";
+}
+
+// ---- output -----------------------------------------------------------------------------------
+
+std::string jstr(const std::string& s) {
+  std::string o = "\"";
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') o += '\\';
+    o += ch;
+  }
+  return o + "\"";
+}
+
+// One JSON line in bench_util.h's fields (scripts/bench_report.py reads them) plus `extra`
+// ("key":value pairs, already JSON).
+void emit(const std::string& kernel, const std::string& shape, double us, const Cost& k,
+          const std::string& extra) {
+  const double bound = k.bound_us();
+  const double tflops = us > 0 ? k.flops() / us / 1e6 : 0, tbps = us > 0 ? k.bytes / us / 1e6 : 0;
+  char line[2048];
+  std::snprintf(line, sizeof line,
+                "{\"kernel\":%s,\"shape\":%s,\"us\":%.2f,\"TFLOPS\":%.1f,\"TBps\":%.3f,"
+                "\"roofline_us\":%.2f,\"of_roofline\":%.3f,\"peer\":\"roofline\",\"peer_us\":%.2f,"
+                "\"gpu\":%s,\"date\":\"%s\",\"commit\":%s%s%s}",
+                jstr(kernel).c_str(), jstr(shape).c_str(), us, tflops, tbps, bound,
+                us > 0 ? bound / us : 0.0, bound, jstr(bench::gpu_name()).c_str(),
+                bench::today().c_str(), jstr(bench::commit()).c_str(), extra.empty() ? "" : ",",
+                extra.c_str());
+  std::printf("%s\n", line);
+  std::fflush(stdout);
+  if (const char* out = std::getenv("DSV4_BENCH_OUT")) {
+    if (FILE* f = std::fopen(out, "a")) {
+      std::fprintf(f, "%s\n", line);
+      std::fclose(f);
+    }
+  }
+}
+
+struct Extra {
+  std::ostringstream s;
+  bool first = true;
+  Extra& kv(const char* k, const std::string& v) {
+    s << (first ? "" : ",") << "\"" << k << "\":" << jstr(v);
+    first = false;
+    return *this;
+  }
+  Extra& kv(const char* k, double v) {
+    s << (first ? "" : ",") << "\"" << k << "\":" << v;
+    first = false;
+    return *this;
+  }
+  std::string str() const { return s.str(); }
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// ---- the run ----------------------------------------------------------------------------------
+
+struct Options {
+  std::string model = "flash", fmt = "nvfp4";
+  int layers = 0;  // 0: as many as fit
+  bool quick = false, kernels = true, prefill = true;
+  double dry_run_gib = 0;  // > 0: no GPU; plan for this much free memory and print the rooflines
+  std::vector<int> batches = {1, 8, 32, 128};
+  std::vector<int64_t> contexts = {4096, 65536};
+};
+
+constexpr int kPrefillTokens = 8192;
+constexpr int kMaxBatch = 128;
+
+StepLimits step_limits_of(const CudaModel& m, const CacheConfig& c) {
+  // As CudaRunner's (runner.cpp): the block tables' strides for the planned context.
+  const ModelConfig& mc = m.config();
+  StepLimits l;
+  l.max_tokens = m.limits().max_tokens;
+  l.max_seqs = std::min(m.limits().max_seqs, c.max_seqs);
+  auto pages = [&](int64_t entries) {
+    return int(std::max<int64_t>(1, (entries + c.page_size - 1) / c.page_size));
+  };
+  const int64_t ctx = m.limits().max_context;
+  l.stride[int(PageKind::kWindow)] = pages(mc.window_size);
+  l.stride[int(PageKind::kC4)] = pages(ctx / 4);
+  l.stride[int(PageKind::kC128)] = pages(ctx / 128);
+  return l;
+}
+
+// Every sequence in `seqs` becomes a copy of `proto` (same length): its own compressed pages
+// (already reserved, at least as many as proto's) get proto's bytes in every block, and its
+// window ring and compressor states proto's.
+void clone_sequences(CudaRunner& r, int proto, const std::vector<int>& seqs) {
+  DeviceCache& dc = r.cache();
+  const ModelConfig& c = r.config();
+  const cudaStream_t stream = r.model().stream();
+  const SequenceCache& P = r.sequence(proto);
+  for (PageKind k : {PageKind::kC4, PageKind::kC128}) {
+    std::vector<int2> pairs;
+    for (int id : seqs) {
+      const SequenceCache& S = r.sequence(id);
+      const auto& from = P.pages[int(k)];
+      const auto& to = S.pages[int(k)];
+      DSV4_CHECK(to.size() >= from.size(), "clone: ", to.size(), " pages reserved, ", from.size(),
+                 " to copy");
+      for (size_t i = 0; i < from.size(); ++i) pairs.push_back({from[i], to[i]});
+    }
+    if (pairs.empty()) continue;
+    DeviceBuffer<int2> dpairs(pairs);
+    for (int b = 0; b < c.num_blocks(); ++b) {
+      if (c.ratio(b) == 0 || dc.compressed_kind(b) != k) continue;
+      auto copy = [&](uint8_t* base, int64_t page_bytes) {
+        const unsigned ny = unsigned(std::min<size_t>(pairs.size(), 65535));
+        auto grid = [&](int64_t words) {
+          return dim3(unsigned(std::min<int64_t>(64, (words + 255) / 256)), ny);
+        };
+        const bool a16 = page_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0;
+        if (a16)
+          copy_pages_kernel<uint4><<<grid(page_bytes / 16), 256, 0, stream>>>(
+              base, page_bytes, dpairs.data(), int(pairs.size()));
+        else
+          copy_pages_kernel<uint8_t><<<grid(page_bytes), 256, 0, stream>>>(
+              base, page_bytes, dpairs.data(), int(pairs.size()));
+        DSV4_CUDA_CHECK(cudaGetLastError());
+      };
+      copy(dc.compressed_pages(b), dc.kv_page_bytes());
+      if (c.ratio(b) == 4) copy(dc.index_pages(b), dc.index_page_bytes());
+    }
+    DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));  // dpairs dies here
+  }
+  for (int id : seqs) {
+    SequenceCache& S = r.sequence(id);
+    dc.copy_sequence(P, S, stream);
+    S.tokens = P.tokens;
+    S.mtp_tokens = P.mtp_tokens;
+  }
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+// Per-kernel rows of one traced forward: per layer kind, the kernel sequence of the kind's
+// layers position by position (median exclusive time over the layers), launches per layer,
+// and the time per op class beside the class's roofline.
+void emit_kernels(const std::vector<bench::TracedOp>& ops, const ModelConfig& c, ExpertFormat fmt,
+                  const std::string& prefix, const std::string& what, int tokens, int64_t ctx,
+                  const Extra& base_extra) {
+  const int n_blocks = c.n_layers + 1;  // decoder blocks, then the head
+  std::vector<std::vector<const bench::TracedOp*>> per_block(size_t(n_blocks) + 1);
+  for (const bench::TracedOp& op : ops) {
+    const int b = op.block < 0 ? n_blocks : std::min(op.block, n_blocks);  // n_blocks: outside
+    per_block[size_t(b)].push_back(&op);
+  }
+  std::map<std::string, std::vector<int>> blocks_of;
+  for (int b = 0; b < c.n_layers; ++b) blocks_of[kind_of(c, b)].push_back(b);
+  blocks_of["head"].push_back(c.n_layers);
+  for (const auto& kind_blocks : blocks_of) {
+    const std::string& kind = kind_blocks.first;
+    const std::vector<int>& blocks = kind_blocks.second;
+    const int ratio = kind == "head" ? -1 : c.ratio(blocks[0]);
+    // Position-wise when every layer of the kind ran the same sequence, else by name.
+    bool same = true;
+    for (int b : blocks) {
+      const auto& a = per_block[size_t(blocks[0])];
+      const auto& x = per_block[size_t(b)];
+      same &= a.size() == x.size();
+      for (size_t i = 0; same && i < a.size(); ++i) same &= a[i]->name == x[i]->name;
+    }
+    std::vector<std::string> names, classes;
+    std::vector<std::vector<double>> times;
+    auto cls_of = [&](const bench::TracedOp& op) {
+      const std::string k = op_class(op);
+      return kind == "head" && k != "sampling" && k != "copy" ? std::string("head") : k;
+    };
+    if (same) {
+      for (const bench::TracedOp* op : per_block[size_t(blocks[0])]) {
+        names.push_back(op->full);
+        classes.push_back(cls_of(*op));
+      }
+      times.resize(names.size());
+      for (int b : blocks)
+        for (size_t i = 0; i < names.size(); ++i)
+          times[i].push_back(per_block[size_t(b)][i]->excl_us);
+    } else {
+      std::map<std::string, size_t> index;
+      for (int b : blocks) {
+        std::map<std::string, double> sum;
+        std::map<std::string, std::string> cls;
+        for (const bench::TracedOp* op : per_block[size_t(b)]) {
+          sum[op->full] += op->excl_us;
+          cls[op->full] = cls_of(*op);
+        }
+        for (const auto& [n, t] : sum) {
+          if (!index.count(n)) {
+            index[n] = names.size();
+            names.push_back(n);
+            classes.push_back(cls[n]);
+            times.emplace_back();
+          }
+          times[index[n]].push_back(t);
+        }
+      }
+    }
+    std::vector<double> launches;
+    for (int b : blocks) launches.push_back(double(per_block[size_t(b)].size()));
+    std::map<std::string, double> by_class;
+    double layer_us = 0;
+    for (size_t i = 0; i < names.size(); ++i) {
+      const double us = median(times[i]);
+      layer_us += us;
+      by_class[classes[i]] += us;
+      char shape[320];
+      std::snprintf(shape, sizeof shape, "%s %s %s #%02zu %s", prefix.c_str(), kind.c_str(),
+                    what.c_str(), i, names[i].c_str());
+      Extra e;
+      e.s << base_extra.str();
+      e.first = base_extra.first;
+      e.kv("kind", kind).kv("position", double(i)).kv("name", names[i]).kv("op", classes[i]);
+      e.kv("layers_traced", double(blocks.size()));
+      emit("e2e_depth_kernel", shape, us, Cost{}, e.str());
+    }
+    const std::map<std::string, Cost> costs =
+        ratio >= 0 ? layer_costs(c, ratio, fmt, tokens, ctx) : std::map<std::string, Cost>{};
+    for (const char* cls : kOpClasses) {
+      const auto it = by_class.find(cls);
+      if (it == by_class.end()) continue;
+      const auto ct = costs.find(cls);
+      Cost k = ct != costs.end() ? ct->second : Cost{};
+      if (kind == "head" && std::string(cls) == "head") k = head_cost(c, tokens);
+      char shape[320];
+      std::snprintf(shape, sizeof shape, "%s %s %s op %s", prefix.c_str(), kind.c_str(),
+                    what.c_str(), cls);
+      Extra e;
+      e.s << base_extra.str();
+      e.first = base_extra.first;
+      e.kv("kind", kind).kv("op", cls);
+      emit("e2e_depth_op", shape, it->second, k, e.str());
+    }
+    char shape[320];
+    std::snprintf(shape, sizeof shape, "%s %s %s launches and kernel time per layer",
+                  prefix.c_str(), kind.c_str(), what.c_str());
+    Extra e;
+    e.s << base_extra.str();
+    e.first = base_extra.first;
+    e.kv("kind", kind).kv("launches", median(launches)).kv("kernel_sum_us", layer_us);
+    emit("e2e_depth_launches", shape, layer_us,
+         ratio >= 0 ? layer_cost(c, ratio, fmt, tokens, ctx) : head_cost(c, tokens), e.str());
+  }
+  // What ran outside the blocks (the runner's metadata upload, sampling).
+  if (!per_block[size_t(n_blocks)].empty()) {
+    double us = 0;
+    for (const bench::TracedOp* op : per_block[size_t(n_blocks)]) us += op->excl_us;
+    char shape[320];
+    std::snprintf(shape, sizeof shape, "%s outside the blocks %s (%zu ops)", prefix.c_str(),
+                  what.c_str(), per_block[size_t(n_blocks)].size());
+    emit("e2e_depth_outside", shape, us, Cost{}, base_extra.str());
+  }
+}
+
+// Launches per block of one decode forward as a CUDA graph holds them (no CUPTI needed): the
+// forward captured (block timing on: an event-record node before the embedding and after each
+// block and the head), its nodes walked in capture order, kernels and copies counted between
+// the event nodes. [n_layers] blocks, then the head.
+std::vector<int> graph_launches(CudaModel& model, const DeviceStep& st, DeviceCache& cache) {
+  const cudaStream_t s = model.stream();
+  cudaGraph_t g = nullptr;
+  DSV4_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  model.forward(st, cache);
+  DSV4_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  size_t n = 0;
+  DSV4_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  DSV4_CUDA_CHECK(cudaGraphGetNodes(g, nodes.data(), &n));
+  const int blocks = model.config().n_layers + 1;
+  std::vector<int> per(size_t(blocks), 0);
+  int block = -1;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType t;
+    DSV4_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
+    if (t == cudaGraphNodeTypeEventRecord) {
+      ++block;
+      continue;
+    }
+    if ((t == cudaGraphNodeTypeKernel || t == cudaGraphNodeTypeMemcpy ||
+         t == cudaGraphNodeTypeMemset) &&
+        block >= 0 && block < blocks)
+      ++per[size_t(block)];
+  }
+  DSV4_CUDA_CHECK(cudaGraphDestroy(g));
+  return per;
+}
+
+struct Built {
+  std::unique_ptr<DeviceContext> ctx;
+  std::unique_ptr<CudaModel> model;
+  std::unique_ptr<CudaRunner> runner;
+  ModelConfig config;
+  double weights_gib = 0, cache_gib = 0, act_gib = 0;
+};
+
+// The model with n layers, its activations for the largest step and the cache pool for
+// kMaxBatch + 1 sequences of the longest context; throws on out-of-memory.
+Built build(const Model& m, int n, ExpertFormat fmt, int64_t max_ctx) {
+  Built b;
+  b.config = config_with_layers(m, n);
+  const ModelConfig& c = b.config;
+  CudaModelWeights w = model_weights(c, fmt);
+  b.weights_gib = double(w.device_bytes) / double(1ull << 30);
+  CudaModelLimits lim;
+  lim.max_tokens = kPrefillTokens;
+  lim.max_seqs = kMaxBatch;
+  lim.max_context = max_ctx + 256;
+  lim.max_logit_rows = kMaxBatch;
+  b.ctx = std::make_unique<DeviceContext>(0);
+  b.model = std::make_unique<CudaModel>(*b.ctx, c, std::move(w), lim);
+  b.act_gib = double(b.model->activation_bytes()) / double(1ull << 30);
+  const CacheConfig cc = cache_capacity(c, kMaxBatch + 1, lim.max_context, 64);
+  b.cache_gib = double(cache_bytes(c, cc)) / double(1ull << 30);
+  CudaRunnerOptions graphs;
+  graphs.cuda_graphs = true;
+  b.runner = std::make_unique<CudaRunner>(*b.model, cc, graphs);
+  // Room left for graphs, cuBLAS and CUPTI buffers.
+  DSV4_CHECK(free_bytes() > (size_t(1) << 30), "less than 1 GiB left after the cache");
+  return b;
+}
+
+// Bytes one more layer of this model takes (weights + cache at kMaxBatch+1 sequences), for
+// the first guess of N.
+double layer_gib(const Model& m, ExpertFormat fmt, int64_t max_ctx) {
+  const ModelConfig c = config_with_layers(m, 5);
+  const double bits = fmt == ExpertFormat::kMxfp4 ? 4.25 : 4.5;
+  const double dim = c.dim, inter = c.moe_inter_dim;
+  const double experts = double(c.n_routed_experts) * 3 * inter * dim * bits / 8;
+  const double dense = c.q_lora_rank * dim + double(c.n_heads) * c.head_dim * c.q_lora_rank +
+                       c.head_dim * dim + 2 * dim * c.o_groups * c.o_lora_rank + 3 * inter * dim +
+                       double(c.index_n_heads) * c.index_head_dim * c.q_lora_rank;
+  const CacheConfig cc = cache_capacity(c, kMaxBatch + 1, max_ctx + 256, 64);
+  double cache = 0;
+  for (int b = 3; b < 5; ++b) {  // one CSA and one HCA layer
+    const CacheStoreBytes s = cache_store_bytes(c, cc, b);
+    cache += double(s.window + s.compressed + s.index_keys + s.main_state + s.index_state) / 2;
+  }
+  return (experts + dense * 1.1 + cache) / double(1ull << 30);
+}
+
+void run(const Options& o) {
+  const auto t_start = Clock::now();
+  const bool nv = o.fmt == "nvfp4";
+  const ExpertFormat fmt = nv ? ExpertFormat::kNvfp4 : ExpertFormat::kMxfp4;
+  const Model m = o.model == "pro" ? pro_model(nv) : flash_model(nv);
+  const int full_layers = int(m.real_ratios.size());
+  const int64_t max_ctx = *std::max_element(o.contexts.begin(), o.contexts.end());
+  if (o.dry_run_gib <= 0) {
+    DSV4_CUDA_CHECK(cudaSetDevice(0));
+    DSV4_CUDA_CHECK(cudaFree(nullptr));
+  }
+
+  // N: the given count, or a first guess from the free memory, lowered by 2 (one CSA, one
+  // HCA: the proportion stays the real prefix's) until the model, activations and cache fit.
+  int n = o.layers;
+  if (n <= 0) {
+    const double free_gib =
+        o.dry_run_gib > 0 ? o.dry_run_gib : double(free_bytes()) / double(1ull << 30);
+    const double head_gib =
+        2.0 * m.base.vocab_size * m.base.dim * 2 / double(1ull << 30);  // embed + head
+    // The MTP block (a whole layer: 3.5 / 13.7 GiB), the activations of an 8K-token step
+    // (~4 / ~8 GiB), graphs and workspaces.
+    const double reserve_gib = o.model == "pro" ? 24.0 : 10.0;
+    n = int((free_gib - head_gib - reserve_gib) / layer_gib(m, fmt, max_ctx));
+    n = std::min(n, full_layers);
+    if (n > 3 && n % 2 == 0) --n;  // odd: as many CSA as HCA after the 3 hash layers
+    std::fprintf(stderr, "[%s %s] %.1f GiB free, ~%.2f GiB per layer: trying %d layers\n",
+                 m.name.c_str(), o.fmt.c_str(), free_gib, layer_gib(m, fmt, max_ctx), n);
+  }
+  if (o.dry_run_gib > 0) {
+    // The plan without a GPU: the layer mix, the cache and the rooflines of every case.
+    const ModelConfig c = config_with_layers(m, n);
+    check_cuda_supported(c);
+    const std::map<std::string, int> measured = kind_counts(m, n),
+                                     real = kind_counts(m, full_layers);
+    for (const auto& [k, cnt] : measured)
+      std::printf("kind %-9s measured %2d of %2d\n", k.c_str(), cnt, real.at(k));
+    const CacheConfig cc = cache_capacity(c, kMaxBatch + 1, max_ctx + 256, 64);
+    std::printf("cache %.2f GiB (%d sequences x %lld tokens)\n",
+                double(cache_bytes(c, cc)) / double(1ull << 30), kMaxBatch + 1,
+                (long long)(max_ctx + 256));
+    auto step = [&](int layers, int tokens, int64_t ctx, int rows) {
+      const ModelConfig cl = config_with_layers(m, layers);
+      Cost k = head_cost(c, rows);
+      for (int b = 0; b < layers; ++b) k += layer_cost(c, cl.ratio(b), fmt, tokens, ctx);
+      return k;
+    };
+    for (int64_t ctx : o.contexts)
+      for (int B : o.batches)
+        std::printf("decode b=%3d ctx=%6lld: roofline %9.1f us (%d layers), %9.1f us (%d)\n", B,
+                    (long long)ctx, step(n, B, ctx, B).bound_us(), n,
+                    step(full_layers, B, ctx, B).bound_us(), full_layers);
+    std::printf("prefill %d: roofline %.1f us (%d layers), %.1f us (%d)\n", kPrefillTokens,
+                step(n, kPrefillTokens, 0, 1).bound_us(), n,
+                step(full_layers, kPrefillTokens, 0, 1).bound_us(), full_layers);
+    return;
+  }
+  Built B;
+  for (;;) {
+    DSV4_CHECK(n >= 1, "not even one layer fits");
+    try {
+      B = build(m, n, fmt, max_ctx);
+      break;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "[%s %s] %d layers do not fit (%s): trying %d\n", m.name.c_str(),
+                   o.fmt.c_str(), n, e.what(), n - 2);
+      B = Built{};
+      cudaGetLastError();
+      DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+      if (o.layers > 0) throw;
+      n -= 2;
+    }
+  }
+  const ModelConfig& c = B.config;
+  CudaModel& model = *B.model;
+  CudaRunner& runner = *B.runner;
+  const cudaStream_t stream = model.stream();
+  const std::map<std::string, int> measured = kind_counts(m, n), real = kind_counts(m, full_layers);
+  {
+    std::string mix;
+    for (const auto& [k, cnt] : measured)
+      mix += k + " " + std::to_string(cnt) + "/" + std::to_string(real.at(k)) + ", ";
+    std::fprintf(stderr,
+                 "[%s %s] %d of %d layers + MTP (measured/real: %sMTP 1/1): weights %.1f GiB, "
+                 "activations %.1f GiB, cache %.1f GiB (%d sequences x %lld tokens), %.1f GiB "
+                 "free; built in %.1f s\n",
+                 m.name.c_str(), o.fmt.c_str(), n, full_layers, mix.c_str(), B.weights_gib,
+                 B.act_gib, B.cache_gib, kMaxBatch + 1, (long long)model.limits().max_context,
+                 double(free_bytes()) / double(1ull << 30), seconds_since(t_start));
+  }
+  const std::string prefix = m.name + " " + o.fmt;
+  auto base_extra = [&](const std::string& phase, int batch, int64_t ctx) {
+    Extra e;
+    e.kv("model", m.name).kv("fmt", o.fmt).kv("phase", phase).kv("batch", double(batch));
+    e.kv("ctx", double(ctx)).kv("layers", double(n)).kv("full_layers", double(full_layers));
+    return e;
+  };
+  model.set_block_timing(true);  // events between the blocks, in every forward and graph
+  std::mt19937 rng(7);
+  auto random_tokens = [&](int count) {
+    std::vector<int32_t> t(static_cast<size_t>(count));
+    for (auto& x : t) x = int32_t(2 + rng() % uint32_t(c.vocab_size - 2));
+    return t;
+  };
+  StepBuffers meta(step_limits_of(model, runner.cache().config()), c.window_size);
+  bench::KernelTrace trace;
+  const bool kernels = o.kernels && bench::KernelTrace::available();
+  const int iters = o.quick ? 8 : 20;
+
+  // Extrapolated step: measured + the missing layers of each kind at their median time.
+  auto extrapolate = [&](double measured_us, const std::map<std::string, double>& kind_us) {
+    double t = measured_us;
+    for (const auto& [k, cnt] : real) {
+      const int have = measured.count(k) ? measured.at(k) : 0;
+      DSV4_CHECK(kind_us.count(k), "no measured layer of kind ", k);
+      t += double(cnt - have) * kind_us.at(k);
+    }
+    return t;
+  };
+  auto step_cost = [&](int layers_of_model, int tokens, int64_t ctx, int rows) {
+    const ModelConfig cc = config_with_layers(m, layers_of_model);
+    Cost k = head_cost(c, rows);
+    for (int b = 0; b < layers_of_model; ++b) k += layer_cost(c, cc.ratio(b), fmt, tokens, ctx);
+    return k;
+  };
+
+  for (int64_t ctx : o.contexts) {
+    // The prototype: ctx random tokens prefilled in chunks of kPrefillTokens.
+    const auto t0 = Clock::now();
+    const int proto = runner.open_sequence();
+    for (int64_t done = 0; done < ctx;) {
+      const int chunk = int(std::min<int64_t>(kPrefillTokens, ctx - done));
+      StepInput in(proto, random_tokens(chunk));
+      in.logits = false;
+      runner.step({in});
+      done += chunk;
+    }
+    std::fprintf(stderr, "[%s] prefilled the %lld-token prototype in %.1f s\n", prefix.c_str(),
+                 (long long)ctx, seconds_since(t0));
+    for (int Bn : o.batches) {
+      const auto tc = Clock::now();
+      std::vector<int> seqs;
+      for (int i = 0; i < Bn; ++i) {
+        seqs.push_back(runner.open_sequence());
+        runner.sequence(seqs.back()).tokens = ctx;  // pages reserved by the first step
+      }
+      SamplingParams greedy;
+      std::vector<SampleSpec> specs(static_cast<size_t>(Bn));
+      for (SampleSpec& sp : specs) sp.params = &greedy;
+      int nonfinite = 0;
+      auto step = [&](bool sampled) {
+        std::vector<StepInput> in;
+        for (size_t i = 0; i < seqs.size(); ++i) {
+          StepInput x(seqs[i], random_tokens(1));
+          if (sampled) {
+            x.logits = false;
+            x.sample = &specs[i];
+          }
+          in.push_back(std::move(x));
+        }
+        const StepOutput out = runner.step(in);
+        for (const std::string& e : out.errors) nonfinite += !e.empty();
+      };
+      step(true);  // eager (the graph's first sight): reserves every sequence's pages
+      clone_sequences(runner, proto, seqs);
+      step(true);  // captures the graph
+      nonfinite = 0;
+      auto timed = [&](bool sampled, std::vector<std::vector<float>>* blocks) {
+        std::vector<double> us;
+        for (int i = 0; i < 2; ++i) step(sampled);
+        for (int i = 0; i < iters; ++i) {
+          const auto a = Clock::now();
+          step(sampled);
+          us.push_back(seconds_since(a) * 1e6);
+          if (blocks) blocks->push_back(model.block_times_ms());
+        }
+        return median(us);
+      };
+      std::vector<std::vector<float>> block_ms;
+      const double sampled_us = timed(true, &block_ms);
+      const double logits_us = timed(false, nullptr);
+
+      // Per layer (graph events) and per kind.
+      std::vector<double> layer_us(static_cast<size_t>(n));
+      std::map<std::string, std::vector<double>> by_kind;
+      for (int b = 0; b < n; ++b) {
+        std::vector<double> v;
+        for (const auto& t : block_ms) v.push_back(double(t[size_t(b)]) * 1000.0);
+        layer_us[size_t(b)] = median(v);
+        by_kind[kind_of(c, b)].push_back(layer_us[size_t(b)]);
+      }
+      std::vector<double> hv;
+      for (const auto& t : block_ms) hv.push_back(double(t[size_t(n)]) * 1000.0);
+      const double head_us = median(hv);
+      Extra be = base_extra("decode", Bn, ctx);
+      char shape[400];
+      for (int b = 0; b < n; ++b) {
+        std::snprintf(shape, sizeof shape, "%s layer %d (%s), decode b=%d ctx=%lld", prefix.c_str(),
+                      b, kind_of(c, b).c_str(), Bn, (long long)ctx);
+        Extra e = base_extra("decode", Bn, ctx);
+        e.kv("kind", kind_of(c, b)).kv("block", double(b));
+        emit("e2e_depth_layer", shape, layer_us[size_t(b)], layer_cost(c, c.ratio(b), fmt, Bn, ctx),
+             e.str());
+      }
+      std::map<std::string, double> kind_us;
+      for (const auto& [k, v] : by_kind) {
+        kind_us[k] = median(v);
+        int first = 0;
+        while (kind_of(c, first) != k) ++first;
+        std::snprintf(shape, sizeof shape,
+                      "%s %s layer (median of %zu measured, %d in the real model), decode b=%d "
+                      "ctx=%lld",
+                      prefix.c_str(), k.c_str(), v.size(), real.at(k), Bn, (long long)ctx);
+        Extra e = base_extra("decode", Bn, ctx);
+        e.kv("kind", k).kv("measured_count", double(v.size())).kv("real_count", double(real.at(k)));
+        emit("e2e_depth_kind", shape, kind_us[k], layer_cost(c, c.ratio(first), fmt, Bn, ctx),
+             e.str());
+      }
+      std::snprintf(shape, sizeof shape, "%s head (hc_head, norm, logits), decode b=%d",
+                    prefix.c_str(), Bn);
+      emit("e2e_depth_head", shape, head_us, head_cost(c, Bn), be.str());
+      const Cost part = step_cost(n, Bn, ctx, Bn);
+      std::snprintf(shape, sizeof shape,
+                    "%s %d-layer model (measured): engine decode step, greedy samples on the "
+                    "device, b=%d ctx=%lld",
+                    prefix.c_str(), n, Bn, (long long)ctx);
+      {
+        Extra e = base_extra("decode", Bn, ctx);
+        e.kv("nonfinite_rows", double(nonfinite));
+        emit("e2e_depth_step_sampled", shape, sampled_us, part, e.str());
+      }
+      std::snprintf(shape, sizeof shape,
+                    "%s %d-layer model (measured): decode step with every row's logits "
+                    "downloaded, b=%d ctx=%lld",
+                    prefix.c_str(), n, Bn, (long long)ctx);
+      emit("e2e_depth_step_logits", shape, logits_us, part, be.str());
+      const double full = extrapolate(sampled_us, kind_us);
+      std::snprintf(shape, sizeof shape,
+                    "%s %d layers EXTRAPOLATED (measured %d-layer step + missing layers at "
+                    "their kind's median), greedy samples, b=%d ctx=%lld, %.0f tokens/s",
+                    prefix.c_str(), full_layers, n, Bn, (long long)ctx, Bn * 1e6 / full);
+      emit("e2e_depth_step_extrapolated", shape, full, step_cost(full_layers, Bn, ctx, Bn),
+           be.str());
+      const double full_logits = extrapolate(logits_us, kind_us);
+      std::snprintf(shape, sizeof shape,
+                    "%s %d layers EXTRAPOLATED, every row's logits downloaded, b=%d ctx=%lld",
+                    prefix.c_str(), full_layers, Bn, (long long)ctx);
+      emit("e2e_depth_step_extrapolated_logits", shape, full_logits,
+           step_cost(full_layers, Bn, ctx, Bn), be.str());
+      if (nonfinite)
+        std::fprintf(stderr, "[%s] WARNING: %d non-finite logits rows at b=%d ctx=%lld\n",
+                     prefix.c_str(), nonfinite, Bn, (long long)ctx);
+
+      // One eager replay of the step's forward (same positions: the sequences' last token),
+      // traced; then the MTP block on its streams.
+      {
+        std::vector<std::vector<int32_t>> toks(static_cast<size_t>(Bn));
+        std::vector<ChunkRef> chunks;
+        std::vector<int> rows;
+        for (int i = 0; i < Bn; ++i) {
+          toks[size_t(i)] = random_tokens(1);
+          SequenceCache& s = runner.sequence(seqs[size_t(i)]);
+          chunks.push_back({&s, s.tokens - 1, toks[size_t(i)].data(), 1});
+          rows.push_back(i);
+        }
+        const DeviceStep st = meta.build(chunks, rows, -1, stream);
+        DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));
+        {
+          const std::vector<int> per = graph_launches(model, st, runner.cache());
+          std::map<std::string, std::vector<double>> launches;
+          for (int b = 0; b < n; ++b) launches[kind_of(c, b)].push_back(double(per[size_t(b)]));
+          launches["head"].push_back(double(per[size_t(n)]));
+          for (const auto& [k, v] : launches) {
+            std::snprintf(shape, sizeof shape,
+                          "%s %s launches per layer in the decode graph (kernels + copies), b=%d "
+                          "ctx=%lld",
+                          prefix.c_str(), k.c_str(), Bn, (long long)ctx);
+            Extra e = base_extra("decode", Bn, ctx);
+            e.kv("kind", k).kv("launches", median(v));
+            emit("e2e_depth_graph_launches", shape, median(v), Cost{}, e.str());
+          }
+        }
+        model.forward(st, runner.cache());  // warm (the eager path's own launch shapes)
+        DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));
+        const bool traced = kernels && trace.begin();
+        const auto a = Clock::now();
+        model.forward(st, runner.cache());
+        DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));
+        const double eager_us = seconds_since(a) * 1e6;
+        const std::vector<bench::TracedOp> ops =
+            traced ? trace.end() : std::vector<bench::TracedOp>{};
+        std::snprintf(shape, sizeof shape, "%s %d-layer forward, eager (no graph)%s, b=%d ctx=%lld",
+                      prefix.c_str(), n, traced ? ", traced" : "", Bn, (long long)ctx);
+        emit("e2e_depth_forward_eager", shape, eager_us, part, be.str());
+        if (traced) {
+          char what[96];
+          std::snprintf(what, sizeof what, "decode b=%d ctx=%lld", Bn, (long long)ctx);
+          emit_kernels(ops, c, fmt, prefix, what, Bn, ctx, be);
+        }
+        // MTP: embedding, e/h projections, one SWA block, its head (eager, events).
+        cudaEvent_t e0, e1;
+        DSV4_CUDA_CHECK(cudaEventCreate(&e0));
+        DSV4_CUDA_CHECK(cudaEventCreate(&e1));
+        DeviceBuffer<uint16_t> hidden(size_t(Bn) * c.hc_mult * c.dim);
+        DSV4_CUDA_CHECK(cudaMemcpyAsync(hidden.data(), model.hidden(), hidden.bytes(),
+                                        cudaMemcpyDeviceToDevice, stream));
+        const auto* h = reinterpret_cast<const __nv_bfloat16*>(hidden.data());
+        model.mtp_forward(0, st, h, runner.cache());  // warm
+        std::vector<double> mtp;
+        for (int i = 0; i < 5; ++i) {
+          DSV4_CUDA_CHECK(cudaEventRecord(e0, stream));
+          model.mtp_forward(0, st, h, runner.cache());
+          DSV4_CUDA_CHECK(cudaEventRecord(e1, stream));
+          DSV4_CUDA_CHECK(cudaEventSynchronize(e1));
+          float ms = 0;
+          DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+          mtp.push_back(double(ms) * 1000.0);
+        }
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+        std::snprintf(shape, sizeof shape,
+                      "%s MTP block (SWA, score-routed, + e/h projections and its head), eager, "
+                      "b=%d ctx=%lld",
+                      prefix.c_str(), Bn, (long long)ctx);
+        Extra e = base_extra("decode", Bn, ctx);
+        e.kv("kind", "MTP");
+        emit("e2e_depth_mtp", shape, median(mtp), layer_cost(c, 0, fmt, Bn, ctx, true), e.str());
+      }
+      for (int id : seqs) runner.close_sequence(id);
+      std::fprintf(stderr,
+                   "[%s] b=%d ctx=%lld: step %.0f us sampled, %.0f us with logits (%.1f s)\n",
+                   prefix.c_str(), Bn, (long long)ctx, sampled_us, logits_us, seconds_since(tc));
+    }
+    runner.close_sequence(proto);
+  }
+
+  // Prefill of kPrefillTokens tokens (one sequence from position 0), eager, per-block events.
+  if (o.prefill) {
+    const std::vector<int32_t> prompt = random_tokens(kPrefillTokens);
+    std::vector<double> steps;
+    std::vector<std::vector<float>> block_ms;
+    std::vector<bench::TracedOp> ops;
+    const int runs = o.quick ? 3 : 4;
+    for (int i = 0; i < runs; ++i) {
+      const int id = runner.open_sequence();
+      StepInput in(id, prompt);
+      in.logits = true;  // the last row's logits, as a prompt step returns
+      DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+      const bool traced = i == runs - 1 && kernels && trace.begin();
+      const auto a = Clock::now();
+      runner.step({in});
+      const double us = seconds_since(a) * 1e6;
+      if (traced) ops = trace.end();
+      runner.close_sequence(id);
+      if (i == 0 || traced) continue;  // warm-up; the traced run is not timed
+      steps.push_back(us);
+      block_ms.push_back(model.block_times_ms());
+    }
+    std::vector<double> layer_us(static_cast<size_t>(n));
+    std::map<std::string, std::vector<double>> by_kind;
+    Extra be = base_extra("prefill", kPrefillTokens, 0);
+    char shape[400];
+    for (int b = 0; b < n; ++b) {
+      std::vector<double> v;
+      for (const auto& t : block_ms) v.push_back(double(t[size_t(b)]) * 1000.0);
+      layer_us[size_t(b)] = median(v);
+      by_kind[kind_of(c, b)].push_back(layer_us[size_t(b)]);
+      std::snprintf(shape, sizeof shape, "%s layer %d (%s), prefill %d tokens", prefix.c_str(), b,
+                    kind_of(c, b).c_str(), kPrefillTokens);
+      Extra e = base_extra("prefill", kPrefillTokens, 0);
+      e.kv("kind", kind_of(c, b)).kv("block", double(b));
+      emit("e2e_depth_prefill_layer", shape, layer_us[size_t(b)],
+           layer_cost(c, c.ratio(b), fmt, kPrefillTokens, 0), e.str());
+    }
+    std::map<std::string, double> kind_us;
+    for (const auto& [k, v] : by_kind) {
+      kind_us[k] = median(v);
+      int first = 0;
+      while (kind_of(c, first) != k) ++first;
+      std::snprintf(shape, sizeof shape,
+                    "%s %s layer (median of %zu measured, %d in the real model), prefill %d tokens",
+                    prefix.c_str(), k.c_str(), v.size(), real.at(k), kPrefillTokens);
+      Extra e = base_extra("prefill", kPrefillTokens, 0);
+      e.kv("kind", k).kv("measured_count", double(v.size())).kv("real_count", double(real.at(k)));
+      emit("e2e_depth_prefill_kind", shape, kind_us[k],
+           layer_cost(c, c.ratio(first), fmt, kPrefillTokens, 0), e.str());
+    }
+    const double measured_us = median(steps);
+    std::snprintf(shape, sizeof shape, "%s %d-layer model (measured): prefill step of %d tokens",
+                  prefix.c_str(), n, kPrefillTokens);
+    emit("e2e_depth_prefill_step", shape, measured_us, step_cost(n, kPrefillTokens, 0, 1),
+         be.str());
+    const double full = extrapolate(measured_us, kind_us);
+    std::snprintf(shape, sizeof shape,
+                  "%s %d layers EXTRAPOLATED (measured %d-layer step + missing layers at their "
+                  "kind's median), prefill %d tokens, %.0f tokens/s",
+                  prefix.c_str(), full_layers, n, kPrefillTokens, kPrefillTokens * 1e6 / full);
+    emit("e2e_depth_prefill_extrapolated", shape, full,
+         step_cost(full_layers, kPrefillTokens, 0, 1), be.str());
+    if (!ops.empty()) {
+      char what[64];
+      std::snprintf(what, sizeof what, "prefill %d", kPrefillTokens);
+      emit_kernels(ops, c, fmt, prefix, what, kPrefillTokens, 0, be);
+    }
+  }
+  // (Block timing stays on: the runner's graphs hold its events and are destroyed first.)
+  std::fprintf(stderr, "[%s] done in %.1f s\n", prefix.c_str(), seconds_since(t_start));
+}
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) v.push_back(std::stoll(item));
+  return v;
+}
+
+}  // namespace
+}  // namespace dsv4
+
+int main(int argc, char** argv) {
+  using namespace dsv4;
+  Options o;
+  const char* usage =
+      "usage: e2e_depth_bench [flash|pro] [nvfp4|mxfp4] [--layers N] [--quick] [--no-kernels] "
+      "[--no-prefill] [--batches 1,8,32,128] [--contexts 4096,65536] [--dry-run FREE_GIB]\n";
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      auto value = [&]() -> std::string {
+        if (i + 1 >= argc) throw Error(cat(a, " needs a value"));
+        return argv[++i];
+      };
+      if (a == "flash" || a == "pro")
+        o.model = a;
+      else if (a == "nvfp4" || a == "mxfp4")
+        o.fmt = a;
+      else if (a == "--layers") {
+        o.layers = std::stoi(value());
+        // Layers 0-4 hold every kind (the extrapolation needs one of each).
+        if (o.layers < 5) throw Error(cat("--layers ", o.layers, ": at least 5"));
+      } else if (a == "--quick")
+        o.quick = true;
+      else if (a == "--no-kernels")
+        o.kernels = false;
+      else if (a == "--dry-run")
+        o.dry_run_gib = std::stod(value());
+      else if (a == "--no-prefill")
+        o.prefill = false;
+      else if (a == "--batches") {
+        o.batches.clear();
+        for (int64_t b : parse_list(value())) o.batches.push_back(int(b));
+      } else if (a == "--contexts")
+        o.contexts = parse_list(value());
+      else {
+        std::fprintf(stderr, "%s", usage);
+        return 2;
+      }
+    }
+    for (int b : o.batches)
+      if (b < 1 || b > kMaxBatch) throw Error(cat("batch ", b, " outside [1, ", kMaxBatch, "]"));
+    for (int64_t x : o.contexts)
+      if (x < 1 || x > (int64_t(1) << 20)) throw Error(cat("context ", x, " out of range"));
+    if (o.contexts.empty() || o.batches.empty()) throw Error("no batches or contexts");
+    run(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "e2e_depth_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,262 @@
+// Per-kernel GPU times of an eager region through CUPTI's activity API (kernels, memcpys and
+// memsets with their device start/end timestamps), each attributed to the decoder block that
+// launched it: CudaModel::forward records a CUDA event before the embedding and after every
+// block and the head (block timing on), so the launch calls between the (i)th and (i+1)th
+// cudaEventRecord of the region belong to block i (block 0 includes the embedding; index
+// n_layers is the head). CUPTI's launch-API records (runtime and driver, for cuBLAS) give each
+// kernel's launch time through its correlation id.
+//
+// Without CUPTI at build time (DSV4_HAVE_CUPTI undefined) or when CUPTI refuses at run time
+// (some sandboxes), available() is false and the benchmark leaves the per-kernel rows out,
+// saying so.
+#pragma once
+
+#include <cxxabi.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#if defined(DSV4_HAVE_CUPTI)
+#include <cupti.h>
+#endif
+
+namespace dsv4::bench {
+
+struct TracedOp {
+  std::string name;       // demangled, without namespaces, parameters or template arguments
+  std::string full;       // without parameters and namespaces (template arguments kept, shortened)
+  std::string demangled;  // the whole demangled name (op classes look into template arguments)
+  uint64_t start = 0, end = 0;  // device ns
+  uint64_t launch = 0;          // host ns of the launch call (0: unknown)
+  int block = -1;               // -1: before the first event of the region
+  bool kernel = true;           // false: memcpy / memset
+  double excl_us = 0;           // end - max(start, every earlier op's end), >= 0
+};
+
+namespace trace_detail {
+
+inline std::string demangle(const char* mangled) {
+  if (!mangled) return "?";
+  int status = 0;
+  char* d = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  std::string s = status == 0 && d ? d : mangled;
+  std::free(d);
+  return s;
+}
+
+// "void dsv4::cuda::moe::moe_gemm_kernel<(Fmt)1, 8>(Args)" -> full "moe_gemm_kernel<(Fmt)1, 8>",
+// base "moe_gemm_kernel".
+inline void short_names(const std::string& d, std::string& base, std::string& full) {
+  std::string s = d;
+  // Parameter list: the last top-level '(' ... ')'.
+  int depth = 0;
+  size_t cut = std::string::npos;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char ch = s[i];
+    if (ch == '<') ++depth;
+    if (ch == '>') --depth;
+    if (ch == '(' && depth == 0) {
+      cut = i;
+      break;
+    }
+  }
+  if (cut != std::string::npos) s = s.substr(0, cut);
+  if (s.rfind("void ", 0) == 0) s = s.substr(5);
+  // Namespaces before the name (outside template arguments).
+  depth = 0;
+  size_t start = 0;
+  for (size_t i = 0; i + 1 < s.size(); ++i) {
+    if (s[i] == '<') ++depth;
+    if (s[i] == '>') --depth;
+    if (depth == 0 && s[i] == ':' && s[i + 1] == ':') start = i + 2;
+  }
+  full = s.substr(start);
+  const size_t lt = full.find('<');
+  base = lt == std::string::npos ? full : full.substr(0, lt);
+  if (full.size() > 90) full = full.substr(0, 87) + "...";
+}
+
+struct State {
+  std::mutex mu;
+  std::vector<TracedOp> ops;
+  std::vector<uint32_t> op_corr;
+  std::map<uint32_t, uint64_t> launch_ns;  // correlation id -> API start
+  std::vector<uint64_t> event_records;     // host ns of cudaEventRecord calls
+};
+inline State& state() {
+  static State s;
+  return s;
+}
+
+#if defined(DSV4_HAVE_CUPTI)
+inline void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  *size = size_t(16) << 20;
+  *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, *size));
+  *max_records = 0;
+}
+
+inline void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  CUpti_Activity* rec = nullptr;
+  while (cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
+    switch (rec->kind) {
+      case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
+      case CUPTI_ACTIVITY_KIND_KERNEL: {
+        const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
+        TracedOp op;
+        op.demangled = demangle(k->name);
+        short_names(op.demangled, op.name, op.full);
+        op.start = k->start;
+        op.end = k->end;
+        st.ops.push_back(op);
+        st.op_corr.push_back(k->correlationId);
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMCPY: {
+        const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(rec);
+        TracedOp op;
+        op.name = op.full = op.demangled = "memcpy";
+        op.start = m->start;
+        op.end = m->end;
+        op.kernel = false;
+        st.ops.push_back(op);
+        st.op_corr.push_back(m->correlationId);
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMSET: {
+        const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(rec);
+        TracedOp op;
+        op.name = op.full = op.demangled = "memset";
+        op.start = m->start;
+        op.end = m->end;
+        op.kernel = false;
+        st.ops.push_back(op);
+        st.op_corr.push_back(m->correlationId);
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_RUNTIME:
+      case CUPTI_ACTIVITY_KIND_DRIVER: {
+        const auto* a = reinterpret_cast<const CUpti_ActivityAPI*>(rec);
+        st.launch_ns[a->correlationId] = a->start;
+        if (rec->kind == CUPTI_ACTIVITY_KIND_RUNTIME &&
+            (a->cbid == CUPTI_RUNTIME_TRACE_CBID_cudaEventRecord_v3020 ||
+             a->cbid == CUPTI_RUNTIME_TRACE_CBID_cudaEventRecord_ptsz_v7000 ||
+             a->cbid == CUPTI_RUNTIME_TRACE_CBID_cudaEventRecordWithFlags_v11010 ||
+             a->cbid == CUPTI_RUNTIME_TRACE_CBID_cudaEventRecordWithFlags_ptsz_v11010))
+          st.event_records.push_back(a->start);
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  std::free(buffer);
+}
+
+inline bool cupti_ok(CUptiResult r, const char* what) {
+  if (r == CUPTI_SUCCESS) return true;
+  const char* s = nullptr;
+  cuptiGetResultString(r, &s);
+  std::fprintf(stderr, "kernel trace: %s failed (%s): per-kernel rows left out\n", what,
+               s ? s : "?");
+  return false;
+}
+
+constexpr CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
+                                         CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET,
+                                         CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_DRIVER};
+#endif
+
+}  // namespace trace_detail
+
+class KernelTrace {
+ public:
+  // Registers CUPTI's buffers once; false (with a message) when CUPTI is absent or refuses.
+  static bool available() {
+#if defined(DSV4_HAVE_CUPTI)
+    static const bool ok =
+        trace_detail::cupti_ok(cuptiActivityRegisterCallbacks(trace_detail::buffer_requested,
+                                                              trace_detail::buffer_completed),
+                               "cuptiActivityRegisterCallbacks");
+    return ok;
+#else
+    static bool said = false;
+    if (!said)
+      std::fprintf(stderr, "kernel trace: built without CUPTI: per-kernel rows left out\n");
+    said = true;
+    return false;
+#endif
+  }
+
+  // Starts recording (the caller has synchronised the device). False: not recording.
+  bool begin() {
+    if (!available()) return false;
+#if defined(DSV4_HAVE_CUPTI)
+    trace_detail::State& st = trace_detail::state();
+    {
+      std::lock_guard<std::mutex> lock(st.mu);
+      st.ops.clear();
+      st.op_corr.clear();
+      st.launch_ns.clear();
+      st.event_records.clear();
+    }
+    for (CUpti_ActivityKind k : trace_detail::kKinds)
+      if (!trace_detail::cupti_ok(cuptiActivityEnable(k), "cuptiActivityEnable")) {
+        for (CUpti_ActivityKind j : trace_detail::kKinds) cuptiActivityDisable(j);
+        return false;
+      }
+    on_ = true;
+    return true;
+#else
+    return false;
+#endif
+  }
+
+  // Stops recording (the caller has synchronised the device) and returns the region's ops in
+  // device start order, each with its block and exclusive time.
+  std::vector<TracedOp> end() {
+    std::vector<TracedOp> ops;
+#if defined(DSV4_HAVE_CUPTI)
+    if (!on_) return ops;
+    on_ = false;
+    for (CUpti_ActivityKind k : trace_detail::kKinds) cuptiActivityDisable(k);
+    cuptiActivityFlushAll(1);
+    trace_detail::State& st = trace_detail::state();
+    std::lock_guard<std::mutex> lock(st.mu);
+    std::vector<uint64_t> marks = st.event_records;
+    std::sort(marks.begin(), marks.end());
+    for (size_t i = 0; i < st.ops.size(); ++i) {
+      TracedOp op = st.ops[i];
+      const auto it = st.launch_ns.find(st.op_corr[i]);
+      if (it != st.launch_ns.end()) {
+        op.launch = it->second;
+        const int before =
+            int(std::lower_bound(marks.begin(), marks.end(), op.launch) - marks.begin());
+        op.block = before - 1;
+      }
+      ops.push_back(op);
+    }
+    std::sort(ops.begin(), ops.end(),
+              [](const TracedOp& a, const TracedOp& b) { return a.start < b.start; });
+    uint64_t busy_until = 0;
+    for (TracedOp& op : ops) {
+      const uint64_t from = std::max(op.start, busy_until);
+      op.excl_us = op.end > from ? double(op.end - from) / 1000.0 : 0.0;
+      busy_until = std::max(busy_until, op.end);
+    }
+#endif
+    return ops;
+  }
+
+ private:
+  bool on_ = false;
+};
+
+}  // namespace dsv4::bench
