@@ -493,7 +493,7 @@ void CudaVerifier::embed(const OpEvent& e) {
   const int T = tokens_, hc = c_.hc_mult, dim = c_.dim;
   std::vector<float> want(size_t(T) * hc * dim);
   int row = 0;
-  for (const ChunkRef& ch : (*chunks_))
+  for (const ChunkRef& ch : *chunks_)
     for (int t = 0; t < ch.n; ++t, ++row)
       for (int k = 0; k < hc; ++k)
         std::copy_n(w_.embed.data() + size_t(ch.tokens[t]) * dim, dim,
@@ -705,7 +705,7 @@ void CudaVerifier::q_norm_rope(const OpEvent& e) {
       iv[size_t(r) * D + i] = cpu::round_ends_bf16(cpu::widen_f32(rs * double(x[i]), 1));
   }
   int row = 0;
-  for (const ChunkRef& ch : (*chunks_))
+  for (const ChunkRef& ch : *chunks_)
     for (int t = 0; t < ch.n; ++t, ++row) {
       rope.cos_sin(ch.start + t, cs.data(), sn.data());
       for (int h = 0; h < H; ++h) {
@@ -731,7 +731,7 @@ void CudaVerifier::kv_entries(const OpEvent& e) {
   const StoreCopy ring = staged ? StoreCopy{} : copy_store(*this, cache_, block, 0);
   std::vector<uint8_t> want(eb), dev(eb);
   int row = 0;
-  for (const ChunkRef& ch : (*chunks_))
+  for (const ChunkRef& ch : *chunks_)
     for (int t = 0; t < ch.n; ++t, ++row) {
       float* r = x.data() + size_t(row) * D;
       cpu::rms_norm(r, 1, D, a.kv_norm.data(), c_.norm_eps, r);
@@ -755,7 +755,7 @@ void CudaVerifier::kv_entries(const OpEvent& e) {
 
 void CudaVerifier::before_compressor(int block, bool indexer) {
   state_snap_.clear();
-  for (const ChunkRef& ch : (*chunks_)) {
+  for (const ChunkRef& ch : *chunks_) {
     const int slot = ch.cache->state_slot;
     const CompressorStateLayout l =
         indexer ? cache_.index_state_layout() : cache_.main_state_layout(block);
@@ -786,7 +786,7 @@ void CudaVerifier::compressor(const OpEvent& e) {
   std::vector<float> pooled(w.dim), entry(w.dim);
   std::vector<uint8_t> want(db + sb);
   const StoreCopy store = copy_store(*this, cache_, block, kind);
-  for (size_t s = 0; s < (*chunks_).size(); ++s) {
+  for (size_t s = 0; s < chunks_->size(); ++s) {
     const ChunkRef& ch = (*chunks_)[s];
     std::vector<float> state = state_snap_.at(s);
     for (int t = 0; t < ch.n; ++t) {
@@ -837,7 +837,7 @@ void CudaVerifier::indexer(const OpEvent& e) {
   int stages = 1;
   while ((1 << (stages - 1)) < DI) ++stages;
   int row = 0;
-  for (const ChunkRef& ch : (*chunks_))
+  for (const ChunkRef& ch : *chunks_)
     for (int t = 0; t < ch.n; ++t, ++row) {
       aw.rope.cos_sin(ch.start + t, cs.data(), sn.data());
       for (int h = 0; h < HI; ++h) {
@@ -891,7 +891,7 @@ void CudaVerifier::indexer(const OpEvent& e) {
   std::vector<float> got_all, want_all, bound_all;
   std::vector<Iv> iv;
   const StoreCopy key_store = copy_store(*this, cache_, block, 2);
-  for (size_t s = 0; s < (*chunks_).size(); ++s) {
+  for (size_t s = 0; s < chunks_->size(); ++s) {
     const ChunkRef& ch = (*chunks_)[s];
     const int64_t nkeys = (ch.start + ch.n) / 4;
     std::vector<float> keys(size_t(nkeys) * DI);
@@ -974,7 +974,7 @@ void CudaVerifier::attention(const OpEvent& e) {
   sp.sink = aw.sink.data();
   std::vector<float> want(size_t(T) * H * D);
   std::vector<Iv> oiv(want.size());
-  for (size_t s = 0; s < (*chunks_).size(); ++s) {
+  for (size_t s = 0; s < chunks_->size(); ++s) {
     const ChunkRef& ch = (*chunks_)[s];
     const int64_t P0 = ch.start;
     std::map<int64_t, std::vector<float>> win, comp;
@@ -1038,7 +1038,7 @@ void CudaVerifier::wo_a(const OpEvent& e) {
   std::vector<Iv> oiv(o.size());
   for (size_t i = 0; i < o.size(); ++i) oiv[i] = Iv::of(o[i]);
   int row = 0;
-  for (const ChunkRef& ch : (*chunks_))
+  for (const ChunkRef& ch : *chunks_)
     for (int t = 0; t < ch.n; ++t, ++row) {
       aw.rope.cos_sin(ch.start + t, cs.data(), sn.data());
       for (int h = 0; h < H; ++h) {
@@ -1078,7 +1078,7 @@ void CudaVerifier::window_insert(const OpEvent& e) {
   const int eb = kl.entry_bytes(), db = kl.data_bytes(), W = c_.window_size;
   const std::vector<uint8_t> src = bytes(staged, size_t(tokens_) * eb);
   const StoreCopy ring = copy_store(*this, cache_, block, 0);
-  for (size_t s = 0; s < (*chunks_).size(); ++s) {
+  for (size_t s = 0; s < chunks_->size(); ++s) {
     const ChunkRef& ch = (*chunks_)[s];
     for (int t = std::max(0, ch.n - W); t < ch.n; ++t) {
       const EntryRef e = cache_.window_slot(block, *ch.cache, ch.start + t);
@@ -1140,7 +1140,7 @@ void CudaVerifier::moe(const OpEvent& e) {
   std::vector<int32_t> rsel(size_t(T) * K), tokens;
   std::vector<float> rwt(size_t(T) * K), logits(NE);
   std::vector<double> rdw(size_t(T) * K), dl(NE), sc, dsc;
-  for (const ChunkRef& ch : (*chunks_)) tokens.insert(tokens.end(), ch.tokens, ch.tokens + ch.n);
+  for (const ChunkRef& ch : *chunks_) tokens.insert(tokens.end(), ch.tokens, ch.tokens + ch.n);
   std::vector<float> cmp_got, cmp_want, cmp_bound;
   for (int r = 0; r < T; ++r) {
     int32_t* e = rsel.data() + size_t(r) * K;
