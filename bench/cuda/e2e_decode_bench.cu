@@ -408,7 +408,9 @@ void run_shape(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
       auto step = [&]() {
         std::vector<StepInput> in;
         for (int id : seqs) in.push_back({id, {int32_t(2 + rng() % (c.vocab_size - 2))}, false});
-        runner.step(in);
+        // A caller that hands the output back (as the engine loop does) gets the next step's
+        // logits in the same storage.
+        runner.recycle(runner.step(in));
       };
       // The engine loop's decode step: greedy samples, no logits returned (sampled on the
       // device; only the ids come back).

@@ -148,6 +148,10 @@ class Runner {
   std::vector<float> step_logits(const std::vector<StepInput>& inputs) {
     return step(inputs).logits;
   }
+  // Hands a step's output back once the caller is done with it: a backend may fill the next
+  // step's logits into its storage (no fresh allocation, no page faults on [rows, vocab]
+  // fp32 per step). Optional; the default drops it.
+  virtual void recycle(StepOutput&& used) { (void)used; }
 };
 
 }  // namespace dsv4

@@ -385,7 +385,10 @@ std::vector<RequestOutput> EngineLoop::step() {
       fail(chunks, e.what());
       ok = false;
     }
-    if (ok) postprocess(chunks, out);
+    if (ok) {
+      postprocess(chunks, out);
+      runner_->recycle(std::move(out));  // the next step's logits reuse its storage
+    }
   }
   emit(outputs);
   return outputs;

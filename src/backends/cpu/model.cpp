@@ -76,7 +76,7 @@ void CpuModel::embed(const int32_t* tokens, int n, float* streams) const {
 }
 
 void CpuModel::attention(const BlockWeights& bw, const ChunkRef& ch, int chunk_index,
-                         const float* x, float* out, HostCache& cache, TraceSink* trace) const {
+                         const float* x, float* out, HostCache& cache, OpObserver* obs) const {
   const ModelConfig& c = cfg_;
   const AttentionWeights& a = bw.attn;
   // Heads and output groups this rank holds (all of them on one rank; a tensor-parallel rank
@@ -163,7 +163,7 @@ void CpuModel::attention(const BlockWeights& bw, const ChunkRef& ch, int chunk_i
     }
     std::vector<float> scores(nkeys), trace_scores;
     std::vector<int32_t> trace_sel;
-    if (trace) {
+    if (obs) {
       trace_scores.assign(size_t(n) * nkeys, kNegInf);
       trace_sel.assign(size_t(n) * c.index_topk, -1);
     }
@@ -173,16 +173,19 @@ void CpuModel::attention(const BlockWeights& bw, const ChunkRef& ch, int chunk_i
                      keys.data(), nvis, scores.data());
       selected[t].resize(std::min(c.index_topk, nvis));
       topk_desc(scores.data(), nvis, c.index_topk, selected[t].data());
-      if (trace) {
+      if (obs) {
         std::copy(scores.begin(), scores.begin() + nvis, trace_scores.begin() + size_t(t) * nkeys);
         std::vector<int32_t> s = selected[t];
         std::sort(s.begin(), s.end());
         std::copy(s.begin(), s.end(), trace_sel.begin() + size_t(t) * c.index_topk);
       }
     }
-    if (trace) {
-      trace->tensor(b, chunk_index, "indexer.scores", trace_scores.data(), {n, nkeys});
-      trace->ints(b, chunk_index, "indexer.selected", trace_sel.data(), {n, c.index_topk});
+    if (obs) {
+      OpEvent e = op_event(OpKind::kIndexer, b, 0, {});
+      e.chunk = chunk_index;
+      e.t[5] = i32_ref(trace_sel.data(), n, c.index_topk);
+      e.t[6] = f32_ref(trace_scores.data(), n, nkeys);
+      obs->after(e);
     }
   }
 
@@ -270,8 +273,20 @@ std::vector<float> CpuModel::gather_heads(const std::vector<float>& mine, int ro
   return out;
 }
 
-void CpuModel::run_block(int block, const std::vector<ChunkRef>& chunks, float* streams,
+std::unique_ptr<TraceObserver> CpuModel::tracer(TraceSink* trace) const {
+  if (!trace) return nullptr;
+  return std::make_unique<TraceObserver>(
+      *trace, [](void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); },
+      cfg_.hc_mult, cfg_.dim);
+}
+
+void CpuModel::run_block(int b, const std::vector<ChunkRef>& chunks, float* streams,
                          HostCache& cache, TraceSink* trace) const {
+  block(b, chunks, streams, cache, tracer(trace).get());
+}
+
+void CpuModel::block(int block, const std::vector<ChunkRef>& chunks, float* streams,
+                     HostCache& cache, OpObserver* obs) const {
   const ModelConfig& c = cfg_;
   const BlockWeights& bw = w_.blocks.at(block);
   const int hc = c.hc_mult, dim = c.dim;
@@ -295,64 +310,59 @@ void CpuModel::run_block(int block, const std::vector<ChunkRef>& chunks, float* 
               comb.data() + size_t(t) * hc * hc, s);
     }
   };
-  auto record = [&](const char* name, const float* data) {
-    if (!trace) return;
-    int off = 0;
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      trace->tensor(block, int(i), name, data + size_t(off) * dim, {chunks[i].n, dim});
-      off += chunks[i].n;
-    }
+  // The sub-layer's input, output and the block's streams, reported after the sub-layer.
+  auto sublayer = [&](OpKind kind) {
+    if (obs)
+      obs->after(op_event(kind, block, 0,
+                          {f32_ref(x.data(), rows, dim), f32_ref(y.data(), rows, dim),
+                           f32_ref(streams, rows, int64_t(hc) * dim)}));
   };
-  if (trace) {
-    int off = 0;
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      trace->tensor(block, int(i), "hidden.in", streams + size_t(off) * hc * dim,
-                    {chunks[i].n, hc, dim});
-      off += chunks[i].n;
-    }
+  if (obs) {
+    OpEvent e{OpKind::kStepBegin};
+    e.chunks = &chunks;
+    e.tokens = rows;
+    obs->after(e);
   }
 
   sublayer_in(pa, bw.attn_norm);
-  record("attn_in", x.data());
-  run_attention(block, chunks, x.data(), y.data(), cache, trace);
-  record("attn_out", y.data());
+  attention_chunks(block, chunks, x.data(), y.data(), cache, obs);
+  sublayer(OpKind::kAttnSublayer);
   sublayer_out(y.data());
 
   sublayer_in(pf, bw.ffn_norm);
-  record("ffn_in", x.data());
   std::vector<int32_t> tokens;
   for (const auto& ch : chunks) tokens.insert(tokens.end(), ch.tokens, ch.tokens + ch.n);
   const int k = c.n_activated_experts;
   std::vector<int32_t> rexp(size_t(rows) * k);
   std::vector<float> rw(size_t(rows) * k);
   run_moe(block, tokens.data(), rows, x.data(), y.data(), rexp.data(), rw.data());
-  record("ffn_out", y.data());
-  if (trace) {
-    int o2 = 0;
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      trace->ints(block, int(i), "route.experts", rexp.data() + size_t(o2) * k, {chunks[i].n, k});
-      trace->tensor(block, int(i), "route.weights", rw.data() + size_t(o2) * k, {chunks[i].n, k});
-      o2 += chunks[i].n;
-    }
-  }
+  if (obs)
+    obs->after(op_event(OpKind::kMoe, block, 0,
+                        {f32_ref(x.data(), rows, dim),
+                         {},
+                         i32_ref(rexp.data(), rows, k),
+                         f32_ref(rw.data(), rows, k),
+                         f32_ref(y.data(), rows, dim)}));
+  sublayer(OpKind::kFfnSublayer);
   sublayer_out(y.data());
-  if (trace) {
-    int o3 = 0;
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      trace->tensor(block, int(i), "hidden.out", streams + size_t(o3) * hc * dim,
-                    {chunks[i].n, hc, dim});
-      o3 += chunks[i].n;
-    }
-  }
+  if (obs)
+    obs->after(op_event(
+        OpKind::kHcPost, block, 1,
+        {f32_ref(y.data(), rows, dim), {}, {}, {}, f32_ref(streams, rows, int64_t(hc) * dim)}));
 }
 
 void CpuModel::run_attention(int block, const std::vector<ChunkRef>& chunks, const float* x,
                              float* out, HostCache& cache, TraceSink* trace) const {
+  attention_chunks(block, chunks, x, out, cache, tracer(trace).get());
+}
+
+void CpuModel::attention_chunks(int block, const std::vector<ChunkRef>& chunks, const float* x,
+                                float* out, HostCache& cache, OpObserver* obs) const {
   const BlockWeights& bw = w_.blocks.at(block);
   int off = 0;
   for (size_t i = 0; i < chunks.size(); ++i) {
     attention(bw, chunks[i], int(i), x + size_t(off) * cfg_.dim, out + size_t(off) * cfg_.dim,
-              cache, trace);
+              cache, obs);
     off += chunks[i].n;
   }
 }
@@ -400,8 +410,9 @@ std::vector<float> CpuModel::forward(const std::vector<ChunkRef>& chunks, HostCa
     off += ch.n;
   }
   if (first_nonfinite) first_nonfinite->assign(size_t(total), -1);
+  const std::unique_ptr<TraceObserver> obs = tracer(trace);
   for (int b = 0; b < cfg_.n_layers; ++b) {
-    run_block(b, chunks, streams.data(), cache, trace);
+    block(b, chunks, streams.data(), cache, obs.get());
     if (!first_nonfinite) continue;
     for (int r = 0; r < total; ++r) {
       int& bad = (*first_nonfinite)[size_t(r)];

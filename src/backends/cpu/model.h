@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "backends/cpu/host_cache.h"
@@ -16,8 +17,10 @@
 #include "backends/cpu/weights.h"
 #include "kvcache/block_manager.h"
 #include "model/model_config.h"
+#include "model/op_event.h"
 #include "model/step.h"
 #include "model/trace.h"
+#include "model/trace_observer.h"
 
 namespace dsv4 {
 
@@ -69,8 +72,15 @@ class CpuModel {
                                  std::vector<float>* streams_out = nullptr) const;
 
  private:
+  // Traces are op observers (model/op_event.h): the public calls wrap a TraceSink in a
+  // TraceObserver (null: none) and the forward pass reports its sub-layers and routing to it.
+  std::unique_ptr<TraceObserver> tracer(TraceSink* trace) const;
+  void block(int block, const std::vector<ChunkRef>& chunks, float* streams, HostCache& cache,
+             OpObserver* obs) const;
+  void attention_chunks(int block, const std::vector<ChunkRef>& chunks, const float* x, float* out,
+                        HostCache& cache, OpObserver* obs) const;
   void attention(const cpu::BlockWeights& bw, const ChunkRef& ch, int chunk_index, const float* x,
-                 float* out, HostCache& cache, TraceSink* trace) const;
+                 float* out, HostCache& cache, OpObserver* obs) const;
   void head_logits(const cpu::HcWeights& hc, const std::vector<float>& norm, const float* streams,
                    int n, float* out) const;
   // Every tensor-parallel rank's [rows, width] slab, as [rows, ranks x width] in rank order.

@@ -45,6 +45,54 @@ ExpertWeights fp8_expert(const Fp8Ref& w1, const Fp8Ref& w2, const Fp8Ref& w3) {
 
 }  // namespace
 
+const Linear& block_linear(const BlockWeights& b, LinearId id) {
+  switch (id) {
+    case LinearId::kWqA:
+      return b.attn.wq_a;
+    case LinearId::kWkv:
+      return b.attn.wkv;
+    case LinearId::kWqB:
+      return b.attn.wq_b;
+    case LinearId::kWoB:
+      return b.attn.wo_b;
+    case LinearId::kIndexWqB:
+      return b.attn.indexer->wq_b;
+    case LinearId::kWeightsProj:
+      return b.attn.indexer->weights_proj;
+    case LinearId::kCompWkv:
+      return b.attn.compressor->wkv;
+    case LinearId::kCompWgate:
+      return b.attn.compressor->wgate;
+    case LinearId::kIndexCompWkv:
+      return b.attn.indexer->compressor.wkv;
+    case LinearId::kIndexCompWgate:
+      return b.attn.indexer->compressor.wgate;
+    case LinearId::kSharedW1:
+      return b.ffn.shared.w1;
+    case LinearId::kSharedW3:
+      return b.ffn.shared.w3;
+    case LinearId::kSharedW2:
+      return b.ffn.shared.w2;
+    case LinearId::kEProj:
+      return b.mtp->e_proj;
+    case LinearId::kHProj:
+      return b.mtp->h_proj;
+  }
+  throw Error("block_linear: unknown linear");
+}
+
+const std::vector<float>& block_norm(const BlockWeights& b, NormId id) {
+  switch (id) {
+    case NormId::kQNorm:
+      return b.attn.q_norm;
+    case NormId::kEnorm:
+      return b.mtp->enorm;
+    case NormId::kHnorm:
+      return b.mtp->hnorm;
+  }
+  throw Error("block_norm: unknown norm");
+}
+
 HcParams hc_params(const ModelConfig& c, const HcWeights& w) {
   HcParams p;
   p.hc = c.hc_mult;

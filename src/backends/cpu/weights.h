@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "model/model_config.h"
+#include "model/op_event.h"
 #include "model/weights.h"
 #include "ops/cpu/compressor.h"
 #include "ops/cpu/linear.h"
@@ -60,6 +61,10 @@ struct ModelWeights {
 
 // The mHC parameters of one unit (hc_pre/hc_post pair or head) for the CPU ops.
 HcParams hc_params(const ModelConfig& c, const HcWeights& w);
+
+// The block's linear / RMSNorm weight an op event names (model/op_event.h).
+const Linear& block_linear(const BlockWeights& b, LinearId id);
+const std::vector<float>& block_norm(const BlockWeights& b, NormId id);
 
 // What one rank of the parallel engine keeps: contiguous shares of the attention heads (wq_b
 // rows, sinks), output groups (wo_a), indexer heads (its wq_b and weights_proj rows) and routed

@@ -206,9 +206,52 @@ void CudaModel::plan(const CudaModelLimits& lim) {
   carve(ctx_.allocate(size_t(act_bytes_)));
 }
 
+void CudaModel::add_observer(OpObserver* o) {
+  observers_.add(o);
+  observer_ = observers_.empty() ? nullptr : &observers_;
+}
+
+void CudaModel::remove_observer(OpObserver* o) {
+  observers_.remove(o);
+  observer_ = observers_.empty() ? nullptr : &observers_;
+}
+
 void CudaModel::set_verifier(CudaVerifier* v) {
-  verify_ = v;
+  remove_observer(verifier_);
+  verifier_ = v;
   if (v) v->set_exact_linears(limits_.exact_linears);
+  add_observer(v);
+}
+
+void CudaModel::set_trace(TraceSink* t) {
+  remove_observer(tracer_.get());
+  tracer_.reset();
+  if (!t) return;
+  const cudaStream_t s = stream_;
+  tracer_ = std::make_unique<TraceObserver>(
+      *t,
+      [s](void* dst, const void* src, size_t bytes) {
+        DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
+        if (bytes) DSV4_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+      },
+      cfg_.hc_mult, cfg_.dim);
+  add_observer(tracer_.get());
+}
+
+void CudaModel::begin_step(const DeviceStep& st) {
+  if (!observer_) return;
+  OpEvent e{OpKind::kStepBegin};
+  e.chunks = &st.chunks;
+  e.tokens = st.num_tokens;
+  observer_->after(e);
+}
+
+OpEvent CudaModel::linear_event(int block, LinearId id, const bf16* x, int64_t ldx, int m,
+                                int64_t in, const void* y, int64_t ldy, int64_t out,
+                                bool y_f32) const {
+  return op_event(
+      OpKind::kLinear, block, int(id),
+      {bf16_ref(x, m, in, ldx), y_f32 ? f32_ref(y, m, out, ldy) : bf16_ref(y, m, out, ldy)});
 }
 
 void CudaModel::set_block_timing(bool on) {
@@ -245,13 +288,19 @@ CudaModel::Fp8Act CudaModel::quantize(const bf16* x, int64_t ldx, int m, int k, 
   if (limits_.exact_linears) {
     // The exact path multiplies the decoded (BF16) quantised activations instead of the codes.
     cuda::fake_quant_act_bf16(x, ldx, m, k, act_.act_xq[slot], stream_);
-    return {nullptr, nullptr, 0, m, act_.act_xq[slot], k};
+    return {nullptr, nullptr, 0, m, act_.act_xq[slot], k, x, ldx};
   }
   cuda::quantize_act_fp8(q, stream_);
-  return {q.codes, q.scales_t, q.ld_scales, m, nullptr, 0};
+  return {q.codes, q.scales_t, q.ld_scales, m, nullptr, 0, x, ldx};
 }
 
-void CudaModel::gemm(const Fp8Act& a, const CudaFp8Linear& w, bf16* y, int64_t ldy, bool pdl) {
+void CudaModel::gemm(const Fp8Act& a, const CudaFp8Linear& w, bf16* y, int64_t ldy, bool pdl,
+                     int block, LinearId id) {
+  if (block >= 0) {  // one op: observed as linear `id` of the block
+    op(linear_event(block, id, a.x, a.ldx, a.m, w.k, y, ldy, w.n, false),
+       [&] { gemm(a, w, y, ldy, pdl); });
+    return;
+  }
   if (limits_.exact_linears) {
     DSV4_CHECK(a.xq != nullptr && w.scale_rows.size() > 0,
                "exact linears: the weight has no prepared scale rows (n = ", w.n,
@@ -305,25 +354,6 @@ void CudaModel::rope_tables(const DeviceStep& st) {
   }
 }
 
-void CudaModel::trace_rows(int block, const DeviceStep& st, const char* name, const bf16* x,
-                           int width) {
-  if (!trace_) return;
-  DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  std::vector<uint16_t> raw(size_t(st.num_tokens) * width);
-  DSV4_CUDA_CHECK(cudaMemcpy(raw.data(), x, raw.size() * 2, cudaMemcpyDeviceToHost));
-  std::vector<float> v(raw.size());
-  for (size_t i = 0; i < v.size(); ++i) v[i] = bf16_to_float(raw[i]);
-  const bool streams = width == cfg_.hc_mult * cfg_.dim;
-  int row = 0;
-  for (size_t i = 0; i < st.chunks.size(); ++i) {
-    const int n = st.chunks[i].n;
-    std::vector<int64_t> shape =
-        streams ? std::vector<int64_t>{n, cfg_.hc_mult, cfg_.dim} : std::vector<int64_t>{n, width};
-    trace_->tensor(block, int(i), name, v.data() + size_t(row) * width, shape);
-    row += n;
-  }
-}
-
 // ---- mHC -------------------------------------------------------------------------------------
 
 void CudaModel::hc_pre(int block, bool ffn, const DeviceStep& st, const bf16* streams) {
@@ -338,10 +368,11 @@ void CudaModel::hc_pre(int block, bool ffn, const DeviceStep& st, const bf16* st
   p.y = act_.x;
   p.post = act_.post[pp_];
   p.comb = act_.comb[pp_];
-  std::vector<float> in;
-  if (verify_) in = verify_->bf16(streams, size_t(st.num_tokens) * cfg_.hc_mult * cfg_.dim);
-  cuda::hc_pre(p, stream_);
-  if (verify_) verify_->hc_pre(block, ffn, in, p.y, p.post, p.comb);
+  const int T = st.num_tokens, hc = cfg_.hc_mult;
+  op(op_event(OpKind::kHcPre, block, ffn,
+              {bf16_ref(streams, T, hc * cfg_.dim), bf16_ref(p.y, T, cfg_.dim),
+               f32_ref(p.post, T, hc), f32_ref(p.comb, T, hc * hc)}),
+     [&] { cuda::hc_pre(p, stream_); });
 }
 
 // out = hc_post(sub_out) into the other streams buffer; then, when next_block >= 0, hc_pre of
@@ -357,19 +388,13 @@ void CudaModel::hc_post(int block, bool ffn, const DeviceStep& st, const bf16* s
   q.post = act_.post[pp_];
   q.comb = act_.comb[pp_];
   q.out = act_.streams[cur_ ^ 1];
-  std::vector<float> v_sub, v_res, v_post, v_comb;
-  if (verify_) {
-    v_sub = verify_->bf16(sub_out, size_t(T) * dim);
-    v_res = verify_->bf16(q.res, size_t(T) * hc * dim);
-    v_post = verify_->f32(q.post, size_t(T) * hc);
-    v_comb = verify_->f32(q.comb, size_t(T) * hc * hc);
-  }
+  OpEvent e =
+      op_event(OpKind::kHcPost, block, ffn,
+               {bf16_ref(sub_out, T, dim), bf16_ref(q.res, T, hc * dim), f32_ref(q.post, T, hc),
+                f32_ref(q.comb, T, hc * hc), bf16_ref(q.out, T, hc * dim)});
   if (next_block < 0) {
-    cuda::hc_post(q, stream_);
+    op(e, [&] { cuda::hc_post(q, stream_); });
     cur_ ^= 1;
-    if (verify_)
-      verify_->hc_post(block, ffn, v_sub, v_res, v_post, v_comb, q.out, -1, false, nullptr, nullptr,
-                       nullptr);
     return;
   }
   const CudaBlockWeights& nb = w_.blocks[next_block];
@@ -381,12 +406,14 @@ void CudaModel::hc_post(int block, bool ffn, const DeviceStep& st, const bf16* s
   p.y = act_.x;
   p.next_post = act_.post[pp_ ^ 1];
   p.next_comb = act_.comb[pp_ ^ 1];
-  cuda::hc_post_pre(p, stream_);
+  e.next_block = next_block;
+  e.next_ffn = next_ffn;
+  e.t[5] = bf16_ref(p.y, T, dim);
+  e.t[6] = f32_ref(p.next_post, T, hc);
+  e.t[7] = f32_ref(p.next_comb, T, hc * hc);
+  op(e, [&] { cuda::hc_post_pre(p, stream_); });
   cur_ ^= 1;
   pp_ ^= 1;
-  if (verify_)
-    verify_->hc_post(block, ffn, v_sub, v_res, v_post, v_comb, q.out, next_block, next_ffn, p.y,
-                     p.next_post, p.next_comb);
 }
 
 // ---- attention ---------------------------------------------------------------------------------
@@ -407,19 +434,14 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   const int ratio = b.ratio;
   const float2* cs = act_.cs[ratio > 0 ? 1 : 0];
   const int64_t Tmax = limits_.max_tokens;
-  CudaVerifier* V = verify_;
   if (HA != H)  // the padding heads' queries: zero (wq_b writes the real heads' columns)
     DSV4_CUDA_CHECK(cudaMemset2DAsync(act_.q + int64_t(H) * D, size_t(HA) * D * 2, 0,
                                       size_t(HA - H) * D * 2, size_t(T), stream_));
 
   // q and window KV projections share the quantised x.
   const Fp8Act ax = quantize(x, c.dim, T, c.dim, 0);
-  gemm(ax, b.wq_a, act_.qr, QL, true);
-  gemm(ax, b.wkv, act_.kv, D, false);
-  if (V) {
-    V->linear(block, VLinear::kWqA, x, c.dim, T, act_.qr, QL, false);
-    V->linear(block, VLinear::kWkv, x, c.dim, T, act_.kv, D, false);
-  }
+  gemm(ax, b.wq_a, act_.qr, QL, true, block, LinearId::kWqA);
+  gemm(ax, b.wkv, act_.kv, D, false, block, LinearId::kWkv);
   cuda::RmsNormParams rn;
   rn.x = act_.qr;
   rn.rows = T;
@@ -427,13 +449,11 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   rn.weight = b.q_norm.ptr();
   rn.eps = c.norm_eps;
   rn.y = act_.qr_n;
-  cuda::rms_norm(rn, stream_);
-  if (V) V->rms_norm(block, VNorm::kQNorm, act_.qr, T, QL, act_.qr_n);
+  op(op_event(OpKind::kRmsNorm, block, int(NormId::kQNorm),
+              {bf16_ref(act_.qr, T, QL), bf16_ref(act_.qr_n, T, QL)}),
+     [&] { cuda::rms_norm(rn, stream_); });
   const Fp8Act aq = quantize(act_.qr_n, QL, T, QL, 1);
-  gemm(aq, b.wq_b, act_.q, int64_t(HA) * D, true);
-  if (V) V->linear(block, VLinear::kWqB, act_.qr_n, QL, T, act_.q, int64_t(H) * D, false);
-  std::vector<float> q_in;
-  if (V) q_in = V->bf16(act_.q, size_t(T) * H * D);
+  gemm(aq, b.wq_b, act_.q, int64_t(HA) * D, true, block, LinearId::kWqB);
   cuda::QNormRopeParams qp;
   qp.q = act_.q;
   qp.out = act_.q;
@@ -441,8 +461,8 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   qp.num_tokens = T;
   qp.num_heads = HA;
   qp.eps = c.norm_eps;
-  cuda::q_norm_rope(qp, stream_);
-  if (V) V->q_norm_rope(block, q_in, act_.q);
+  op(op_event(OpKind::kQNormRope, block, 0, {bf16_ref(act_.q, T, int64_t(H) * D)}),
+     [&] { cuda::q_norm_rope(qp, stream_); });
 
   // Window KV entries. One token per sequence: straight into the ring (its slot held position
   // p - window, outside every query's window). Otherwise staged: a staging page the attention
@@ -469,23 +489,28 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
     kp.cache = cuda::kv_store_view(act_.staging, int(Tmax), zeros_, 1);
     kp.staged = act_.staged;
   }
-  cuda::kv_norm_rope_insert(kp, stream_);
-  if (V) V->kv_entries(block, act_.kv, direct ? nullptr : act_.staged);
+  op(op_event(OpKind::kKvEntries, block, 0,
+              {bf16_ref(act_.kv, T, D), u8_ref(direct ? nullptr : act_.staged, T, kKvEntry)}),
+     [&] { cuda::kv_norm_rope_insert(kp, stream_); });
 
   // Compressors (and indexer keys) before attention.
   if (ratio > 0) {
-    blas_->linear(x, c.dim, T, b.comp_proj.ptr(), b.comp_rows, c.dim, act_.comp, comp_ld_, true,
-                  stream_);
-    if (V) {
-      V->linear(block, VLinear::kCompWkv, x, c.dim, T, act_.comp, comp_ld_, true);
-      V->linear(block, VLinear::kCompWgate, x, c.dim, T, act_.comp + b.main_width, comp_ld_, true);
-      if (ratio == 4) {
-        V->linear(block, VLinear::kIndexCompWkv, x, c.dim, T, act_.comp + 2 * b.main_width,
-                  comp_ld_, true);
-        V->linear(block, VLinear::kIndexCompWgate, x, c.dim, T,
-                  act_.comp + 2 * b.main_width + b.index_width, comp_ld_, true);
-      }
-    }
+    // One GEMM of the stacked projections [wkv; wgate (; indexer wkv; wgate)]: one event each.
+    const int mw = b.main_width, iw = b.index_width;
+    auto proj = [&](LinearId id, int64_t off, int width) {
+      return linear_event(block, id, x, c.dim, T, c.dim, act_.comp + off, comp_ld_, width, true);
+    };
+    const auto launch = [&] {
+      blas_->linear(x, c.dim, T, b.comp_proj.ptr(), b.comp_rows, c.dim, act_.comp, comp_ld_, true,
+                    stream_);
+    };
+    if (ratio == 4)
+      op({proj(LinearId::kCompWkv, 0, mw), proj(LinearId::kCompWgate, mw, mw),
+          proj(LinearId::kIndexCompWkv, 2 * mw, iw),
+          proj(LinearId::kIndexCompWgate, 2 * mw + iw, iw)},
+         launch);
+    else
+      op({proj(LinearId::kCompWkv, 0, mw), proj(LinearId::kCompWgate, mw, mw)}, launch);
     for (bool indexer : {false, true}) {
       if (indexer && ratio != 4) continue;
       cuda::CompressorParams cp;
@@ -512,9 +537,9 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
       const PageKind kind = indexer || ratio == 4 ? PageKind::kC4 : PageKind::kC128;
       cp.store = indexer ? cache.index_view(block, st.table(kind), st.table_stride(kind))
                          : cache.compressed_view(block, st.table(kind), st.table_stride(kind));
-      if (V) V->before_compressor(block, indexer);
-      cuda::compressor_forward(cp, stream_);
-      if (V) V->compressor(block, indexer, cp.a, cp.g, comp_ld_);
+      op(op_event(OpKind::kCompressor, block, indexer,
+                  {f32_ref(cp.a, T, width, comp_ld_), f32_ref(cp.g, T, width, comp_ld_)}),
+         [&] { cuda::compressor_forward(cp, stream_); });
     }
   }
 
@@ -523,18 +548,19 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
     const int HI = c.index_n_heads, DI = c.index_head_dim;
     // Tensor parallel: every rank scores with all heads, gathered in head order.
     const int HIl = b.index_wq_b.n / DI;
-    if (HIl != HI) {
+    if (HIl != HI) {  // (no observers with several ranks)
       gemm(aq, b.index_wq_b, tp_mine_, int64_t(HIl) * DI, false);
       tp_gather(tp_mine_, T, HIl * DI, act_.qi);
       blas_->linear(x, c.dim, T, b.weights_proj.ptr(), HIl, c.dim, tp_mine_, HIl, false, stream_);
       tp_gather(tp_mine_, T, HIl, act_.wproj);
     } else {
-      gemm(aq, b.index_wq_b, act_.qi, int64_t(HI) * DI, false);
+      gemm(aq, b.index_wq_b, act_.qi, int64_t(HI) * DI, false, block, LinearId::kIndexWqB);
+      op(linear_event(block, LinearId::kWeightsProj, x, c.dim, T, c.dim, act_.wproj, HI, HI, false),
+         [&] {
+           blas_->linear(x, c.dim, T, b.weights_proj.ptr(), HI, c.dim, act_.wproj, HI, false,
+                         stream_);
+         });
     }
-    if (V) V->linear(block, VLinear::kIndexWqB, act_.qr_n, QL, T, act_.qi, int64_t(HI) * DI, false);
-    if (HIl == HI)
-      blas_->linear(x, c.dim, T, b.weights_proj.ptr(), HI, c.dim, act_.wproj, HI, false, stream_);
-    if (V) V->linear(block, VLinear::kWeightsProj, x, c.dim, T, act_.wproj, HI, false);
     cuda::IndexerParams ip;
     ip.batch = st.attn_batch();
     ip.n_heads = HI;
@@ -553,29 +579,12 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
     ip.topk_idx = act_.topk;
     ip.workspace = act_.idx_ws;
     ip.workspace_bytes = act_.idx_ws_bytes;
-    cuda::lightning_indexer(ip, stream_);
-    if (V)
-      V->indexer(block, act_.qi, act_.wproj, act_.q_fp4, act_.iw, act_.scores, score_stride_,
-                 act_.topk);
-    if (trace_) {
-      DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      std::vector<int32_t> sel(size_t(T) * c.index_topk);
-      DSV4_CUDA_CHECK(cudaMemcpy(sel.data(), act_.topk, sel.size() * 4, cudaMemcpyDeviceToHost));
-      int row = 0;
-      for (size_t i = 0; i < st.chunks.size(); ++i) {
-        const int n = st.chunks[i].n;
-        std::vector<int32_t> s(sel.begin() + size_t(row) * c.index_topk,
-                               sel.begin() + size_t(row + n) * c.index_topk);
-        // The CPU traces each row's selection ascending, -1 padded at the end.
-        for (int t = 0; t < n; ++t) {
-          auto first = s.begin() + size_t(t) * c.index_topk, last = first + c.index_topk;
-          std::sort(first, last,
-                    [](int32_t a, int32_t b2) { return (a < 0) != (b2 < 0) ? b2 < 0 : a < b2; });
-        }
-        trace_->ints(block, int(i), "indexer.selected", s.data(), {n, c.index_topk});
-        row += n;
-      }
-    }
+    op(op_event(OpKind::kIndexer, block, 0,
+                {bf16_ref(act_.qi, T, int64_t(HI) * DI), bf16_ref(act_.wproj, T, HI),
+                 bf16_ref(act_.q_fp4, T, int64_t(HI) * DI), bf16_ref(act_.iw, T, HI),
+                 bf16_ref(act_.scores, T, score_stride_, score_stride_),
+                 i32_ref(act_.topk, T, c.index_topk)}),
+       [&] { cuda::lightning_indexer(ip, stream_); });
   }
 
   // Sparse attention over the window (+ staged chunk) and the compressed entries.
@@ -614,10 +623,12 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
     if (plan.num_splits > 1 && plan.num_splits > fits)
       sp.num_splits = int(std::max<int64_t>(1, fits));
   }
-  cuda::sparse_attention(sp, stream_);
-  if (V)
-    V->attention(block, act_.q, direct ? nullptr : act_.staging, int(Tmax),
-                 ratio == 4 ? act_.topk : nullptr, act_.o);
+  op(op_event(
+         OpKind::kAttention, block, 0,
+         {bf16_ref(act_.q, T, int64_t(H) * D), u8_ref(direct ? nullptr : act_.staging, Tmax, 0),
+          i32_ref(ratio == 4 ? act_.topk : nullptr, T, c.index_topk),
+          bf16_ref(act_.o, T, int64_t(H) * D)}),
+     [&] { cuda::sparse_attention(sp, stream_); });
 
   // Output path: inverse RoPE + grouped wo_a, then wo_b.
   cuda::WoAParams wp;
@@ -640,13 +651,13 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   wp.w_scale = b.wo_a.scale_e8m0.data();
   wp.w_scale_rows = b.wo_a_scale_rows.ptr();
   wp.z = Gl != c.o_groups ? tp_mine_ : act_.z;
-  cuda::attn_output_wo_a(wp, stream_);
-  if (Gl != c.o_groups) tp_gather(tp_mine_, T, Gl * c.o_lora_rank, act_.z);
-  if (V) V->wo_a(block, act_.z);
   const int GOL = c.o_groups * c.o_lora_rank;
+  op(op_event(OpKind::kWoA, block, 0, {bf16_ref(act_.z, T, GOL)}), [&] {
+    cuda::attn_output_wo_a(wp, stream_);
+    if (Gl != c.o_groups) tp_gather(tp_mine_, T, Gl * c.o_lora_rank, act_.z);
+  });
   const Fp8Act az = quantize(act_.z, GOL, T, GOL, 0);
-  gemm(az, b.wo_b, out, c.dim, true);
-  if (V) V->linear(block, VLinear::kWoB, act_.z, GOL, T, out, c.dim, false);
+  gemm(az, b.wo_b, out, c.dim, true, block, LinearId::kWoB);
 
   // The chunk's window entries go into the ring last.
   if (!direct) {
@@ -658,8 +669,8 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
     ins.window = c.window_size;
     ins.cache =
         cache.window_view(block, st.table(PageKind::kWindow), st.table_stride(PageKind::kWindow));
-    cuda::kv_insert_staged(ins, stream_);
-    if (V) V->window_insert(block, act_.staged);
+    op(op_event(OpKind::kWindowInsert, block, 0, {u8_ref(act_.staged, T, kKvEntry)}),
+       [&] { cuda::kv_insert_staged(ins, stream_); });
   }
 }
 
@@ -669,24 +680,25 @@ void CudaModel::moe(int block, const DeviceStep& st, const bf16* x, bf16* out) {
   const ModelConfig& c = cfg_;
   const CudaBlockWeights& b = w_.blocks[block];
   const int T = st.num_tokens, inter = b.shared_inter;
-  CudaVerifier* V = verify_;
   // Shared expert: [w1; w3] -> SwiGLU -> w2.
   const Fp8Act ax = quantize(x, c.dim, T, c.dim, 0);
-  if (b.shared_fused) {
-    gemm(ax, b.shared_w13, act_.gu, 2 * inter, true);
-  } else {
-    gemm(ax, b.shared_w1, act_.gu, 2 * inter, true);
-    gemm(ax, b.shared_w3, act_.gu + inter, 2 * inter, false);
-  }
-  if (V) {
-    V->linear(block, VLinear::kSharedW1, x, c.dim, T, act_.gu, 2 * inter, false);
-    V->linear(block, VLinear::kSharedW3, x, c.dim, T, act_.gu + inter, 2 * inter, false);
-  }
-  glue::swiglu(act_.gu, 2 * inter, T, inter, c.swiglu_limit, act_.sact, stream_);
-  if (V) V->swiglu(block, act_.gu, 2 * inter, T, inter, act_.sact);
+  op({linear_event(block, LinearId::kSharedW1, x, c.dim, T, c.dim, act_.gu, 2 * inter, inter,
+                   false),
+      linear_event(block, LinearId::kSharedW3, x, c.dim, T, c.dim, act_.gu + inter, 2 * inter,
+                   inter, false)},
+     [&] {
+       if (b.shared_fused) {
+         gemm(ax, b.shared_w13, act_.gu, 2 * inter, true);
+       } else {
+         gemm(ax, b.shared_w1, act_.gu, 2 * inter, true);
+         gemm(ax, b.shared_w3, act_.gu + inter, 2 * inter, false);
+       }
+     });
+  op(op_event(OpKind::kSwiglu, block, 0,
+              {bf16_ref(act_.gu, T, 2 * inter, 2 * inter), bf16_ref(act_.sact, T, inter)}),
+     [&] { glue::swiglu(act_.gu, 2 * inter, T, inter, c.swiglu_limit, act_.sact, stream_); });
   const Fp8Act aa = quantize(act_.sact, inter, T, inter, 1);
-  gemm(aa, b.shared_w2, act_.shared, c.dim, true);
-  if (V) V->linear(block, VLinear::kSharedW2, act_.sact, inter, T, act_.shared, c.dim, false);
+  gemm(aa, b.shared_w2, act_.shared, c.dim, true, block, LinearId::kSharedW2);
   if (pmoe_) {  // the parallel engine: routed experts across ranks
     pmoe_->forward(b, x, st.tokens, act_.shared, T, out, stream_);
     return;
@@ -705,27 +717,12 @@ void CudaModel::moe(int block, const DeviceStep& st, const bf16* x, bf16* out) {
   m.workspace = act_.moe_ws;
   m.workspace_bytes = act_.moe_ws_bytes;
   m.stream = stream_;
-  cuda::moe::moe_forward(b.moe, m);
-  if (V || trace_) {
-    const cuda::moe::MoeWorkspace ws =
-        cuda::moe::carve_moe_workspace(b.moe, T, c.n_activated_experts, act_.moe_ws);
-    if (V) V->moe(block, x, act_.shared, ws.sel, ws.wt, out);
-    if (trace_) {
-      DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      const int K = c.n_activated_experts;
-      std::vector<int32_t> sel(size_t(T) * K);
-      std::vector<float> wt(size_t(T) * K);
-      DSV4_CUDA_CHECK(cudaMemcpy(sel.data(), ws.sel, sel.size() * 4, cudaMemcpyDeviceToHost));
-      DSV4_CUDA_CHECK(cudaMemcpy(wt.data(), ws.wt, wt.size() * 4, cudaMemcpyDeviceToHost));
-      int row = 0;
-      for (size_t i = 0; i < st.chunks.size(); ++i) {
-        const int n = st.chunks[i].n;
-        trace_->ints(block, int(i), "route.experts", sel.data() + size_t(row) * K, {n, K});
-        trace_->tensor(block, int(i), "route.weights", wt.data() + size_t(row) * K, {n, K});
-        row += n;
-      }
-    }
-  }
+  const int K = c.n_activated_experts;
+  const cuda::moe::MoeWorkspace ws = cuda::moe::carve_moe_workspace(b.moe, T, K, act_.moe_ws);
+  op(op_event(OpKind::kMoe, block, 0,
+              {bf16_ref(x, T, c.dim), bf16_ref(act_.shared, T, c.dim), i32_ref(ws.sel, T, K),
+               f32_ref(ws.wt, T, K), bf16_ref(out, T, c.dim)}),
+     [&] { cuda::moe::moe_forward(b.moe, m); });
 }
 
 // ---- blocks, head, entry points ----------------------------------------------------------------
@@ -733,17 +730,17 @@ void CudaModel::moe(int block, const DeviceStep& st, const bf16* x, bf16* out) {
 // One block on act_.streams[cur_], whose attention input (hc_pre of the block) is in act_.x.
 // Ends with hc_post of the MoE fused into the next block's hc_pre when `fuse_next`.
 void CudaModel::block_body(int block, const DeviceStep& st, DeviceCache& cache, bool fuse_next) {
-  const int hcd = cfg_.hc_mult * cfg_.dim;
-  trace_rows(block, st, "hidden.in", act_.streams[cur_], hcd);
-  trace_rows(block, st, "attn_in", act_.x, cfg_.dim);
-  attention(block, st, cache, act_.x, act_.sub_out);
-  trace_rows(block, st, "attn_out", act_.sub_out, cfg_.dim);
+  const int T = st.num_tokens, hcd = cfg_.hc_mult * cfg_.dim, dim = cfg_.dim;
+  op(op_event(OpKind::kAttnSublayer, block, 0,
+              {bf16_ref(act_.x, T, dim), bf16_ref(act_.sub_out, T, dim),
+               bf16_ref(act_.streams[cur_], T, hcd)}),
+     [&] { attention(block, st, cache, act_.x, act_.sub_out); });
   hc_post(block, false, st, act_.sub_out, block, true);
-  trace_rows(block, st, "ffn_in", act_.x, cfg_.dim);
-  moe(block, st, act_.x, act_.sub_out);
-  trace_rows(block, st, "ffn_out", act_.sub_out, cfg_.dim);
+  op(op_event(OpKind::kFfnSublayer, block, 0,
+              {bf16_ref(act_.x, T, dim), bf16_ref(act_.sub_out, T, dim),
+               bf16_ref(act_.streams[cur_], T, hcd)}),
+     [&] { moe(block, st, act_.x, act_.sub_out); });
   hc_post(block, true, st, act_.sub_out, fuse_next ? block + 1 : -1, false);
-  trace_rows(block, st, "hidden.out", act_.streams[cur_], hcd);
 }
 
 void CudaModel::head(const CudaHcUnit& unit, const CudaBf16& norm, const bf16* streams, int rows,
@@ -764,8 +761,9 @@ void CudaModel::head(const CudaHcUnit& unit, const CudaBf16& norm, const bf16* s
   hp.norm.weight = norm.ptr();
   hp.norm.eps = cfg_.norm_eps;
   hp.y = act_.head_y;
-  cuda::hc_head(hp, stream_);
-  if (verify_) verify_->hc_head(mtp, src, rows, act_.head_y);
+  op(op_event(OpKind::kHcHead, mtp < 0 ? -1 : cfg_.n_layers + mtp, mtp,
+              {bf16_ref(src, rows, hcd), bf16_ref(act_.head_y, rows, cfg_.dim)}),
+     [&] { cuda::hc_head(hp, stream_); });
   cuda::LogitsParams lp;
   lp.x = act_.head_y;
   lp.m = rows;
@@ -774,8 +772,9 @@ void CudaModel::head(const CudaHcUnit& unit, const CudaBf16& norm, const bf16* s
   lp.dim = cfg_.dim;
   lp.logits = act_.logits;
   lp.cublas = blas_->handle();
-  cuda::head_logits(lp, stream_);
-  if (verify_) verify_->logits(act_.head_y, rows, act_.logits);
+  op(op_event(OpKind::kLogits, -1, 0,
+              {bf16_ref(act_.head_y, rows, cfg_.dim), f32_ref(act_.logits, rows, cfg_.vocab_size)}),
+     [&] { cuda::head_logits(lp, stream_); });
 }
 
 void CudaModel::forward(const DeviceStep& st, DeviceCache& cache) {
@@ -793,7 +792,7 @@ void CudaModel::forward(const DeviceStep& st, DeviceCache& cache) {
   };
   if (timed) mark(events_[0]);
   rope_tables(st);
-  if (verify_) verify_->begin_step(st);
+  begin_step(st);
   cuda::EmbedParams ep;
   ep.tokens = st.tokens;
   ep.n = st.num_tokens;
@@ -802,10 +801,10 @@ void CudaModel::forward(const DeviceStep& st, DeviceCache& cache) {
   ep.dim = c.dim;
   ep.repeat = c.hc_mult;
   ep.out = act_.streams[0];
-  cuda::embed(ep, stream_);
+  op(op_event(OpKind::kEmbed, -1, 0, {bf16_ref(ep.out, st.num_tokens, c.hc_mult * c.dim)}),
+     [&] { cuda::embed(ep, stream_); });
   cur_ = 0;
   pp_ = 0;
-  if (verify_) verify_->embed(act_.streams[0]);
   hc_pre(0, false, st, act_.streams[cur_]);
   for (int b = 0; b < c.n_layers; ++b) {
     block_body(b, st, cache, b + 1 < c.n_layers);
@@ -813,7 +812,7 @@ void CudaModel::forward(const DeviceStep& st, DeviceCache& cache) {
   }
   head(w_.hc_head, w_.norm, act_.streams[cur_], st.num_logit_rows, st.logit_rows, -1);
   if (timed) mark(events_[c.n_layers + 1]);
-  if (verify_) verify_->end_step();
+  end_step();
 }
 
 void CudaModel::mtp_forward(int j, const DeviceStep& st, const bf16* main_streams,
@@ -822,9 +821,8 @@ void CudaModel::mtp_forward(int j, const DeviceStep& st, const bf16* main_stream
   DSV4_CHECK(j >= 0 && j < c.n_mtp_layers, "MTP block ", j, " does not exist");
   const int b = c.n_layers + j, T = st.num_tokens, hc = c.hc_mult;
   const CudaBlockWeights& bw = w_.blocks[b];
-  CudaVerifier* V = verify_;
   rope_tables(st);
-  if (V) V->begin_step(st);
+  begin_step(st);
   cuda::EmbedParams ep;
   ep.tokens = st.tokens;
   ep.n = T;
@@ -834,7 +832,7 @@ void CudaModel::mtp_forward(int j, const DeviceStep& st, const bf16* main_stream
   ep.repeat = 1;
   ep.out = act_.e;
   cuda::embed(ep, stream_);
-  auto norm = [&](const bf16* x, int rows, const CudaBf16& w, bf16* y, VNorm which) {
+  auto norm = [&](const bf16* x, int rows, const CudaBf16& w, bf16* y, NormId which) {
     cuda::RmsNormParams rn;
     rn.x = x;
     rn.rows = rows;
@@ -842,32 +840,33 @@ void CudaModel::mtp_forward(int j, const DeviceStep& st, const bf16* main_stream
     rn.weight = w.ptr();
     rn.eps = c.norm_eps;
     rn.y = y;
-    cuda::rms_norm(rn, stream_);
-    if (V) V->rms_norm(b, which, x, rows, c.dim, y);
+    op(op_event(OpKind::kRmsNorm, b, int(which),
+                {bf16_ref(x, rows, c.dim), bf16_ref(y, rows, c.dim)}),
+       [&] { cuda::rms_norm(rn, stream_); });
   };
-  norm(act_.e, T, bw.enorm, act_.e_n, VNorm::kEnorm);
-  norm(main_streams, T * hc, bw.hnorm, act_.h_n, VNorm::kHnorm);
+  norm(act_.e, T, bw.enorm, act_.e_n, NormId::kEnorm);
+  norm(main_streams, T * hc, bw.hnorm, act_.h_n, NormId::kHnorm);
   const Fp8Act ae = quantize(act_.e_n, c.dim, T, c.dim, 0);
-  gemm(ae, bw.e_proj, act_.ep, c.dim, true);
-  if (V) V->linear(b, VLinear::kEProj, act_.e_n, c.dim, T, act_.ep, c.dim, false);
+  gemm(ae, bw.e_proj, act_.ep, c.dim, true, b, LinearId::kEProj);
   const Fp8Act ah = quantize(act_.h_n, c.dim, T * hc, c.dim, 1);
-  gemm(ah, bw.h_proj, act_.hp, c.dim, true);
-  if (V) V->linear(b, VLinear::kHProj, act_.h_n, c.dim, T * hc, act_.hp, c.dim, false);
-  glue::mtp_combine(act_.ep, act_.hp, T, hc, c.dim, act_.streams[0], stream_);
+  gemm(ah, bw.h_proj, act_.hp, c.dim, true, b, LinearId::kHProj);
+  op(op_event(OpKind::kMtpCombine, b, 0,
+              {bf16_ref(act_.ep, T, c.dim), bf16_ref(act_.hp, T, int64_t(hc) * c.dim),
+               bf16_ref(act_.streams[0], T, int64_t(hc) * c.dim)}),
+     [&] { glue::mtp_combine(act_.ep, act_.hp, T, hc, c.dim, act_.streams[0], stream_); });
   cur_ = 0;
   pp_ = 0;
-  if (V) V->mtp_combine(act_.ep, act_.hp, act_.streams[0]);
   hc_pre(b, false, st, act_.streams[cur_]);
   block_body(b, st, cache, false);
   head(bw.mtp_hc_head, bw.mtp_norm, act_.streams[cur_], T, nullptr, j);
-  if (V) V->end_step();
+  end_step();
 }
 
 void CudaModel::run_block(int block, const DeviceStep& st, DeviceCache& cache, bf16* streams) {
   DSV4_CHECK(block >= 0 && block < cfg_.num_blocks(), "block ", block, " does not exist");
   const size_t bytes = size_t(st.num_tokens) * cfg_.hc_mult * cfg_.dim * 2;
   rope_tables(st);
-  if (verify_) verify_->begin_step(st);
+  begin_step(st);
   cur_ = 0;
   pp_ = 0;
   DSV4_CUDA_CHECK(
@@ -876,16 +875,16 @@ void CudaModel::run_block(int block, const DeviceStep& st, DeviceCache& cache, b
   block_body(block, st, cache, false);
   DSV4_CUDA_CHECK(
       cudaMemcpyAsync(streams, act_.streams[cur_], bytes, cudaMemcpyDeviceToDevice, stream_));
-  if (verify_) verify_->end_step();
+  end_step();
 }
 
 void CudaModel::run_attention(int block, const DeviceStep& st, DeviceCache& cache, const bf16* x,
                               bf16* out) {
   DSV4_CHECK(block >= 0 && block < cfg_.num_blocks(), "block ", block, " does not exist");
   rope_tables(st);
-  if (verify_) verify_->begin_step(st);
+  begin_step(st);
   attention(block, st, cache, x, out);
-  if (verify_) verify_->end_step();
+  end_step();
 }
 
 void CudaModel::logits_of(const bf16* streams, int rows) {
@@ -896,9 +895,9 @@ void CudaModel::logits_of(const bf16* streams, int rows) {
 void CudaModel::run_moe(int block, const DeviceStep& st, const bf16* x, bf16* out) {
   DSV4_CHECK(block >= 0 && block < cfg_.num_blocks(), "block ", block, " does not exist");
   DSV4_CHECK(st.num_tokens <= limits_.max_tokens, "step exceeds the plan");
-  if (verify_) verify_->begin_step(st);
+  begin_step(st);
   moe(block, st, x, out);
-  if (verify_) verify_->end_step();
+  end_step();
 }
 
 }  // namespace dsv4

@@ -8,15 +8,18 @@
 //
 // Everything runs on the context's stream without host synchronisation; the activations are planned
 // up front for the largest step (CudaModelLimits) and reused, so a forward can be captured as a
-// CUDA graph. An optional CudaVerifier re-runs every op on the CPU from the op's own inputs
-// (verify mode); an optional TraceSink receives the CPU model's named tensors.
+// CUDA graph. Every op runs through one launcher (op()) that hands an OpEvent to the registered
+// observers (model/op_event.h): the CudaVerifier re-runs the op on the CPU from its own inputs
+// (verify mode), a TraceObserver gives a TraceSink the CPU model's named tensors.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "backends/cuda/blas.h"
@@ -26,7 +29,9 @@
 #include "backends/cuda/step.h"
 #include "backends/cuda/weights.h"
 #include "model/model_config.h"
+#include "model/op_event.h"
 #include "model/trace.h"
+#include "model/trace_observer.h"
 
 namespace dsv4 {
 
@@ -72,10 +77,13 @@ class CudaModel {
   // decoder block with no rows, in forward()'s order.
   void idle_forward();
 
-  // Verify mode and traces (both synchronise per op; never while capturing a graph).
-  // The verifier learns which path the FP8 linears take (--exact-linears) to judge their sums.
+  // Observers of every op (synchronise per op; never while capturing a graph): any
+  // OpObserver, verify mode (the verifier learns which path the FP8 linears take,
+  // --exact-linears, to judge their sums) and traces (a TraceObserver on `t`); null: off.
+  void add_observer(OpObserver* o);
+  void remove_observer(OpObserver* o);
   void set_verifier(CudaVerifier* v);
-  void set_trace(TraceSink* t) { trace_ = t; }
+  void set_trace(TraceSink* t);
   // Benchmarks: CUDA events around every decoder block of each (eager) forward.
   // block_times_ms() after the forward completed: [n_layers] per block (block 0 includes the
   // embedding), then the head (hc_head + norm + logits).
@@ -113,6 +121,8 @@ class CudaModel {
     int m;
     const __nv_bfloat16* xq;  // exact linears: the quantised activations decoded, [m, k]
     int k;
+    const __nv_bfloat16* x;  // the BF16 activations quantised (row stride ldx): observers
+    int64_t ldx;
   };
 
   void plan(const CudaModelLimits& limits);
@@ -127,17 +137,37 @@ class CudaModel {
   void head(const CudaHcUnit& unit, const CudaBf16& norm, const __nv_bfloat16* streams, int rows,
             const int32_t* row_ids, int mtp);
 
-  // FP8 linears: activation quantisation once, then one GEMM per weight.
+  // FP8 linears: activation quantisation once, then one GEMM per weight, an op observed as
+  // linear `id` of `block` (block < 0: not observed by itself).
   Fp8Act quantize(const __nv_bfloat16* x, int64_t ldx, int m, int k, int slot);
-  void gemm(const Fp8Act& a, const CudaFp8Linear& w, __nv_bfloat16* y, int64_t ldy, bool pdl);
+  void gemm(const Fp8Act& a, const CudaFp8Linear& w, __nv_bfloat16* y, int64_t ldy, bool pdl,
+            int block = -1, LinearId id = LinearId::kWqA);
   int64_t attn_splits_for(int tokens, int heads_per_cta) const;
 
   // Every tensor-parallel rank's [rows, width] slab (mine) as out [rows, tp x width], rank
   // order (the one-rank column order: heads and groups are split contiguously).
   void tp_gather(const __nv_bfloat16* mine, int rows, int width, __nv_bfloat16* out);
 
-  void trace_rows(int block, const DeviceStep& st, const char* name, const __nv_bfloat16* x,
-                  int width);
+  // The one place ops run: the observers (if any) see `events` before and after `launch`.
+  template <class Launch>
+  void op(std::initializer_list<OpEvent> events, Launch&& launch) {
+    if (observer_)
+      for (const OpEvent& e : events) observer_->before(e);
+    launch();
+    if (observer_)
+      for (const OpEvent& e : events) observer_->after(e);
+  }
+  template <class Launch>
+  void op(const OpEvent& event, Launch&& launch) {
+    op({event}, std::forward<Launch>(launch));
+  }
+  void notify(const OpEvent& e) {
+    if (observer_) observer_->after(e);
+  }
+  void begin_step(const DeviceStep& st);
+  void end_step() { notify(OpEvent{OpKind::kStepEnd}); }
+  OpEvent linear_event(int block, LinearId id, const __nv_bfloat16* x, int64_t ldx, int m,
+                       int64_t in, const void* y, int64_t ldy, int64_t out, bool y_f32) const;
 
   ModelConfig cfg_;
   CudaModelWeights w_;
@@ -170,8 +200,10 @@ class CudaModel {
   int64_t comp_ld_ = 0, score_stride_ = 0, act_k_max_ = 0, act_m_max_ = 0;
   int64_t act_bytes_ = 0;
   int cur_ = 0, pp_ = 0;  // current streams buffer, current post/comb buffer
-  CudaVerifier* verify_ = nullptr;
-  TraceSink* trace_ = nullptr;
+  OpObservers observers_;
+  OpObserver* observer_ = nullptr;  // &observers_ when any is registered
+  CudaVerifier* verifier_ = nullptr;
+  std::unique_ptr<TraceObserver> tracer_;
   std::vector<cudaEvent_t> events_;  // block timing: n_layers + 2 events when on
   // Parallel engine (set_rank).
   const CudaRankContext* rank_ = nullptr;

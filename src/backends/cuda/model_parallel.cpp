@@ -9,7 +9,7 @@
 namespace dsv4 {
 
 void CudaModel::set_rank(const CudaRankContext* rank) {
-  DSV4_CHECK(!verify_ && !trace_, "the parallel engine runs without verify mode and traces");
+  DSV4_CHECK(!observer_, "the parallel engine runs without verify mode and traces");
   rank_ = rank;
   pmoe_.reset();
   tp_mine_ = tp_all_ = nullptr;

@@ -55,6 +55,8 @@ CudaRunner::CudaRunner(CudaModel& model, const CacheConfig& cache, const CudaRun
   scratch_.pages[int(PageKind::kWindow)] = cache_.extra_window_pages(0);
   const size_t n = size_t(model.limits().max_logit_rows) * size_t(model.config().vocab_size);
   DSV4_CUDA_CHECK(cudaMallocHost(&host_logits_, n * sizeof(float)));
+  for (cudaEvent_t& e : slice_done_)
+    DSV4_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
 
 CudaRunner::~CudaRunner() {
@@ -62,7 +64,13 @@ CudaRunner::~CudaRunner() {
     if (g.exec) cudaGraphExecDestroy(g.exec);
     if (g.graph) cudaGraphDestroy(g.graph);
   }
+  for (cudaEvent_t e : slice_done_)
+    if (e) cudaEventDestroy(e);
   if (host_logits_) cudaFreeHost(host_logits_);
+}
+
+void CudaRunner::recycle(StepOutput&& used) {
+  if (used.logits.capacity() > spare_logits_.capacity()) spare_logits_ = std::move(used.logits);
 }
 
 void CudaRunner::set_verifier(CudaVerifier* v) {
@@ -175,15 +183,35 @@ StepOutput CudaRunner::forward(const StepBatch& b) {
   // then the samples, scores and non-finite flags.
   const int V = config().vocab_size;
   const size_t n = size_t(b.num_logit_rows) * size_t(V);
-  if (n)
-    DSV4_CUDA_CHECK(cudaMemcpyAsync(host_logits_, model_.logits(), n * sizeof(float),
-                                    cudaMemcpyDeviceToHost, stream));
+  // Slices of whole rows (at least 1 MiB each): slice i is copied to the returned vector while
+  // slice i + 1 downloads.
+  const size_t rows = size_t(b.num_logit_rows);
+  const size_t min_rows = std::max<size_t>(1, (size_t(1) << 18) / size_t(V));
+  const size_t slice_rows = std::max(min_rows, (rows + kLogitSlices - 1) / size_t(kLogitSlices));
+  const int slices = int((rows + slice_rows - 1) / slice_rows);
+  for (int i = 0; i < slices; ++i) {
+    const size_t r0 = size_t(i) * slice_rows, nr = std::min(slice_rows, rows - r0);
+    DSV4_CUDA_CHECK(cudaMemcpyAsync(host_logits_ + r0 * V, model_.logits() + r0 * V,
+                                    nr * V * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    DSV4_CUDA_CHECK(cudaEventRecord(slice_done_[i], stream));
+  }
   sampler_.launch(model_.logits(), stream);
+  StepOutput out;
+  if (n) {
+    out.logits = std::move(spare_logits_);
+    spare_logits_ = {};
+    out.logits.clear();
+    out.logits.reserve(n);  // no zero fill: the slices are appended
+    for (int i = 0; i < slices; ++i) {
+      const size_t r0 = size_t(i) * slice_rows, nr = std::min(slice_rows, rows - r0);
+      DSV4_CUDA_CHECK(cudaEventSynchronize(slice_done_[i]));
+      out.logits.insert(out.logits.end(), host_logits_ + r0 * V, host_logits_ + (r0 + nr) * V);
+    }
+  }
   DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));
 
   // As sample_on_host: per input, the first non-finite row (in row order) names the error; a
   // failed input's samples and scores are id -1.
-  StepOutput out;
   out.errors.resize(b.chunks.size());
   std::vector<int> row0(b.chunks.size(), 0);
   for (size_t i = 1; i < b.chunks.size(); ++i) row0[i] = row0[i - 1] + b.chunks[i - 1].n;
@@ -211,7 +239,6 @@ StepOutput CudaRunner::forward(const StepBatch& b) {
     }
     out.scores.push_back(std::move(row));
   }
-  out.logits.assign(host_logits_, host_logits_ + n);
   return out;
 }
 

@@ -57,6 +57,8 @@ class CudaRunner final : public PagedRunner {
   // Verify mode (graphs off while it is set); null turns it off.
   void set_verifier(CudaVerifier* v);
   std::string report() const override;
+  // Keeps the logits vector's storage for the next step's logits.
+  void recycle(StepOutput&& used) override;
 
   // What a runner opened from a model directory keeps alive: the context, the model, and in
   // verify mode the CPU weights and the verifier (destroyed in reverse order).
@@ -105,6 +107,11 @@ class CudaRunner final : public PagedRunner {
   int64_t padded_ = 0;
   SequenceCache scratch_;         // the padding rows' sequence: the cache's extra sequence 0
   float* host_logits_ = nullptr;  // pinned [max_logit_rows, vocab]
+  // The download in slices, each copied out of the pinned buffer while the next one (and the
+  // sampler) runs; the copies go into a recycled vector when the caller handed one back.
+  static constexpr int kLogitSlices = 8;
+  cudaEvent_t slice_done_[kLogitSlices] = {};
+  std::vector<float> spare_logits_;
   cuda::DeviceSampler sampler_;
 };
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <set>
 #include <sstream>
@@ -232,31 +233,27 @@ CudaVerifier::CudaVerifier(const ModelConfig& c, const cpu::ModelWeights& w,
 
 // ---- device reads --------------------------------------------------------------------------
 
-void CudaVerifier::sync() const {
+template <class T>
+std::vector<T> CudaVerifier::download(const void* p, size_t n) const {
   DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::vector<T> v(n);
+  if (n) DSV4_CUDA_CHECK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return v;
 }
 
 std::vector<float> CudaVerifier::bf16(const bf16_dev* p, size_t n) const {
-  sync();
-  std::vector<uint16_t> raw(n);
-  if (n) DSV4_CUDA_CHECK(cudaMemcpy(raw.data(), p, n * 2, cudaMemcpyDeviceToHost));
+  const std::vector<uint16_t> raw = download<uint16_t>(p, n);
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = bf16_to_float(raw[i]);
   return v;
 }
 
 std::vector<float> CudaVerifier::f32(const float* p, size_t n) const {
-  sync();
-  std::vector<float> v(n);
-  if (n) DSV4_CUDA_CHECK(cudaMemcpy(v.data(), p, n * 4, cudaMemcpyDeviceToHost));
-  return v;
+  return download<float>(p, n);
 }
 
 std::vector<uint8_t> CudaVerifier::bytes(const void* p, size_t n) const {
-  sync();
-  std::vector<uint8_t> v(n);
-  if (n) DSV4_CUDA_CHECK(cudaMemcpy(v.data(), p, n, cudaMemcpyDeviceToHost));
-  return v;
+  return download<uint8_t>(p, n);
 }
 
 // Rows [m, width] of a strided device matrix, contiguous on the host.
@@ -264,11 +261,9 @@ static std::vector<float> rows_of(const CudaVerifier& v, const void* p, int64_t 
                                   int width, bool f32) {
   std::vector<float> out(size_t(m) * width);
   if (m == 0) return out;
-  const size_t es = f32 ? 4 : 2;
   std::vector<float> all =
       f32 ? v.f32(static_cast<const float*>(p), size_t(m - 1) * ld + width)
           : v.bf16(static_cast<const bf16_dev*>(p), size_t(m - 1) * ld + width);
-  (void)es;
   for (int r = 0; r < m; ++r)
     std::copy_n(all.begin() + size_t(r) * ld, width, out.begin() + size_t(r) * width);
   return out;
@@ -434,11 +429,12 @@ std::string CudaVerifier::summary() const {
 
 // ---- steps ---------------------------------------------------------------------------------
 
-void CudaVerifier::begin_step(const DeviceStep& st) {
-  st_ = &st;
+void CudaVerifier::begin_step(const OpEvent& e) {
+  chunks_ = e.chunks;
+  tokens_ = e.tokens;
   row0_.clear();
   int row = 0;
-  for (const ChunkRef& c : st.chunks) {
+  for (const ChunkRef& c : *chunks_) {
     row0_.push_back(row);
     row += c.n;
   }
@@ -446,7 +442,7 @@ void CudaVerifier::begin_step(const DeviceStep& st) {
   last_o_block_ = -1;
 }
 
-void CudaVerifier::end_step() {
+void CudaVerifier::end_step(const OpEvent&) {
   for (int k = 0; k < 3; ++k) {
     const CacheStoreStats& s = stores_[k];
     if (s.bytes < tol_.cache_min_bytes) continue;
@@ -456,16 +452,48 @@ void CudaVerifier::end_step() {
                             " bytes written identical to the CPU's (limit ",
                             100.0 * tol_.cache_identical, "%)"));
   }
-  st_ = nullptr;
+  chunks_ = nullptr;
+}
+
+// ---- the op events ---------------------------------------------------------------------------
+
+void CudaVerifier::hc_pre(const OpEvent& e) {
+  const TensorRef& in = e.t[0];
+  hc_pre(e.block, e.id != 0, bf16(in.as<bf16_dev>(), size_t(in.rows * in.cols)),
+         e.t[1].as<bf16_dev>(), e.t[2].as<float>(), e.t[3].as<float>());
+}
+
+void CudaVerifier::before(const OpEvent& e) {
+  const TensorRef& t = e.t[0];
+  if (e.kind == OpKind::kQNormRope) q_in_ = bf16(t.as<bf16_dev>(), size_t(t.rows * t.cols));
+  if (e.kind == OpKind::kCompressor) before_compressor(e.block, e.id != 0);  // states it updates
+}
+
+void CudaVerifier::after(const OpEvent& e) {
+  using Check = void (CudaVerifier::*)(const OpEvent&);
+  // Indexed by OpKind; null: nothing to check (sub-layers: their ops are checked one by one).
+  // clang-format off
+  static constexpr Check kChecks[] = {
+      &CudaVerifier::begin_step, &CudaVerifier::end_step,      &CudaVerifier::embed,
+      &CudaVerifier::hc_pre,     &CudaVerifier::hc_post,       &CudaVerifier::linear,
+      &CudaVerifier::rms_norm,   &CudaVerifier::q_norm_rope,   &CudaVerifier::kv_entries,
+      &CudaVerifier::compressor, &CudaVerifier::indexer,       &CudaVerifier::attention,
+      &CudaVerifier::wo_a,       &CudaVerifier::window_insert, &CudaVerifier::swiglu,
+      &CudaVerifier::moe,        &CudaVerifier::hc_head,       &CudaVerifier::logits,
+      &CudaVerifier::mtp_combine, nullptr,                     nullptr};
+  // clang-format on
+  static_assert(std::size(kChecks) == size_t(OpKind::kFfnSublayer) + 1);
+  if (const Check c = kChecks[size_t(e.kind)]) (this->*c)(e);
 }
 
 // ---- ops -------------------------------------------------------------------------------------
 
-void CudaVerifier::embed(const bf16_dev* streams) {
-  const int T = st_->num_tokens, hc = c_.hc_mult, dim = c_.dim;
+void CudaVerifier::embed(const OpEvent& e) {
+  const bf16_dev* streams = e.t[0].as<bf16_dev>();
+  const int T = tokens_, hc = c_.hc_mult, dim = c_.dim;
   std::vector<float> want(size_t(T) * hc * dim);
   int row = 0;
-  for (const ChunkRef& ch : st_->chunks)
+  for (const ChunkRef& ch : *chunks_)
     for (int t = 0; t < ch.n; ++t, ++row)
       for (int k = 0; k < hc; ++k)
         std::copy_n(w_.embed.data() + size_t(ch.tokens[t]) * dim, dim,
@@ -512,7 +540,7 @@ std::vector<float> CudaVerifier::collapse_norm_bound(const cpu::HcParams& p,
 
 void CudaVerifier::hc_pre(int block, bool ffn, const std::vector<float>& in, const bf16_dev* y,
                           const float* post, const float* comb) {
-  const int T = st_->num_tokens, hc = c_.hc_mult, dim = c_.dim, n = hc * dim;
+  const int T = tokens_, hc = c_.hc_mult, dim = c_.dim, n = hc * dim;
   const cpu::BlockWeights& b = bw(block);
   const cpu::HcParams p = hc_params(c_, ffn ? b.hc_ffn : b.hc_attn);
   const float* norm_w = (ffn ? b.ffn_norm : b.attn_norm).data();
@@ -578,12 +606,14 @@ void CudaVerifier::hc_pre(int block, bool ffn, const std::vector<float>& in, con
         {T, hc, hc});
 }
 
-void CudaVerifier::hc_post(int block, bool ffn, const std::vector<float>& sub,
-                           const std::vector<float>& res, const std::vector<float>& post,
-                           const std::vector<float>& comb, const bf16_dev* out, int next_block,
-                           bool next_ffn, const bf16_dev* y, const float* next_post,
-                           const float* next_comb) {
-  const int T = st_->num_tokens, hc = c_.hc_mult, dim = c_.dim;
+void CudaVerifier::hc_post(const OpEvent& e) {
+  const int block = e.block, T = tokens_, hc = c_.hc_mult, dim = c_.dim;
+  const bool ffn = e.id != 0;
+  const std::vector<float> sub = bf16(e.t[0].as<bf16_dev>(), size_t(T) * dim),
+                           res = bf16(e.t[1].as<bf16_dev>(), size_t(T) * hc * dim),
+                           post = f32(e.t[2].as<float>(), size_t(T) * hc),
+                           comb = f32(e.t[3].as<float>(), size_t(T) * hc * hc);
+  const bf16_dev* out = e.t[4].as<bf16_dev>();
   std::vector<float> want(size_t(T) * hc * dim), bound(want.size());
   for (int t = 0; t < T; ++t) {
     cpu::hc_post(hc, dim, sub.data() + size_t(t) * dim, res.data() + size_t(t) * hc * dim,
@@ -604,61 +634,20 @@ void CudaVerifier::hc_post(int block, bool ffn, const std::vector<float>& sub,
   judge(std::string("hc_post.") + (ffn ? "ffn" : "attn"), block, got, want, bound,
         cpu::Rounding::kBf16, {T, hc, dim});
   // The fused next hc_pre, from the streams the kernel wrote.
-  if (next_block >= 0) hc_pre(next_block, next_ffn, got, y, next_post, next_comb);
+  if (e.next_block >= 0)
+    hc_pre(e.next_block, e.next_ffn, got, e.t[5].as<bf16_dev>(), e.t[6].as<float>(),
+           e.t[7].as<float>());
 }
 
-void CudaVerifier::linear(int block, VLinear which, const bf16_dev* x, int64_t ldx, int m,
-                          const void* y, int64_t ldy, bool y_f32) {
-  const cpu::BlockWeights& b = bw(block);
-  const cpu::Linear* L = nullptr;
-  const char* name = "";
-  switch (which) {
-    case VLinear::kWqA:
-      L = &b.attn.wq_a, name = "attn.wq_a";
-      break;
-    case VLinear::kWkv:
-      L = &b.attn.wkv, name = "attn.wkv";
-      break;
-    case VLinear::kWqB:
-      L = &b.attn.wq_b, name = "attn.wq_b";
-      break;
-    case VLinear::kWoB:
-      L = &b.attn.wo_b, name = "attn.wo_b";
-      break;
-    case VLinear::kIndexWqB:
-      L = &b.attn.indexer->wq_b, name = "indexer.wq_b";
-      break;
-    case VLinear::kWeightsProj:
-      L = &b.attn.indexer->weights_proj, name = "indexer.weights_proj";
-      break;
-    case VLinear::kCompWkv:
-      L = &b.attn.compressor->wkv, name = "compressor.wkv";
-      break;
-    case VLinear::kCompWgate:
-      L = &b.attn.compressor->wgate, name = "compressor.wgate";
-      break;
-    case VLinear::kIndexCompWkv:
-      L = &b.attn.indexer->compressor.wkv, name = "indexer.compressor.wkv";
-      break;
-    case VLinear::kIndexCompWgate:
-      L = &b.attn.indexer->compressor.wgate, name = "indexer.compressor.wgate";
-      break;
-    case VLinear::kSharedW1:
-      L = &b.ffn.shared.w1, name = "shared_expert.w1";
-      break;
-    case VLinear::kSharedW3:
-      L = &b.ffn.shared.w3, name = "shared_expert.w3";
-      break;
-    case VLinear::kSharedW2:
-      L = &b.ffn.shared.w2, name = "shared_expert.w2";
-      break;
-    case VLinear::kEProj:
-      L = &b.mtp->e_proj, name = "mtp.e_proj";
-      break;
-    case VLinear::kHProj:
-      L = &b.mtp->h_proj, name = "mtp.h_proj";
-      break;
-  }
+void CudaVerifier::linear(const OpEvent& e) {
+  const int block = e.block, m = int(e.t[0].rows);
+  const bf16_dev* x = e.t[0].as<bf16_dev>();
+  const int64_t ldx = e.t[0].stride(), ldy = e.t[1].stride();
+  const void* y = e.t[1].data;
+  const bool y_f32 = e.t[1].dtype == DType::kF32;
+  const LinearId which = LinearId(e.id);
+  const cpu::Linear* L = &cpu::block_linear(bw(block), which);
+  const char* name = op_name(which);
   const std::vector<float> xin = rows_of(*this, x, ldx, m, L->in, false);
   std::vector<float> want(size_t(m) * L->out), bound(want.size());
   cpu::linear(*L, xin.data(), m, want.data());
@@ -675,22 +664,12 @@ void CudaVerifier::linear(int block, VLinear which, const bf16_dev* x, int64_t l
         y_f32 ? cpu::Rounding::kF32 : cpu::Rounding::kBf16, {m, L->out});
 }
 
-void CudaVerifier::rms_norm(int block, VNorm which, const bf16_dev* x, int rows, int n,
-                            const bf16_dev* y) {
-  const cpu::BlockWeights& b = bw(block);
-  const std::vector<float>* w = nullptr;
-  const char* name = "";
-  switch (which) {
-    case VNorm::kQNorm:
-      w = &b.attn.q_norm, name = "attn.q_norm";
-      break;
-    case VNorm::kEnorm:
-      w = &b.mtp->enorm, name = "mtp.enorm";
-      break;
-    case VNorm::kHnorm:
-      w = &b.mtp->hnorm, name = "mtp.hnorm";
-      break;
-  }
+void CudaVerifier::rms_norm(const OpEvent& e) {
+  const int block = e.block, rows = int(e.t[0].rows), n = int(e.t[0].cols);
+  const bf16_dev *x = e.t[0].as<bf16_dev>(), *y = e.t[1].as<bf16_dev>();
+  const NormId which = NormId(e.id);
+  const std::vector<float>* w = &cpu::block_norm(bw(block), which);
+  const char* name = op_name(which);
   const std::vector<float> xin = bf16(x, size_t(rows) * n);
   std::vector<float> want(xin.size()), bound(xin.size());
   cpu::rms_norm(xin.data(), rows, n, w->data(), c_.norm_eps, want.data());
@@ -701,8 +680,11 @@ void CudaVerifier::rms_norm(int block, VNorm which, const bf16_dev* x, int rows,
   judge(name, block, bf16(y, want.size()), want, bound, cpu::Rounding::kBf16, {rows, n});
 }
 
-void CudaVerifier::q_norm_rope(int block, const std::vector<float>& q_in, const bf16_dev* q_out) {
-  const int T = st_->num_tokens, H = c_.n_heads, D = c_.head_dim, R = c_.rope_head_dim;
+void CudaVerifier::q_norm_rope(const OpEvent& e) {
+  const int block = e.block;
+  const std::vector<float>& q_in = q_in_;
+  const bf16_dev* q_out = e.t[0].as<bf16_dev>();
+  const int T = tokens_, H = c_.n_heads, D = c_.head_dim, R = c_.rope_head_dim;
   const cpu::RopeTable& rope = bw(block).attn.rope;
   std::vector<float> q = q_in, cs(R / 2), sn(R / 2);
   cpu::rms_norm_bf16_weightless(q.data(), T * H, D, c_.norm_eps);
@@ -723,7 +705,7 @@ void CudaVerifier::q_norm_rope(int block, const std::vector<float>& q_in, const 
       iv[size_t(r) * D + i] = cpu::round_ends_bf16(cpu::widen_f32(rs * double(x[i]), 1));
   }
   int row = 0;
-  for (const ChunkRef& ch : st_->chunks)
+  for (const ChunkRef& ch : *chunks_)
     for (int t = 0; t < ch.n; ++t, ++row) {
       rope.cos_sin(ch.start + t, cs.data(), sn.data());
       for (int h = 0; h < H; ++h) {
@@ -736,8 +718,11 @@ void CudaVerifier::q_norm_rope(int block, const std::vector<float>& q_in, const 
         cpu::Rounding::kNone, {T, H, D});
 }
 
-void CudaVerifier::kv_entries(int block, const bf16_dev* kv, const uint8_t* staged) {
-  const int T = st_->num_tokens, D = c_.head_dim, R = c_.rope_head_dim;
+void CudaVerifier::kv_entries(const OpEvent& e) {
+  const int block = e.block;
+  const bf16_dev* kv = e.t[0].as<bf16_dev>();
+  const uint8_t* staged = e.t[1].as<uint8_t>();
+  const int T = tokens_, D = c_.head_dim, R = c_.rope_head_dim;
   const KvEntryLayout& kl = cache_.kv_layout();
   const int eb = kl.entry_bytes(), db = kl.data_bytes();
   const cpu::AttentionWeights& a = bw(block).attn;
@@ -746,7 +731,7 @@ void CudaVerifier::kv_entries(int block, const bf16_dev* kv, const uint8_t* stag
   const StoreCopy ring = staged ? StoreCopy{} : copy_store(*this, cache_, block, 0);
   std::vector<uint8_t> want(eb), dev(eb);
   int row = 0;
-  for (const ChunkRef& ch : st_->chunks)
+  for (const ChunkRef& ch : *chunks_)
     for (int t = 0; t < ch.n; ++t, ++row) {
       float* r = x.data() + size_t(row) * D;
       cpu::rms_norm(r, 1, D, a.kv_norm.data(), c_.norm_eps, r);
@@ -770,7 +755,7 @@ void CudaVerifier::kv_entries(int block, const bf16_dev* kv, const uint8_t* stag
 
 void CudaVerifier::before_compressor(int block, bool indexer) {
   state_snap_.clear();
-  for (const ChunkRef& ch : st_->chunks) {
+  for (const ChunkRef& ch : *chunks_) {
     const int slot = ch.cache->state_slot;
     const CompressorStateLayout l =
         indexer ? cache_.index_state_layout() : cache_.main_state_layout(block);
@@ -780,13 +765,16 @@ void CudaVerifier::before_compressor(int block, bool indexer) {
   }
 }
 
-void CudaVerifier::compressor(int block, bool indexer, const float* a, const float* g,
-                              int64_t stride) {
+void CudaVerifier::compressor(const OpEvent& e) {
+  const int block = e.block;
+  const bool indexer = e.id != 0;
+  const float *a = e.t[0].as<float>(), *g = e.t[1].as<float>();
+  const int64_t stride = e.t[0].stride();
   const cpu::AttentionWeights& aw = bw(block).attn;
   const cpu::CompressorWeights& w = indexer ? aw.indexer->compressor : *aw.compressor;
   const CompressorStateLayout l =
       indexer ? cache_.index_state_layout() : cache_.main_state_layout(block);
-  const int width = l.width(), T = st_->num_tokens;
+  const int width = l.width(), T = tokens_;
   const std::vector<float> av = rows_of(*this, a, stride, T, width, true);
   const std::vector<float> gv = rows_of(*this, g, stride, T, width, true);
   const std::string op = indexer ? "indexer.compressor" : "compressor";
@@ -798,8 +786,8 @@ void CudaVerifier::compressor(int block, bool indexer, const float* a, const flo
   std::vector<float> pooled(w.dim), entry(w.dim);
   std::vector<uint8_t> want(db + sb);
   const StoreCopy store = copy_store(*this, cache_, block, kind);
-  for (size_t s = 0; s < st_->chunks.size(); ++s) {
-    const ChunkRef& ch = st_->chunks[s];
+  for (size_t s = 0; s < chunks_->size(); ++s) {
+    const ChunkRef& ch = (*chunks_)[s];
     std::vector<float> state = state_snap_.at(s);
     for (int t = 0; t < ch.n; ++t) {
       const int64_t p = ch.start + t;
@@ -828,10 +816,14 @@ void CudaVerifier::compressor(int block, bool indexer, const float* a, const flo
   }
 }
 
-void CudaVerifier::indexer(int block, const bf16_dev* qi, const bf16_dev* wproj,
-                           const bf16_dev* q_fp4, const bf16_dev* weights, const bf16_dev* scores,
-                           int64_t score_stride, const int32_t* topk) {
-  const int T = st_->num_tokens, HI = c_.index_n_heads, DI = c_.index_head_dim;
+void CudaVerifier::indexer(const OpEvent& e) {
+  const int block = e.block;
+  const bf16_dev *qi = e.t[0].as<bf16_dev>(), *wproj = e.t[1].as<bf16_dev>(),
+                 *q_fp4 = e.t[2].as<bf16_dev>(), *weights = e.t[3].as<bf16_dev>(),
+                 *scores = e.t[4].as<bf16_dev>();
+  const int64_t score_stride = e.t[4].stride();
+  const int32_t* topk = e.t[5].as<int32_t>();
+  const int T = tokens_, HI = c_.index_n_heads, DI = c_.index_head_dim;
   const int R = c_.rope_head_dim, K = c_.index_topk;
   const cpu::AttentionWeights& aw = bw(block).attn;
   // Query path, and the same on intervals: RoPE, the Hadamard rotation (orthonormal, entries
@@ -845,7 +837,7 @@ void CudaVerifier::indexer(int block, const bf16_dev* qi, const bf16_dev* wproj,
   int stages = 1;
   while ((1 << (stages - 1)) < DI) ++stages;
   int row = 0;
-  for (const ChunkRef& ch : st_->chunks)
+  for (const ChunkRef& ch : *chunks_)
     for (int t = 0; t < ch.n; ++t, ++row) {
       aw.rope.cos_sin(ch.start + t, cs.data(), sn.data());
       for (int h = 0; h < HI; ++h) {
@@ -895,14 +887,12 @@ void CudaVerifier::indexer(int block, const bf16_dev* qi, const bf16_dev* wproj,
   // own scores.
   const IndexKeyLayout& il = cache_.index_layout();
   const std::vector<float> gs = bf16(scores, size_t(T) * score_stride);
-  std::vector<int32_t> gsel(size_t(T) * K);
-  sync();
-  DSV4_CUDA_CHECK(cudaMemcpy(gsel.data(), topk, gsel.size() * 4, cudaMemcpyDeviceToHost));
+  const std::vector<int32_t> gsel = download<int32_t>(topk, size_t(T) * K);
   std::vector<float> got_all, want_all, bound_all;
   std::vector<Iv> iv;
   const StoreCopy key_store = copy_store(*this, cache_, block, 2);
-  for (size_t s = 0; s < st_->chunks.size(); ++s) {
-    const ChunkRef& ch = st_->chunks[s];
+  for (size_t s = 0; s < chunks_->size(); ++s) {
+    const ChunkRef& ch = (*chunks_)[s];
     const int64_t nkeys = (ch.start + ch.n) / 4;
     std::vector<float> keys(size_t(nkeys) * DI);
     for (int64_t i = 0; i < nkeys; ++i) {
@@ -956,9 +946,12 @@ void CudaVerifier::indexer(int block, const bf16_dev* qi, const bf16_dev* wproj,
   ++ops_["indexer.topk"].count;
 }
 
-void CudaVerifier::attention(int block, const bf16_dev* q, const uint8_t* staging,
-                             int staging_slots, const int32_t* topk, const bf16_dev* o) {
-  const int T = st_->num_tokens, H = c_.n_heads, D = c_.head_dim, W = c_.window_size;
+void CudaVerifier::attention(const OpEvent& e) {
+  const int block = e.block, staging_slots = int(e.t[1].rows);
+  const bf16_dev *q = e.t[0].as<bf16_dev>(), *o = e.t[3].as<bf16_dev>();
+  const uint8_t* staging = e.t[1].as<uint8_t>();
+  const int32_t* topk = e.t[2].as<int32_t>();
+  const int T = tokens_, H = c_.n_heads, D = c_.head_dim, W = c_.window_size;
   const int K = c_.index_topk, ratio = c_.ratio(block);
   const cpu::AttentionWeights& aw = bw(block).attn;
   const KvEntryLayout& kl = cache_.kv_layout();
@@ -967,11 +960,7 @@ void CudaVerifier::attention(int block, const bf16_dev* q, const uint8_t* stagin
   std::vector<uint8_t> stage;
   if (staging) stage = bytes(staging, size_t(staging_slots) * db + size_t(staging_slots) * sb);
   std::vector<int32_t> sel;
-  if (ratio == 4) {
-    sel.resize(size_t(T) * K);
-    sync();
-    DSV4_CUDA_CHECK(cudaMemcpy(sel.data(), topk, sel.size() * 4, cudaMemcpyDeviceToHost));
-  }
+  if (ratio == 4) sel = download<int32_t>(topk, size_t(T) * K);
   const StoreCopy ring = copy_store(*this, cache_, block, 0);
   const StoreCopy comp_store = ratio > 0 ? copy_store(*this, cache_, block, 1) : StoreCopy{};
   auto decode_dev = [&](const StoreCopy& sc, const EntryRef& e, std::vector<float>& out) {
@@ -985,8 +974,8 @@ void CudaVerifier::attention(int block, const bf16_dev* q, const uint8_t* stagin
   sp.sink = aw.sink.data();
   std::vector<float> want(size_t(T) * H * D);
   std::vector<Iv> oiv(want.size());
-  for (size_t s = 0; s < st_->chunks.size(); ++s) {
-    const ChunkRef& ch = st_->chunks[s];
+  for (size_t s = 0; s < chunks_->size(); ++s) {
+    const ChunkRef& ch = (*chunks_)[s];
     const int64_t P0 = ch.start;
     std::map<int64_t, std::vector<float>> win, comp;
     auto window_key = [&](int64_t j) -> const float* {
@@ -1036,9 +1025,11 @@ void CudaVerifier::attention(int block, const bf16_dev* q, const uint8_t* stagin
         cpu::Rounding::kNone, {T, H, D});
 }
 
-void CudaVerifier::wo_a(int block, const bf16_dev* z) {
+void CudaVerifier::wo_a(const OpEvent& e) {
+  const int block = e.block;
+  const bf16_dev* z = e.t[0].as<bf16_dev>();
   DSV4_CHECK(last_o_block_ == block, "verify: wo_a without its attention output");
-  const int T = st_->num_tokens, H = c_.n_heads, D = c_.head_dim, R = c_.rope_head_dim;
+  const int T = tokens_, H = c_.n_heads, D = c_.head_dim, R = c_.rope_head_dim;
   const int G = c_.o_groups, OL = c_.o_lora_rank, in_g = c_.heads_per_group() * D;
   const cpu::AttentionWeights& aw = bw(block).attn;
   std::vector<float> o = last_o_, cs(R / 2), sn(R / 2);
@@ -1047,7 +1038,7 @@ void CudaVerifier::wo_a(int block, const bf16_dev* z) {
   std::vector<Iv> oiv(o.size());
   for (size_t i = 0; i < o.size(); ++i) oiv[i] = Iv::of(o[i]);
   int row = 0;
-  for (const ChunkRef& ch : st_->chunks)
+  for (const ChunkRef& ch : *chunks_)
     for (int t = 0; t < ch.n; ++t, ++row) {
       aw.rope.cos_sin(ch.start + t, cs.data(), sn.data());
       for (int h = 0; h < H; ++h) {
@@ -1080,13 +1071,15 @@ void CudaVerifier::wo_a(int block, const bf16_dev* z) {
         cpu::Rounding::kBf16, {T, G, OL});
 }
 
-void CudaVerifier::window_insert(int block, const uint8_t* staged) {
+void CudaVerifier::window_insert(const OpEvent& e) {
+  const int block = e.block;
+  const uint8_t* staged = e.t[0].as<uint8_t>();
   const KvEntryLayout& kl = cache_.kv_layout();
   const int eb = kl.entry_bytes(), db = kl.data_bytes(), W = c_.window_size;
-  const std::vector<uint8_t> src = bytes(staged, size_t(st_->num_tokens) * eb);
+  const std::vector<uint8_t> src = bytes(staged, size_t(tokens_) * eb);
   const StoreCopy ring = copy_store(*this, cache_, block, 0);
-  for (size_t s = 0; s < st_->chunks.size(); ++s) {
-    const ChunkRef& ch = st_->chunks[s];
+  for (size_t s = 0; s < chunks_->size(); ++s) {
+    const ChunkRef& ch = (*chunks_)[s];
     for (int t = std::max(0, ch.n - W); t < ch.n; ++t) {
       const EntryRef e = cache_.window_slot(block, *ch.cache, ch.start + t);
       const uint8_t* want = src.data() + size_t(row0_[s] + t) * eb;
@@ -1101,8 +1094,10 @@ void CudaVerifier::window_insert(int block, const uint8_t* staged) {
   ++checked_;
 }
 
-void CudaVerifier::swiglu(int block, const bf16_dev* gu, int64_t ld, int rows, int inter,
-                          const bf16_dev* act) {
+void CudaVerifier::swiglu(const OpEvent& e) {
+  const int block = e.block, rows = int(e.t[0].rows), inter = int(e.t[1].cols);
+  const bf16_dev *gu = e.t[0].as<bf16_dev>(), *act = e.t[1].as<bf16_dev>();
+  const int64_t ld = e.t[0].stride();
   const std::vector<float> in = rows_of(*this, gu, ld, rows, 2 * inter, false);
   const float L = c_.swiglu_limit;
   std::vector<float> want(size_t(rows) * inter), bound(want.size());
@@ -1125,15 +1120,17 @@ void CudaVerifier::swiglu(int block, const bf16_dev* gu, int64_t ld, int rows, i
         {rows, inter});
 }
 
-void CudaVerifier::moe(int block, const bf16_dev* x, const bf16_dev* shared, const int32_t* sel,
-                       const float* wt, const bf16_dev* y) {
-  const int T = st_->num_tokens, dim = c_.dim, K = c_.n_activated_experts;
+void CudaVerifier::moe(const OpEvent& e) {
+  const int block = e.block;
+  const bf16_dev *x = e.t[0].as<bf16_dev>(), *shared = e.t[1].as<bf16_dev>(),
+                 *y = e.t[4].as<bf16_dev>();
+  const int32_t* sel = e.t[2].as<int32_t>();
+  const float* wt = e.t[3].as<float>();
+  const int T = tokens_, dim = c_.dim, K = c_.n_activated_experts;
   const cpu::MoeWeights& mw = bw(block).ffn;
   const int E = static_cast<int>(mw.experts.size()), NE = mw.gate.out;
   const std::vector<float> xv = bf16(x, size_t(T) * dim), sh = bf16(shared, size_t(T) * dim);
-  std::vector<int32_t> gsel(size_t(T) * K);
-  sync();
-  DSV4_CUDA_CHECK(cudaMemcpy(gsel.data(), sel, gsel.size() * 4, cudaMemcpyDeviceToHost));
+  const std::vector<int32_t> gsel = download<int32_t>(sel, size_t(T) * K);
   const std::vector<float> gwt = f32(wt, size_t(T) * K);
   cpu::MoeParams mp;
   mp.top_k = K;
@@ -1143,7 +1140,7 @@ void CudaVerifier::moe(int block, const bf16_dev* x, const bf16_dev* shared, con
   std::vector<int32_t> rsel(size_t(T) * K), tokens;
   std::vector<float> rwt(size_t(T) * K), logits(NE);
   std::vector<double> rdw(size_t(T) * K), dl(NE), sc, dsc;
-  for (const ChunkRef& ch : st_->chunks) tokens.insert(tokens.end(), ch.tokens, ch.tokens + ch.n);
+  for (const ChunkRef& ch : *chunks_) tokens.insert(tokens.end(), ch.tokens, ch.tokens + ch.n);
   std::vector<float> cmp_got, cmp_want, cmp_bound;
   for (int r = 0; r < T; ++r) {
     int32_t* e = rsel.data() + size_t(r) * K;
@@ -1312,7 +1309,9 @@ void CudaVerifier::moe(int block, const bf16_dev* x, const bf16_dev* shared, con
         cpu::Rounding::kBf16, {T, dim});
 }
 
-void CudaVerifier::hc_head(int mtp, const bf16_dev* streams, int rows, const bf16_dev* y) {
+void CudaVerifier::hc_head(const OpEvent& e) {
+  const int mtp = e.id, rows = int(e.t[0].rows);
+  const bf16_dev *streams = e.t[0].as<bf16_dev>(), *y = e.t[1].as<bf16_dev>();
   const int hc = c_.hc_mult, dim = c_.dim;
   const cpu::HcWeights& hw = mtp < 0 ? w_.hc_head : bw(c_.n_layers + mtp).mtp->hc_head;
   const std::vector<float>& norm = mtp < 0 ? w_.norm : bw(c_.n_layers + mtp).mtp->norm;
@@ -1326,7 +1325,10 @@ void CudaVerifier::hc_head(int mtp, const bf16_dev* streams, int rows, const bf1
         collapse_norm_bound(p, in, norm.data(), want, rows), cpu::Rounding::kNone, {rows, dim});
 }
 
-void CudaVerifier::logits(const bf16_dev* y, int rows, const float* logits) {
+void CudaVerifier::logits(const OpEvent& e) {
+  const int rows = int(e.t[0].rows);
+  const bf16_dev* y = e.t[0].as<bf16_dev>();
+  const float* logits = e.t[1].as<float>();
   const std::vector<float> in = bf16(y, size_t(rows) * c_.dim);
   std::vector<float> want(size_t(rows) * c_.vocab_size), bound(want.size());
   cpu::linear(w_.head, in.data(), rows, want.data());
@@ -1335,8 +1337,10 @@ void CudaVerifier::logits(const bf16_dev* y, int rows, const float* logits) {
         {rows, c_.vocab_size});
 }
 
-void CudaVerifier::mtp_combine(const bf16_dev* ep, const bf16_dev* hp, const bf16_dev* x) {
-  const int T = st_->num_tokens, hc = c_.hc_mult, dim = c_.dim;
+void CudaVerifier::mtp_combine(const OpEvent& ev) {
+  const bf16_dev *ep = ev.t[0].as<bf16_dev>(), *hp = ev.t[1].as<bf16_dev>(),
+                 *x = ev.t[2].as<bf16_dev>();
+  const int T = tokens_, hc = c_.hc_mult, dim = c_.dim;
   const std::vector<float> e = bf16(ep, size_t(T) * dim), h = bf16(hp, size_t(T) * hc * dim);
   std::vector<float> want(h.size());
   for (int t = 0; t < T; ++t)

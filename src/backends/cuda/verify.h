@@ -47,9 +47,9 @@
 
 #include "backends/cpu/weights.h"
 #include "backends/cuda/device_cache.h"
-#include "backends/cuda/step.h"
 #include "core/error.h"
 #include "model/model_config.h"
+#include "model/op_event.h"
 #include "ops/cpu/error_bound.h"
 #include "ops/cpu/mhc.h"
 
@@ -79,27 +79,9 @@ struct OpStats {
   double worst_ratio = 0;  // largest |cuda - cpu| / tolerance of an element (<= 1 passes)
 };
 
-// Linears the verifier can re-run (cpu::Linear of the block).
-enum class VLinear {
-  kWqA,
-  kWkv,
-  kWqB,
-  kWoB,
-  kIndexWqB,
-  kWeightsProj,
-  kCompWkv,
-  kCompWgate,
-  kIndexCompWkv,
-  kIndexCompWgate,
-  kSharedW1,
-  kSharedW3,
-  kSharedW2,
-  kEProj,
-  kHProj
-};
-enum class VNorm { kQNorm, kEnorm, kHnorm };
-
-class CudaVerifier {
+// An op observer (model/op_event.h): registered with CudaModel::set_verifier, it checks each op
+// the model's launcher reports, from the tensors of the event.
+class CudaVerifier : public OpObserver {
  public:
   CudaVerifier(const ModelConfig& config, const cpu::ModelWeights& cpu_weights,
                const DeviceCache& cache, cudaStream_t stream, VerifyTolerances tol = {});
@@ -108,68 +90,60 @@ class CudaVerifier {
   // cores: their sums are judged by the BF16 MMA model (set by the model it verifies).
   void set_exact_linears(bool exact) { exact_linears_ = exact; }
 
-  // The step whose ops follow (its chunks give sequences, positions and tokens).
-  void begin_step(const DeviceStep& st);
-  // Judges the cumulative cache statistics (throws on a store below the identical fraction).
-  void end_step();
+  // kStepBegin: the step whose ops follow (its chunks give sequences, positions and tokens);
+  // kStepEnd judges the cumulative cache statistics (throws on a store below the identical
+  // fraction); every op kind is checked after it ran (inputs an op overwrites are read before).
+  void before(const OpEvent& e) override;
+  void after(const OpEvent& e) override;
 
-  void embed(const __nv_bfloat16* streams);
-  // hc_pre of block `block`'s attention (ffn = false) or MoE sub-layer with its fused norm.
-  void hc_pre(int block, bool ffn, const std::vector<float>& streams_in, const __nv_bfloat16* y,
-              const float* post, const float* comb);
-  // hc_post of (block, ffn) fused with hc_pre of (next_block, next_ffn) (next_block < 0: none).
-  void hc_post(int block, bool ffn, const std::vector<float>& sub_out,
-               const std::vector<float>& res, const std::vector<float>& post,
-               const std::vector<float>& comb, const __nv_bfloat16* out, int next_block,
-               bool next_ffn, const __nv_bfloat16* y, const float* next_post,
-               const float* next_comb);
-  // One linear of block `block` on rows [m, in] (row stride ldx) -> y [m, out] (stride ldy).
-  void linear(int block, VLinear which, const __nv_bfloat16* x, int64_t ldx, int m, const void* y,
-              int64_t ldy, bool y_f32);
-  void rms_norm(int block, VNorm which, const __nv_bfloat16* x, int rows, int n,
-                const __nv_bfloat16* y);
-  void q_norm_rope(int block, const std::vector<float>& q_in, const __nv_bfloat16* q_out);
-  // The window entries of the step's tokens from kv (wkv output): packed staged entries
-  // [T, 584] when given, else the ring slots they were inserted into (decode).
-  void kv_entries(int block, const __nv_bfloat16* kv, const uint8_t* staged_packed);
-  // Snapshot of the compressor states of the step's sequences, before the op.
-  void before_compressor(int block, bool indexer);
-  void compressor(int block, bool indexer, const float* a, const float* g, int64_t stride);
-  void indexer(int block, const __nv_bfloat16* qi, const __nv_bfloat16* wproj,
-               const __nv_bfloat16* q_fp4, const __nv_bfloat16* weights,
-               const __nv_bfloat16* scores, int64_t score_stride, const int32_t* topk);
-  // Sparse attention from q; staged keys read from a staging page of `staging_slots` entries
-  // (null: every window key from the ring); topk [T, index_topk] on CSA layers.
-  void attention(int block, const __nv_bfloat16* q, const uint8_t* staging, int staging_slots,
-                 const int32_t* topk, const __nv_bfloat16* o);
-  // wo_a (inverse RoPE + grouped BF16 GEMM) of the o the last attention() check read.
-  void wo_a(int block, const __nv_bfloat16* z);
-  // The ring after the chunk's staged entries went in.
-  void window_insert(int block, const uint8_t* staged_packed);
-  void swiglu(int block, const __nv_bfloat16* gu, int64_t ld, int rows, int inter,
-              const __nv_bfloat16* act);
-  void moe(int block, const __nv_bfloat16* x, const __nv_bfloat16* shared, const int32_t* sel,
-           const float* wt, const __nv_bfloat16* y);
-  // hc_head + final norm of `rows` stream rows (mtp < 0: the model's head, else MTP block).
-  void hc_head(int mtp, const __nv_bfloat16* streams, int rows, const __nv_bfloat16* y);
-  void logits(const __nv_bfloat16* y, int rows, const float* logits);
-  void mtp_combine(const __nv_bfloat16* ep, const __nv_bfloat16* hp, const __nv_bfloat16* x);
-
-  // Host copies of device tensors (inputs of in-place ops are snapshotted with these).
+  // Host copies of device tensors.
   std::vector<float> bf16(const __nv_bfloat16* p, size_t n) const;
   std::vector<float> f32(const float* p, size_t n) const;
   std::vector<uint8_t> bytes(const void* p, size_t n) const;
 
   const std::map<std::string, OpStats>& op_stats() const { return ops_; }
-  const CacheStoreStats& store_stats(int kind) const {
-    return stores_[kind];
-  }  // 0 window,
-     // 1 KV, 2 keys
+  // 0 window, 1 KV, 2 keys.
+  const CacheStoreStats& store_stats(int kind) const { return stores_[kind]; }
   int64_t ops_checked() const { return checked_; }
   std::string summary() const;
 
  private:
-  void sync() const;
+  // One check per op kind (model/op_event.h gives each kind's tensors).
+  void begin_step(const OpEvent& e);
+  void end_step(const OpEvent& e);
+  void embed(const OpEvent& e);
+  void hc_pre(const OpEvent& e);
+  // hc_pre of block `block`'s attention (ffn = false) or MoE sub-layer with its fused norm, from
+  // its input streams on the host (hc_post checks the fused hc_pre from the streams it wrote).
+  void hc_pre(int block, bool ffn, const std::vector<float>& streams_in, const __nv_bfloat16* y,
+              const float* post, const float* comb);
+  void hc_post(const OpEvent& e);
+  void linear(const OpEvent& e);
+  void rms_norm(const OpEvent& e);
+  void q_norm_rope(const OpEvent& e);  // from the input before() read
+  // The window entries of the step's tokens from kv (wkv output): packed staged entries
+  // [T, 584] when given, else the ring slots they were inserted into (decode).
+  void kv_entries(const OpEvent& e);
+  // Snapshot of the compressor states of the step's sequences, before the op.
+  void before_compressor(int block, bool indexer);
+  void compressor(const OpEvent& e);
+  void indexer(const OpEvent& e);
+  // Sparse attention from q; staged keys read from a staging page (null: every window key
+  // from the ring); top-k on CSA layers.
+  void attention(const OpEvent& e);
+  // wo_a (inverse RoPE + grouped BF16 GEMM) of the o the last attention() check read.
+  void wo_a(const OpEvent& e);
+  // The ring after the chunk's staged entries went in.
+  void window_insert(const OpEvent& e);
+  void swiglu(const OpEvent& e);
+  void moe(const OpEvent& e);
+  // hc_head + final norm (id < 0: the model's head, else MTP block id).
+  void hc_head(const OpEvent& e);
+  void logits(const OpEvent& e);
+  void mtp_combine(const OpEvent& e);
+
+  template <class T>
+  std::vector<T> download(const void* p, size_t n) const;  // after the stream's work
   const cpu::BlockWeights& bw(int block) const { return w_.blocks.at(block); }
   // Element by element within `bound` plus the output roundings `r` (cpu::check_bounds).
   void judge(const std::string& op, int block, const std::vector<float>& cuda,
@@ -198,8 +172,10 @@ class CudaVerifier {
   cudaStream_t stream_;
   VerifyTolerances tol_;
   bool exact_linears_ = false;
-  const DeviceStep* st_ = nullptr;
-  std::vector<int> row0_;  // first row of each chunk
+  const std::vector<ChunkRef>* chunks_ = nullptr;
+  int tokens_ = 0;
+  std::vector<float> q_in_;  // q_norm_rope's input (in place)
+  std::vector<int> row0_;    // first row of each chunk
   std::vector<std::vector<float>> state_snap_;
   std::vector<float> last_o_;
   int last_o_block_ = -1;
