@@ -44,7 +44,6 @@ std::vector<MtpRun> mtp_runs(const StepBatch& b, const std::vector<int>& kept,
     r.end = end;
     r.tokens = ch.tokens + (first + 1 - ch.start);
     r.step_row0 = row0;
-    r.from_state = first < ch.start;
     runs.push_back(r);
   }
   return runs;

@@ -43,8 +43,9 @@ struct CacheSpan {
 
 // Calls entry(EntryRef, data_bytes, scale_bytes) for every window-ring slot of the span's
 // positions and every compressed entry and indexer key they complete, then
-// state(float*, floats) for every compressor state of the sequence's slot, in one fixed order
-// (save and restore walk the same). `Cache` is HostCache or DeviceCache (same accessors).
+// state(float*, floats) for the compressor-state bytes of the sequence's slot the positions
+// can change, in one fixed order (save and restore walk the same). `Cache` is HostCache or
+// DeviceCache (same accessors).
 template <typename Cache, typename Entry, typename State>
 void for_each_span_store(Cache& c, const ModelConfig& m, const SequenceCache& s,
                          const CacheSpan& sp, Entry entry, State state) {
@@ -63,7 +64,21 @@ void for_each_span_store(Cache& c, const ModelConfig& m, const SequenceCache& s,
     }
   }
   for (int b = sp.first; b < sp.last; ++b) {
-    if (m.ratio(b) > 0) state(c.main_state(b, s.state_slot), c.main_state_layout(b).floats());
+    if (m.ratio(b) > 0) {
+      const CompressorStateLayout l = c.main_state_layout(b);
+      float* st = c.main_state(b, s.state_slot);
+      if (l.coff() == 1 && sp.n < l.ratio) {
+        // Without overlap a token writes only its row (position % ratio) of kv and score,
+        // and pooling leaves the state as it is (ops/cpu/compressor.h).
+        for (int64_t p = sp.start; p < sp.start + sp.n; ++p) {
+          const int row = int(p % l.ratio);
+          state(st + l.kv_offset(row), int64_t(l.width()));
+          state(st + l.score_offset(row), int64_t(l.width()));
+        }
+      } else {
+        state(st, l.floats());  // ratio 4 shifts its rows when a block completes
+      }
+    }
     if (m.ratio(b) == 4) state(c.index_state(b, s.state_slot), c.index_state_layout().floats());
   }
 }
@@ -77,8 +92,7 @@ struct MtpRun {
   SequenceCache* seq = nullptr;
   int64_t first = 0, end = 0;
   const int32_t* tokens = nullptr;
-  int step_row0 = 0;        // the step's token row of position chunk.start
-  bool from_state = false;  // position first is chunk.start - 1 (its streams: the MTP state)
+  int step_row0 = 0;  // the step's token row of position chunk.start
   int n() const { return int(end - first); }
   ChunkRef chunk_ref() const { return {seq, first, tokens, n()}; }
 };

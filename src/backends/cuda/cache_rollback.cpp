@@ -24,8 +24,12 @@ SpanBound span_bound(const ModelConfig& m, const DeviceCache& c, int first, int 
     s.segments += 2 * positions;
     if (r > 0) {
       const int64_t entries = positions / r + 1;
-      s.bytes += entries * c.kv_layout().entry_bytes() + c.main_state_layout(b).bytes();
-      s.segments += 2 * entries + 1;
+      const CompressorStateLayout l = c.main_state_layout(b);
+      // for_each_span_store: a non-overlapping state's rows of the positions, else all of it.
+      const bool rows = l.coff() == 1 && positions < l.ratio;
+      s.bytes += entries * c.kv_layout().entry_bytes() +
+                 (rows ? 2 * int64_t(positions) * l.width() * 4 : l.bytes());
+      s.segments += 2 * entries + (rows ? 2 * positions : 1);
     }
     if (r == 4) {
       const int64_t entries = positions / 4 + 1;
