@@ -104,6 +104,9 @@ CudaRunner::~CudaRunner() {
 void CudaRunner::enable_speculation() {
   DSV4_CHECK(config().n_mtp_layers >= 1,
              "speculative decoding needs the model's MTP block (num_nextn_predict_layers is 0)");
+  // Verify mode checks each op against the stores it saw; the rollback's restores and reruns
+  // are not ops it follows.
+  DSV4_CHECK(!verify_, "speculative decoding is not offered in verify mode (--verify)");
   if (spec_) return;
   spec_ = std::make_unique<Spec>(model_, cache_, limits().max_step_seqs, meta_.limits());
 }
@@ -123,6 +126,7 @@ const int32_t* CudaRunner::upload_ints(const std::vector<int32_t>& v) {
 }
 
 void CudaRunner::set_verifier(CudaVerifier* v) {
+  DSV4_CHECK(!v || !spec_, "verify mode (--verify) is not offered with speculative decoding");
   verify_ = v;
   model_.set_verifier(v);
 }
