@@ -17,14 +17,16 @@
 // compressed entries, indexer keys of the whole context on CSA layers, 584 / 68 bytes each).
 // FLOPs: dense GEMMs at the FP8 rate, expert GEMMs (W4A16) and attention/indexer at BF16.
 //
-// Usage: e2e_decode_bench [flash|pro] [nvfp4|mxfp4] [--quick] [--exact-linears]
-//        (default: flash nvfp4, FP8 linears on FP8 tensor cores)
+// Usage: e2e_decode_bench [flash|pro] [nvfp4|mxfp4] [--quick] [--exact-linears] [--speculative]
+//        (default: flash nvfp4, FP8 linears on FP8 tensor cores; --speculative: the verify
+//        step of speculative decoding against the plain step, run_speculative below)
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -179,6 +181,16 @@ WeightsRef random_weights(RandomWeights& R, const ModelConfig& c, ExpertFormat f
     m.shared_w1 = R.fp8(p + "ffn.shared_experts.w1", inter, dim);
     m.shared_w2 = R.fp8(p + "ffn.shared_experts.w2", dim, inter);
     m.shared_w3 = R.fp8(p + "ffn.shared_experts.w3", inter, dim);
+    if (i >= c.n_layers) {  // the MTP block (--speculative)
+      MtpRef t;
+      t.e_proj = R.fp8(p + "e_proj", dim, dim);
+      t.h_proj = R.fp8(p + "h_proj", dim, dim);
+      t.enorm = R.bf16(p + "enorm.weight", {dim}, 1.0);
+      t.hnorm = R.bf16(p + "hnorm.weight", {dim}, 1.0);
+      t.norm = R.bf16(p + "norm.weight", {dim}, 1.0);
+      t.hc_head = R.hc(p + "hc_head", c.hc_mult, hcd, 1);
+      b.mtp = t;
+    }
     w.blocks.push_back(std::move(b));
   }
   return w;
@@ -554,13 +566,222 @@ void run_shape(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
   }
 }
 
+// --speculative: issue 16's verify step against the plain decode step, at batch 1, 8, 32 and
+// k = 1-3 drafts, 4K context, the shape's blocks plus the MTP block. The plain step: a runner
+// without speculation, greedy samples on the device, CUDA graphs (the engine's decode step).
+// The speculative step: a runner with speculation, every sequence bringing its last token and
+// k drafts (verify k, draft k): the target forward over k + 1 tokens per sequence (eager), the
+// sampling of every verified row, the rollback saves, the MTP block's run and its k chained
+// drafts — with the drafts forced (SampleSpec forced_from / draft_override) either all right
+// (no rollback) or all wrong (restore + rerun of the kept token, the worst case).
+// Both steps are also EXTRAPOLATED to the full model: the measured step minus its measured
+// blocks plus the full layer mix at the per-layer times (what does not scale with layers —
+// head, MTP block, sampling, rollback, synchronisation — stays as measured). Tokens per second
+// at the peers' acceptance lengths (1.8 for k = 1; 2.5 and 3.1 for k = 3) are a PROJECTION
+// from these step times: acceptance length / verify step, between the all-accepted and the
+// all-rejected step times (a partly accepted step reruns its kept tokens).
+void run_speculative(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
+  ModelConfig c = s.config;
+  c.n_mtp_layers = 1;
+  c.compress_ratios.push_back(0);  // the MTP block: sliding window only
+  const std::string fname = std::string(fmt == ExpertFormat::kNvfp4 ? "nvfp4" : "mxfp4") +
+                            (exact ? " exact-linears" : "");
+  std::fprintf(stderr, "[%s %s] building %d blocks + MTP (random weights)...\n", s.name.c_str(),
+               fname.c_str(), c.n_layers);
+  RandomWeights R(1234);
+  const WeightsRef ref = random_weights(R, c, fmt);
+  CudaModelWeights w = upload_cuda_weights(c, ref, true);
+  const int max_b = 32, ctx = 4096;
+  CudaModelLimits lim;
+  lim.max_tokens = max_b * (kMaxDraftTokens + 1);
+  lim.max_seqs = max_b;
+  lim.max_context = ctx + 1024;
+  lim.max_logit_rows = lim.max_tokens;
+  lim.exact_linears = exact;
+  DeviceContext dctx(0);
+  CudaModel model(dctx, c, std::move(w), lim);
+  const CacheConfig cc = cache_capacity(c, max_b, lim.max_context, 64);
+  CudaRunnerOptions graphs;
+  graphs.cuda_graphs = true;
+  CudaRunner plain(model, cc, graphs);
+  CudaRunner spec(model, cc, graphs);
+  spec.enable_speculation();
+  fill_caches(plain.cache(), c.num_blocks());
+  fill_caches(spec.cache(), c.num_blocks());
+  std::mt19937 rng(5);
+  const int iters = quick ? 8 : 20;
+  SamplingParams greedy;
+  model.set_block_timing(true);
+
+  // Median step time (us) and per-block times of the target forward of `step`.
+  struct Timed {
+    double step_us = 0, blocks_us = 0, full_us = 0;
+  };
+  auto time_steps = [&](const std::function<void()>& step) {
+    for (int i = 0; i < 3; ++i) step();  // warm-up (eager, capture)
+    std::vector<float> steps;
+    std::vector<std::vector<float>> blocks;
+    cudaEvent_t a, b;
+    DSV4_CUDA_CHECK(cudaEventCreate(&a));
+    DSV4_CUDA_CHECK(cudaEventCreate(&b));
+    for (int i = 0; i < iters; ++i) {
+      DSV4_CUDA_CHECK(cudaEventRecord(a, model.stream()));
+      step();
+      DSV4_CUDA_CHECK(cudaEventRecord(b, model.stream()));
+      DSV4_CUDA_CHECK(cudaEventSynchronize(b));
+      float ms;
+      DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+      steps.push_back(ms);
+      blocks.push_back(model.block_times_ms());
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    Timed t;
+    t.step_us = double(median(steps));
+    double full = 0;
+    for (int bl = 0; bl < c.n_layers; ++bl) {
+      std::vector<float> v;
+      for (const auto& x : blocks) v.push_back(x[size_t(bl)]);
+      const double us = double(median(v));
+      t.blocks_us += us;
+      for (const auto& [ratio, count] : s.full_mix)
+        if (c.ratio(bl) == ratio) full += double(count) * us;
+    }
+    t.full_us = t.step_us - t.blocks_us + full;
+    return t;
+  };
+  auto open = [&](CudaRunner& r, int B) {
+    std::vector<int> seqs;
+    for (int i = 0; i < B; ++i) {
+      seqs.push_back(r.open_sequence());
+      SequenceCache& sq = r.sequence(seqs.back());
+      sq.tokens = ctx;  // the cache "holds" ctx tokens already
+      sq.mtp_tokens = ctx - 1;
+    }
+    return seqs;
+  };
+  auto emit_step = [&](const std::string& kernel, const std::string& shape, double us,
+                       double peer_us) {
+    bench::Result r;
+    r.kernel = kernel;
+    r.shape = shape;
+    r.us = us;
+    r.peer = "plain decode step";
+    r.peer_us = peer_us;
+    r.emit();
+  };
+  for (int B : std::vector<int>{1, 8, 32}) {
+    // The plain step.
+    std::vector<int> seqs = open(plain, B);
+    std::vector<SampleSpec> specs(static_cast<size_t>(B));
+    for (SampleSpec& sp : specs) sp.params = &greedy;
+    const Timed base = time_steps([&]() {
+      std::vector<StepInput> in;
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        StepInput x(seqs[i], {int32_t(2 + rng() % (c.vocab_size - 2))});
+        x.logits = false;
+        x.sample = &specs[i];
+        in.push_back(std::move(x));
+      }
+      plain.step(in);
+    });
+    for (int id : seqs) plain.close_sequence(id);
+    char shape[200];
+    std::snprintf(shape, sizeof shape, "%s %s b=%d ctx=%d: plain decode step, %d blocks + head",
+                  s.name.c_str(), fname.c_str(), B, ctx, c.n_layers);
+    emit_step("spec_plain_step_measured", shape, base.step_us, base.step_us);
+    std::snprintf(shape, sizeof shape,
+                  "%s %s b=%d ctx=%d: plain decode step, %d layers EXTRAPOLATED, %.0f tokens/s",
+                  s.name.c_str(), fname.c_str(), B, ctx, s.full_layers, B * 1e6 / base.full_us);
+    emit_step("spec_plain_step_extrapolated", shape, base.full_us, base.full_us);
+
+    for (int k = 1; k <= kMaxDraftTokens; ++k) {
+      double full[2] = {0, 0};
+      double verify_layers = 0;  // the verify forward's extrapolated minus measured blocks
+      for (int accept = 1; accept >= 0; --accept) {
+        seqs = open(spec, B);
+        // Forced output and drafts along one random continuation per sequence: drafts equal
+        // to it are all accepted, drafts off by one all rejected.
+        std::vector<std::vector<int32_t>> cont(static_cast<size_t>(B)),
+            drafts(static_cast<size_t>(B));
+        for (int i = 0; i < B; ++i) {
+          for (int t = 0; t < 4096; ++t) cont[size_t(i)].push_back(2 + int32_t(rng() % 1000));
+          drafts[size_t(i)] = cont[size_t(i)];
+          if (!accept)
+            for (int32_t& t : drafts[size_t(i)]) ++t;
+        }
+        std::vector<int64_t> index(size_t(B), 0);
+        std::vector<SampleSpec> sp(static_cast<size_t>(B));
+        Timed t = time_steps([&]() {
+          std::vector<StepInput> in;
+          for (int i = 0; i < B; ++i) {
+            // The sequence's last output is cont[last]; the drafts propose outputs last + 1 ..
+            // last + k, which the forced samples make cont[last + 1] ...
+            const std::vector<int32_t>& cn = cont[size_t(i)];
+            const int64_t last = index[size_t(i)];
+            SampleSpec& x = sp[size_t(i)];
+            x.params = &greedy;
+            x.index = last + 1;
+            x.forced = cn[size_t(last + 1)];
+            x.forced_from = &cn;
+            x.draft_override = &drafts[size_t(i)];
+            StepInput y(seqs[size_t(i)], {cn[size_t(last)]});
+            for (int j = 1; j <= k; ++j) y.tokens.push_back(drafts[size_t(i)][size_t(last + j)]);
+            y.verify = k;
+            y.draft = k;
+            y.logits = false;
+            y.sample = &x;
+            in.push_back(std::move(y));
+          }
+          const StepOutput o = spec.step(in);
+          for (int i = 0; i < B; ++i) index[size_t(i)] += 1 + int64_t(o.more[size_t(i)].size());
+        });
+        for (int id : seqs) spec.close_sequence(id);
+        // Block times are of the step's last target forward: with every draft rejected that
+        // is the rerun (one token per sequence), so the verify forward's own full-model
+        // extrapolation is added from the all-accepted run (the same verify shapes).
+        if (accept)
+          verify_layers = t.full_us - t.step_us;
+        else
+          t.full_us += verify_layers;
+        full[accept] = t.full_us;
+        const char* what = accept ? "all drafts accepted" : "all rejected (restore + rerun)";
+        std::snprintf(shape, sizeof shape, "%s %s b=%d ctx=%d k=%d: verify step (%s), %.2fx plain",
+                      s.name.c_str(), fname.c_str(), B, ctx, k, what, t.step_us / base.step_us);
+        emit_step("spec_verify_step_measured", shape, t.step_us, base.step_us);
+        std::snprintf(shape, sizeof shape,
+                      "%s %s b=%d ctx=%d k=%d: verify step (%s), %d layers EXTRAPOLATED, %.2fx "
+                      "plain",
+                      s.name.c_str(), fname.c_str(), B, ctx, k, what, s.full_layers,
+                      t.full_us / base.full_us);
+        emit_step("spec_verify_step_extrapolated", shape, t.full_us, base.full_us);
+      }
+      // The projection at the peers' acceptance lengths.
+      for (double len : k == 1   ? std::vector<double>{1.8}
+                        : k == 3 ? std::vector<double>{2.5, 3.1}
+                                 : std::vector<double>{}) {
+        const double best = B * len * 1e6 / full[1], worst = B * len * 1e6 / full[0];
+        const double plain_tps = B * 1e6 / base.full_us;
+        std::snprintf(shape, sizeof shape,
+                      "%s %s b=%d ctx=%d k=%d acceptance length %.1f: PROJECTED %.0f-%.0f "
+                      "tokens/s (plain %.0f), time per output token %.2f-%.2fx plain",
+                      s.name.c_str(), fname.c_str(), B, ctx, k, len, worst, best, plain_tps,
+                      plain_tps / best, plain_tps / worst);
+        // us: the projected time per output token of the sequence (all-accepted step time).
+        emit_step("spec_projected_tpot", shape, full[1] / len, base.full_us);
+      }
+    }
+  }
+  model.set_block_timing(false);
+}
+
 }  // namespace
 }  // namespace dsv4
 
 int main(int argc, char** argv) {
   using namespace dsv4;
   std::string which = "flash", fmt = "nvfp4";
-  bool quick = false, exact = false;
+  bool quick = false, exact = false, speculative = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "flash" || a == "pro")
@@ -571,17 +792,23 @@ int main(int argc, char** argv) {
       quick = true;
     else if (a == "--exact-linears")
       exact = true;
+    else if (a == "--speculative")
+      speculative = true;
     else {
       std::fprintf(stderr,
                    "usage: e2e_decode_bench [flash|pro] [nvfp4|mxfp4] [--quick] "
-                   "[--exact-linears]\n");
+                   "[--exact-linears] [--speculative]\n");
       return 2;
     }
   }
   try {
     const bool nv = fmt == "nvfp4";
-    run_shape(which == "pro" ? pro_shape(nv) : flash_shape(nv),
-              nv ? ExpertFormat::kNvfp4 : ExpertFormat::kMxfp4, quick, exact);
+    const Shape shape = which == "pro" ? pro_shape(nv) : flash_shape(nv);
+    const ExpertFormat f = nv ? ExpertFormat::kNvfp4 : ExpertFormat::kMxfp4;
+    if (speculative)
+      run_speculative(shape, f, quick, exact);
+    else
+      run_shape(shape, f, quick, exact);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "e2e_decode_bench: %s\n", e.what());
     return 1;

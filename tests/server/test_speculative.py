@@ -1,11 +1,17 @@
 """Speculative decoding through HTTP: --speculative-tokens leaves responses, usage and streams
 as plain decoding gives them, and /metrics counts drafts with vLLM's names. Drafts are forced
-(forced_drafts, a test facility) from the plain server's output, so acceptance is known."""
+(forced_drafts, a test facility) from the plain server's output, so acceptance is known.
+
+On CUDA (kernels not shape-invariant: a verify's k + 1 rows per sequence take other paths than
+one row) the speculative response is held to the plain one as the suite holds batched runs to
+solo ones (support.check_response_near_solo: logprobs within the end-to-end tolerance, tokens
+equal except near ties, teacher-forced logits after a parting); the draft counts are checked
+exactly where every token equalled the plain run's (they follow from the tokens)."""
 
 import pytest
 
 from conftest import Server, backend
-from support import stream
+from support import check_response_near_solo, stream, with_logprobs
 
 PROMPT = [0] + [1000 + 37 * i for i in range(40)]
 LABEL = 'model_name="tiny"'
@@ -13,37 +19,37 @@ SPEC = ["vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_
         "vllm:spec_decode_num_accepted_tokens_total"]
 
 
-def test_cuda_refuses_speculation_clearly(tiny_model):
-    """The CUDA backend does not implement speculation yet: serve must refuse the flag at start,
-    naming it, rather than decode without it."""
-    if backend() != "cuda":
-        pytest.skip("the CPU backend implements speculative decoding (the tests below)")
-    s = Server(tiny_model, "--speculative-tokens", "3", wait_ready=False)
-    code = s.proc.wait(timeout=120)
-    err = s.stderr_text()
-    assert code != 0, err
-    assert "does not implement speculative decoding (--speculative-tokens)" in err, err
-
-
 @pytest.fixture(scope="module")
 def spec_server(tiny_model):
-    if backend() == "cuda":
-        pytest.skip("speculative decoding is implemented on the CPU backend only (CUDA refuses "
-                    "--speculative-tokens: test_cuda_refuses_speculation_clearly)")
     s = Server(tiny_model, "--test-forced-output", "--served-model-name", "tiny",
                "--max-running", "4", "--max-model-len", "256", "--speculative-tokens", "3")
     yield s
     assert s.stop() == 0, s.stderr_text()
 
 
-def completion(server, **extra):
+def request(**extra):
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 12, "temperature": 0,
             "ignore_eos": True, "logprobs": 1, "return_tokens_as_token_ids": True, **extra}
-    status, r = server.post("/v1/completions", body)
+    return with_logprobs(body) if backend() == "cuda" else body
+
+
+def completion(server, full=False, **extra):
+    status, r = server.post("/v1/completions", request(**extra))
     assert status == 200, r
     c = r["choices"][0]
     ids = [int(t.split(":")[1]) for t in c["logprobs"]["tokens"]]
-    return ids, c, r["usage"]
+    return (ids, c, r["usage"], r) if full else (ids, c, r["usage"])
+
+
+def same_as_plain(server, got, want, tmp_path):
+    """got (the speculative response) as plain decoding's `want`: equal on the CPU; on CUDA
+    near it (check_response_near_solo). True where every token is plain decoding's."""
+    if backend() != "cuda":
+        assert (got["choices"][0]["text"], got["choices"][0]["logprobs"], got["usage"]) == \
+            (want["choices"][0]["text"], want["choices"][0]["logprobs"], want["usage"])
+        return True
+    n = len(want["choices"][0]["logprobs"]["tokens"])
+    return check_response_near_solo(server, request(), want, got, tmp_path) == n
 
 
 def counts(server):
@@ -62,33 +68,32 @@ def test_plain_server_has_no_spec_metrics(server):
     assert not any(k.startswith("vllm:spec_decode") for k in server.metrics())
 
 
-def test_outputs_equal_plain_decoding_and_metrics_count_drafts(server, spec_server):
-    want_ids, want, want_usage = completion(server)
+def test_outputs_equal_plain_decoding_and_metrics_count_drafts(server, spec_server, tmp_path):
+    want_ids, _, _, want = completion(server, full=True)
     assert len(want_ids) == 12
     spec_server.wait_idle()
 
     # Every draft right: 12 tokens as 1 (prefill) + 4 + 4 + 3 (the last verify has room for 2).
     before = counts(spec_server)
-    ids, got, usage = completion(spec_server, forced_drafts=want_ids)
+    _, _, _, got = completion(spec_server, full=True, forced_drafts=want_ids)
     spec_server.wait_idle()
-    assert (ids, got["text"], got["logprobs"], usage) == (want_ids, want["text"],
-                                                           want["logprobs"], want_usage)
-    assert delta(before, counts(spec_server)) == [3, 8, 8, [3, 3, 2]]
+    if same_as_plain(server, got, want, tmp_path):
+        assert delta(before, counts(spec_server)) == [3, 8, 8, [3, 3, 2]]
 
     # Every draft wrong: one token per step, nothing accepted, the same output.
     before = counts(spec_server)
     wrong = [(t + 1) % 129280 for t in want_ids]
-    ids, got, usage = completion(spec_server, forced_drafts=wrong)
+    _, _, _, got = completion(spec_server, full=True, forced_drafts=wrong)
     spec_server.wait_idle()
-    assert (ids, got["text"], usage) == (want_ids, want["text"], want_usage)
-    d = delta(before, counts(spec_server))
-    assert d[0] == 10 and d[1] == 3 * 8 + 2 + 1 and d[2] == 0 and d[3] == [0, 0, 0]
+    if same_as_plain(server, got, want, tmp_path):
+        d = delta(before, counts(spec_server))
+        assert d[0] == 10 and d[1] == 3 * 8 + 2 + 1 and d[2] == 0 and d[3] == [0, 0, 0]
 
     # Opted out: no drafts.
     before = counts(spec_server)
-    ids, _, _ = completion(spec_server, speculative_tokens=0)
+    _, _, _, got = completion(spec_server, full=True, speculative_tokens=0)
     spec_server.wait_idle()
-    assert ids == want_ids
+    same_as_plain(server, got, want, tmp_path)
     assert delta(before, counts(spec_server))[:3] == [0, 0, 0]
 
 
@@ -101,7 +106,11 @@ def test_streaming_is_unchanged(server, spec_server):
     got, done = stream(spec_server, "/v1/completions", {**body, "forced_drafts": want_ids})
     assert done
     text = lambda events: "".join(c["text"] for e in events for c in e.get("choices", []))
-    assert text(got) == text(want)
+    # On CUDA the text is plain decoding's where the tokens are (a near tie may part them:
+    # test_outputs_equal_plain_decoding_and_metrics_count_drafts judges the numbers).
+    spec_ids, _, _ = completion(spec_server, max_tokens=10, forced_drafts=want_ids)
+    if backend() != "cuda" or spec_ids == want_ids:
+        assert text(got) == text(want)
     assert got[-1]["usage"] == want[-1]["usage"]
     assert [c["finish_reason"] for e in got for c in e["choices"] if c["finish_reason"]] == \
         ["length"]

@@ -41,80 +41,36 @@ float* HostCache::mtp_hidden(int slot) {
   return mtp_hidden_.data() + size_t(slot) * model_.hc_mult * model_.dim;
 }
 
-namespace {
-
-// The bytes save()/restore() move, in one fixed order: per block, the window slots of the
-// positions, then the compressed entries and indexer keys they complete; states separately.
-template <typename F>
-void for_each_span_entry(HostCache& c, const ModelConfig& m, const SequenceCache& s,
-                         const HostCache::Span& sp, F f) {
-  const KvEntryLayout& kv = c.kv_layout();
-  const IndexKeyLayout& ix = c.index_layout();
-  for (int b = sp.first; b < sp.last; ++b) {
-    for (int64_t p = sp.start; p < sp.start + sp.n; ++p) {
-      EntryRef r = c.window_slot(b, s, p);
-      f(r.data, kv.data_bytes());
-      f(r.scales, kv.scale_bytes());
-    }
-    const int ratio = m.ratio(b);
-    if (ratio == 0) continue;
-    for (int64_t p = sp.start; p < sp.start + sp.n; ++p) {
-      if ((p + 1) % ratio != 0) continue;
-      EntryRef r = c.compressed(b, s, (p + 1) / ratio - 1);
-      f(r.data, kv.data_bytes());
-      f(r.scales, kv.scale_bytes());
-      if (ratio == 4) {
-        EntryRef k = c.index_key(b, s, (p + 1) / ratio - 1);
-        f(k.data, ix.data_bytes());
-        f(k.scales, ix.scale_bytes());
-      }
-    }
-  }
-}
-
-}  // namespace
-
 HostCache::Span HostCache::save(const SequenceCache& s, int64_t start, int n, int first, int last) {
   DSV4_CHECK(n >= 0 && n <= model_.window_size && first >= 0 && last <= model_.num_blocks(),
              "bad cache span");
   Span sp;
   sp.first = first, sp.last = last, sp.start = start, sp.n = n;
-  for_each_span_entry(*this, model_, s, sp, [&](const uint8_t* p, int64_t bytes) {
-    sp.bytes.insert(sp.bytes.end(), p, p + bytes);
-  });
-  for (int b = first; b < last; ++b) {
-    if (model_.ratio(b) > 0) {
-      const float* st = main_state(b, s.state_slot);
-      sp.states.insert(sp.states.end(), st, st + main_state_layout(b).floats());
-    }
-    if (model_.ratio(b) == 4) {
-      const float* st = index_state(b, s.state_slot);
-      sp.states.insert(sp.states.end(), st, st + index_state_layout().floats());
-    }
-  }
+  for_each_span_store(
+      *this, model_, s, sp,
+      [&](EntryRef r, int64_t data, int64_t scales) {
+        sp.bytes.insert(sp.bytes.end(), r.data, r.data + data);
+        sp.bytes.insert(sp.bytes.end(), r.scales, r.scales + scales);
+      },
+      [&](const float* st, int64_t floats) { sp.states.insert(sp.states.end(), st, st + floats); });
   return sp;
 }
 
 void HostCache::restore(const SequenceCache& s, const Span& sp) {
-  size_t off = 0;
-  for_each_span_entry(*this, model_, s, sp, [&](uint8_t* p, int64_t bytes) {
-    std::copy_n(sp.bytes.data() + off, bytes, p);
-    off += size_t(bytes);
-  });
-  DSV4_CHECK(off == sp.bytes.size(), "cache span restored into a different layout");
-  size_t soff = 0;
-  for (int b = sp.first; b < sp.last; ++b) {
-    if (model_.ratio(b) > 0) {
-      const int64_t k = main_state_layout(b).floats();
-      std::copy_n(sp.states.data() + soff, k, main_state(b, s.state_slot));
-      soff += size_t(k);
-    }
-    if (model_.ratio(b) == 4) {
-      const int64_t k = index_state_layout().floats();
-      std::copy_n(sp.states.data() + soff, k, index_state(b, s.state_slot));
-      soff += size_t(k);
-    }
-  }
+  size_t off = 0, soff = 0;
+  for_each_span_store(
+      *this, model_, s, sp,
+      [&](EntryRef r, int64_t data, int64_t scales) {
+        std::copy_n(sp.bytes.data() + off, data, r.data);
+        std::copy_n(sp.bytes.data() + off + size_t(data), scales, r.scales);
+        off += size_t(data + scales);
+      },
+      [&](float* st, int64_t floats) {
+        std::copy_n(sp.states.data() + soff, floats, st);
+        soff += size_t(floats);
+      });
+  DSV4_CHECK(off == sp.bytes.size() && soff == sp.states.size(),
+             "cache span restored into a different layout");
 }
 
 PageKind HostCache::compressed_kind(int block) const {

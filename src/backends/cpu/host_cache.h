@@ -8,6 +8,7 @@
 #include "kvcache/block_manager.h"
 #include "kvcache/cache_layout.h"
 #include "model/model_config.h"
+#include "model/speculation.h"
 
 namespace dsv4 {
 
@@ -44,10 +45,7 @@ class HostCache {
   // What a forward over positions [start, start + n) of blocks [first, last) overwrites: the
   // window-ring slots, the compressed entries and indexer keys those positions complete, and
   // the compressor states. restore() puts the bytes back (speculative decoding's rollback).
-  struct Span {
-    int first = 0, last = 0;
-    int64_t start = 0;
-    int n = 0;
+  struct Span : CacheSpan {
     std::vector<uint8_t> bytes;
     std::vector<float> states;
   };

@@ -5,6 +5,7 @@
 
 #include "backends/cpu/host_sampling.h"
 #include "core/error.h"
+#include "model/speculation.h"
 
 namespace dsv4 {
 
@@ -44,12 +45,7 @@ StepOutput CpuRunner::forward(const StepBatch& b) {
   // the rejected positions, the compressed entries and indexer keys they completed and the
   // compressor states included). The first pass's hidden rows of the kept tokens are
   // already those of the plain run.
-  std::vector<int> kept(b.chunks.size());
-  for (size_t i = 0; i < b.chunks.size(); ++i) kept[i] = b.chunks[i].n;
-  for (size_t i = 0; i < b.samples.size(); ++i) {
-    const int v = int(b.verify_rows[i].size());
-    if (v > 0) kept[size_t(b.sample_inputs[i])] -= v - int(out.more[i].size());
-  }
+  const std::vector<int> kept = kept_tokens(b, out);
   std::vector<ChunkRef> rerun;
   for (size_t i = 0; i < b.chunks.size(); ++i) {
     const ChunkRef& ch = b.chunks[i];
@@ -63,111 +59,77 @@ StepOutput CpuRunner::forward(const StepBatch& b) {
   return out;
 }
 
-// The MTP block, as the reference composes it (v4_arch.md section 9): the row for position p
-// takes the main model's last-layer streams at p and the embedding of the token at p + 1, and
-// predicts the token at p + 2; its own window ring holds the positions it ran. A sequence of
-// length n keeps positions [0, n - 1) in that ring (the ones whose next token is in the
-// cache) and the streams of position n - 1 in its state slot, so the MTP state is a function
-// of the cached tokens alone (prefix-cache snapshots and forks carry it). The drafts after a
-// step: position n - 1 with the token just emitted gives draft 1; drafts 2 and 3 chain the
-// block on itself, position n + j - 1 with draft j and, as the hidden input, the block's own
-// output streams of the previous draft. The spec defines one MTP step only; the chaining is
-// vLLM's and SGLang's use of a one-layer MTP for k > 1 (unsure whether DeepSeek meant the
-// block's output streams or something else there). The drafts' ring slots are put back
-// after drafting: their positions run again, with the main model's streams, once verified.
+// The MTP block's runs after a step and the chained drafts (model/speculation.h).
 void CpuRunner::mtp_after_step(const StepBatch& b, const std::vector<int>& kept,
                                const float* hidden, StepOutput& out) {
   const ModelConfig& c = config();
   const int V = c.vocab_size, L = c.n_layers;
   const size_t width = size_t(c.hc_mult) * c.dim;
-  std::vector<int> row0(b.chunks.size(), 0);
-  for (size_t i = 1; i < b.chunks.size(); ++i) row0[i] = row0[i - 1] + b.chunks[i - 1].n;
-  auto ok = [&](size_t i) { return i >= out.errors.size() || out.errors[i].empty(); };
 
   // 1. The positions whose next token is now known.
+  const std::vector<MtpRun> runs = mtp_runs(b, kept, out.errors);
   std::vector<ChunkRef> chunks;
   std::vector<float> h;
-  for (size_t i = 0; i < b.chunks.size(); ++i) {
-    const ChunkRef& ch = b.chunks[i];
-    SequenceCache& s = *ch.cache;
-    const int64_t first = std::max<int64_t>(0, ch.start - 1), end = ch.start + kept[i];
-    DSV4_CHECK(s.mtp_tokens == first, "the MTP block of a sequence at ", ch.start,
-               " tokens has run ", s.mtp_tokens,
-               " positions (speculation must be enabled before sequences are opened)");
-    if (!ok(i) || end - 1 <= first) continue;
-    chunks.push_back({&s, first, ch.tokens + (first + 1 - ch.start), int(end - 1 - first)});
-    for (int64_t p = first; p < end - 1; ++p) {
-      const float* src = p < ch.start ? cache_.mtp_hidden(s.state_slot)
-                                      : hidden + size_t(row0[i] + (p - ch.start)) * width;
+  for (const MtpRun& r : runs) {
+    chunks.push_back(r.chunk_ref());
+    const int64_t start = b.chunks[r.chunk].start;
+    for (int64_t p = r.first; p < r.end; ++p) {
+      const float* src = p < start ? cache_.mtp_hidden(r.seq->state_slot)
+                                   : hidden + size_t(r.step_row0 + (p - start)) * width;
       h.insert(h.end(), src, src + width);
     }
   }
   if (!chunks.empty()) model_.mtp_forward(0, chunks, h.data(), cache_);
-  for (size_t i = 0; i < b.chunks.size(); ++i) {
-    const ChunkRef& ch = b.chunks[i];
-    if (!ok(i)) continue;
-    const int64_t end = ch.start + kept[i];
-    ch.cache->mtp_tokens = end - 1;
-    std::copy_n(hidden + size_t(row0[i] + kept[i] - 1) * width, width,
-                cache_.mtp_hidden(ch.cache->state_slot));
-  }
+  finish_mtp(b, kept, out.errors);
+  int row0 = 0;
+  for (size_t i = 0; i < b.chunks.size(); row0 += b.chunks[i].n, ++i)
+    if (i >= out.errors.size() || out.errors[i].empty())
+      std::copy_n(hidden + size_t(row0 + kept[i] - 1) * width, width,
+                  cache_.mtp_hidden(b.chunks[i].cache->state_slot));
 
   // 2. The drafts, chained, batched over the sequences that want them.
   struct Draft {
-    size_t sample;
-    SequenceCache* seq;
-    int64_t pos;    // MTP position of the next draft row
-    int32_t token;  // the token after `pos`
-    int64_t index;  // output index the next draft proposes
+    DraftSeed seed;
     std::vector<float> h;
     HostCache::Span saved;
   };
   std::vector<Draft> ds;
   int most = 0;
-  for (size_t i = 0; i < b.samples.size(); ++i) {
-    const size_t in = size_t(b.sample_inputs[i]);
-    if (b.drafts[i] <= 0 || !ok(in) || out.samples[i].id < 0) continue;
-    const ChunkRef& ch = b.chunks[in];
-    const int64_t n = ch.start + kept[in];
+  for (const DraftSeed& seed : draft_seeds(b, kept, out)) {
     Draft d;
-    d.sample = i;
-    d.seq = ch.cache;
-    d.pos = n - 1;
-    d.token = out.more[i].empty() ? out.samples[i].id : out.more[i].back().id;
-    d.index = b.samples[i]->index + 1 + int64_t(out.more[i].size());
-    const float* src = cache_.mtp_hidden(ch.cache->state_slot);
+    d.seed = seed;
+    const float* src = cache_.mtp_hidden(seed.seq->state_slot);
     d.h.assign(src, src + width);
-    d.saved = cache_.save(*ch.cache, d.pos, b.drafts[i], L, L + 1);
+    d.saved = cache_.save(*seed.seq, seed.pos, seed.count, L, L + 1);
     ds.push_back(std::move(d));
-    most = std::max(most, b.drafts[i]);
+    most = std::max(most, seed.count);
   }
   for (int j = 0; j < most; ++j) {
     std::vector<size_t> who;
     std::vector<ChunkRef> dc;
     std::vector<float> dh;
     for (size_t k = 0; k < ds.size(); ++k) {
-      if (b.drafts[ds[k].sample] <= j) continue;
+      if (ds[k].seed.count <= j) continue;
       who.push_back(k);
-      dc.push_back({ds[k].seq, ds[k].pos, &ds[k].token, 1});
+      dc.push_back({ds[k].seed.seq, ds[k].seed.pos, &ds[k].seed.token, 1});
       dh.insert(dh.end(), ds[k].h.begin(), ds[k].h.end());
     }
     std::vector<float> streams;
     const std::vector<float> lg = model_.mtp_forward(0, dc, dh.data(), cache_, nullptr, &streams);
     for (size_t r = 0; r < who.size(); ++r) {
-      Draft& d = ds[who[r]];
+      DraftSeed& d = ds[who[r]].seed;
       const float* row = lg.data() + r * size_t(V);
-      int32_t best = int32_t(std::max_element(row, row + V) - row);
-      const SampleSpec& s = *b.samples[d.sample];
-      if (s.draft_override && d.index < int64_t(s.draft_override->size()))
-        best = (*s.draft_override)[size_t(d.index)];
+      const int32_t best = chosen_draft(*b.samples[d.sample], d.index,
+                                        int32_t(std::max_element(row, row + V) - row));
       out.drafts[d.sample].push_back(best);
       d.token = best;
-      d.h.assign(streams.begin() + long(r * width), streams.begin() + long((r + 1) * width));
+      ds[who[r]].h.assign(streams.begin() + long(r * width),
+                          streams.begin() + long((r + 1) * width));
       ++d.pos;
       ++d.index;
     }
   }
-  for (const Draft& d : ds) cache_.restore(*d.seq, d.saved);
+  for (const Draft& d : ds) cache_.restore(*d.seed.seq, d.saved);
 }
 
 StepOutput CpuRunner::step_traced(const std::vector<StepInput>& inputs, TraceSink* trace,

@@ -65,6 +65,10 @@ DeviceCache::DeviceCache(const ModelConfig& m, const CacheConfig& pool, int extr
     stores_[b].index_state = reinterpret_cast<float*>(take(s.index_state, r == 4));
   }
   slot_scratch_ = cuda::DeviceBuffer<int32_t>(size_t(c.max_seqs));
+  if (m.n_mtp_layers > 0) {
+    mtp_hidden_ = cuda::DeviceBuffer<__nv_bfloat16>(size_t(c.max_seqs) * m.hc_mult * m.dim);
+    mtp_hidden_.fill_bytes(0);
+  }
   for (int s = 0; s < c.max_seqs; ++s) reset_states(s, nullptr);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -132,6 +136,11 @@ float* DeviceCache::index_state(int block, int slot) const {
   return index_states(block) + size_t(slot) * index_state_layout().floats();
 }
 
+__nv_bfloat16* DeviceCache::mtp_hidden(int slot) const {
+  DSV4_CHECK(mtp_hidden_.size() > 0 && slot >= 0 && slot < slots_, "bad MTP state access");
+  return mtp_hidden_pool() + size_t(slot) * model_.hc_mult * model_.dim;
+}
+
 std::pair<const uint8_t*, int64_t> DeviceCache::store_range(int block, int kind) const {
   const CacheStoreBytes s = cache_store_bytes(model_, config_, block);
   switch (kind) {
@@ -154,6 +163,9 @@ void DeviceCache::reset_states(int slot, cudaStream_t stream) {
     if (r > 0) cuda::compressor_reset_states(main_states(b), d_slot, 1, r, model_.head_dim, stream);
     if (r == 4) cuda::compressor_reset_states(index_states(b), d_slot, 1, 4, ix_.dim, stream);
   }
+  if (mtp_hidden_.size() > 0)
+    DSV4_CUDA_CHECK(
+        cudaMemsetAsync(mtp_hidden(slot), 0, size_t(model_.hc_mult) * model_.dim * 2, stream));
 }
 
 void DeviceCache::copy_sequence(const SequenceCache& from, const SequenceCache& to,
@@ -175,6 +187,9 @@ void DeviceCache::copy_sequence(const SequenceCache& from, const SequenceCache& 
       d2d(index_state(b, to.state_slot), index_state(b, from.state_slot),
           index_state_layout().bytes());
   }
+  if (mtp_hidden_.size() > 0)
+    d2d(mtp_hidden(to.state_slot), mtp_hidden(from.state_slot),
+        int64_t(model_.hc_mult) * model_.dim * 2);
 }
 
 void DeviceCache::copy_page(const PageCopy& c, cudaStream_t stream) {

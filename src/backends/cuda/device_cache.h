@@ -5,6 +5,7 @@
 // One device allocation, zero-filled, every state slot reset (kv 0, score -inf) at creation.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -64,6 +65,12 @@ class DeviceCache {
   float* main_state(int block, int slot) const;
   float* index_state(int block, int slot) const;
 
+  // The main model's last-layer streams [hc, dim] BF16 at the sequence's last position, kept
+  // for the MTP block (HostCache::mtp_hidden's role; the device keeps the BF16 streams the
+  // CUDA forward computed); MTP models only. Zero for a fresh sequence, copied with a fork.
+  __nv_bfloat16* mtp_hidden(int slot) const;
+  __nv_bfloat16* mtp_hidden_pool() const { return const_cast<__nv_bfloat16*>(mtp_hidden_.data()); }
+
   // Device base and size in bytes of block b's store `kind` (0 window, 1 compressed KV,
   // 2 indexer keys), e.g. to copy a whole store to the host at once.
   std::pair<const uint8_t*, int64_t> store_range(int block, int kind) const;
@@ -99,6 +106,7 @@ class DeviceCache {
   int64_t bytes_ = 0;
   cuda::DeviceBuffer<uint8_t> memory_;
   cuda::DeviceBuffer<int32_t> slot_scratch_;
+  cuda::DeviceBuffer<__nv_bfloat16> mtp_hidden_;  // [slots, hc, dim]; MTP models only
   std::vector<Stores> stores_;
 };
 

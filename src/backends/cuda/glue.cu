@@ -49,7 +49,57 @@ __global__ void gather_rows_kernel(const uint4* __restrict__ src, int64_t row_ve
   dst[idx] = src[int64_t(rows[i]) * row_vecs + v];
 }
 
+__global__ void move_rows_kernel(const uint4* __restrict__ a, const uint4* __restrict__ b,
+                                 int64_t row_vecs, const int32_t* __restrict__ src,
+                                 const int32_t* __restrict__ dst_rows, int n,
+                                 uint4* __restrict__ dst) {
+  const int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (idx >= int64_t(n) * row_vecs) return;
+  const int64_t i = idx / row_vecs, v = idx % row_vecs;
+  const int32_t s = src[i];
+  const uint4 x = s >= 0 ? a[int64_t(s) * row_vecs + v] : b[int64_t(-s - 1) * row_vecs + v];
+  dst[int64_t(dst_rows ? dst_rows[i] : int32_t(i)) * row_vecs + v] = x;
+}
+
+template <typename T>
+__device__ void copy_as(const uint8_t* src, uint8_t* dst, int64_t bytes) {
+  const T* s = reinterpret_cast<const T*>(src);
+  T* d = reinterpret_cast<T*>(dst);
+  for (int64_t i = threadIdx.x; i < bytes / int64_t(sizeof(T)); i += blockDim.x) d[i] = s[i];
+}
+
+__global__ void copy_segments_kernel(const CopySegment* __restrict__ segs) {
+  const CopySegment g = segs[blockIdx.x];
+  const uintptr_t align = uintptr_t(g.src) | uintptr_t(g.dst) | uintptr_t(g.bytes);
+  if (align % 16 == 0)
+    copy_as<uint4>(g.src, g.dst, g.bytes);
+  else if (align % 8 == 0)
+    copy_as<uint2>(g.src, g.dst, g.bytes);
+  else if (align % 4 == 0)
+    copy_as<uint32_t>(g.src, g.dst, g.bytes);
+  else
+    copy_as<uint8_t>(g.src, g.dst, g.bytes);
+}
+
 }  // namespace
+
+void move_rows(const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t row_elems,
+               const int32_t* src, const int32_t* dst_rows, int n, __nv_bfloat16* dst,
+               cudaStream_t stream) {
+  DSV4_CHECK(row_elems % 8 == 0, "move_rows: row of ", row_elems, " elements");
+  if (n == 0) return;
+  const int64_t vecs = row_elems / 8;
+  move_rows_kernel<<<blocks_for(n * vecs), kThreads, 0, stream>>>(
+      reinterpret_cast<const uint4*>(a), reinterpret_cast<const uint4*>(b), vecs, src, dst_rows, n,
+      reinterpret_cast<uint4*>(dst));
+  DSV4_CUDA_CHECK(cudaGetLastError());
+}
+
+void copy_segments(const CopySegment* segments, int n, cudaStream_t stream) {
+  if (n == 0) return;
+  copy_segments_kernel<<<unsigned(n), kThreads, 0, stream>>>(segments);
+  DSV4_CUDA_CHECK(cudaGetLastError());
+}
 
 void swiglu(const __nv_bfloat16* gu, int64_t ld_gu, int rows, int inter, float limit,
             __nv_bfloat16* out, cudaStream_t stream) {

@@ -858,7 +858,10 @@ void CudaModel::mtp_forward(int j, const DeviceStep& st, const bf16* main_stream
   pp_ = 0;
   hc_pre(b, false, st, act_.streams[cur_]);
   block_body(b, st, cache, false);
-  head(bw.mtp_hc_head, bw.mtp_norm, act_.streams[cur_], T, nullptr, j);
+  // The step's logit rows, or every row when it names none.
+  const bool rows = st.num_logit_rows > 0;
+  head(bw.mtp_hc_head, bw.mtp_norm, act_.streams[cur_], rows ? st.num_logit_rows : T,
+       rows ? st.logit_rows : nullptr, j);
   end_step();
 }
 

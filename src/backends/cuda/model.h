@@ -99,7 +99,8 @@ class CudaModel {
   const __nv_bfloat16* hidden() const { return act_.streams[cur_]; }
 
   // MTP block j: from the decoder's last streams at the step's rows and the step's tokens,
-  // logits for every row [T, vocab] into logits() (predicting two ahead).
+  // logits into logits() (predicting two ahead) for the step's logit rows, or for every row
+  // [T, vocab] when it names none. hidden() then holds the block's output streams.
   void mtp_forward(int j, const DeviceStep& st, const __nv_bfloat16* main_streams,
                    DeviceCache& cache);
 

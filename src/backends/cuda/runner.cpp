@@ -4,6 +4,8 @@
 #include <set>
 
 #include "backends/cpu/host_sampling.h"
+#include "backends/cuda/cache_rollback.h"
+#include "backends/cuda/glue.h"
 #include "backends/cuda/verify.h"
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
@@ -50,7 +52,11 @@ CudaRunner::CudaRunner(CudaModel& model, const CacheConfig& cache, const CudaRun
       meta_(step_limits(model, cache), model.config().window_size),
       opt_(o),
       sampler_(model.config().vocab_size, model.limits().max_logit_rows,
-               std::min(model.limits().max_seqs, cache.max_seqs)) {
+               // A verify samples each of its rows.
+               std::max(std::min(model.limits().max_seqs, cache.max_seqs),
+                        std::min(model.limits().max_logit_rows,
+                                 std::min(model.limits().max_seqs, cache.max_seqs) *
+                                     (kMaxDraftTokens + 1)))) {
   scratch_.state_slot = cache_.extra_slot(0);
   scratch_.pages[int(PageKind::kWindow)] = cache_.extra_window_pages(0);
   const size_t n = size_t(model.limits().max_logit_rows) * size_t(model.config().vocab_size);
@@ -58,6 +64,36 @@ CudaRunner::CudaRunner(CudaModel& model, const CacheConfig& cache, const CudaRun
   for (cudaEvent_t& e : slice_done_)
     DSV4_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
+
+// Speculation's buffers, planned for the largest step when it is enabled.
+struct CudaRunner::Spec {
+  Spec(const CudaModel& m, DeviceCache& cache, int seqs, const StepLimits& limits)
+      : rollback(m.config(), cache, seqs, kMaxDraftTokens + 1, kMaxDraftTokens),
+        meta{StepBuffers(limits, m.config().window_size),
+             StepBuffers(limits, m.config().window_size)},
+        rows(size_t(limits.max_tokens) * m.config().hc_mult * m.config().dim),
+        draft(size_t(seqs) * m.config().hc_mult * m.config().dim),
+        ints(size_t(ints_capacity(limits))) {
+    DSV4_CUDA_CHECK(cudaMallocHost(&host_ints, ints.size() * sizeof(int32_t)));
+  }
+  ~Spec() {
+    if (host_ints) cudaFreeHost(host_ints);
+  }
+  static int64_t ints_capacity(const StepLimits& l) {
+    // Per step: MTP row sources and the states' update (twice: target and rerun), the drafts'
+    // gathers.
+    return 4 * int64_t(l.max_tokens) + 8 * int64_t(l.max_seqs) * (kMaxDraftTokens + 2) + 64;
+  }
+  CacheRollback rollback;
+  StepBuffers meta[2];  // the MTP steps' metadata, alternating (uploads stay in flight)
+  int next_meta = 0;
+  cuda::DeviceBuffer<__nv_bfloat16> rows;   // [max_tokens, hc, dim] MTP input streams
+  cuda::DeviceBuffer<__nv_bfloat16> draft;  // [seqs, hc, dim] chained drafts' streams
+  cuda::DeviceBuffer<int32_t> ints;
+  int32_t* host_ints = nullptr;
+  size_t ints_used = 0;
+  SamplingParams greedy;
+};
 
 CudaRunner::~CudaRunner() {
   for (auto& [key, g] : graphs_) {
@@ -73,7 +109,32 @@ void CudaRunner::recycle(StepOutput&& used) {
   if (used.logits.capacity() > spare_logits_.capacity()) spare_logits_ = std::move(used.logits);
 }
 
+void CudaRunner::enable_speculation() {
+  DSV4_CHECK(config().n_mtp_layers >= 1,
+             "speculative decoding needs the model's MTP block (num_nextn_predict_layers is 0)");
+  // Verify mode checks each op against the stores it saw; the rollback's restores and reruns
+  // are not ops it follows.
+  DSV4_CHECK(!verify_, "speculative decoding is not offered in verify mode (--verify)");
+  if (spec_) return;
+  spec_ = std::make_unique<Spec>(model_, cache_, limits().max_step_seqs, meta_.limits());
+}
+
+const int32_t* CudaRunner::upload_ints(const std::vector<int32_t>& v) {
+  Spec& sp = *spec_;
+  DSV4_CHECK(sp.ints_used + v.size() <= sp.ints.size(), "speculation: ", sp.ints_used + v.size(),
+             " staged ids, planned ", sp.ints.size());
+  int32_t* h = sp.host_ints + sp.ints_used;
+  std::copy(v.begin(), v.end(), h);
+  int32_t* d = sp.ints.data() + sp.ints_used;
+  if (!v.empty())
+    DSV4_CUDA_CHECK(
+        cudaMemcpyAsync(d, h, v.size() * sizeof(int32_t), cudaMemcpyHostToDevice, model_.stream()));
+  sp.ints_used += (v.size() + 3) / 4 * 4;
+  return d;
+}
+
 void CudaRunner::set_verifier(CudaVerifier* v) {
+  DSV4_CHECK(!v || !spec_, "verify mode (--verify) is not offered with speculative decoding");
   verify_ = v;
   model_.set_verifier(v);
 }
@@ -113,6 +174,7 @@ void CudaRunner::run_graph(const std::vector<ChunkRef>& chunks, const std::vecto
   }
   if (seen_[key]++ == 0) {
     model_.forward(st, cache_);  // warm-up: kernels set their attributes outside the capture
+    main_hidden_ = model_.hidden();
     return;
   }
   Graph g;
@@ -128,6 +190,7 @@ void CudaRunner::run_graph(const std::vector<ChunkRef>& chunks, const std::vecto
         cat("capturing the decode step of ", chunks.size(),
             " sequences as a CUDA graph failed (run without CUDA graphs to bypass): ", e.what()));
   }
+  main_hidden_ = model_.hidden();  // a replay leaves its streams where the capture did
   DSV4_CUDA_CHECK(cudaStreamEndCapture(stream, &g.graph));
   DSV4_CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
   graphs_[key] = g;
@@ -147,17 +210,64 @@ int CudaRunner::graph_size(int n) const {
 StepOutput CudaRunner::forward(const StepBatch& b) {
   const std::vector<ChunkRef>& chunks = b.chunks;
   const cudaStream_t stream = model_.stream();
-  // The sampling requests are validated and staged before the forward pass runs.
+  const int L = config().n_layers;
+  // A verify brings its drafts after one token (the rollback's save area is planned for
+  // kMaxDraftTokens + 1 positions per sequence).
+  for (size_t i = 0; i < b.verify_rows.size(); ++i)
+    DSV4_CHECK(b.verify_rows[i].empty() ||
+                   chunks[size_t(b.sample_inputs[i])].n == int(b.verify_rows[i].size()) + 1,
+               "a verify on the CUDA backend brings its drafts after exactly one token, got ",
+               chunks[size_t(b.sample_inputs[i])].n, " tokens for ", b.verify_rows[i].size(),
+               " drafts");
+  // The sampling requests are validated and staged before the forward pass runs. A verify
+  // samples every one of its rows at once (model/speculation.h: row j with the drafts before
+  // it in its penalty history); `verify_first[i]` is sample i's first verify row's result.
   std::vector<cuda::DeviceSampler::Sample> samples;
+  std::vector<TokenCounts> vcounts;
+  size_t nverify = 0;
+  for (size_t i = 0; i < b.verify_rows.size(); ++i) nverify += b.verify_rows[i].size();
+  vcounts.reserve(nverify);  // pointers into it stay valid
+  std::vector<size_t> verify_first(b.samples.size(), 0);
   for (size_t i = 0; i < b.samples.size(); ++i) {
     const SampleSpec& s = *b.samples[i];
     samples.push_back({b.sample_rows[i], s.params, s.index, s.counts, s.forced});
+  }
+  for (size_t i = 0; i < b.samples.size(); ++i) {
+    const SampleSpec& s = *b.samples[i];
+    verify_first[i] = samples.size();
+    if (i >= b.verify_rows.size() || b.verify_rows[i].empty()) continue;
+    const ChunkRef& ch = chunks[size_t(b.sample_inputs[i])];
+    const int v = int(b.verify_rows[i].size());
+    const int32_t* drafts = ch.tokens + ch.n - v;
+    for (int j = 1; j <= v; ++j) {
+      const TokenCounts* counts = nullptr;
+      if (s.counts) {
+        vcounts.push_back(verify_counts(s.counts, drafts, j));
+        counts = &vcounts.back();
+      }
+      samples.push_back(
+          {b.verify_rows[i][size_t(j - 1)], s.params, s.index + j, counts, verify_forced(s, j)});
+    }
   }
   std::vector<cuda::DeviceSampler::Score> scores;
   for (const StepBatch::Score& sc : b.scores)
     for (size_t j = 0; j < sc.rows.size(); ++j)
       if (sc.rows[j] >= 0) scores.push_back({sc.rows[j], (*sc.ids)[j], sc.top});
   sampler_.stage(int(b.rows.size()), samples, scores);
+
+  // A verify may be rejected: what its positions overwrite is saved first (device copies).
+  std::vector<int> saved(chunks.size(), -1);
+  if (spec_) {
+    spec_->rollback.reset();
+    spec_->ints_used = 0;
+    for (size_t i = 0; i < b.samples.size(); ++i)
+      if (i < b.verify_rows.size() && !b.verify_rows[i].empty()) {
+        const ChunkRef& ch = chunks[size_t(b.sample_inputs[i])];
+        saved[size_t(b.sample_inputs[i])] =
+            spec_->rollback.save(cache_, *ch.cache, CacheSpan{0, L, ch.start, ch.n});
+      }
+    spec_->rollback.flush(stream);
+  }
 
   const int padded = b.decode_only ? graph_size(int(chunks.size())) : 0;
   if (opt_.cuda_graphs && !verify_ && padded == int(chunks.size())) {
@@ -178,6 +288,7 @@ StepOutput CudaRunner::forward(const StepBatch& b) {
     const int64_t bound = b.decode_only && opt_.bucket_eager_decode ? bucket(chunks) - 1 : -1;
     const DeviceStep st = meta_.build(chunks, b.rows, bound, stream);
     model_.forward(st, cache_);
+    main_hidden_ = model_.hidden();
   }
   // The wanted logits rows (the first num_logit_rows) before the sampler patches rows in place,
   // then the samples, scores and non-finite flags.
@@ -227,8 +338,18 @@ StepOutput CudaRunner::forward(const StepBatch& b) {
     return !out.errors[size_t(b.row_input[size_t(row_index)])].empty();
   };
   out.samples.resize(b.samples.size());
-  for (size_t i = 0; i < b.samples.size(); ++i)
-    if (!failed(b.sample_rows[i])) out.samples[i] = sampler_.sample(int(i));
+  out.more.resize(b.samples.size());
+  out.drafts.resize(b.samples.size());
+  for (size_t i = 0; i < b.samples.size(); ++i) {
+    if (failed(b.sample_rows[i])) continue;
+    out.samples[i] = sampler_.sample(int(i));
+    if (i >= b.verify_rows.size() || b.verify_rows[i].empty()) continue;
+    const ChunkRef& ch = chunks[size_t(b.sample_inputs[i])];
+    const int v = int(b.verify_rows[i].size());
+    std::vector<SampledToken> rows;
+    for (int j = 0; j < v; ++j) rows.push_back(sampler_.sample(int(verify_first[i]) + j));
+    out.more[i] = accepted_chain(out.samples[i], rows, ch.tokens + ch.n - v);
+  }
   int k = 0;
   for (const StepBatch::Score& sc : b.scores) {
     std::vector<SampledToken> row(sc.rows.size());
@@ -239,7 +360,161 @@ StepOutput CudaRunner::forward(const StepBatch& b) {
     }
     out.scores.push_back(std::move(row));
   }
+  if (!spec_) return out;
+
+  // Rollback of rejected drafts: every store the step wrote goes back to before it and the
+  // kept tokens run again as one chunk. The MTP block takes the kept tokens' streams from the
+  // pass that left the cache (the target forward, or the rerun).
+  const std::vector<int> kept = kept_tokens(b, out);
+  const std::vector<MtpRun> runs = mtp_runs(b, kept, out.errors);
+  std::vector<bool> rerun(chunks.size(), false);
+  for (size_t i = 0; i < chunks.size(); ++i) rerun[i] = saved[i] >= 0 && kept[i] < chunks[i].n;
+  auto ok = [&](size_t i) { return out.errors[i].empty(); };
+  std::vector<size_t> which, states;
+  for (size_t r = 0; r < runs.size(); ++r)
+    if (!rerun[runs[r].chunk]) which.push_back(r);
+  for (size_t i = 0; i < chunks.size(); ++i)
+    if (ok(i) && !rerun[i]) states.push_back(i);
+  move_mtp_rows(b, kept, runs, which, states, row0, main_hidden_);
+  std::vector<ChunkRef> again;
+  std::vector<int> handles, again_row0(chunks.size(), 0);
+  which.clear(), states.clear();
+  int row = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (!rerun[i]) continue;
+    handles.push_back(saved[i]);
+    again.push_back({chunks[i].cache, chunks[i].start, chunks[i].tokens, kept[i]});
+    again_row0[i] = row;
+    row += kept[i];
+    if (ok(i)) states.push_back(i);
+  }
+  if (!again.empty()) {
+    spec_->rollback.restore(handles, stream);
+    const DeviceStep st = meta_.build(again, {0}, -1, stream);
+    model_.forward(st, cache_);
+    for (size_t r = 0; r < runs.size(); ++r)
+      if (rerun[runs[r].chunk]) which.push_back(r);
+    move_mtp_rows(b, kept, runs, which, states, again_row0, model_.hidden());
+  }
+  mtp_after_step(b, kept, runs, out);
+  // The speculation's staged ids and segment lists are reused by the next step.
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));
   return out;
+}
+
+void CudaRunner::move_mtp_rows(const StepBatch& b, const std::vector<int>& kept,
+                               const std::vector<MtpRun>& runs, const std::vector<size_t>& which,
+                               const std::vector<size_t>& chunks, const std::vector<int>& row0,
+                               const __nv_bfloat16* streams) {
+  const int64_t width = int64_t(config().hc_mult) * config().dim;
+  // Every run's rows sit at its offset in the spec buffer (runs in order).
+  std::vector<int64_t> offset(runs.size() + 1, 0);
+  for (size_t r = 0; r < runs.size(); ++r) offset[r + 1] = offset[r] + runs[r].n();
+  std::vector<int32_t> src, dst;
+  for (size_t r : which) {
+    const MtpRun& run = runs[r];
+    const int64_t start = b.chunks[run.chunk].start;
+    for (int64_t p = run.first; p < run.end; ++p) {
+      src.push_back(p < start ? -run.seq->state_slot - 1 : int32_t(row0[run.chunk] + (p - start)));
+      dst.push_back(int32_t(offset[r] + (p - run.first)));
+    }
+  }
+  const cudaStream_t stream = model_.stream();
+  __nv_bfloat16* pool = cache_.mtp_hidden_pool();
+  if (!src.empty()) {
+    const int32_t* d_src = upload_ints(src);
+    const int32_t* d_dst = upload_ints(dst);
+    glue::move_rows(streams, pool, width, d_src, d_dst, int(src.size()), spec_->rows.data(),
+                    stream);
+  }
+  // The states after the rows above read them: streams of each sequence's last kept row.
+  src.clear(), dst.clear();
+  for (size_t i : chunks) {
+    src.push_back(row0[i] + kept[i] - 1);
+    dst.push_back(b.chunks[i].cache->state_slot);
+  }
+  if (!src.empty()) {
+    const int32_t* d_src = upload_ints(src);
+    const int32_t* d_dst = upload_ints(dst);
+    glue::move_rows(streams, pool, width, d_src, d_dst, int(src.size()), pool, stream);
+  }
+}
+
+// The MTP block (model/speculation.h): its run over the positions the step made known, then
+// the drafts, chained, batched over the sequences that want them.
+void CudaRunner::mtp_after_step(const StepBatch& b, const std::vector<int>& kept,
+                                const std::vector<MtpRun>& runs, StepOutput& out) {
+  const ModelConfig& c = config();
+  const int L = c.n_layers;
+  const int64_t width = int64_t(c.hc_mult) * c.dim;
+  const cudaStream_t stream = model_.stream();
+  Spec& sp = *spec_;
+  auto next_meta = [&]() -> StepBuffers& {
+    StepBuffers& m = sp.meta[sp.next_meta];
+    sp.next_meta ^= 1;
+    return m;
+  };
+  if (!runs.empty()) {
+    std::vector<ChunkRef> cs;
+    for (const MtpRun& r : runs) cs.push_back(r.chunk_ref());
+    // One logits row: the runs' logits are not used (the head skips the others).
+    const DeviceStep st = next_meta().build(cs, {0}, -1, stream);
+    model_.mtp_forward(0, st, sp.rows.data(), cache_);
+  }
+  finish_mtp(b, kept, out.errors);
+
+  std::vector<DraftSeed> ds = draft_seeds(b, kept, out);
+  if (ds.empty()) return;
+  // The drafts' ring slots are put back afterwards (their positions run again once verified).
+  std::vector<int> handles;
+  int most = 0;
+  for (const DraftSeed& d : ds) {
+    handles.push_back(sp.rollback.save(cache_, *d.seq, CacheSpan{L, L + 1, d.pos, d.count}));
+    most = std::max(most, d.count);
+  }
+  sp.rollback.flush(stream);
+  // Draft 1's streams: the sequences' MTP states.
+  std::vector<int32_t> src;
+  for (const DraftSeed& d : ds) src.push_back(-d.seq->state_slot - 1);
+  glue::move_rows(main_hidden_, cache_.mtp_hidden_pool(), width, upload_ints(src), nullptr,
+                  int(src.size()), sp.draft.data(), stream);
+  std::vector<size_t> who;
+  for (size_t k = 0; k < ds.size(); ++k) who.push_back(k);
+  for (int j = 0; j < most; ++j) {
+    if (j > 0) {
+      // The drafting sequences' previous MTP output streams, in order.
+      std::vector<size_t> next;
+      src.clear();
+      for (size_t r = 0; r < who.size(); ++r)
+        if (ds[who[r]].count > j) next.push_back(who[r]), src.push_back(int32_t(r));
+      who = std::move(next);
+      glue::move_rows(model_.hidden(), cache_.mtp_hidden_pool(), width, upload_ints(src), nullptr,
+                      int(src.size()), sp.draft.data(), stream);
+    }
+    std::vector<ChunkRef> dc;
+    std::vector<int> rows;
+    std::vector<cuda::DeviceSampler::Sample> greedy;
+    for (size_t r = 0; r < who.size(); ++r) {
+      DraftSeed& d = ds[who[r]];
+      dc.push_back({d.seq, d.pos, &d.token, 1});
+      rows.push_back(int(r));
+      greedy.push_back({int(r), &sp.greedy, 0, nullptr, -1});
+    }
+    const DeviceStep st = next_meta().build(dc, rows, -1, stream);
+    model_.mtp_forward(0, st, sp.draft.data(), cache_);
+    sampler_.stage(int(rows.size()), greedy, {});
+    sampler_.launch(model_.logits(), stream);
+    DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (size_t r = 0; r < who.size(); ++r) {
+      DraftSeed& d = ds[who[r]];
+      const int32_t best = chosen_draft(*b.samples[d.sample], d.index, sampler_.sample(int(r)).id);
+      out.drafts[d.sample].push_back(best);
+      d.token = best;
+      ++d.pos;
+      ++d.index;
+    }
+  }
+  sp.rollback.restore(handles, stream);
 }
 
 }  // namespace dsv4

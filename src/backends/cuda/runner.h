@@ -13,6 +13,16 @@
 // of a (size, bucket) runs eagerly (it also sets the kernels' function attributes), the second
 // captures, later ones replay. Graph replay and eager runs give the same bits.
 //
+// Speculative decoding (enable_speculation(); model/speculation.h for the shared rules): a
+// verify's k + 1 tokens run as one chunk through the real kernels (eagerly: verify steps are
+// not captured; plain decode steps keep their graphs, the MTP block's runs after them are
+// eager), every row sampled at once on the device (row j with the drafts before it in its
+// penalty history, model/speculation.h), acceptance decided on the host from the ids. Before
+// the step, the stores a verify overwrites are saved device to device (CacheRollback); a
+// sequence with rejected drafts gets them back and its kept tokens run again as one chunk,
+// whose streams then feed the MTP block. Drafts: the MTP block on the device, chained, its
+// greedy choice drawn by the device sampler; its ring slots restored after drafting.
+//
 // Samples and scores are drawn on the device (ops/cuda/sampling: the rules of
 // ops/common/sampling.h, the ids of the reference sampler); only their results come back, and
 // the logits rows the step asks for, each with one copy into pinned buffers planned for the
@@ -34,6 +44,7 @@
 #include "backends/cuda/model.h"
 #include "backends/cuda/step.h"
 #include "model/paged_runner.h"
+#include "model/speculation.h"
 #include "ops/cuda/sampling/device_sampler.h"
 
 namespace dsv4 {
@@ -72,6 +83,9 @@ class CudaRunner final : public PagedRunner {
   };
   void adopt(std::unique_ptr<Owned> owned);
 
+  void enable_speculation() override;
+  bool speculation_enabled() const override { return spec_ != nullptr; }
+
   DeviceCache& cache() { return cache_; }
   CudaModel& model() { return model_; }
   int graphs_captured() const { return int(graphs_.size()); }
@@ -95,6 +109,20 @@ class CudaRunner final : public PagedRunner {
   // eager.
   int graph_size(int n) const;
 
+  struct Spec;
+  // Speculation's MTP rows: the streams of `runs[which]` into the spec buffer at their
+  // offsets, and the MTP states of `chunks` (row kept - 1), from `streams` whose rows are
+  // numbered from row0[chunk] per chunk (the target forward's, or its rerun's).
+  void move_mtp_rows(const StepBatch& b, const std::vector<int>& kept,
+                     const std::vector<MtpRun>& runs, const std::vector<size_t>& which,
+                     const std::vector<size_t>& chunks, const std::vector<int>& row0,
+                     const __nv_bfloat16* streams);
+  // The MTP block's run over `runs` and the drafts after the step.
+  void mtp_after_step(const StepBatch& b, const std::vector<int>& kept,
+                      const std::vector<MtpRun>& runs, StepOutput& out);
+  // `v` copied into the spec buffer's device ints (pinned staging, one async copy).
+  const int32_t* upload_ints(const std::vector<int32_t>& v);
+
   std::unique_ptr<Owned> owned_;  // destroyed last
   CudaModel& model_;
   DeviceCache cache_;
@@ -113,6 +141,8 @@ class CudaRunner final : public PagedRunner {
   cudaEvent_t slice_done_[kLogitSlices] = {};
   std::vector<float> spare_logits_;
   cuda::DeviceSampler sampler_;
+  const __nv_bfloat16* main_hidden_ = nullptr;  // the last target forward's streams
+  std::unique_ptr<Spec> spec_;
 };
 
 }  // namespace dsv4

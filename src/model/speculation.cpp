@@ -1,0 +1,118 @@
+#include "model/speculation.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace dsv4 {
+
+std::vector<int> kept_tokens(const StepBatch& b, const StepOutput& out) {
+  std::vector<int> kept(b.chunks.size());
+  for (size_t i = 0; i < b.chunks.size(); ++i) kept[i] = b.chunks[i].n;
+  for (size_t i = 0; i < b.samples.size(); ++i) {
+    const int v = i < b.verify_rows.size() ? int(b.verify_rows[i].size()) : 0;
+    const int accepted = i < out.more.size() ? int(out.more[i].size()) : 0;
+    if (v > 0) kept[size_t(b.sample_inputs[i])] -= v - accepted;
+  }
+  return kept;
+}
+
+namespace {
+
+bool chunk_ok(const std::vector<std::string>& errors, size_t i) {
+  return i >= errors.size() || errors[i].empty();
+}
+
+}  // namespace
+
+std::vector<MtpRun> mtp_runs(const StepBatch& b, const std::vector<int>& kept,
+                             const std::vector<std::string>& errors) {
+  std::vector<MtpRun> runs;
+  int row0 = 0;
+  for (size_t i = 0; i < b.chunks.size(); row0 += b.chunks[i].n, ++i) {
+    const ChunkRef& ch = b.chunks[i];
+    SequenceCache& s = *ch.cache;
+    const int64_t first = std::max<int64_t>(0, ch.start - 1), end = ch.start + kept[i] - 1;
+    DSV4_CHECK(s.mtp_tokens == first, "the MTP block of a sequence at ", ch.start,
+               " tokens has run ", s.mtp_tokens,
+               " positions (speculation must be enabled before sequences are opened)");
+    if (!chunk_ok(errors, i) || end <= first) continue;
+    MtpRun r;
+    r.chunk = i;
+    r.seq = &s;
+    r.first = first;
+    r.end = end;
+    r.tokens = ch.tokens + (first + 1 - ch.start);
+    r.step_row0 = row0;
+    runs.push_back(r);
+  }
+  return runs;
+}
+
+void finish_mtp(const StepBatch& b, const std::vector<int>& kept,
+                const std::vector<std::string>& errors) {
+  for (size_t i = 0; i < b.chunks.size(); ++i)
+    if (chunk_ok(errors, i)) b.chunks[i].cache->mtp_tokens = b.chunks[i].start + kept[i] - 1;
+}
+
+std::vector<DraftSeed> draft_seeds(const StepBatch& b, const std::vector<int>& kept,
+                                   const StepOutput& out) {
+  std::vector<DraftSeed> ds;
+  for (size_t i = 0; i < b.samples.size(); ++i) {
+    const size_t in = size_t(b.sample_inputs[i]);
+    if (b.drafts[i] <= 0 || !chunk_ok(out.errors, in) || out.samples[i].id < 0) continue;
+    const ChunkRef& ch = b.chunks[in];
+    const std::vector<SampledToken>& more = out.more[i];
+    DraftSeed d;
+    d.sample = i;
+    d.seq = ch.cache;
+    d.pos = ch.start + kept[in] - 1;
+    d.token = more.empty() ? out.samples[i].id : more.back().id;
+    d.index = b.samples[i]->index + 1 + int64_t(more.size());
+    d.count = b.drafts[i];
+    ds.push_back(d);
+  }
+  return ds;
+}
+
+int32_t chosen_draft(const SampleSpec& s, int64_t index, int32_t argmax) {
+  if (s.draft_override && index >= 0 && index < int64_t(s.draft_override->size()))
+    return (*s.draft_override)[size_t(index)];
+  return argmax;
+}
+
+TokenCounts verify_counts(const TokenCounts* counts, const int32_t* drafts, int j) {
+  TokenCounts c;
+  if (counts) c = *counts;
+  for (int i = 0; i < j; ++i) {
+    auto it = std::find_if(c.output.begin(), c.output.end(),
+                           [&](const auto& e) { return e.first == drafts[i]; });
+    if (it == c.output.end())
+      c.output.emplace_back(drafts[i], 1);
+    else
+      ++it->second;
+  }
+  return c;
+}
+
+int32_t verify_forced(const SampleSpec& s, int j) {
+  if (j == 0) return s.forced;
+  const int64_t index = s.index + j;
+  return s.forced_from && index < int64_t(s.forced_from->size()) ? (*s.forced_from)[size_t(index)]
+                                                                 : -1;
+}
+
+std::vector<SampledToken> accepted_chain(const SampledToken& first,
+                                         const std::vector<SampledToken>& rows,
+                                         const int32_t* drafts) {
+  std::vector<SampledToken> more;
+  const SampledToken* last = &first;
+  for (size_t j = 0; j < rows.size(); ++j) {
+    if (last->id != drafts[j]) break;  // rejected: `last` replaces the draft
+    more.push_back(rows[j]);
+    last = &rows[j];
+  }
+  return more;
+}
+
+}  // namespace dsv4
