@@ -15,7 +15,11 @@
 // events between the blocks inside the captured graph. Per-kernel times: one eager replay of
 // the same step under CUPTI (bench/cuda/kernel_trace.h), each kernel's exclusive device time
 // (its end minus the later of its start and every earlier kernel's end) attributed to its
-// block, with the launches per layer. The MTP block: one eager forward per batch.
+// block, with the launches per layer. The MTP block: one eager forward per batch. The
+// attribution checks itself (emit_kernels): per block, the eager launches against the graph's
+// and the kernel time against the block's own event time; "trace check ... ok / FAILED" on
+// stderr, e2e_depth_trace_check and e2e_depth_block_check lines, "check":0 on the rows of a
+// kind that failed.
 // Prefill: one sequence of 8192 tokens (eager, per-block events, one CUPTI replay).
 //
 // The full-depth step is EXTRAPOLATED, and every such row says so: the measured N-layer step
@@ -525,15 +529,17 @@ Cost head_cost(const ModelConfig& c, int rows) {
 }
 
 // The op class of a traced kernel (by its demangled name). The project's two CUTLASS kernels
-// are told apart by their element type (the prefill FP8 GEMM's e4m3, wo_a's BF16); other GEMMs
-// inside a layer are cuBLAS's (the compressor projections, counted with attention).
+// are told apart by their mainloop (wo_a's mixed-input FP8 x BF16 one; both have e4m3 in their
+// types); other GEMMs inside a layer are cuBLAS's (the compressor projections, counted with
+// attention). CUTLASS's names can defeat the demangler and stay mangled
+// ("_ZN7cutlass13device_kernel..."): the tests below match both spellings.
 std::string op_class(const bench::TracedOp& op) {
   const std::string& n = op.demangled;
   auto has = [&](const char* s) { return n.find(s) != std::string::npos; };
   if (!op.kernel) return "copy";
   if (has("hc_cluster") || has("hc_post") || has("hc_pre") || has("mtp_combine")) return "mhc";
   if (has("stream_gemm") || has("w8a16")) return "fp8_gemm";
-  if (has("cutlass::device_kernel")) return has("float_e4m3") ? "fp8_gemm" : "wo_a";
+  if (has("cutlass") && has("device_kernel")) return has("MixedInput") ? "wo_a" : "fp8_gemm";
   if (has("wo_a")) return "wo_a";
   if (has("sparse_attn") || has("kv_entry") || has("kv_insert") || has("q_norm_rope") ||
       has("inverse_rope") || has("rope_table") || has("compressor") || has("indexer") ||
@@ -687,18 +693,118 @@ void clone_sequences(CudaRunner& r, int proto, const std::vector<int>& seqs) {
   DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
+// What the trace's self-check compares each block against, per block ([n_layers] decoder
+// blocks, then the head).
+struct BlockRefs {
+  std::vector<int> graph_launches;  // kernels + copies of the decode graph; empty: none (prefill)
+  std::vector<double> graph_us;     // the graph's event time (median of the timed steps); empty
+  std::vector<double> eager_us;     // the traced run's own event time
+  bool forward_only = false;        // the region is one forward: nothing may fall outside a block
+};
+
+// Slack of "a block's exclusive kernel time <= its event time": both are read from the GPU's
+// timer, the events at ~0.5 us resolution, CUPTI's start/end at its own; a few microseconds
+// and 1 % cover the two readings of the same interval.
+constexpr double kCheckSlackUs = 5.0, kCheckSlackRel = 1.01;
+
 // Per-kernel rows of one traced forward: per layer kind, the kernel sequence of the kind's
 // layers position by position (median exclusive time over the layers), launches per layer,
-// and the time per op class beside the class's roofline.
-void emit_kernels(const std::vector<bench::TracedOp>& ops, const ModelConfig& c, ExpertFormat fmt,
+// and the time per op class beside the class's roofline. First the self-check of the
+// attribution (stderr, and e2e_depth_block_check / e2e_depth_trace_check lines): the marker
+// records found are the forward's n_layers + 2, every op has its launch record, in a forward
+// replay no op falls outside the blocks, each block's eager launches equal the graph's, and
+// each block's kernel time fits inside its own event time (ops of other blocks counted in
+// would break it). Rows of a kind whose check failed carry "check":0.
+void emit_kernels(const std::vector<bench::TracedOp>& ops, const bench::TraceStats& stats,
+                  const BlockRefs& refs, const ModelConfig& c, ExpertFormat fmt,
                   const std::string& prefix, const std::string& what, int tokens, int64_t ctx,
                   const Extra& base_extra) {
   const int n_blocks = c.n_layers + 1;  // decoder blocks, then the head
   std::vector<std::vector<const bench::TracedOp*>> per_block(size_t(n_blocks) + 1);
+  int before = 0, after = 0;
   for (const bench::TracedOp& op : ops) {
+    if (op.block == -1) ++before;
+    if (op.block >= n_blocks) ++after;
     const int b = op.block < 0 ? n_blocks : std::min(op.block, n_blocks);  // n_blocks: outside
     per_block[size_t(b)].push_back(&op);
   }
+  auto kind_of_block = [&](int b) { return b < c.n_layers ? kind_of(c, b) : std::string("head"); };
+  auto with_base = [&]() {
+    Extra e;
+    e.s << base_extra.str();
+    e.first = base_extra.first;
+    return e;
+  };
+
+  // ---- self-check -------------------------------------------------------------------------
+  std::vector<int> launches_of(static_cast<size_t>(n_blocks));
+  std::vector<double> ksum_of(static_cast<size_t>(n_blocks), 0.0);
+  std::vector<bool> block_ok(static_cast<size_t>(n_blocks), true);
+  double blocks_us = 0, total_us = 0, eager_total_us = 0;
+  for (const bench::TracedOp& op : ops) total_us += op.excl_us;
+  int launch_bad = 0, time_bad = 0;
+  std::string first_bad;
+  for (int b = 0; b < n_blocks; ++b) {
+    const size_t i = size_t(b);
+    launches_of[i] = int(per_block[i].size());
+    for (const bench::TracedOp* op : per_block[i]) ksum_of[i] += op->excl_us;
+    blocks_us += ksum_of[i];
+    const int graph = i < refs.graph_launches.size() ? refs.graph_launches[i] : -1;
+    const double eager = i < refs.eager_us.size() ? refs.eager_us[i] : -1;
+    const double graph_us = i < refs.graph_us.size() ? refs.graph_us[i] : -1;
+    if (eager > 0) eager_total_us += eager;
+    const bool l_ok = graph < 0 || launches_of[i] == graph;
+    const bool t_ok = eager < 0 || ksum_of[i] <= eager * kCheckSlackRel + kCheckSlackUs;
+    launch_bad += !l_ok;
+    time_bad += !t_ok;
+    block_ok[i] = l_ok && t_ok;
+    if (!block_ok[i] && first_bad.empty()) {
+      char s[200];
+      std::snprintf(s, sizeof s,
+                    "block %d (%s): %d launches (graph %d), kernels %.1f us in %.1f us", b,
+                    kind_of_block(b).c_str(), launches_of[i], graph, ksum_of[i], eager);
+      first_bad = s;
+    }
+    char shape[320];
+    std::snprintf(shape, sizeof shape, "%s block %d (%s) %s: eager launches and kernel time",
+                  prefix.c_str(), b, kind_of_block(b).c_str(), what.c_str());
+    Extra e = with_base();
+    e.kv("kind", kind_of_block(b)).kv("block", double(b)).kv("launches", double(launches_of[i]));
+    e.kv("graph_launches", double(graph)).kv("eager_us", eager).kv("graph_us", graph_us);
+    e.kv("check", double(block_ok[i]));
+    emit("e2e_depth_block_check", shape, ksum_of[i], Cost{}, e.str());
+  }
+  const int outside = int(per_block[size_t(n_blocks)].size());
+  const bool markers_ok = stats.markers == c.n_layers + 2;
+  const bool region_ok =
+      markers_ok && stats.ops_no_launch == 0 && (!refs.forward_only || outside == 0);
+  const bool all_ok = region_ok && launch_bad == 0 && time_bad == 0;
+  {
+    char shape[320];
+    std::snprintf(shape, sizeof shape, "%s trace self-check %s", prefix.c_str(), what.c_str());
+    Extra e = with_base();
+    e.kv("markers", double(stats.markers)).kv("markers_expected", double(c.n_layers + 2));
+    e.kv("foreign_event_records", double(stats.foreign_event_records));
+    e.kv("ops", double(ops.size())).kv("ops_outside", double(outside));
+    e.kv("ops_before", double(before)).kv("ops_after", double(after));
+    e.kv("ops_no_launch", double(stats.ops_no_launch));
+    e.kv("launch_mismatch_blocks", double(launch_bad)).kv("over_time_blocks", double(time_bad));
+    e.kv("kernel_total_us", total_us).kv("eager_blocks_us", eager_total_us);
+    e.kv("check", double(all_ok));
+    emit("e2e_depth_trace_check", shape, blocks_us, Cost{}, e.str());
+    std::fprintf(stderr,
+                 "[%s] trace check %s: %s: %d/%d marker records (%d other cudaEventRecord "
+                 "ignored), %zu ops, %d outside the blocks (%d before, %d after, %d without "
+                 "launch record); kernels %.0f us in the blocks of %.0f us traced, block events "
+                 "%.0f us; %d blocks' launches differ from the graph's, %d blocks' kernel time "
+                 "exceeds their event time%s%s\n",
+                 prefix.c_str(), what.c_str(), all_ok ? "ok" : "FAILED", stats.markers,
+                 c.n_layers + 2, stats.foreign_event_records, ops.size(), outside, before, after,
+                 stats.ops_no_launch, blocks_us, total_us, eager_total_us, launch_bad, time_bad,
+                 first_bad.empty() ? "" : "; first: ", first_bad.c_str());
+  }
+
+  // ---- per kind ---------------------------------------------------------------------------
   std::map<std::string, std::vector<int>> blocks_of;
   for (int b = 0; b < c.n_layers; ++b) blocks_of[kind_of(c, b)].push_back(b);
   blocks_of["head"].push_back(c.n_layers);
@@ -706,13 +812,15 @@ void emit_kernels(const std::vector<bench::TracedOp>& ops, const ModelConfig& c,
     const std::string& kind = kind_blocks.first;
     const std::vector<int>& blocks = kind_blocks.second;
     const int ratio = kind == "head" ? -1 : c.ratio(blocks[0]);
+    bool kind_ok = region_ok;
+    for (int b : blocks) kind_ok = kind_ok && block_ok[size_t(b)];
     // Position-wise when every layer of the kind ran the same sequence, else by name.
     bool same = true;
     for (int b : blocks) {
       const auto& a = per_block[size_t(blocks[0])];
       const auto& x = per_block[size_t(b)];
       same &= a.size() == x.size();
-      for (size_t i = 0; same && i < a.size(); ++i) same &= a[i]->name == x[i]->name;
+      for (size_t i = 0; same && i < a.size(); ++i) same &= a[i]->full == x[i]->full;
     }
     std::vector<std::string> names, classes;
     std::vector<std::vector<double>> times;
@@ -749,8 +857,14 @@ void emit_kernels(const std::vector<bench::TracedOp>& ops, const ModelConfig& c,
         }
       }
     }
-    std::vector<double> launches;
-    for (int b : blocks) launches.push_back(double(per_block[size_t(b)].size()));
+    std::vector<double> launches, graph_launches, graph_us, eager_us;
+    for (int b : blocks) {
+      const size_t i = size_t(b);
+      launches.push_back(double(launches_of[i]));
+      if (i < refs.graph_launches.size()) graph_launches.push_back(double(refs.graph_launches[i]));
+      if (i < refs.graph_us.size()) graph_us.push_back(refs.graph_us[i]);
+      if (i < refs.eager_us.size()) eager_us.push_back(refs.eager_us[i]);
+    }
     std::map<std::string, double> by_class;
     double layer_us = 0;
     for (size_t i = 0; i < names.size(); ++i) {
@@ -760,11 +874,9 @@ void emit_kernels(const std::vector<bench::TracedOp>& ops, const ModelConfig& c,
       char shape[320];
       std::snprintf(shape, sizeof shape, "%s %s %s #%02zu %s", prefix.c_str(), kind.c_str(),
                     what.c_str(), i, names[i].c_str());
-      Extra e;
-      e.s << base_extra.str();
-      e.first = base_extra.first;
+      Extra e = with_base();
       e.kv("kind", kind).kv("position", double(i)).kv("name", names[i]).kv("op", classes[i]);
-      e.kv("layers_traced", double(blocks.size()));
+      e.kv("layers_traced", double(blocks.size())).kv("check", double(kind_ok));
       emit("e2e_depth_kernel", shape, us, Cost{}, e.str());
     }
     const std::map<std::string, Cost> costs =
@@ -778,19 +890,19 @@ void emit_kernels(const std::vector<bench::TracedOp>& ops, const ModelConfig& c,
       char shape[320];
       std::snprintf(shape, sizeof shape, "%s %s %s op %s", prefix.c_str(), kind.c_str(),
                     what.c_str(), cls);
-      Extra e;
-      e.s << base_extra.str();
-      e.first = base_extra.first;
-      e.kv("kind", kind).kv("op", cls);
+      Extra e = with_base();
+      e.kv("kind", kind).kv("op", cls).kv("check", double(kind_ok));
       emit("e2e_depth_op", shape, it->second, k, e.str());
     }
     char shape[320];
     std::snprintf(shape, sizeof shape, "%s %s %s launches and kernel time per layer",
                   prefix.c_str(), kind.c_str(), what.c_str());
-    Extra e;
-    e.s << base_extra.str();
-    e.first = base_extra.first;
+    Extra e = with_base();
     e.kv("kind", kind).kv("launches", median(launches)).kv("kernel_sum_us", layer_us);
+    if (!graph_launches.empty()) e.kv("graph_launches", median(graph_launches));
+    if (!graph_us.empty()) e.kv("graph_us", median(graph_us));
+    if (!eager_us.empty()) e.kv("eager_us", median(eager_us));
+    e.kv("check", double(kind_ok));
     emit("e2e_depth_launches", shape, layer_us,
          ratio >= 0 ? layer_cost(c, ratio, fmt, tokens, ctx) : head_cost(c, tokens), e.str());
   }
@@ -997,6 +1109,7 @@ void run(const Options& o) {
   };
   StepBuffers meta(step_limits_of(model, runner.cache().config()), c.window_size);
   bench::KernelTrace trace;
+  trace.set_markers(model.block_events());  // only these records delimit the blocks
   const bool kernels = o.kernels && bench::KernelTrace::available();
   const int iters = o.quick ? 8 : 20;
 
@@ -1158,8 +1271,13 @@ void run(const Options& o) {
         }
         const DeviceStep st = meta.build(chunks, rows, -1, stream);
         DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));
+        BlockRefs refs;
+        refs.forward_only = true;
+        refs.graph_us = layer_us;
+        refs.graph_us.push_back(head_us);
         {
           const std::vector<int> per = graph_launches(model, st, runner.cache());
+          refs.graph_launches = per;
           std::map<std::string, std::vector<double>> launches;
           for (int b = 0; b < n; ++b) launches[kind_of(c, b)].push_back(double(per[size_t(b)]));
           launches["head"].push_back(double(per[size_t(n)]));
@@ -1182,13 +1300,14 @@ void run(const Options& o) {
         const double eager_us = seconds_since(a) * 1e6;
         const std::vector<bench::TracedOp> ops =
             traced ? trace.end() : std::vector<bench::TracedOp>{};
+        for (float ms : model.block_times_ms()) refs.eager_us.push_back(double(ms) * 1000.0);
         std::snprintf(shape, sizeof shape, "%s %d-layer forward, eager (no graph)%s, b=%d ctx=%lld",
                       prefix.c_str(), n, traced ? ", traced" : "", Bn, (long long)ctx);
         emit("e2e_depth_forward_eager", shape, eager_us, part, be.str());
         if (traced) {
           char what[96];
           std::snprintf(what, sizeof what, "decode b=%d ctx=%lld", Bn, (long long)ctx);
-          emit_kernels(ops, c, fmt, prefix, what, Bn, ctx, be);
+          emit_kernels(ops, trace.stats(), refs, c, fmt, prefix, what, Bn, ctx, be);
         }
         // MTP: embedding, e/h projections, one SWA block, its head (eager, events).
         cudaEvent_t e0, e1;
@@ -1233,6 +1352,8 @@ void run(const Options& o) {
     std::vector<double> steps;
     std::vector<std::vector<float>> block_ms;
     std::vector<bench::TracedOp> ops;
+    bench::TraceStats trace_stats;
+    BlockRefs refs;  // no graph in prefill: the traced run's own events
     const int runs = o.quick ? 3 : 4;
     for (int i = 0; i < runs; ++i) {
       const int id = runner.open_sequence();
@@ -1243,7 +1364,12 @@ void run(const Options& o) {
       const auto a = Clock::now();
       runner.step({in});
       const double us = seconds_since(a) * 1e6;
-      if (traced) ops = trace.end();
+      if (traced) {
+        DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+        ops = trace.end();
+        trace_stats = trace.stats();
+        for (float ms : model.block_times_ms()) refs.eager_us.push_back(double(ms) * 1000.0);
+      }
       runner.close_sequence(id);
       if (i == 0 || traced) continue;  // warm-up; the traced run is not timed
       steps.push_back(us);
@@ -1293,7 +1419,7 @@ void run(const Options& o) {
     if (!ops.empty()) {
       char what[64];
       std::snprintf(what, sizeof what, "prefill %d", kPrefillTokens);
-      emit_kernels(ops, c, fmt, prefix, what, kPrefillTokens, 0, be);
+      emit_kernels(ops, trace_stats, refs, c, fmt, prefix, what, kPrefillTokens, 0, be);
     }
   }
   // (Block timing stays on: the runner's graphs hold its events and are destroyed first.)

@@ -1,14 +1,19 @@
 // Per-kernel GPU times of an eager region through CUPTI's activity API (kernels, memcpys and
 // memsets with their device start/end timestamps), each attributed to the decoder block that
-// launched it: CudaModel::forward records a CUDA event before the embedding and after every
-// block and the head (block timing on), so the launch calls between the (i)th and (i+1)th
-// cudaEventRecord of the region belong to block i (block 0 includes the embedding; index
-// n_layers is the head). CUPTI's launch-API records (runtime and driver, for cuBLAS) give each
-// kernel's launch time through its correlation id.
+// launched it: CudaModel::forward records one of its block events before the embedding and
+// after every block and the head (block timing on), so the launch calls between the (i)th and
+// (i+1)th record of THOSE events belong to block i (block 0 includes the embedding; index
+// n_layers is the head). Only the marker events count: the forward makes other cudaEventRecord
+// calls (the first H200 run's attribution points at cuBLAS, inside its split-K GEMMs), and
+// taking every record as a block boundary cut each CSA layer into three "blocks" and pushed the
+// last half of the forward outside the blocks. The marker records are told apart through CUPTI's
+// callback API (the recorded event handle, see set_markers), their host times come from the
+// activity API's runtime records. CUPTI's launch-API records (runtime and driver, for cuBLAS)
+// give each kernel's launch time through its correlation id.
 //
 // Without CUPTI at build time (DSV4_HAVE_CUPTI undefined) or when CUPTI refuses at run time
-// (some sandboxes), available() is false and the benchmark leaves the per-kernel rows out,
-// saying so.
+// (some sandboxes, or another CUPTI client such as Nsight holding the callback subscription),
+// available() is false and the benchmark leaves the per-kernel rows out, saying so.
 #pragma once
 
 #include <cxxabi.h>
@@ -17,13 +22,17 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
+#include <cuda_runtime_api.h>
+
 #if defined(DSV4_HAVE_CUPTI)
-#include <cupti.h>
+#include <cupti.h>  // with the runtime API parameter structs (cudaEventRecord_v3020_params)
 #endif
 
 namespace dsv4::bench {
@@ -34,9 +43,20 @@ struct TracedOp {
   std::string demangled;  // the whole demangled name (op classes look into template arguments)
   uint64_t start = 0, end = 0;  // device ns
   uint64_t launch = 0;          // host ns of the launch call (0: unknown)
-  int block = -1;               // -1: before the first event of the region
-  bool kernel = true;           // false: memcpy / memset
-  double excl_us = 0;           // end - max(start, every earlier op's end), >= 0
+  int block = -1;      // -1: before the first marker of the region; kNoLaunch: launch unknown
+  bool kernel = true;  // false: memcpy / memset
+  double excl_us = 0;  // end - max(start, every earlier op's end), >= 0
+};
+
+// TracedOp::block of an op whose launch call CUPTI did not report.
+constexpr int kNoLaunch = -2;
+
+// What end() found besides the ops: how many marker records delimit the blocks, how many other
+// cudaEventRecord calls the region made (ignored), how many ops have no launch record.
+struct TraceStats {
+  int markers = 0;
+  int foreign_event_records = 0;
+  int ops_no_launch = 0;
 };
 
 namespace trace_detail {
@@ -51,10 +71,14 @@ inline std::string demangle(const char* mangled) {
 }
 
 // "void dsv4::cuda::moe::moe_gemm_kernel<(Fmt)1, 8>(Args)" -> full "moe_gemm_kernel<(Fmt)1, 8>",
-// base "moe_gemm_kernel".
+// base "moe_gemm_kernel". "(anonymous namespace)::" is dropped first: its '(' would otherwise
+// be taken for the parameter list and leave every kernel of an anonymous namespace nameless.
+// A full name cut to fit keeps a hash of the whole so that two long names stay two.
 inline void short_names(const std::string& d, std::string& base, std::string& full) {
   std::string s = d;
-  // Parameter list: the last top-level '(' ... ')'.
+  static const std::string kAnon = "(anonymous namespace)::";
+  for (size_t at; (at = s.find(kAnon)) != std::string::npos;) s.erase(at, kAnon.size());
+  // Parameter list: the first '(' outside template arguments.
   int depth = 0;
   size_t cut = std::string::npos;
   for (size_t i = 0; i < s.size(); ++i) {
@@ -76,18 +100,31 @@ inline void short_names(const std::string& d, std::string& base, std::string& fu
     if (s[i] == '>') --depth;
     if (depth == 0 && s[i] == ':' && s[i + 1] == ':') start = i + 2;
   }
-  full = s.substr(start);
+  full = start < s.size() ? s.substr(start) : d;  // never empty
   const size_t lt = full.find('<');
   base = lt == std::string::npos ? full : full.substr(0, lt);
-  if (full.size() > 90) full = full.substr(0, 87) + "...";
+  if (full.size() > 90) {
+    const size_t h = std::hash<std::string>{}(d);
+    char tag[16];
+    std::snprintf(tag, sizeof tag, "...#%04x", unsigned(h % 0x10000u));
+    full = full.substr(0, 80) + tag;
+  }
 }
+
+struct EventRecordCall {
+  uint32_t corr = 0;
+  uint64_t start = 0;  // host ns
+};
 
 struct State {
   std::mutex mu;
+  bool recording = false;
   std::vector<TracedOp> ops;
   std::vector<uint32_t> op_corr;
-  std::map<uint32_t, uint64_t> launch_ns;  // correlation id -> API start
-  std::vector<uint64_t> event_records;     // host ns of cudaEventRecord calls
+  std::map<uint32_t, uint64_t> launch_ns;      // correlation id -> API start
+  std::vector<EventRecordCall> event_records;  // every cudaEventRecord call (activity API)
+  std::set<cudaEvent_t> markers;               // the block events (set_markers)
+  std::set<uint32_t> marker_corr;              // correlation ids of their records (callback API)
 };
 inline State& state() {
   static State s;
@@ -150,7 +187,7 @@ inline void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size
              a->cbid == CUPTI_RUNTIME_TRACE_CBID_cudaEventRecord_ptsz_v7000 ||
              a->cbid == CUPTI_RUNTIME_TRACE_CBID_cudaEventRecordWithFlags_v11010 ||
              a->cbid == CUPTI_RUNTIME_TRACE_CBID_cudaEventRecordWithFlags_ptsz_v11010))
-          st.event_records.push_back(a->start);
+          st.event_records.push_back({a->correlationId, a->start});
         break;
       }
       default:
@@ -158,6 +195,42 @@ inline void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size
     }
   }
   std::free(buffer);
+}
+
+constexpr CUpti_CallbackId kEventRecordCbids[] = {
+    CUPTI_RUNTIME_TRACE_CBID_cudaEventRecord_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaEventRecord_ptsz_v7000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaEventRecordWithFlags_v11010,
+    CUPTI_RUNTIME_TRACE_CBID_cudaEventRecordWithFlags_ptsz_v11010};
+
+// Callback API, on entry to cudaEventRecord*: the correlation id of each record of a marker
+// event (the activity record of the same call carries the same id and the host time).
+inline void CUPTIAPI event_record_callback(void*, CUpti_CallbackDomain domain,
+                                           CUpti_CallbackId cbid, const void* data) {
+  if (domain != CUPTI_CB_DOMAIN_RUNTIME_API) return;
+  const auto* cb = static_cast<const CUpti_CallbackData*>(data);
+  if (cb->callbackSite != CUPTI_API_ENTER || !cb->functionParams) return;
+  cudaEvent_t event = nullptr;
+  switch (cbid) {
+    case CUPTI_RUNTIME_TRACE_CBID_cudaEventRecord_v3020:
+      event = static_cast<const cudaEventRecord_v3020_params*>(cb->functionParams)->event;
+      break;
+    case CUPTI_RUNTIME_TRACE_CBID_cudaEventRecord_ptsz_v7000:
+      event = static_cast<const cudaEventRecord_ptsz_v7000_params*>(cb->functionParams)->event;
+      break;
+    case CUPTI_RUNTIME_TRACE_CBID_cudaEventRecordWithFlags_v11010:
+      event = static_cast<const cudaEventRecordWithFlags_v11010_params*>(cb->functionParams)->event;
+      break;
+    case CUPTI_RUNTIME_TRACE_CBID_cudaEventRecordWithFlags_ptsz_v11010:
+      event = static_cast<const cudaEventRecordWithFlags_ptsz_v11010_params*>(cb->functionParams)
+                  ->event;
+      break;
+    default:
+      return;
+  }
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (st.recording && st.markers.count(event)) st.marker_corr.insert(cb->correlationId);
 }
 
 inline bool cupti_ok(CUptiResult r, const char* what) {
@@ -181,10 +254,22 @@ class KernelTrace {
   // Registers CUPTI's buffers once; false (with a message) when CUPTI is absent or refuses.
   static bool available() {
 #if defined(DSV4_HAVE_CUPTI)
-    static const bool ok =
-        trace_detail::cupti_ok(cuptiActivityRegisterCallbacks(trace_detail::buffer_requested,
-                                                              trace_detail::buffer_completed),
-                               "cuptiActivityRegisterCallbacks");
+    static const bool ok = [] {
+      if (!trace_detail::cupti_ok(cuptiActivityRegisterCallbacks(trace_detail::buffer_requested,
+                                                                 trace_detail::buffer_completed),
+                                  "cuptiActivityRegisterCallbacks"))
+        return false;
+      // The marker events' records are told from others' by the event handle (callback API).
+      static CUpti_SubscriberHandle sub = nullptr;
+      if (!trace_detail::cupti_ok(
+              cuptiSubscribe(&sub, trace_detail::event_record_callback, nullptr), "cuptiSubscribe"))
+        return false;
+      for (CUpti_CallbackId id : trace_detail::kEventRecordCbids)
+        if (!trace_detail::cupti_ok(cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_RUNTIME_API, id),
+                                    "cuptiEnableCallback"))
+          return false;
+      return true;
+    }();
     return ok;
 #else
     static bool said = false;
@@ -193,6 +278,14 @@ class KernelTrace {
     said = true;
     return false;
 #endif
+  }
+
+  // The events whose records delimit the blocks (CudaModel::block_events()); records of any
+  // other event are ignored (counted in TraceStats::foreign_event_records).
+  void set_markers(const std::vector<cudaEvent_t>& events) {
+    trace_detail::State& st = trace_detail::state();
+    std::lock_guard<std::mutex> lock(st.mu);
+    st.markers = std::set<cudaEvent_t>(events.begin(), events.end());
   }
 
   // Starts recording (the caller has synchronised the device). False: not recording.
@@ -206,10 +299,15 @@ class KernelTrace {
       st.op_corr.clear();
       st.launch_ns.clear();
       st.event_records.clear();
+      st.marker_corr.clear();
+      st.recording = true;
     }
+    stats_ = TraceStats{};
     for (CUpti_ActivityKind k : trace_detail::kKinds)
       if (!trace_detail::cupti_ok(cuptiActivityEnable(k), "cuptiActivityEnable")) {
         for (CUpti_ActivityKind j : trace_detail::kKinds) cuptiActivityDisable(j);
+        std::lock_guard<std::mutex> lock(st.mu);
+        st.recording = false;
         return false;
       }
     on_ = true;
@@ -220,7 +318,7 @@ class KernelTrace {
   }
 
   // Stops recording (the caller has synchronised the device) and returns the region's ops in
-  // device start order, each with its block and exclusive time.
+  // device start order, each with its block and exclusive time; stats() says what was found.
   std::vector<TracedOp> end() {
     std::vector<TracedOp> ops;
 #if defined(DSV4_HAVE_CUPTI)
@@ -230,8 +328,16 @@ class KernelTrace {
     cuptiActivityFlushAll(1);
     trace_detail::State& st = trace_detail::state();
     std::lock_guard<std::mutex> lock(st.mu);
-    std::vector<uint64_t> marks = st.event_records;
+    st.recording = false;
+    std::vector<uint64_t> marks;
+    for (const trace_detail::EventRecordCall& r : st.event_records) {
+      if (st.marker_corr.count(r.corr))
+        marks.push_back(r.start);
+      else
+        ++stats_.foreign_event_records;
+    }
     std::sort(marks.begin(), marks.end());
+    stats_.markers = int(marks.size());
     for (size_t i = 0; i < st.ops.size(); ++i) {
       TracedOp op = st.ops[i];
       const auto it = st.launch_ns.find(st.op_corr[i]);
@@ -240,6 +346,9 @@ class KernelTrace {
         const int before =
             int(std::lower_bound(marks.begin(), marks.end(), op.launch) - marks.begin());
         op.block = before - 1;
+      } else {
+        op.block = kNoLaunch;
+        ++stats_.ops_no_launch;
       }
       ops.push_back(op);
     }
@@ -254,9 +363,13 @@ class KernelTrace {
 #endif
     return ops;
   }
+  const TraceStats& stats() const {
+    return stats_;
+  }
 
  private:
   bool on_ = false;
+  TraceStats stats_;
 };
 
 }  // namespace dsv4::bench

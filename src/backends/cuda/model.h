@@ -90,6 +90,9 @@ class CudaModel {
   void set_block_timing(bool on);
   bool block_timing() const { return !events_.empty(); }
   std::vector<float> block_times_ms() const;
+  // The events themselves ([n_layers + 2]): a tracer tells their records from any other
+  // cudaEventRecord in the forward (a library's own, e.g. inside cuBLAS's split-K GEMMs).
+  const std::vector<cudaEvent_t>& block_events() const { return events_; }
 
   // Embedding, every decoder block, and the logits of st's logit rows: logits() [R, vocab] fp32.
   void forward(const DeviceStep& st, DeviceCache& cache);
