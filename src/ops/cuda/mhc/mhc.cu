@@ -99,6 +99,31 @@ __device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
   return v;
 }
 
+// cp.async.wait_group with a count known only after unrolling (the instruction takes an
+// immediate); counts past 5 wait for everything, which is merely conservative.
+__device__ __forceinline__ void cp_async_wait_at_most(int n) {
+  switch (n) {
+    case 1:
+      sm90::cp_async_wait<1>();
+      break;
+    case 2:
+      sm90::cp_async_wait<2>();
+      break;
+    case 3:
+      sm90::cp_async_wait<3>();
+      break;
+    case 4:
+      sm90::cp_async_wait<4>();
+      break;
+    case 5:
+      sm90::cp_async_wait<5>();
+      break;
+    default:
+      sm90::cp_async_wait<0>();
+      break;
+  }
+}
+
 // Offset of a thread's 16 bytes of (m-tile mt, sub-chunk sc, stream j, row half h) in its warp's
 // region: every access of a warp touches 512 contiguous bytes.
 template <int kNsc>
@@ -216,8 +241,11 @@ __global__ void __launch_bounds__(kThreads, 1) hc_cluster_kernel(const KParams p
     for (int c = 0; c < kFnDepth - 1 && c < kChunks; ++c) load_fn(c, fb[c]);
 
     // ---- A: the streams of the slice into shared memory ----
+    // One cp.async group per m-tile (empty past p.m_tiles), so the sums of squares of an m-tile
+    // start while the later ones are still in flight. Every 16-byte slot of the warp's region
+    // is written and read by the same thread (xoff's lane term), so a per-thread wait suffices.
     const __nv_bfloat16* src_streams = kMode == Mode::kPostPre ? p.res : p.streams;
-    for (int mt = 0; mt < p.m_tiles; ++mt)
+    auto copy_mtile = [&](int mt) {
 #pragma unroll
       for (int sc = 0; sc < kNsc; ++sc)
 #pragma unroll
@@ -231,6 +259,16 @@ __global__ void __launch_bounds__(kThreads, 1) hc_cluster_kernel(const KParams p
                                              : src_streams;
             sm90::cp_async_16_zfill(xw + xoff<kNsc>(mt, sc, j, h, lane), src, valid ? 16 : 0);
           }
+    };
+    if constexpr (kMode == Mode::kPostPre) {
+      for (int mt = 0; mt < p.m_tiles; ++mt) copy_mtile(mt);  // committed and waited below
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < kMaxMt; ++mt) {
+        if (mt < p.m_tiles) copy_mtile(mt);
+        sm90::cp_async_commit();
+      }
+    }
 
     if constexpr (kMode == Mode::kPostPre) {
       // post/comb of the tile's tokens -> part_mix (unused until B), 20 floats per token.
@@ -306,14 +344,11 @@ __global__ void __launch_bounds__(kThreads, 1) hc_cluster_kernel(const KParams p
 #pragma unroll
           for (int sc = 0; sc < kNsc; ++sc) xcur[h][sc] = xnext[h][sc];
       }
-    } else {
-      sm90::cp_async_commit();
-      sm90::cp_async_wait<0>();
     }
     __syncwarp();
 
     // ---- sums of squares of the slice, per token (fp64; squares of BF16 are exact) ----
-    for (int mt = 0; mt < p.m_tiles; ++mt)
+    auto sum_squares = [&](int mt) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         double ss = 0.0;
@@ -330,6 +365,18 @@ __global__ void __launch_bounds__(kThreads, 1) hc_cluster_kernel(const KParams p
         ss += __shfl_xor_sync(0xffffffffu, ss, 2);
         if (tq == 0) red_ss[warp * tcp + mt * 16 + g + 8 * h] = ss;
       }
+    };
+    if constexpr (kMode == Mode::kPostPre) {
+      for (int mt = 0; mt < p.m_tiles; ++mt) sum_squares(mt);  // every group waited above
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < kMaxMt; ++mt) {
+        if (mt >= p.m_tiles) break;
+        // m-tile mt has landed once at most the kMaxMt - 1 - mt later groups are in flight.
+        cp_async_wait_at_most(kMaxMt - 1 - mt);
+        sum_squares(mt);
+      }
+    }
 
     // ---- B: projection on tensor cores ----
     float acc[kMaxMt][kNt][4];
@@ -705,6 +752,14 @@ void launch_tiles(const KParams& kp, cudaStream_t stream) {
   DSV4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, hc_cluster_kernel<kMode, kDw, kMaxMt>, kp));
 }
 
+void launch_post(const HcPostParams& p, cudaStream_t stream) {
+  const int64_t n = int64_t(p.tokens) * (p.shape.dim / 8);
+  const int threads = 256;
+  const int blocks = int(std::min<int64_t>((n + threads - 1) / threads, 132 * 16));
+  hc_post_kernel<<<blocks, threads, 0, stream>>>(p);
+  DSV4_CUDA_CHECK(cudaGetLastError());
+}
+
 template <Mode kMode, int kDw>
 void launch_cluster(KParams kp, cudaStream_t stream) {
   constexpr int kMaxMt = max_mtiles(kDw);
@@ -715,6 +770,26 @@ void launch_cluster(KParams kp, cudaStream_t stream) {
   const int spread = (kp.tokens + clusters - 1) / clusters;
   kp.tc = spread < max_tc ? spread : max_tc;
   kp.m_tiles = (kp.tc + 15) / 16;
+  if constexpr (kMode == Mode::kPostPre) {
+    // With more than one m-tile per cluster tile the fused kernel's hc_post part (8 warps on
+    // one CTA per SM, serialised with the rest of the tile) costs more than the streaming
+    // hc_post kernel plus hc_pre's second read of the streams (H200, 8K tokens: 1324 vs 877 us
+    // for Flash). The same arithmetic in the same order, so the results are bit-identical.
+    if (kp.m_tiles > 1) {
+      HcPostParams q;
+      q.shape.dim = kp.dim;
+      q.tokens = kp.tokens;
+      q.x = kp.x_prev;
+      q.res = kp.res;
+      q.post = kp.post_prev;
+      q.comb = kp.comb_prev;
+      q.out = kp.streams_out;
+      launch_post(q, stream);
+      kp.streams = kp.streams_out;
+      launch_cluster<Mode::kPre, kDw>(kp, stream);
+      return;
+    }
+  }
   if (kp.m_tiles == 1)
     launch_tiles<kMode, kDw, 1>(kp, stream);
   else
@@ -782,11 +857,7 @@ void hc_post(const HcPostParams& p, cudaStream_t stream) {
   DSV4_CHECK(aligned16(p.x) && aligned16(p.res) && aligned16(p.post) && aligned16(p.comb) &&
                  aligned16(p.out),
              "hc_post: pointers must be 16-byte aligned");
-  const int64_t n = int64_t(p.tokens) * (p.shape.dim / 8);
-  const int threads = 256;
-  const int blocks = int(std::min<int64_t>((n + threads - 1) / threads, 132 * 16));
-  hc_post_kernel<<<blocks, threads, 0, stream>>>(p);
-  DSV4_CUDA_CHECK(cudaGetLastError());
+  launch_post(p, stream);
 }
 
 void hc_post_pre(const HcPostPreParams& p, cudaStream_t stream) {
