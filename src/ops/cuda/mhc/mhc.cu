@@ -176,6 +176,41 @@ __device__ __forceinline__ void sinkhorn4(float (&c)[16], int iters, float eps) 
   }
 }
 
+// sinkhorn4 on 16 lanes of a half-warp: lane 4j + k (of lanes & 15) holds c[j][k] and gets the
+// result. Each row / column sum is gathered by shuffles and added in index order from 0, exactly
+// as sinkhorn4 adds, so the result is bit-identical. Every lane of the warp must call it.
+__device__ __forceinline__ float sinkhorn4_lanes(float c, int iters, float eps) {
+  const int lane = threadIdx.x & 31, base = lane & 16, j = (lane & 15) >> 2, k = lane & 3;
+  auto row_at = [&](float v, int kk) { return __shfl_sync(0xffffffffu, v, base + j * 4 + kk); };
+  auto col_at = [&](float v, int jj) { return __shfl_sync(0xffffffffu, v, base + jj * 4 + k); };
+  float mx = row_at(c, 0);
+#pragma unroll
+  for (int kk = 1; kk < 4; ++kk) mx = fmaxf(mx, row_at(c, kk));
+  c = expf(c - mx);
+  float sum = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) sum = fadd(sum, row_at(c, kk));
+  c = fadd(__fdiv_rn(c, sum), eps);
+  auto col_norm = [&] {
+    float s = 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) s = fadd(s, col_at(c, jj));
+    c = __fdiv_rn(c, fadd(s, eps));
+  };
+  auto row_norm = [&] {
+    float s = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) s = fadd(s, row_at(c, kk));
+    c = __fdiv_rn(c, fadd(s, eps));
+  };
+  col_norm();
+  for (int it = 1; it < iters; ++it) {
+    row_norm();
+    col_norm();
+  }
+  return c;
+}
+
 // ---- the cluster kernel --------------------------------------------------------------------
 // kMaxMt: token tiles of 16 held per CTA (register arrays are sized for it): max_mtiles(kDw)
 // for prefill, 1 for decode batches, where the registers saved let every fn chunk be in
@@ -522,20 +557,38 @@ __global__ void __launch_bounds__(kThreads, 1) hc_cluster_kernel(const KParams p
     // No remote reads after this point: let the cluster proceed, then Sinkhorn.
     sm90::cluster_arrive();
     if constexpr (kMode != Mode::kHead) {
-      for (int o = lane; o < n_own; o += 32) {
-        const float* om = own_mix + o * (kMix + 1);
-        const int t = t0 + rank + o * cs;
-        float comb_reg[16];
+      // Few owned tokens (decode): 16 lanes per token, two tokens per pass, which shortens the
+      // dependent chain of the 39 normalisations (one division per lane instead of 16 per
+      // thread). Otherwise one lane per token. Both are the CPU's operations in its order.
+      if (n_own <= kLaneSinkhornMaxOwned) {
+        const int e = lane & 15;
+        for (int o0 = 0; o0 < n_own; o0 += 2) {  // uniform over the warp (shuffles inside)
+          const int o = o0 + (lane >> 4);
+          const bool active = o < n_own;
+          const float* om = own_mix + o * (kMix + 1);  // in bounds: o <= n_own < 96
+          const float c = sinkhorn4_lanes(active ? om[kHc + e] : 0.0f, p.iters, p.hc_eps);
+          if (active) {
+            const int t = t0 + rank + o * cs;
+            p.comb_out[int64_t(t) * 16 + e] = c;
+            if (e < kHc) p.post_out[int64_t(t) * 4 + e] = om[e];
+          }
+        }
+      } else {
+        for (int o = lane; o < n_own; o += 32) {
+          const float* om = own_mix + o * (kMix + 1);
+          const int t = t0 + rank + o * cs;
+          float comb_reg[16];
 #pragma unroll
-        for (int i = 0; i < 16; ++i) comb_reg[i] = om[kHc + i];
-        sinkhorn4(comb_reg, p.iters, p.hc_eps);
-        float4* po = reinterpret_cast<float4*>(p.post_out + int64_t(t) * 4);
-        po[0] = make_float4(om[0], om[1], om[2], om[3]);
-        float4* co = reinterpret_cast<float4*>(p.comb_out + int64_t(t) * 16);
+          for (int i = 0; i < 16; ++i) comb_reg[i] = om[kHc + i];
+          sinkhorn4(comb_reg, p.iters, p.hc_eps);
+          float4* po = reinterpret_cast<float4*>(p.post_out + int64_t(t) * 4);
+          po[0] = make_float4(om[0], om[1], om[2], om[3]);
+          float4* co = reinterpret_cast<float4*>(p.comb_out + int64_t(t) * 16);
 #pragma unroll
-        for (int q = 0; q < 4; ++q)
-          co[q] = make_float4(comb_reg[4 * q], comb_reg[4 * q + 1], comb_reg[4 * q + 2],
-                              comb_reg[4 * q + 3]);
+          for (int q = 0; q < 4; ++q)
+            co[q] = make_float4(comb_reg[4 * q], comb_reg[4 * q + 1], comb_reg[4 * q + 2],
+                                comb_reg[4 * q + 3]);
+        }
       }
     }
     sm90::cluster_wait();
@@ -764,8 +817,10 @@ template <Mode kMode, int kDw>
 void launch_cluster(KParams kp, cudaStream_t stream) {
   constexpr int kMaxMt = max_mtiles(kDw);
   // Tokens per cluster tile: as many as fit, but spread small batches over every cluster slot
-  // (counted for the prefill instantiation, one CTA per SM).
-  const int clusters = max_clusters<kMode, kDw, kMaxMt>(kp.cs);
+  // (counted for the prefill instantiation, one CTA per SM; kPostPre has kPre's geometry and
+  // never runs more than one m-tile, below).
+  constexpr Mode kCountMode = kMode == Mode::kPostPre ? Mode::kPre : kMode;
+  const int clusters = max_clusters<kCountMode, kDw, kMaxMt>(kp.cs);
   const int max_tc = kMaxMt * 16;
   const int spread = (kp.tokens + clusters - 1) / clusters;
   kp.tc = spread < max_tc ? spread : max_tc;
@@ -790,7 +845,9 @@ void launch_cluster(KParams kp, cudaStream_t stream) {
       return;
     }
   }
-  if (kp.m_tiles == 1)
+  if constexpr (kMode == Mode::kPostPre)
+    launch_tiles<kMode, kDw, 1>(kp, stream);  // m_tiles == 1 here
+  else if (kp.m_tiles == 1)
     launch_tiles<kMode, kDw, 1>(kp, stream);
   else
     launch_tiles<kMode, kDw, kMaxMt>(kp, stream);
