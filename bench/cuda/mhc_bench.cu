@@ -2,9 +2,10 @@
 // decode batches b = 1..256 and prefill 4K / 8K tokens, in GB/s on the bytes each op must move
 // (streams in/out, the fn projection, y, post/comb, norm weights), against the 4.3 TB/s HBM
 // ceiling (bench_util.h). The fused hc_post_pre runs next to the unfused hc_post + hc_pre as its
-// peer. Inputs are rotated through more memory than the L2 holds; every op is replayed from a
-// CUDA graph.
-// Usage: mhc_bench [--model flash|pro|all] [--tokens 1,8,4096] [--iters N]
+// peer (past one m-tile per cluster tile, i.e. prefill, hc_post_pre itself runs the unfused
+// pair, so peer/ours is ~1 there). Inputs are rotated through more memory than the L2 holds; every
+// op is replayed from a CUDA graph. Usage: mhc_bench [--model flash|pro|all] [--tokens 1,8,4096]
+// [--iters N]
 #include <cuda_bf16.h>
 
 #include <cstdio>

@@ -1,7 +1,9 @@
 // mHC on the GPU (ops/cuda/mhc/mhc.h) against the CPU reference (ops/cpu/mhc.h, norm.h):
 // hc_pre, hc_post, the fused hc_post_pre, hc_head, each with and without the fused RMSNorm, at
 // tiny, Flash (4096: a 16-CTA cluster) and Pro (7168: 14 CTAs) widths, token counts that are not
-// tile multiples, poisoned outputs and in-place streams. hc_post's arithmetic is the CPU's
+// tile multiples and the real decode/prefill counts (1, 128, 8192), poisoned outputs and in-place
+// streams. hc_post_pre takes two routes (the fused kernel for one m-tile per cluster tile, else
+// hc_post then hc_pre); both are checked. hc_post's arithmetic is the CPU's
 // operation for operation, so its streams must match bit for bit; the collapsed y must meet the
 // issue's tolerance (relative L2 <= 4e-3, >= 99% within 1 BF16 ulp) and post/comb (fp32, values
 // of order 1) agree to 1e-4 absolute (fp32 summation-order noise is ~1e-6).
@@ -185,6 +187,14 @@ TEST_F(CudaMhc, PreWithFusedNorm) {
   check_pre(7168, 33, true, seed++);
 }
 
+// The engine's configuration (fused attn/ffn norm) at the real widths, decode (1), a decode
+// batch (128) and prefill (8192: many cluster waves of full token tiles).
+TEST_F(CudaMhc, PreRealShapes) {
+  uint64_t seed = 80;
+  for (int dim : {4096, 7168})
+    for (int tokens : {1, 128, 8192}) check_pre(dim, tokens, true, seed++);
+}
+
 // hc_post on the GPU vs the CPU, bit for bit (out-of-place and in place).
 void check_post(int dim, int tokens, bool in_place, uint64_t seed) {
   Rng rng(seed);
@@ -287,6 +297,16 @@ TEST_F(CudaMhc, PostPreFused) {
   check_post_pre(4096, 300, false, true, seed++);
   check_post_pre(7168, 17, true, true, seed++);
   check_post_pre(7168, 100, false, false, seed++);
+}
+
+// The engine's fused post+pre (in place, next norm fused) at the real widths. 1 and 128 tokens
+// run the fused cluster kernel (one m-tile per cluster tile); 8192 tokens take the streaming
+// hc_post then hc_pre (several m-tiles per tile), which must give the same results.
+TEST_F(CudaMhc, PostPreRealShapes) {
+  uint64_t seed = 90;
+  for (int dim : {4096, 7168})
+    for (int tokens : {1, 128, 8192}) check_post_pre(dim, tokens, true, true, seed++);
+  check_post_pre(4096, 8192, false, false, seed++);  // out of place, no norm
 }
 
 // hc_head (+ the final norm) vs the CPU.

@@ -99,6 +99,31 @@ __device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
   return v;
 }
 
+// cp.async.wait_group with a count known only after unrolling (the instruction takes an
+// immediate); counts past 5 wait for everything, which is merely conservative.
+__device__ __forceinline__ void cp_async_wait_at_most(int n) {
+  switch (n) {
+    case 1:
+      sm90::cp_async_wait<1>();
+      break;
+    case 2:
+      sm90::cp_async_wait<2>();
+      break;
+    case 3:
+      sm90::cp_async_wait<3>();
+      break;
+    case 4:
+      sm90::cp_async_wait<4>();
+      break;
+    case 5:
+      sm90::cp_async_wait<5>();
+      break;
+    default:
+      sm90::cp_async_wait<0>();
+      break;
+  }
+}
+
 // Offset of a thread's 16 bytes of (m-tile mt, sub-chunk sc, stream j, row half h) in its warp's
 // region: every access of a warp touches 512 contiguous bytes.
 template <int kNsc>
@@ -149,6 +174,41 @@ __device__ __forceinline__ void sinkhorn4(float (&c)[16], int iters, float eps) 
     row_norm();
     col_norm();
   }
+}
+
+// sinkhorn4 on 16 lanes of a half-warp: lane 4j + k (of lanes & 15) holds c[j][k] and gets the
+// result. Each row / column sum is gathered by shuffles and added in index order from 0, exactly
+// as sinkhorn4 adds, so the result is bit-identical. Every lane of the warp must call it.
+__device__ __forceinline__ float sinkhorn4_lanes(float c, int iters, float eps) {
+  const int lane = threadIdx.x & 31, base = lane & 16, j = (lane & 15) >> 2, k = lane & 3;
+  auto row_at = [&](float v, int kk) { return __shfl_sync(0xffffffffu, v, base + j * 4 + kk); };
+  auto col_at = [&](float v, int jj) { return __shfl_sync(0xffffffffu, v, base + jj * 4 + k); };
+  float mx = row_at(c, 0);
+#pragma unroll
+  for (int kk = 1; kk < 4; ++kk) mx = fmaxf(mx, row_at(c, kk));
+  c = expf(c - mx);
+  float sum = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) sum = fadd(sum, row_at(c, kk));
+  c = fadd(__fdiv_rn(c, sum), eps);
+  auto col_norm = [&] {
+    float s = 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) s = fadd(s, col_at(c, jj));
+    c = __fdiv_rn(c, fadd(s, eps));
+  };
+  auto row_norm = [&] {
+    float s = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) s = fadd(s, row_at(c, kk));
+    c = __fdiv_rn(c, fadd(s, eps));
+  };
+  col_norm();
+  for (int it = 1; it < iters; ++it) {
+    row_norm();
+    col_norm();
+  }
+  return c;
 }
 
 // ---- the cluster kernel --------------------------------------------------------------------
@@ -216,8 +276,11 @@ __global__ void __launch_bounds__(kThreads, 1) hc_cluster_kernel(const KParams p
     for (int c = 0; c < kFnDepth - 1 && c < kChunks; ++c) load_fn(c, fb[c]);
 
     // ---- A: the streams of the slice into shared memory ----
+    // One cp.async group per m-tile (empty past p.m_tiles), so the sums of squares of an m-tile
+    // start while the later ones are still in flight. Every 16-byte slot of the warp's region
+    // is written and read by the same thread (xoff's lane term), so a per-thread wait suffices.
     const __nv_bfloat16* src_streams = kMode == Mode::kPostPre ? p.res : p.streams;
-    for (int mt = 0; mt < p.m_tiles; ++mt)
+    auto copy_mtile = [&](int mt) {
 #pragma unroll
       for (int sc = 0; sc < kNsc; ++sc)
 #pragma unroll
@@ -231,6 +294,16 @@ __global__ void __launch_bounds__(kThreads, 1) hc_cluster_kernel(const KParams p
                                              : src_streams;
             sm90::cp_async_16_zfill(xw + xoff<kNsc>(mt, sc, j, h, lane), src, valid ? 16 : 0);
           }
+    };
+    if constexpr (kMode == Mode::kPostPre) {
+      for (int mt = 0; mt < p.m_tiles; ++mt) copy_mtile(mt);  // committed and waited below
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < kMaxMt; ++mt) {
+        if (mt < p.m_tiles) copy_mtile(mt);
+        sm90::cp_async_commit();
+      }
+    }
 
     if constexpr (kMode == Mode::kPostPre) {
       // post/comb of the tile's tokens -> part_mix (unused until B), 20 floats per token.
@@ -306,14 +379,11 @@ __global__ void __launch_bounds__(kThreads, 1) hc_cluster_kernel(const KParams p
 #pragma unroll
           for (int sc = 0; sc < kNsc; ++sc) xcur[h][sc] = xnext[h][sc];
       }
-    } else {
-      sm90::cp_async_commit();
-      sm90::cp_async_wait<0>();
     }
     __syncwarp();
 
     // ---- sums of squares of the slice, per token (fp64; squares of BF16 are exact) ----
-    for (int mt = 0; mt < p.m_tiles; ++mt)
+    auto sum_squares = [&](int mt) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         double ss = 0.0;
@@ -330,6 +400,18 @@ __global__ void __launch_bounds__(kThreads, 1) hc_cluster_kernel(const KParams p
         ss += __shfl_xor_sync(0xffffffffu, ss, 2);
         if (tq == 0) red_ss[warp * tcp + mt * 16 + g + 8 * h] = ss;
       }
+    };
+    if constexpr (kMode == Mode::kPostPre) {
+      for (int mt = 0; mt < p.m_tiles; ++mt) sum_squares(mt);  // every group waited above
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < kMaxMt; ++mt) {
+        if (mt >= p.m_tiles) break;
+        // m-tile mt has landed once at most the kMaxMt - 1 - mt later groups are in flight.
+        cp_async_wait_at_most(kMaxMt - 1 - mt);
+        sum_squares(mt);
+      }
+    }
 
     // ---- B: projection on tensor cores ----
     float acc[kMaxMt][kNt][4];
@@ -475,20 +557,38 @@ __global__ void __launch_bounds__(kThreads, 1) hc_cluster_kernel(const KParams p
     // No remote reads after this point: let the cluster proceed, then Sinkhorn.
     sm90::cluster_arrive();
     if constexpr (kMode != Mode::kHead) {
-      for (int o = lane; o < n_own; o += 32) {
-        const float* om = own_mix + o * (kMix + 1);
-        const int t = t0 + rank + o * cs;
-        float comb_reg[16];
+      // Few owned tokens (decode): 16 lanes per token, two tokens per pass, which shortens the
+      // dependent chain of the 39 normalisations (one division per lane instead of 16 per
+      // thread). Otherwise one lane per token. Both are the CPU's operations in its order.
+      if (n_own <= kLaneSinkhornMaxOwned) {
+        const int e = lane & 15;
+        for (int o0 = 0; o0 < n_own; o0 += 2) {  // uniform over the warp (shuffles inside)
+          const int o = o0 + (lane >> 4);
+          const bool active = o < n_own;
+          const float* om = own_mix + o * (kMix + 1);  // in bounds: o <= n_own < 96
+          const float c = sinkhorn4_lanes(active ? om[kHc + e] : 0.0f, p.iters, p.hc_eps);
+          if (active) {
+            const int t = t0 + rank + o * cs;
+            p.comb_out[int64_t(t) * 16 + e] = c;
+            if (e < kHc) p.post_out[int64_t(t) * 4 + e] = om[e];
+          }
+        }
+      } else {
+        for (int o = lane; o < n_own; o += 32) {
+          const float* om = own_mix + o * (kMix + 1);
+          const int t = t0 + rank + o * cs;
+          float comb_reg[16];
 #pragma unroll
-        for (int i = 0; i < 16; ++i) comb_reg[i] = om[kHc + i];
-        sinkhorn4(comb_reg, p.iters, p.hc_eps);
-        float4* po = reinterpret_cast<float4*>(p.post_out + int64_t(t) * 4);
-        po[0] = make_float4(om[0], om[1], om[2], om[3]);
-        float4* co = reinterpret_cast<float4*>(p.comb_out + int64_t(t) * 16);
+          for (int i = 0; i < 16; ++i) comb_reg[i] = om[kHc + i];
+          sinkhorn4(comb_reg, p.iters, p.hc_eps);
+          float4* po = reinterpret_cast<float4*>(p.post_out + int64_t(t) * 4);
+          po[0] = make_float4(om[0], om[1], om[2], om[3]);
+          float4* co = reinterpret_cast<float4*>(p.comb_out + int64_t(t) * 16);
 #pragma unroll
-        for (int q = 0; q < 4; ++q)
-          co[q] = make_float4(comb_reg[4 * q], comb_reg[4 * q + 1], comb_reg[4 * q + 2],
-                              comb_reg[4 * q + 3]);
+          for (int q = 0; q < 4; ++q)
+            co[q] = make_float4(comb_reg[4 * q], comb_reg[4 * q + 1], comb_reg[4 * q + 2],
+                                comb_reg[4 * q + 3]);
+        }
       }
     }
     sm90::cluster_wait();
@@ -705,17 +805,49 @@ void launch_tiles(const KParams& kp, cudaStream_t stream) {
   DSV4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, hc_cluster_kernel<kMode, kDw, kMaxMt>, kp));
 }
 
+void launch_post(const HcPostParams& p, cudaStream_t stream) {
+  const int64_t n = int64_t(p.tokens) * (p.shape.dim / 8);
+  const int threads = 256;
+  const int blocks = int(std::min<int64_t>((n + threads - 1) / threads, 132 * 16));
+  hc_post_kernel<<<blocks, threads, 0, stream>>>(p);
+  DSV4_CUDA_CHECK(cudaGetLastError());
+}
+
 template <Mode kMode, int kDw>
 void launch_cluster(KParams kp, cudaStream_t stream) {
   constexpr int kMaxMt = max_mtiles(kDw);
   // Tokens per cluster tile: as many as fit, but spread small batches over every cluster slot
-  // (counted for the prefill instantiation, one CTA per SM).
-  const int clusters = max_clusters<kMode, kDw, kMaxMt>(kp.cs);
+  // (counted for the prefill instantiation, one CTA per SM; kPostPre has kPre's geometry and
+  // never runs more than one m-tile, below).
+  constexpr Mode kCountMode = kMode == Mode::kPostPre ? Mode::kPre : kMode;
+  const int clusters = max_clusters<kCountMode, kDw, kMaxMt>(kp.cs);
   const int max_tc = kMaxMt * 16;
   const int spread = (kp.tokens + clusters - 1) / clusters;
   kp.tc = spread < max_tc ? spread : max_tc;
   kp.m_tiles = (kp.tc + 15) / 16;
-  if (kp.m_tiles == 1)
+  if constexpr (kMode == Mode::kPostPre) {
+    // With more than one m-tile per cluster tile the fused kernel's hc_post part (8 warps on
+    // one CTA per SM, serialised with the rest of the tile) costs more than the streaming
+    // hc_post kernel plus hc_pre's second read of the streams (H200, 8K tokens: 1324 vs 877 us
+    // for Flash). The same arithmetic in the same order, so the results are bit-identical.
+    if (kp.m_tiles > 1) {
+      HcPostParams q;
+      q.shape.dim = kp.dim;
+      q.tokens = kp.tokens;
+      q.x = kp.x_prev;
+      q.res = kp.res;
+      q.post = kp.post_prev;
+      q.comb = kp.comb_prev;
+      q.out = kp.streams_out;
+      launch_post(q, stream);
+      kp.streams = kp.streams_out;
+      launch_cluster<Mode::kPre, kDw>(kp, stream);
+      return;
+    }
+  }
+  if constexpr (kMode == Mode::kPostPre)
+    launch_tiles<kMode, kDw, 1>(kp, stream);  // m_tiles == 1 here
+  else if (kp.m_tiles == 1)
     launch_tiles<kMode, kDw, 1>(kp, stream);
   else
     launch_tiles<kMode, kDw, kMaxMt>(kp, stream);
@@ -782,11 +914,7 @@ void hc_post(const HcPostParams& p, cudaStream_t stream) {
   DSV4_CHECK(aligned16(p.x) && aligned16(p.res) && aligned16(p.post) && aligned16(p.comb) &&
                  aligned16(p.out),
              "hc_post: pointers must be 16-byte aligned");
-  const int64_t n = int64_t(p.tokens) * (p.shape.dim / 8);
-  const int threads = 256;
-  const int blocks = int(std::min<int64_t>((n + threads - 1) / threads, 132 * 16));
-  hc_post_kernel<<<blocks, threads, 0, stream>>>(p);
-  DSV4_CUDA_CHECK(cudaGetLastError());
+  launch_post(p, stream);
 }
 
 void hc_post_pre(const HcPostPreParams& p, cudaStream_t stream) {

@@ -12,6 +12,9 @@ constexpr int kComputeWarps = 8;
 constexpr int kThreads = (kComputeWarps + 1) * 32;  // + one warp for Sinkhorn and bookkeeping
 constexpr int kComputeThreads = kComputeWarps * 32;
 constexpr int kMaxCluster = 16;  // non-portable cluster size (Hopper allows 16)
+// Sinkhorn on 16 lanes per token (two tokens per warp pass) while a CTA owns at most this many
+// tokens of a tile (decode); one lane per token beyond (prefill tiles own 3-6 per CTA).
+constexpr int kLaneSinkhornMaxOwned = 4;
 
 // Each CTA of a cluster owns a slice of `ds` dims (256 or 512) of every stream; each compute
 // warp owns dw = ds / 8 dims (32 or 64), i.e. dw / 32 "sub-chunks" of 32 dims per stream.
