@@ -132,12 +132,25 @@ CacheUsage PagedRunner::usage_on(int g) const {
 
 CacheUsage PagedRunner::usage_excluding(const std::vector<int>& seqs) const {
   CacheUsage u = usage();
+  // A page is free but for `seqs` when all its references are theirs. The server asks after
+  // every step, with up to one prefix snapshot per running sequence, each holding a long
+  // prompt's pages: the references are gathered as sorted (group, page) keys and counted by
+  // runs, not one tree node per reference.
+  std::vector<uint64_t> keys[kNumPageKinds];
+  for (int s : seqs) {
+    const uint64_t g = uint64_t(uint32_t(dp_rank(s))) << 32;
+    const SequenceCache& sc = sequence(s);
+    for (PageKind k : kPageKinds)
+      for (int p : sc.pages[int(k)]) keys[int(k)].push_back(g | uint32_t(p));
+  }
   for (PageKind k : kPageKinds) {
-    std::map<std::pair<int, int>, int> refs;  // (group, page) -> references from seqs
-    for (int s : seqs)
-      for (int p : sequence(s).pages[int(k)]) ++refs[{dp_rank(s), p}];
-    for (const auto& [gp, n] : refs)
-      if (n == groups_[size_t(gp.first)].blocks.refcount(k, gp.second)) --u.pages_used[int(k)];
+    std::vector<uint64_t>& ks = keys[int(k)];
+    std::sort(ks.begin(), ks.end());
+    for (size_t i = 0, j = 0; i < ks.size(); i = j) {
+      while (j < ks.size() && ks[j] == ks[i]) ++j;
+      const int g = int(ks[i] >> 32), p = int(uint32_t(ks[i]));
+      if (int(j - i) == groups_[size_t(g)].blocks.refcount(k, p)) --u.pages_used[int(k)];
+    }
   }
   u.slots_used -= int(seqs.size());
   return u;

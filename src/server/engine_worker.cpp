@@ -130,8 +130,12 @@ void EngineWorker::fail_all(const std::string& why) {
 }
 
 void EngineWorker::publish() {
-  std::set<const RequestChannel*> live;
-  for (const auto& [id, r] : routes_) live.insert(r.channel.get());
+  // Runs after every step: the distinct channels of the routes, without a tree node each.
+  std::vector<const RequestChannel*> live;
+  live.reserve(routes_.size());
+  for (const auto& [id, r] : routes_) live.push_back(r.channel.get());
+  std::sort(live.begin(), live.end());
+  live.erase(std::unique(live.begin(), live.end()), live.end());
   const EngineStats s = engine_->stats();
   {
     std::lock_guard<std::mutex> l(mu_);

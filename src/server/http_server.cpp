@@ -83,6 +83,9 @@ void HttpServer::routes() {
   s.set_payload_max_length(o.max_body_bytes);
   s.set_keep_alive_max_count(1000);
   s.set_write_timeout(60, 0);
+  // Streams are many small writes (an SSE event per step): sent at once, not held by Nagle's
+  // algorithm until the client's (delayed) ACK of the previous one.
+  s.set_tcp_nodelay(true);
 
   s.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
                                                                   httplib::Response& res) {

@@ -56,6 +56,53 @@ def tokenizer_file():
     return pathlib.Path(d) / "tokenizer.json"
 
 
+# Every `dsv4 serve` started in this session, and the test that was running when it started
+# (pytest_runtest_makereport attaches their stderr to a failure).
+_servers = []
+_current_test = None
+STDERR_REPORT_CHARS = 200_000  # a ThreadSanitizer report with its stacks fits
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    global _current_test
+    _current_test = item.nodeid
+    yield
+    _current_test = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test shows the stderr of every server it started, and of every server that has
+    exited non-zero (a sanitizer's report, an abort) and was not shown yet: a server's exit
+    status alone says nothing about why."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    for s in _servers:
+        rc = s.proc.poll()
+        crashed = rc is not None and rc != 0 and not s.stderr_shown
+        if s.started_in != item.nodeid and not crashed:
+            continue
+        s.stderr_shown = s.stderr_shown or crashed
+        state = "running" if rc is None else f"exit status {rc}"
+        report.sections.append((f"dsv4 serve {' '.join(s.flags)} (pid {s.proc.pid}, {state}): "
+                                f"stderr", s.stderr_text(STDERR_REPORT_CHARS) or "(empty)"))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Servers a failed test left running are stopped (killed if SIGTERM does not end them)."""
+    for s in _servers:
+        if s.proc.poll() is None:
+            s.proc.send_signal(signal.SIGTERM)
+            try:
+                s.proc.wait(timeout=30 * TIME_SCALE)
+            except subprocess.TimeoutExpired:
+                s.proc.kill()
+                s.proc.wait()
+
+
 def run_cli(*args, timeout=300):
     r = subprocess.run([cli_path(), *map(str, args)], capture_output=True, text=True,
                        timeout=timeout)
@@ -90,11 +137,14 @@ class Server:
         self.api_key = None
         if "--api-key" in self.flags:
             self.api_key = self.flags[self.flags.index("--api-key") + 1]
-        self.stderr = tempfile.TemporaryFile(mode="w+")
+        self.stderr = tempfile.TemporaryFile(mode="w+", errors="replace")
+        self.started_in = _current_test
+        self.stderr_shown = False
         self.proc = subprocess.Popen(
             [cli_path(), "serve", "--model", model, "--port", "0", "--backend", backend(),
              *self.flags],
             stdout=subprocess.PIPE, stderr=self.stderr, text=True)
+        _servers.append(self)
         self.lines = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         self.url = None
@@ -128,9 +178,10 @@ class Server:
     def wait_ready(self, timeout=120):
         self.expect("ready", timeout * TIME_SCALE)
 
-    def stderr_text(self):
+    def stderr_text(self, chars=4000):
+        """The last `chars` characters the server wrote to stderr."""
         self.stderr.seek(0)
-        return self.stderr.read()[-4000:]
+        return self.stderr.read()[-chars:]
 
     @property
     def base_url(self):

@@ -277,11 +277,11 @@ def test_sigterm_drains_in_flight_requests(tiny_model):
     threads = [threading.Thread(target=client, args=(i,)) for i in range(2)]
     for t in threads:
         t.start()
-    deadline = time.time() + 10
+    deadline = time.time() + 10 * TIME_SCALE
     while s.metric("vllm:num_requests_running") < 2 and time.time() < deadline:
         time.sleep(0.02)
     s.proc.send_signal(15)
-    s.expect("stopping", 10)
+    s.expect("stopping", 10 * TIME_SCALE)
     # New work is refused while draining.
     try:
         status, _, _ = s.request("POST", "/v1/completions", {"prompt": "late", "max_tokens": 1},
@@ -290,8 +290,8 @@ def test_sigterm_drains_in_flight_requests(tiny_model):
     except (ConnectionError, OSError):
         pass  # or the server has already stopped listening
     for t in threads:
-        t.join(60)
-    assert s.proc.wait(60) == 0
+        t.join(60 * TIME_SCALE)
+    assert s.proc.wait(60 * TIME_SCALE) == 0
     for i in range(2):
         events, done = results[i]
         assert done
