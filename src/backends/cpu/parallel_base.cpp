@@ -218,7 +218,8 @@ void ParallelRunnerBase::follow() {
           w.str(e.what());
           try {
             rendezvous()->gather(w.bytes());
-          } catch (...) {  // node 0 gone too: the error below says what happened here
+          } catch (...) {
+            throw Error(cat("multi-node run: node ", me, " lost node 0 during a step: ", e.what()));
           }
           throw;
         }
