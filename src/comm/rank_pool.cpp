@@ -1,5 +1,7 @@
 #include "comm/rank_pool.h"
 
+#include <chrono>
+
 #include "comm/first_failure.h"
 #include "core/error.h"
 
@@ -23,6 +25,14 @@ void RankPool::stop() {
   cv_.notify_all();
   for (std::thread& t : threads_)
     if (t.joinable()) t.join();
+}
+
+void RankPool::abort() {
+  if (!failed_) return;
+  for (int i = 0; i < size(); ++i) try {
+      failed_(i);
+    } catch (...) {
+    }
 }
 
 void RankPool::worker(int i) {
@@ -53,7 +63,7 @@ void RankPool::worker(int i) {
   }
 }
 
-void RankPool::run_all(const std::function<void(int)>& job) {
+void RankPool::run_all(const std::function<void(int)>& job, const std::function<void()>& watch) {
   std::unique_lock<std::mutex> lock(mu_);
   DSV4_CHECK(!stop_, "the parallel engine's rank threads have stopped");
   errors_.assign(threads_.size(), nullptr);
@@ -61,6 +71,14 @@ void RankPool::run_all(const std::function<void(int)>& job) {
   pending_ = int(threads_.size());
   ++job_id_;
   cv_.notify_all();
+  if (watch) {
+    while (
+        !done_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return pending_ == 0; })) {
+      lock.unlock();
+      watch();
+      lock.lock();
+    }
+  }
   done_cv_.wait(lock, [&] { return pending_ == 0; });
   if (std::exception_ptr first = first_failure(errors_)) std::rethrow_exception(first);
 }

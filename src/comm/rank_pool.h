@@ -25,7 +25,12 @@ class RankPool {
   int size() const { return int(threads_.size()); }
   // Runs job(i) on every rank's thread and waits for all; rethrows the failure that caused the
   // others (comm/first_failure.h).
-  void run_all(const std::function<void(int)>& job);
+  // `watch`, when given, runs on the calling thread every ~100 ms until the job ends (the
+  // multi-node control plane watches the other nodes with it, and may abort() the ranks).
+  void run_all(const std::function<void(int)>& job, const std::function<void()>& watch = {});
+  // Calls `failed(i)` for every rank from the calling thread (their communicators abort, so
+  // ranks blocked in collectives return with errors): another node failed.
+  void abort();
   // Joins the threads (idempotent); run_all() after it is an error.
   void stop();
 

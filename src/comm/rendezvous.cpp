@@ -197,6 +197,36 @@ void Rendezvous::barrier() {
   all_gather({});
 }
 
+std::vector<int> Rendezvous::readable(double wait_s) {
+  std::vector<pollfd> p;
+  std::vector<int> who;
+  for (int r = 0; r < int(peers_.size()); ++r)
+    if (peers_[size_t(r)] >= 0) {
+      p.push_back({peers_[size_t(r)], POLLIN, 0});
+      who.push_back(o_.rank == 0 ? r : 0);
+    }
+  std::vector<int> out;
+  if (p.empty()) return out;
+  if (::poll(p.data(), p.size(), int(wait_s * 1000)) <= 0) return out;
+  for (size_t i = 0; i < p.size(); ++i)
+    if (p[i].revents) out.push_back(who[i]);
+  return out;
+}
+
+bool Rendezvous::closed(int peer) {
+  const int fd = peers_.at(size_t(o_.rank == 0 ? peer : 0));
+  uint8_t b = 0;
+  const ssize_t k = ::recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+  return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+std::vector<uint8_t> Rendezvous::receive(int peer, double timeout_s) {
+  DSV4_CHECK(o_.world > 1 && (o_.rank == 0 ? peer > 0 && peer < o_.world : peer == 0),
+             "rendezvous: rank ", o_.rank, " cannot receive from rank ", peer);
+  return recv_blob(peers_[size_t(o_.rank == 0 ? peer : 0)],
+                   timeout_s < 0 ? o_.timeout_s : timeout_s, name(peer));
+}
+
 std::string Rendezvous::local_address() const {
   if (o_.rank == 0 || peers_.empty()) return o_.master_addr;
   sockaddr_in a{};

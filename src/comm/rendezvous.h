@@ -43,6 +43,14 @@ class Rendezvous {
   // Every rank's blob, in rank order.
   std::vector<std::vector<uint8_t>> all_gather(const std::vector<uint8_t>& blob);
   void barrier();
+  // Watching peers while something else runs (the multi-node control plane during a step).
+  // The peers (rank 0: every other rank; others: rank 0) with a message to read or whose
+  // connection ended, after waiting up to `wait_s`.
+  std::vector<int> readable(double wait_s);
+  // Whether `peer`'s connection has ended (nothing consumed).
+  bool closed(int peer);
+  // One blob from `peer` (rank 0: any rank; others: rank 0), as gather() reads them.
+  std::vector<uint8_t> receive(int peer, double timeout_s = -1);
   // The IPv4 address this process is reached at by the others: rank 0's master_addr, else the
   // local address of its connection to rank 0 (the interface that routes to the master).
   std::string local_address() const;

@@ -120,43 +120,78 @@ std::vector<StepOutput> ParallelRunnerBase::forward_groups(const std::vector<Ste
   }
   std::vector<GroupResult> results(batches.size());
   std::exception_ptr local;
-  try {
+  if (!leads_nodes()) {
     local_forward(batches, results);
-  } catch (...) {
-    local = std::current_exception();
-  }
-  if (leads_nodes()) {
-    // Every node answers, also after a failure (its error); the cause is reported, not the
-    // "collective aborted" it caused elsewhere.
-    std::string cause, consequence;
-    try {
-      const auto replies = rendezvous()->gather({});
-      for (int n = 1; n < node_.nnodes; ++n) {
-        WireReader r(replies[size_t(n)]);
-        if (r.u8() == 0) {
-          const std::string e = cat("multi-node run: node ", n, " failed: ", r.str());
-          std::string& slot =
-              e.find("collective aborted") == std::string::npos ? cause : consequence;
-          if (slot.empty()) slot = e;
-          continue;
+  } else {
+    // Answers are read as they come (a node may finish first, or fail); an error answer or a
+    // closed connection aborts this node's ranks.
+    Rendezvous& rv = *rendezvous();
+    std::vector<std::vector<uint8_t>> replies(size_t(node_.nnodes));
+    std::vector<bool> got(size_t(node_.nnodes), false);
+    std::string cause, consequence;  // the first failure elsewhere, and its echoes
+    bool aborted_here = false;
+    auto failed = [&](const std::string& e) {
+      std::string& slot = e.find("collective aborted") == std::string::npos ? cause : consequence;
+      if (slot.empty()) slot = e;
+    };
+    auto take = [&](int n, double timeout_s) {
+      try {
+        replies[size_t(n)] = rv.receive(n, timeout_s);
+        got[size_t(n)] = true;
+        const std::vector<uint8_t>& m = replies[size_t(n)];
+        if (m.empty() || m[0] == 0) {
+          WireReader r(m);
+          r.u8();
+          failed(cat("multi-node run: node ", n, " failed: ", r.str()));
+          return false;
         }
-        for (int64_t k = r.i64(); k > 0; --k) {
-          const int64_t g = r.i64();
-          DSV4_CHECK(g >= 0 && g < int64_t(results.size()), "multi-node: node ", n,
-                     " answers for group ", g);
-          results[size_t(g)].logits = r.floats();
-          results[size_t(g)].nonfinite = r.ints();
+        return true;
+      } catch (const Error& e) {
+        got[size_t(n)] = true;
+        failed(cat("multi-node run: ", e.what()));
+        return false;
+      }
+    };
+    watch_ = [&] {
+      for (int n : rv.readable(0)) {
+        if (n <= 0 || got[size_t(n)]) continue;
+        bool ok = false;
+        if (rv.closed(n)) {
+          got[size_t(n)] = true;
+          failed(
+              cat("multi-node run: ", rv.name(n), " went away during a step (its process ended?)"));
+        } else {
+          ok = take(n, -1);
+        }
+        if (!ok && !aborted_here) {
+          aborted_here = true;
+          pool_->abort();
         }
       }
-    } catch (const Error& e) {
-      if (cause.empty()) cause = cat("multi-node run: ", e.what());
+    };
+    try {
+      local_forward(batches, results);
+    } catch (...) {
+      local = std::current_exception();
     }
-    if (local && !is_collective_abort(local)) std::rethrow_exception(local);
+    watch_ = nullptr;
+    for (int n = 1; n < node_.nnodes; ++n)
+      if (!got[size_t(n)]) take(n, -1);
+    if (local && !aborted_here && !is_collective_abort(local)) std::rethrow_exception(local);
     if (!cause.empty()) throw Error(cause);
     if (local) std::rethrow_exception(local);
     if (!consequence.empty()) throw Error(consequence);
-  } else if (local) {
-    std::rethrow_exception(local);
+    for (int n = 1; n < node_.nnodes; ++n) {
+      WireReader r(replies[size_t(n)]);
+      r.u8();
+      for (int64_t k = r.i64(); k > 0; --k) {
+        const int64_t g = r.i64();
+        DSV4_CHECK(g >= 0 && g < int64_t(results.size()), "multi-node: node ", n,
+                   " answers for group ", g);
+        results[size_t(g)].logits = r.floats();
+        results[size_t(g)].nonfinite = r.ints();
+      }
+    }
   }
   // Node 0 samples every group's rows.
   const int V = config().vocab_size;
@@ -211,9 +246,20 @@ void ParallelRunnerBase::follow() {
         const std::unique_ptr<ReceivedStep> st = get_batches(r);
         std::vector<GroupResult> results(st->batches.size());
         WireWriter w;
+        // Node 0 sends nothing during a step: a readable connection is a closed one.
+        bool lost = false;
+        watch_ = [&] {
+          if (!lost && !rendezvous()->readable(0).empty() && rendezvous()->closed(0)) {
+            lost = true;
+            pool_->abort();
+          }
+        };
         try {
           local_forward(st->batches, results);
+          watch_ = nullptr;
         } catch (const std::exception& e) {
+          watch_ = nullptr;
+          if (lost) throw Error(cat("multi-node run: node ", me, " lost node 0 during a step"));
           w.u8(0);
           w.str(e.what());
           try {

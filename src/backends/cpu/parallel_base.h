@@ -9,9 +9,11 @@
 // running its own ranks; the other nodes apply them in the same order (follow()). A step's
 // description is small (page ids, positions, tokens); the tensors move over the ranks' own
 // communicators. After a step, every node sends node 0 the logits rows of the groups whose
-// first rank it holds (node 0 samples), or the error that stopped it: a failing node makes
-// node 0's step fail naming it, and a node that goes away or stays silent past the
-// rendezvous timeout does the same. Node 0's runner, when destroyed, tells the others to stop.
+// first rank it holds (node 0 samples), or the error that stopped it. While the ranks run,
+// node 0 watches the others (and they watch node 0): an error answer or a closed connection
+// aborts this node's communicators, so its ranks leave their collectives (NCCL's too) and the
+// step fails naming the node; a node silent past the rendezvous timeout after node 0's ranks
+// finished fails it too. Node 0's runner, when destroyed, tells the others to stop.
 //
 // It lives in backends/cpu because both backends may include this folder (the layer map).
 #pragma once
@@ -53,8 +55,10 @@ class ParallelRunnerBase : public PagedRunner {
   Rendezvous* rendezvous() { return node_.rendezvous.get(); }
   // Starts the rank threads (RankPool's hooks, on local rank indices).
   void start_ranks(std::function<void(int)> enter, std::function<void(int)> failed);
-  // job(local rank) on every local rank's thread.
-  void run_ranks(const std::function<void(int)>& job) { pool_->run_all(job); }
+  // job(local rank) on every local rank's thread (during a multi-node step, while watching the
+  // other nodes: one that fails or goes away aborts this node's ranks, so none waits forever
+  // in a collective — NCCL's included).
+  void run_ranks(const std::function<void(int)>& job) { pool_->run_all(job, watch_); }
   // Node 0: tells the other nodes to stop (they return from follow()). Then joins the rank
   // threads. A derived destructor calls it before its ranks' members go.
   void stop_ranks();
@@ -92,6 +96,7 @@ class ParallelRunnerBase : public PagedRunner {
   NodePlacement node_;
   int first_rank_ = 0, local_ranks_ = 0;
   std::unique_ptr<RankPool> pool_;
+  std::function<void()> watch_;  // set during a multi-node step
   bool stopped_ = false;
 };
 
