@@ -13,6 +13,12 @@ CPU backend, make-tiny checkpoints. Each case starts node 0 and the other nodes 
   mid-run (node 0 fails naming it), node 0 killed (the other node fails: lost node 0).
 
 Usage: run.py [DSV4_CLI]  (else $DSV4_CLI). About 30 s on 2 cores.
+
+run.py DSV4_CLI --backend cuda: the CUDA path over NCCL with a GPU per rank (needs 2 GPUs; exits
+77 with fewer): `dsv4 logits --backend cuda --dp 2 --ep 2` as one process with 2 GPUs and as 2
+nodes of one GPU each (CUDA_VISIBLE_DEVICES), both within the end-to-end tolerance of one rank
+(tests/support/golden.h's E2eTolerance) and bit-identical to each other (the same ranks run the
+same kernels on the same inputs; only the control plane differs).
 """
 
 import json
@@ -27,7 +33,12 @@ import time
 import urllib.request
 
 HERE = pathlib.Path(__file__).resolve().parent
-CLI = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("DSV4_CLI", "dsv4")
+ARGS = [a for a in sys.argv[1:] if a not in ("--backend", "cuda")]
+CUDA = "cuda" in sys.argv[1:]
+CLI = ARGS[0] if ARGS else os.environ.get("DSV4_CLI", "dsv4")
+# Every process this starts keeps NVLink multicast off.
+os.environ["NCCL_NVLS_ENABLE"] = "0"
+os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
 TIMEOUT = 120
 failures = []
 
@@ -44,8 +55,9 @@ def check(ok, what):
         failures.append(what)
 
 
-def run_nodes(args, nnodes, port=None, extra=None):
-    """Runs `dsv4 ARGS --nnodes N --node-rank r` for every r; returns [(rc, stdout, stderr)]."""
+def run_nodes(args, nnodes, port=None, extra=None, env=None):
+    """Runs `dsv4 ARGS --nnodes N --node-rank r` for every r; returns [(rc, stdout, stderr)].
+    env(r): node r's extra environment."""
     port = port or free_port()
     procs = []
     for r in reversed(range(nnodes)):  # the followers first: they wait for node 0
@@ -54,7 +66,7 @@ def run_nodes(args, nnodes, port=None, extra=None):
         if extra and r in extra:
             a += extra[r]
         procs.append(subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True))
+                                      text=True, env={**os.environ, **(env(r) if env else {})}))
     out = []
     for p in reversed(procs):
         try:
@@ -208,7 +220,83 @@ def serve_case(work):
     check(follower.returncode == 0, f"node 1 stops with node 0 (exit {follower.returncode})")
 
 
+def read_logits(path):
+    """The "logits" tensor of a dsv4 logits file: (rows, vocab, flat float list)."""
+    import array
+    b = pathlib.Path(path).read_bytes()
+    n = int.from_bytes(b[:8], "little")
+    t = json.loads(b[8:8 + n])["logits"]
+    lo, hi = t["data_offsets"]
+    a = array.array("f")
+    a.frombytes(b[8 + n + lo:8 + n + hi])
+    return t["shape"][0], t["shape"][1], a
+
+
+def e2e_close(what, ours, ref, min_cos=0.999, mean_cos=0.9999, max_abs=0.7, argmax=0.97,
+              near_tie=0.1):
+    """tests/support/golden.h's E2eTolerance on two logits files' contents."""
+    rows, V, a = ours
+    _, _, b = ref
+    coss, worst, agree, same = [], 0.0, 0, 0
+    for r in range(rows):
+        x, y = a[r * V:(r + 1) * V], b[r * V:(r + 1) * V]
+        dot = sum(p * q for p, q in zip(x, y))
+        nx, ny = sum(p * p for p in x) ** 0.5, sum(q * q for q in y) ** 0.5
+        coss.append(dot / (nx * ny) if nx and ny else 1.0)
+        worst = max(worst, max(abs(p - q) for p, q in zip(x, y)))
+        mine = max(range(V), key=lambda i: x[i])
+        agree += y[mine] >= max(y) - near_tie
+        same += sum(p == q for p, q in zip(x, y))
+    print(f"  {what}: min cos {min(coss):.6f}, mean cos {sum(coss) / rows:.6f}, max |d| "
+          f"{worst:.4g}, argmax (near ties excused) {agree / rows:.4f}, bit-identical "
+          f"{same / (rows * V):.4f}")
+    return (min(coss) >= min_cos and sum(coss) / rows >= mean_cos and worst <= max_abs
+            and agree / rows >= argmax)
+
+
+def cuda_main(work):
+    try:
+        gpus = len(subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+                   .stdout.strip().splitlines())
+    except OSError:
+        gpus = 0
+    if gpus < 2:
+        print(f"multinode_test --backend cuda skipped: NCCL with 2 ranks needs 2 GPUs ({gpus})")
+        return 77
+    model = str(work / "tiny")
+    subprocess.run([CLI, "make-tiny", "--preset", "flash", "--format", "nvfp4", "--out", model],
+                   check=True, stdout=subprocess.DEVNULL)
+    prompt = ",".join(["0"] + [str(2 + (37 * i) % 500) for i in range(69)])
+    base = ["logits", "--model", model, "--prompt-ids", prompt, "--backend", "cuda"]
+    subprocess.run([CLI] + base + ["--out", "one.safetensors"], check=True)
+    one = read_logits("one.safetensors")
+    layout = ["--dp", "2", "--ep", "2"]
+    p = subprocess.run([CLI] + base + layout + ["--out", "procs.safetensors"],
+                       capture_output=True, text=True)
+    check(p.returncode == 0, f"one process, 2 GPUs over NCCL runs ({p.stderr.strip()[-300:]})")
+    res = run_nodes(base + layout + ["--out", "nodes.safetensors"], 2,
+                    env=lambda r: {"CUDA_VISIBLE_DEVICES": str(r)})
+    check(all(r[0] == 0 for r in res),
+          f"2 nodes of one GPU each run (exit {[r[0] for r in res]}: {res[0][2].strip()[-300:]} "
+          f"| {res[1][2].strip()[-300:]})")
+    if failures:
+        return 1
+    check(e2e_close("one process, 2 GPUs", read_logits("procs.safetensors"), one),
+          "one process over NCCL within the end-to-end tolerance of one rank")
+    check(e2e_close("2 nodes", read_logits("nodes.safetensors"), one),
+          "2 nodes over NCCL within the end-to-end tolerance of one rank")
+    check(pathlib.Path("nodes.safetensors").read_bytes()
+          == pathlib.Path("procs.safetensors").read_bytes(),
+          "2 nodes bit-identical to one process with 2 GPUs")
+    print(f"{len(failures)} failure(s)" if failures else "all passed")
+    return 1 if failures else 0
+
+
 def main():
+    if CUDA:
+        with tempfile.TemporaryDirectory(prefix="dsv4-multinode-cuda-") as d:
+            os.chdir(d)
+            return cuda_main(pathlib.Path(d))
     with tempfile.TemporaryDirectory(prefix="dsv4-multinode-") as d:
         work = pathlib.Path(d)
         os.chdir(work)
