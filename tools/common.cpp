@@ -42,7 +42,7 @@ std::vector<Flag> parallel_flags() {
        {},
        0,
        1023},
-      {"--master-addr", "A", "node 0's IPv4 address, where the nodes meet", "127.0.0.1"},
+      {"--master-addr", "A", "node 0's IPv4 address or host name, where the nodes meet", "127.0.0.1"},
       {"--master-port",
        "P",
        "the port node 0 listens on for the other nodes",

@@ -1,6 +1,7 @@
 #include "comm/rendezvous.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -81,8 +82,16 @@ sockaddr_in address(const std::string& host, int port) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(uint16_t(port));
-  DSV4_CHECK(inet_pton(AF_INET, host.c_str(), &a.sin_addr) == 1, "rendezvous: '", host,
-             "' is not an IPv4 address");
+  if (inet_pton(AF_INET, host.c_str(), &a.sin_addr) == 1) return a;
+  // A host name: its first IPv4 address.
+  addrinfo hints{}, *found = nullptr;
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  DSV4_CHECK(rc == 0 && found, "rendezvous: '", host,
+             "' is neither an IPv4 address nor a host name ", "with one (", gai_strerror(rc), ")");
+  a.sin_addr = reinterpret_cast<const sockaddr_in*>(found->ai_addr)->sin_addr;
+  freeaddrinfo(found);
   return a;
 }
 
@@ -106,7 +115,8 @@ Rendezvous::Rendezvous(const RendezvousOptions& o) : o_(o) {
     DSV4_CHECK(::listen(listen_fd_, o.world) == 0, "rendezvous: listen: ", std::strerror(errno));
     peers_.assign(size_t(o.world), -1);
     for (int k = 1; k < o.world; ++k) {
-      wait_fd(listen_fd_, POLLIN, start, o.timeout_s, cat(o.world - k, " more rank(s)"));
+      wait_fd(listen_fd_, POLLIN, start, o.timeout_s,
+              cat(o.world - k, " more ", o.peer_noun, "(s)"));
       const int fd = ::accept(listen_fd_, nullptr, nullptr);
       DSV4_CHECK(fd >= 0, "rendezvous: accept: ", std::strerror(errno));
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -228,11 +238,12 @@ std::vector<uint8_t> Rendezvous::receive(int peer, double timeout_s) {
 }
 
 std::string Rendezvous::local_address() const {
-  if (o_.rank == 0 || peers_.empty()) return o_.master_addr;
-  sockaddr_in a{};
-  socklen_t n = sizeof(a);
-  DSV4_CHECK(getsockname(peers_[0], reinterpret_cast<sockaddr*>(&a), &n) == 0,
-             "rendezvous: getsockname: ", std::strerror(errno));
+  sockaddr_in a = address(o_.master_addr, o_.master_port);  // rank 0: where it listens
+  if (o_.rank != 0 && !peers_.empty()) {
+    socklen_t n = sizeof(a);
+    DSV4_CHECK(getsockname(peers_[0], reinterpret_cast<sockaddr*>(&a), &n) == 0,
+               "rendezvous: getsockname: ", std::strerror(errno));
+  }
   char text[INET_ADDRSTRLEN] = {};
   DSV4_CHECK(inet_ntop(AF_INET, &a.sin_addr, text, sizeof(text)) != nullptr,
              "rendezvous: inet_ntop: ", std::strerror(errno));

@@ -17,7 +17,7 @@
 namespace dsv4 {
 
 struct RendezvousOptions {
-  std::string master_addr = "127.0.0.1";
+  std::string master_addr = "127.0.0.1";  // an IPv4 address or a host name
   int master_port = 29500;
   int world = 1;  // processes taking part
   int rank = 0;   // this process, 0 = the master
