@@ -201,10 +201,13 @@ def serve_case(work):
                     "--out", model, "--tokenizer", str(tok / "tokenizer.json")], check=True,
                    stdout=subprocess.DEVNULL)
     args = ["serve", "--model", model, "--served-model-name", "tiny", "--port", "0",
-            "--max-model-len", "256", "--max-running", "2"]
-    prompt = [10, 20, 30, 40, 50]
+            "--max-model-len", "512", "--max-running", "2"]
+    # A short prompt, then a long one twice: the second finds the first's prefix snapshot (a
+    # fork: node 0 posts the copies to node 1).
+    long = [(13 * i + 7) % 1000 + 10 for i in range(300)]
+    prompts = [[10, 20, 30, 40, 50], long, long]
     one = Server(args)
-    want = one.complete(prompt)
+    want = [one.complete(p) for p in prompts]
     check(one.stop() == 0, "one-rank server stops with exit 0")
     port = str(free_port())
     nodes = ["--dp", "2", "--ep", "2", "--nnodes", "2", "--master-addr", "127.0.0.1",
@@ -212,8 +215,14 @@ def serve_case(work):
     follower = subprocess.Popen([CLI] + args + nodes + ["--node-rank", "1"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     two = Server(args + nodes + ["--node-rank", "0"])
-    got = two.complete(prompt)
-    check(got == want, f"serve over 2 nodes answers as one rank ({got[0]!r} vs {want[0]!r})")
+    got = [two.complete(p) for p in prompts]
+    for i in range(len(prompts)):
+        check(got[i] == want[i], f"serve over 2 nodes answers request {i} as one rank "
+                                 f"({got[i][0]!r} vs {want[i][0]!r})")
+    hits = urllib.request.urlopen(two.url.rsplit("/v1", 1)[0] + "/metrics").read().decode()
+    hit_lines = [l for l in hits.splitlines() if "prefix_cache_hits" in l and not l.startswith("#")]
+    check(any(float(l.split()[-1]) > 0 for l in hit_lines),
+          f"the resent prompt hit the prefix cache over 2 nodes ({hit_lines})")
     check(two.stop() == 0, "node 0's server stops with exit 0 on SIGTERM")
     try:
         follower.communicate(timeout=60)
