@@ -1,13 +1,19 @@
 // The TCP rendezvous with N processes on one host (loopback): every rank gets rank 0's blob,
 // every rank's blobs in rank order, barriers; a missing peer is a timeout error, not a hang.
+// The TCP communicator over it (ranks as threads of several processes): gathers and
+// all-to-alls in rank order, larger than a socket's buffers, splits, an aborting rank and a
+// silent one.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <thread>
 
 #include "comm/rendezvous.h"
+#include "comm/tcp_communicator.h"
 #include "core/error.h"
 
 namespace dsv4::test {
@@ -92,6 +98,150 @@ TEST(Rendezvous, BadOptionsAreErrors) {
   o.rank = 0;
   o.master_addr = "localhost.invalid";
   EXPECT_THROW(Rendezvous{o}, Error);
+}
+
+// Forks `processes - 1` children; process p runs body(p) (the parent p = 0). Returns whether
+// every process returned 0 (children by exit status).
+template <typename F>
+bool in_processes(int processes, F body) {
+  std::vector<pid_t> kids;
+  for (int p = 1; p < processes; ++p) {
+    const pid_t pid = fork();
+    if (pid == 0) _exit(body(p));
+    kids.push_back(pid);
+  }
+  bool ok = body(0) == 0;
+  for (pid_t k : kids) {
+    int status = 0;
+    ok &= waitpid(k, &status, 0) == k && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  return ok;
+}
+
+// `port`: chosen in the parent (test_port() depends on the pid).
+RendezvousOptions tcp_options(int processes, int p, int port) {
+  RendezvousOptions o;
+  o.master_port = port;
+  o.world = processes;
+  o.rank = p;
+  o.timeout_s = 30;
+  return o;
+}
+
+// World rank w's checks on its communicator; 0 when all hold.
+int tcp_rank_checks(Communicator& c) {
+  const int w = c.rank(), W = c.size();
+  const int32_t mine = 10 * w;
+  std::vector<int32_t> all(static_cast<size_t>(W));
+  c.all_gather(&mine, sizeof(mine), all.data());
+  for (int r = 0; r < W; ++r)
+    if (all[size_t(r)] != 10 * r) return 10;
+  // Buffers of different sizes per pair, a few MB: both sides send more than a socket holds.
+  auto bytes = [](int from, int to) { return size_t(from + 1) * size_t(to + 1) * 300000; };
+  std::vector<std::vector<uint8_t>> send(static_cast<size_t>(W)), recv;
+  for (int d = 0; d < W; ++d) send[size_t(d)].assign(bytes(w, d), uint8_t(w * 7 + d));
+  c.all_to_all(send, recv);
+  for (int s = 0; s < W; ++s)
+    if (recv[size_t(s)] != std::vector<uint8_t>(bytes(s, w), uint8_t(s * 7 + w))) return 11;
+  // Split by parity, ordered by -rank: the higher rank first.
+  std::unique_ptr<Communicator> half = c.split(w % 2, -w);
+  if (half->size() != W / 2 || half->rank() != (W / 2 - 1 - w / 2)) return 12;
+  const int32_t me = w;
+  std::vector<int32_t> members(static_cast<size_t>(half->size()));
+  half->all_gather(&me, sizeof(me), members.data());
+  for (int k = 0; k < half->size(); ++k)
+    if (members[size_t(k)] != W - 2 + w % 2 - 2 * k) return 13;
+  half->barrier();
+  c.barrier();
+  return 0;
+}
+
+TEST(TcpCommunicator, RanksAsThreadsOfSeveralProcesses) {
+  for (int processes : {2, 4}) {
+    const int port = test_port(200 + processes);
+    const bool ok = in_processes(processes, [&](int p) {
+      try {
+        Rendezvous rv(tcp_options(processes, p, port));
+        std::vector<std::unique_ptr<Communicator>> comms = make_tcp_communicators(rv, 4, 30);
+        if (int(comms.size()) != 4 / processes || comms[0]->rank() != p * (4 / processes))
+          return 20;
+        std::vector<int> rc(comms.size(), -1);
+        std::vector<std::thread> threads;
+        for (size_t l = 0; l < comms.size(); ++l)
+          threads.emplace_back([&, l] {
+            try {
+              rc[l] = tcp_rank_checks(*comms[l]);
+            } catch (const std::exception& e) {
+              std::fprintf(stderr, "rank %d: %s\n", comms[l]->rank(), e.what());
+              rc[l] = 1;
+            }
+          });
+        for (std::thread& t : threads) t.join();
+        for (int x : rc)
+          if (x) return x;
+        return 0;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "process %d: %s\n", p, e.what());
+        return 2;
+      }
+    });
+    EXPECT_TRUE(ok) << processes << " processes";
+  }
+}
+
+TEST(TcpCommunicator, AnAbortingRankFailsTheOthersCollective) {
+  const int port = test_port(300);
+  const bool ok = in_processes(2, [&](int p) {
+    try {
+      Rendezvous rv(tcp_options(2, p, port));
+      std::vector<std::unique_ptr<Communicator>> comms = make_tcp_communicators(rv, 2, 30);
+      if (p == 1) {
+        comms[0]->abort();  // rank 1 failed
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        return 0;
+      }
+      int32_t x = 0, all[2];
+      try {
+        comms[0]->all_gather(&x, sizeof(x), all);
+      } catch (const Error& e) {
+        return std::strstr(e.what(), "collective aborted") ? 0 : 3;
+      }
+      return 4;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "process %d: %s\n", p, e.what());
+      return 2;
+    }
+  });
+  EXPECT_TRUE(ok);
+}
+
+TEST(TcpCommunicator, ASilentPeerIsATimeoutNamingIt) {
+  const int port = test_port(400);
+  const bool ok = in_processes(2, [&](int p) {
+    try {
+      Rendezvous rv(tcp_options(2, p, port));
+      std::vector<std::unique_ptr<Communicator>> comms = make_tcp_communicators(rv, 2, 0.5);
+      if (p == 1) {
+        std::this_thread::sleep_for(std::chrono::seconds(3));  // never joins
+        return 0;
+      }
+      int32_t x = 0, all[2];
+      try {
+        comms[0]->all_gather(&x, sizeof(x), all);
+      } catch (const Error& e) {
+        const std::string m = e.what();
+        return m.find("timed out") != std::string::npos &&
+                       m.find("waiting for rank 1") != std::string::npos
+                   ? 0
+                   : 3;
+      }
+      return 4;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "process %d: %s\n", p, e.what());
+      return 2;
+    }
+  });
+  EXPECT_TRUE(ok);
 }
 
 }  // namespace

@@ -12,6 +12,8 @@ namespace dsv4::cli {
 namespace {
 
 int run(const Args& a) {
+  // A node > 0 runs its ranks for node 0, which reads the prompt and prints the tokens.
+  if (run_as_follower(engine_options(a, 1))) return 0;
   const std::vector<int32_t> prompt = prompt_ids(a);
   SamplingOptions s;
   s.max_new_tokens = a.integer("--max-new-tokens");

@@ -11,6 +11,8 @@ namespace dsv4::cli {
 namespace {
 
 int run(const Args& a) {
+  // A node > 0 runs its ranks for node 0, which reads the prompt and writes the file.
+  if (run_as_follower(engine_options(a, 1))) return 0;
   const std::string out = a.str("--out");
   check_output_path(out);  // before the model runs
   const std::vector<int32_t> prompt = prompt_ids(a);

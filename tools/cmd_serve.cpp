@@ -40,10 +40,7 @@ int run(const Args& a) {
   o.engine.speculative_tokens = static_cast<int>(a.integer("--speculative-tokens"));
   o.engine.cuda_graphs = !a.has("--no-cuda-graphs");
   o.engine.exact_linears = a.has("--exact-linears");
-  o.engine.dp = static_cast<int>(a.integer("--dp"));
-  o.engine.ep = static_cast<int>(a.integer("--ep"));
-  o.engine.tp = static_cast<int>(a.integer("--tp"));
-  o.engine.parallel_comm = a.str("--comm");
+  parallel_options(a, o.engine);
   if (o.engine.backend != "cuda")
     DSV4_CHECK(o.engine.cuda_graphs && !o.engine.exact_linears,
                "--no-cuda-graphs and --exact-linears apply to --backend cuda");
@@ -52,6 +49,9 @@ int run(const Args& a) {
   DSV4_CHECK(!a.has("--served-model-name") || !o.served_model_name.empty(),
              "--served-model-name must not be empty");
   o.forced_output = a.has("--test-forced-output");
+  // A node > 0 serves nobody: it runs its ranks for node 0 (which has the HTTP server, the
+  // tokenizer and the engine loop) until node 0 stops.
+  if (run_as_follower(o.engine)) return 0;
 #if defined(DSV4_WITH_CUDA)
   register_cuda_backend();
 #endif

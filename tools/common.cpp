@@ -1,5 +1,7 @@
 #include "common.h"
 
+#include <cstdio>
+
 #include "core/error.h"
 #if defined(DSV4_WITH_CUDA)
 #include "backends/cuda/backend.h"
@@ -24,7 +26,57 @@ std::vector<Flag> parallel_flags() {
        "nccl",
        false,
        {"nccl", "inproc"}},
+      {"--nnodes",
+       "N",
+       "nodes (processes) the ranks are spread over, evenly",
+       "1",
+       false,
+       {},
+       1,
+       1024},
+      {"--node-rank",
+       "R",
+       "this node, 0 = the engine (and the HTTP server); the others follow it",
+       "0",
+       false,
+       {},
+       0,
+       1023},
+      {"--master-addr", "A", "node 0's IPv4 address or host name, where the nodes meet",
+       "127.0.0.1"},
+      {"--master-port",
+       "P",
+       "the port node 0 listens on for the other nodes",
+       "29500",
+       false,
+       {},
+       1,
+       65535},
   };
+}
+
+void parallel_options(const Args& a, EngineOptions& o) {
+  o.dp = static_cast<int>(a.integer("--dp"));
+  o.ep = static_cast<int>(a.integer("--ep"));
+  o.tp = static_cast<int>(a.integer("--tp"));
+  o.parallel_comm = a.str("--comm");
+  o.nnodes = static_cast<int>(a.integer("--nnodes"));
+  o.node_rank = static_cast<int>(a.integer("--node-rank"));
+  o.master_addr = a.str("--master-addr");
+  o.master_port = static_cast<int>(a.integer("--master-port"));
+  DSV4_CHECK(o.node_rank < o.nnodes, "--node-rank ", o.node_rank, " must be below --nnodes ",
+             o.nnodes);
+}
+
+bool run_as_follower(const EngineOptions& o) {
+  if (o.node_rank == 0) return false;
+#if defined(DSV4_WITH_CUDA)
+  register_cuda_backend();
+#endif
+  std::fprintf(stderr, "dsv4: node %d of %d, following node 0 at %s:%d\n", o.node_rank, o.nnodes,
+               o.master_addr.c_str(), o.master_port);
+  Engine::run_node(o);
+  return true;
 }
 
 std::vector<Flag> engine_flags() {
@@ -79,10 +131,7 @@ EngineOptions engine_options(const Args& a, int64_t max_tokens) {
   o.verify = a.has("--verify");
   o.cuda_graphs = !a.has("--no-cuda-graphs");
   o.exact_linears = a.has("--exact-linears");
-  o.dp = static_cast<int>(a.integer("--dp"));
-  o.ep = static_cast<int>(a.integer("--ep"));
-  o.tp = static_cast<int>(a.integer("--tp"));
-  o.parallel_comm = a.str("--comm");
+  parallel_options(a, o);
   const int64_t cache_mb = a.integer("--cache-mb");
   o.cache_bytes = cache_mb << 20;
   if (o.backend != "cuda")

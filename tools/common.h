@@ -13,8 +13,15 @@ namespace dsv4::cli {
 // --backend, --page-size, --cache-mb, --verify, --no-cuda-graphs, --exact-linears, and the
 // parallel layout --dp, --ep, --tp.
 std::vector<Flag> engine_flags();
-// --dp, --ep, --tp (the parallel layout).
+// --dp, --ep, --tp (the parallel layout), --comm, and the nodes: --nnodes, --node-rank,
+// --master-addr, --master-port.
 std::vector<Flag> parallel_flags();
+// The parallel flags into `o` (layout, communicator, nodes).
+void parallel_options(const Args& a, EngineOptions& o);
+// --node-rank > 0: this process is a node following node 0. Runs it (Engine::run_node, the
+// CUDA backend registered when built) and returns true when node 0 stops the run; false on
+// node 0 (the caller goes on as usual).
+bool run_as_follower(const EngineOptions& o);
 // --speculative-tokens (generate, serve).
 Flag speculative_flag();
 // --prompt-ids, --prompt-file, --prompt, --messages (exactly one is given).

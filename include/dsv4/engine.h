@@ -48,6 +48,16 @@ struct EngineOptions {
   // device copies — a test and development facility (parity with one rank without several
   // GPUs), not a way to serve.
   std::string parallel_comm = "nccl";
+  // Several nodes, one process each (README: Running on several nodes): the world's ranks
+  // split evenly over `nnodes`; node 0 (node_rank 0) is the engine — open() there — and every
+  // other node calls Engine::run_node() with the same options but its own node_rank. They meet
+  // at master_addr:master_port (node 0 listens there); `node_timeout_s` bounds how long a node
+  // waits for the others to join and for their answers after a step (a node that dies is
+  // noticed at once; one that stalls after this long).
+  int nnodes = 1, node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  double node_timeout_s = 120;
   // CUDA backend only.
   bool verify = false;      // re-run every op on the CPU from the GPU's inputs; the first
                             // divergence is thrown as a dsv4::Error naming block, op, metric
@@ -152,6 +162,10 @@ class Engine {
   // Loads and validates the model (config, quantisation scheme, every tensor).
   // Throws dsv4::Error naming what is wrong.
   static std::unique_ptr<Engine> open(const EngineOptions& options);
+  // Nodes > 0 of a multi-node run: loads this node's ranks (the cache geometry and limits
+  // come from node 0, so no prompt is needed here) and runs node 0's steps on them until node 0
+  // stops the run (returns) or fails or goes away (throws dsv4::Error).
+  static void run_node(const EngineOptions& options);
   virtual ~Engine() = default;
 
   virtual const ModelInfo& info() const = 0;

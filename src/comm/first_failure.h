@@ -10,6 +10,17 @@
 
 namespace dsv4 {
 
+// Whether `e` is a "collective aborted" consequence of another rank's failure.
+inline bool is_collective_abort(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& x) {
+    return std::string(x.what()).find("collective aborted") != std::string::npos;
+  } catch (...) {
+  }
+  return false;
+}
+
 // The first failure that is not a "collective aborted" consequence, else the first failure;
 // null when no rank failed.
 inline std::exception_ptr first_failure(const std::vector<std::exception_ptr>& errors) {

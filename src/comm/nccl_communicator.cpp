@@ -2,6 +2,7 @@
 
 #include <nccl.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -29,6 +30,10 @@ void keep_multicast_off() {
 struct NcclCommunicator::Impl {
   ncclComm_t comm = nullptr;
   int device = 0;
+  // abort() may come from another thread than the rank's (the multi-node control plane's
+  // watch, when another node failed) while the rank's own failure handler aborts too: the
+  // communicator is aborted once, and never destroyed after.
+  std::atomic<bool> aborted{false};
 };
 
 NcclCommunicator::NcclCommunicator(std::unique_ptr<Impl> impl, int world, int rank)
@@ -38,6 +43,7 @@ std::unique_ptr<DeviceCommunicator> NcclCommunicator::split(int color, int key) 
   auto child = std::make_unique<Impl>();
   child->device = impl_->device;
   check_cuda(cudaSetDevice(impl_->device), "set device");
+  DSV4_CHECK(!impl_->aborted, "NCCL communicator aborted (collective aborted)");
   check(ncclCommSplit(impl_->comm, color, key, &child->comm, nullptr), "split");
   int n = 0, r = 0;
   check(ncclCommCount(child->comm, &n), "count");
@@ -46,10 +52,7 @@ std::unique_ptr<DeviceCommunicator> NcclCommunicator::split(int color, int key) 
 }
 
 void NcclCommunicator::abort() {
-  if (impl_ && impl_->comm) {
-    ncclCommAbort(impl_->comm);
-    impl_->comm = nullptr;
-  }
+  if (impl_ && impl_->comm && !impl_->aborted.exchange(true)) ncclCommAbort(impl_->comm);
 }
 
 std::vector<uint8_t> NcclCommunicator::unique_id() {
@@ -74,18 +77,19 @@ NcclCommunicator::NcclCommunicator(const std::vector<uint8_t>& id, int world, in
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  if (impl_ && impl_->comm) {
+  if (impl_ && impl_->comm && !impl_->aborted) {
     cudaSetDevice(impl_->device);
     ncclCommDestroy(impl_->comm);
   }
 }
 
 void NcclCommunicator::all_gather(const void* send, void* recv, size_t bytes, cudaStream_t s) {
-  DSV4_CHECK(impl_->comm, "NCCL communicator aborted");
+  DSV4_CHECK(!impl_->aborted, "NCCL communicator aborted (collective aborted)");
   check(ncclAllGather(send, recv, bytes, ncclUint8, impl_->comm, s), "all-gather");
 }
 
 void NcclCommunicator::all_reduce_sum_f32(float* data, size_t count, cudaStream_t s) {
+  DSV4_CHECK(!impl_->aborted, "NCCL communicator aborted (collective aborted)");
   check(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, impl_->comm, s), "all-reduce");
 }
 
@@ -96,7 +100,7 @@ void NcclCommunicator::all_to_all_v(const void* send, const std::vector<size_t>&
   DSV4_CHECK(int(send_offset.size()) == world_ && int(send_bytes.size()) == world_ &&
                  int(recv_offset.size()) == world_ && int(recv_bytes.size()) == world_,
              "all_to_all_v: one count and offset per rank");
-  DSV4_CHECK(impl_->comm, "NCCL communicator aborted");
+  DSV4_CHECK(!impl_->aborted, "NCCL communicator aborted (collective aborted)");
   check(ncclGroupStart(), "group start");
   for (int r = 0; r < world_; ++r) {
     if (send_bytes[size_t(r)])

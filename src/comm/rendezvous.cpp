@@ -1,6 +1,7 @@
 #include "comm/rendezvous.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -27,7 +28,8 @@ double seconds_since(Clock::time_point t) {
 void wait_fd(int fd, short events, Clock::time_point start, double timeout,
              const std::string& who) {
   for (;;) {
-    const double left = timeout - seconds_since(start);
+    // timeout 0: no limit (poll wakes every second all the same).
+    const double left = timeout > 0 ? timeout - seconds_since(start) : 1.0;
     DSV4_CHECK(left > 0, "rendezvous: timed out after ", timeout, " s waiting for ", who);
     pollfd p{fd, events, 0};
     const int r = poll(&p, 1, int(std::min(left, 1.0) * 1000) + 1);
@@ -80,8 +82,16 @@ sockaddr_in address(const std::string& host, int port) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(uint16_t(port));
-  DSV4_CHECK(inet_pton(AF_INET, host.c_str(), &a.sin_addr) == 1, "rendezvous: '", host,
-             "' is not an IPv4 address");
+  if (inet_pton(AF_INET, host.c_str(), &a.sin_addr) == 1) return a;
+  // A host name: its first IPv4 address.
+  addrinfo hints{}, *found = nullptr;
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  DSV4_CHECK(rc == 0 && found, "rendezvous: '", host,
+             "' is neither an IPv4 address nor a host name ", "with one (", gai_strerror(rc), ")");
+  a.sin_addr = reinterpret_cast<const sockaddr_in*>(found->ai_addr)->sin_addr;
+  freeaddrinfo(found);
   return a;
 }
 
@@ -105,10 +115,12 @@ Rendezvous::Rendezvous(const RendezvousOptions& o) : o_(o) {
     DSV4_CHECK(::listen(listen_fd_, o.world) == 0, "rendezvous: listen: ", std::strerror(errno));
     peers_.assign(size_t(o.world), -1);
     for (int k = 1; k < o.world; ++k) {
-      wait_fd(listen_fd_, POLLIN, start, o.timeout_s, cat(o.world - k, " more rank(s)"));
+      wait_fd(listen_fd_, POLLIN, start, o.timeout_s,
+              cat(o.world - k, " more ", o.peer_noun, "(s)"));
       const int fd = ::accept(listen_fd_, nullptr, nullptr);
       DSV4_CHECK(fd >= 0, "rendezvous: accept: ", std::strerror(errno));
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
       int32_t r = -1;
       recv_all(fd, &r, 4, o.timeout_s, "a connecting rank");
       DSV4_CHECK(r > 0 && r < o.world && peers_[size_t(r)] < 0,
@@ -129,6 +141,8 @@ Rendezvous::Rendezvous(const RendezvousOptions& o) : o_(o) {
     }
     const int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    // A master whose host dies without closing is found by keep-alive probes, not never.
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
     const int32_t r = o.rank;
     send_all(fd, &r, 4, o.timeout_s, "the master");
     peers_ = {fd};
@@ -142,31 +156,98 @@ Rendezvous::~Rendezvous() {
   if (listen_fd_ >= 0) ::close(listen_fd_);
 }
 
+std::string Rendezvous::name(int rank) const {
+  return rank == 0 && o_.rank != 0 ? cat(o_.peer_noun, " 0 (the master)")
+                                   : cat(o_.peer_noun, " ", rank);
+}
+
 std::vector<std::vector<uint8_t>> Rendezvous::all_gather(const std::vector<uint8_t>& blob) {
   std::vector<std::vector<uint8_t>> all(size_t(o_.world));
   if (o_.world == 1) {
     all[0] = blob;
     return all;
   }
+  const double t = o_.timeout_s;
   if (o_.rank == 0) {
     all[0] = blob;
+    for (int r = 1; r < o_.world; ++r) all[size_t(r)] = recv_blob(peers_[size_t(r)], t, name(r));
     for (int r = 1; r < o_.world; ++r)
-      all[size_t(r)] = recv_blob(peers_[size_t(r)], o_.timeout_s, cat("rank ", r));
-    for (int r = 1; r < o_.world; ++r)
-      for (const auto& b : all) send_blob(peers_[size_t(r)], b, o_.timeout_s, cat("rank ", r));
+      for (const auto& b : all) send_blob(peers_[size_t(r)], b, t, name(r));
   } else {
-    send_blob(peers_[0], blob, o_.timeout_s, "the master");
-    for (auto& b : all) b = recv_blob(peers_[0], o_.timeout_s, "the master");
+    send_blob(peers_[0], blob, t, name(0));
+    for (auto& b : all) b = recv_blob(peers_[0], t, name(0));
   }
   return all;
 }
 
-std::vector<uint8_t> Rendezvous::broadcast(const std::vector<uint8_t>& blob) {
-  return all_gather(o_.rank == 0 ? blob : std::vector<uint8_t>{})[0];
+std::vector<uint8_t> Rendezvous::broadcast(const std::vector<uint8_t>& blob, double timeout_s) {
+  if (o_.world == 1) return blob;
+  const double t = timeout_s < 0 ? o_.timeout_s : timeout_s;
+  if (o_.rank == 0) {
+    for (int r = 1; r < o_.world; ++r) send_blob(peers_[size_t(r)], blob, t, name(r));
+    return blob;
+  }
+  return recv_blob(peers_[0], t, name(0));
+}
+
+std::vector<std::vector<uint8_t>> Rendezvous::gather(const std::vector<uint8_t>& blob,
+                                                     double timeout_s) {
+  const double t = timeout_s < 0 ? o_.timeout_s : timeout_s;
+  if (o_.rank != 0) {
+    send_blob(peers_[0], blob, t, name(0));
+    return {};
+  }
+  std::vector<std::vector<uint8_t>> all(size_t(o_.world));
+  all[0] = blob;
+  for (int r = 1; r < o_.world; ++r) all[size_t(r)] = recv_blob(peers_[size_t(r)], t, name(r));
+  return all;
 }
 
 void Rendezvous::barrier() {
   all_gather({});
+}
+
+std::vector<int> Rendezvous::readable(double wait_s) {
+  std::vector<pollfd> p;
+  std::vector<int> who;
+  for (int r = 0; r < int(peers_.size()); ++r)
+    if (peers_[size_t(r)] >= 0) {
+      p.push_back({peers_[size_t(r)], POLLIN, 0});
+      who.push_back(o_.rank == 0 ? r : 0);
+    }
+  std::vector<int> out;
+  if (p.empty()) return out;
+  if (::poll(p.data(), p.size(), int(wait_s * 1000)) <= 0) return out;
+  for (size_t i = 0; i < p.size(); ++i)
+    if (p[i].revents) out.push_back(who[i]);
+  return out;
+}
+
+bool Rendezvous::closed(int peer) {
+  const int fd = peers_.at(size_t(o_.rank == 0 ? peer : 0));
+  uint8_t b = 0;
+  const ssize_t k = ::recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+  return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+std::vector<uint8_t> Rendezvous::receive(int peer, double timeout_s) {
+  DSV4_CHECK(o_.world > 1 && (o_.rank == 0 ? peer > 0 && peer < o_.world : peer == 0),
+             "rendezvous: rank ", o_.rank, " cannot receive from rank ", peer);
+  return recv_blob(peers_[size_t(o_.rank == 0 ? peer : 0)],
+                   timeout_s < 0 ? o_.timeout_s : timeout_s, name(peer));
+}
+
+std::string Rendezvous::local_address() const {
+  sockaddr_in a = address(o_.master_addr, o_.master_port);  // rank 0: where it listens
+  if (o_.rank != 0 && !peers_.empty()) {
+    socklen_t n = sizeof(a);
+    DSV4_CHECK(getsockname(peers_[0], reinterpret_cast<sockaddr*>(&a), &n) == 0,
+               "rendezvous: getsockname: ", std::strerror(errno));
+  }
+  char text[INET_ADDRSTRLEN] = {};
+  DSV4_CHECK(inet_ntop(AF_INET, &a.sin_addr, text, sizeof(text)) != nullptr,
+             "rendezvous: inet_ntop: ", std::strerror(errno));
+  return text;
 }
 
 }  // namespace dsv4

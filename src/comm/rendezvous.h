@@ -1,7 +1,9 @@
 // A small TCP rendezvous for the processes of a parallel run (one per node, or several on one
 // host): rank 0 listens on master_addr:master_port, the others connect to it, and it relays
 // small blobs — the NCCL unique id the ranks need to build their communicator, the ranks'
-// descriptions, barriers. Not a data path: collectives run on NCCL (or in-process).
+// descriptions, barriers. It is also the multi-node control plane's channel: node 0 posts each
+// step's description (broadcast) and gathers the results the other nodes owe it (gather).
+// Not a data path for tensors: collectives run on NCCL, in-process, or comm/tcp_communicator.h.
 //
 // Loopback is the default address; the tests run N processes on one host. Every call is a
 // collective of all `world` ranks; a peer that does not come within the timeout, or goes away,
@@ -15,11 +17,12 @@
 namespace dsv4 {
 
 struct RendezvousOptions {
-  std::string master_addr = "127.0.0.1";
+  std::string master_addr = "127.0.0.1";  // an IPv4 address or a host name
   int master_port = 29500;
   int world = 1;  // processes taking part
   int rank = 0;   // this process, 0 = the master
   double timeout_s = 60;
+  std::string peer_noun = "rank";  // how errors name a peer ("node 2 closed the connection")
 };
 
 class Rendezvous {
@@ -31,11 +34,28 @@ class Rendezvous {
 
   int rank() const { return o_.rank; }
   int world() const { return o_.world; }
-  // Rank 0's `blob` on every rank (others pass anything).
-  std::vector<uint8_t> broadcast(const std::vector<uint8_t>& blob);
+  // Rank 0's `blob` on every rank (others pass anything). `timeout_s` < 0: the options' timeout;
+  // 0: wait without limit (a node waiting for node 0's next command while the server idles;
+  // a peer that goes away is still an error at once).
+  std::vector<uint8_t> broadcast(const std::vector<uint8_t>& blob, double timeout_s = -1);
+  // Rank 0 gets every rank's blob in rank order (its own first); the others get nothing back.
+  std::vector<std::vector<uint8_t>> gather(const std::vector<uint8_t>& blob, double timeout_s = -1);
   // Every rank's blob, in rank order.
   std::vector<std::vector<uint8_t>> all_gather(const std::vector<uint8_t>& blob);
   void barrier();
+  // Watching peers while something else runs (the multi-node control plane during a step).
+  // The peers (rank 0: every other rank; others: rank 0) with a message to read or whose
+  // connection ended, after waiting up to `wait_s`.
+  std::vector<int> readable(double wait_s);
+  // Whether `peer`'s connection has ended (nothing consumed).
+  bool closed(int peer);
+  // One blob from `peer` (rank 0: any rank; others: rank 0), as gather() reads them.
+  std::vector<uint8_t> receive(int peer, double timeout_s = -1);
+  // The IPv4 address this process is reached at by the others: rank 0's master_addr, else the
+  // local address of its connection to rank 0 (the interface that routes to the master).
+  std::string local_address() const;
+  // "rank 2" / "node 2" (RendezvousOptions::peer_noun).
+  std::string name(int rank) const;
 
  private:
   RendezvousOptions o_;

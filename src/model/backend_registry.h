@@ -12,6 +12,8 @@
 
 namespace dsv4 {
 
+class Rendezvous;  // comm/rendezvous.h: made by the runtime, opaque here
+
 struct RunnerOptions {
   std::string model_dir;
   int page_size = 64;
@@ -29,6 +31,12 @@ struct RunnerOptions {
   // CUDA, several ranks: "nccl" (one GPU per rank, this process) or "inproc" (every rank on
   // GPU 0, collectives by device copies: a test and development facility).
   std::string parallel_comm = "nccl";
+  // Several nodes (processes) of one parallel run: the world's ranks split evenly over
+  // `nnodes`, this process holding node `node_rank`'s. Node 0 runs the engine; the others
+  // follow it (Runner::follow()). `rendezvous`: the connection between the nodes, made by the
+  // runtime (Engine::open / Engine::run_node) before the runner; null with one node.
+  int nnodes = 1, node_rank = 0;
+  std::shared_ptr<Rendezvous> rendezvous;
 };
 
 using RunnerFactory = std::unique_ptr<Runner> (*)(const RunnerOptions& options);

@@ -142,6 +142,11 @@ class Runner {
   }
   virtual bool speculation_enabled() const { return false; }
 
+  // Nodes > 0 of a multi-node run (RunnerOptions::node_rank > 0) own no sequences: follow()
+  // runs node 0's operations on this node's ranks until node 0 stops the run (returns) or
+  // fails or goes away (throws dsv4::Error).
+  virtual void follow() { throw Error("this runner is not a node > 0 of a multi-node run"); }
+
   // Validates every input (ids, lengths, room) before touching any state; throws dsv4::Error.
   virtual StepOutput step(const std::vector<StepInput>& inputs) = 0;
   // step(inputs).logits.

@@ -2,10 +2,16 @@
 #include "dsv4/engine.h"
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "backends/cpu/backend.h"
+#include "comm/rendezvous.h"
 #include "core/error.h"
 #include "model/backend_registry.h"
+#include "model/node_wire.h"
+#include "model/parallel_layout.h"
 #include "runtime/engine_loop.h"
 
 namespace dsv4 {
@@ -78,6 +84,63 @@ class LoopEngine final : public Engine {
 
 }  // namespace
 
+namespace {
+
+RunnerFactory factory_of(const std::string& backend) {
+  RunnerFactory factory = backend == "cpu" ? &open_cpu_runner : find_backend(backend);
+  if (!factory) {
+    if (backend == "cuda")
+      throw Error(
+          "backend 'cuda' is not available: this build has no CUDA backend (configure with nvcc "
+          "and -DDSV4_CUDA=ON)");
+    throw Error(cat("unknown backend '", backend, "' (cpu, cuda)"));
+  }
+  return factory;
+}
+
+std::string config_text(const std::string& model_dir) {
+  std::ifstream f(std::filesystem::path(model_dir) / "config.json", std::ios::binary);
+  DSV4_CHECK(f.good(), model_dir, ": no config.json");
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// The checks every node makes before meeting the others.
+void check_nodes(const EngineOptions& o) {
+  DSV4_CHECK(o.nnodes >= 1, "--nnodes must be at least 1");
+  DSV4_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, "--node-rank ", o.node_rank,
+             " must be in [0, ", o.nnodes, ") (--nnodes ", o.nnodes, ")");
+  if (o.nnodes == 1) return;
+  const ParallelConfig par{o.dp, o.ep, o.tp};
+  DSV4_CHECK(par.world() % o.nnodes == 0, "--dp ", o.dp, " --ep ", o.ep, " --tp ", o.tp, ": ",
+             par.world(), " rank(s) do not divide over --nnodes ", o.nnodes,
+             " (every node runs the same number of ranks)");
+  DSV4_CHECK(o.parallel_comm != "inproc" || o.backend != "cuda",
+             "--comm inproc runs every rank in one process; several nodes need --comm nccl");
+  DSV4_CHECK(!o.verify, "--verify is not offered with several nodes");
+  DSV4_CHECK(o.node_timeout_s > 0, "the node timeout must be positive");
+}
+
+std::shared_ptr<Rendezvous> meet(const EngineOptions& o) {
+  RendezvousOptions r;
+  r.master_addr = o.master_addr;
+  r.master_port = o.master_port;
+  r.world = o.nnodes;
+  r.rank = o.node_rank;
+  r.timeout_s = o.node_timeout_s;
+  r.peer_noun = "node";
+  try {
+    return std::make_shared<Rendezvous>(r);
+  } catch (const Error& e) {
+    throw Error(cat("multi-node run: node ", o.node_rank, " of ", o.nnodes, ": ", e.what()));
+  }
+}
+
+constexpr char kNodeProtocol[] = "dsv4 multi-node 1";
+
+}  // namespace
+
 std::unique_ptr<Engine> Engine::open(const EngineOptions& o) {
   DSV4_CHECK(o.page_size > 0 && o.page_size <= 4096, "page size must be in [1, 4096]");
   DSV4_CHECK(o.max_sequences > 0, "max_sequences must be positive");
@@ -85,14 +148,11 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& o) {
   DSV4_CHECK(o.max_step_tokens >= 0 && o.cache_bytes >= 0, "negative step or cache size");
   DSV4_CHECK(o.prefix_snapshots >= -1 && o.prefix_block > 0,
              "prefix_snapshots must be >= -1 and prefix_block > 0");
-  RunnerFactory factory = o.backend == "cpu" ? &open_cpu_runner : find_backend(o.backend);
-  if (!factory) {
-    if (o.backend == "cuda")
-      throw Error(
-          "backend 'cuda' is not available: this build has no CUDA backend (configure with nvcc "
-          "and -DDSV4_CUDA=ON)");
-    throw Error(cat("unknown backend '", o.backend, "' (cpu, cuda)"));
-  }
+  check_nodes(o);
+  DSV4_CHECK(o.node_rank == 0, "node ", o.node_rank,
+             " of a multi-node run follows node 0: Engine::run_node (the CLI does that for "
+             "--node-rank > 0)");
+  RunnerFactory factory = factory_of(o.backend);
   RunnerOptions ro;
   ro.model_dir = o.model_dir;
   ro.page_size = o.page_size;
@@ -108,7 +168,47 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& o) {
   ro.ep = o.ep;
   ro.tp = o.tp;
   ro.parallel_comm = o.parallel_comm;
+  ro.nnodes = o.nnodes;
+  if (o.nnodes > 1) {
+    // What the other nodes need to open the same run: the backend, the model's config (to
+    // compare with theirs), node 0's runner options.
+    const std::string config = config_text(o.model_dir);
+    ro.rendezvous = meet(o);
+    WireWriter w;
+    w.str(kNodeProtocol);
+    w.str(o.backend);
+    w.str(config);
+    put_runner_options(w, ro);
+    ro.rendezvous->broadcast(w.bytes());
+  }
   return std::make_unique<LoopEngine>(factory(ro), o);
+}
+
+void Engine::run_node(const EngineOptions& o) {
+  check_nodes(o);
+  DSV4_CHECK(o.nnodes > 1 && o.node_rank > 0,
+             "run_node is for nodes > 0 of a multi-node run (--nnodes N, --node-rank 1..N-1)");
+  const std::string config = config_text(o.model_dir);
+  RunnerOptions ro;
+  ro.rendezvous = meet(o);
+  const std::vector<uint8_t> m = ro.rendezvous->broadcast({});
+  WireReader r(m);
+  DSV4_CHECK(r.str() == kNodeProtocol,
+             "multi-node run: node 0 speaks another protocol (a "
+             "different dsv4 build?)");
+  const std::string backend = r.str();
+  DSV4_CHECK(backend == o.backend, "multi-node run: node 0 runs backend '", backend, "', node ",
+             o.node_rank, " was given '", o.backend, "'");
+  DSV4_CHECK(r.str() == config, "multi-node run: node ", o.node_rank, "'s ", o.model_dir,
+             "/config.json differs from node 0's (every node needs the same checkpoint)");
+  get_runner_options(r, ro);
+  DSV4_CHECK(ro.nnodes == o.nnodes && ro.dp == o.dp && ro.ep == o.ep && ro.tp == o.tp,
+             "multi-node run: node 0 runs --nnodes ", ro.nnodes, " --dp ", ro.dp, " --ep ", ro.ep,
+             " --tp ", ro.tp, ", node ", o.node_rank, " was given --nnodes ", o.nnodes, " --dp ",
+             o.dp, " --ep ", o.ep, " --tp ", o.tp);
+  ro.model_dir = o.model_dir;
+  ro.node_rank = o.node_rank;
+  factory_of(backend)(ro)->follow();
 }
 
 }  // namespace dsv4

@@ -31,13 +31,17 @@ std::unique_ptr<Runner> open_cpu_runner(const RunnerOptions& o) {
   const MemoryPlan plan = plan_memory(config, scheme, memory_plan_options(o, PlanBackend::kCpu));
   require_fits(plan.pools.at(0), host_available_bytes(), "MemAvailable");
   const ParallelConfig par{o.dp, o.ep, o.tp};
+  DSV4_CHECK(o.nnodes == 1 || !par.single(), "--nnodes ", o.nnodes,
+             ": one rank cannot span nodes (give --dp/--ep/--tp a world of at least ", o.nnodes,
+             " ranks)");
   if (!par.single()) {
     const Checkpoint ckpt(o.model_dir);
     check_weights_finite(ckpt);
     const WeightsRef ref = bind_weights(ckpt, config, scheme);
     const CacheConfig cc = plan_cache(config, o.max_sequences, o.max_tokens, o.page_size,
                                       o.cache_bytes, o.snapshot_slots);
-    return std::make_unique<ParallelCpuRunner>(config, ref, par, cc);
+    return std::make_unique<ParallelCpuRunner>(config, ref, par, cc,
+                                               NodePlacement{o.nnodes, o.node_rank, o.rendezvous});
   }
   auto lm = std::make_unique<LoadedModel>(load_cpu_model(o.model_dir));
   const CacheConfig cc = plan_cache(lm->config, o.max_sequences, o.max_tokens, o.page_size,

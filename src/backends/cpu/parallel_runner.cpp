@@ -1,11 +1,8 @@
 #include "backends/cpu/parallel_runner.h"
 
-#include <algorithm>
-
-#include "backends/cpu/host_sampling.h"
 #include "backends/cpu/weights.h"
-#include "comm/first_failure.h"
 #include "comm/inproc_communicator.h"
+#include "comm/tcp_communicator.h"
 #include "core/error.h"
 
 namespace dsv4 {
@@ -24,120 +21,74 @@ cpu::WeightShard shard_of(const ParallelLayout& L, int w) {
   return s;
 }
 
+// How long a rank waits in a collective for a silent peer on another node before failing.
+constexpr double kCollectiveTimeoutS = 600;
+
 }  // namespace
 
 ParallelCpuRunner::ParallelCpuRunner(const ModelConfig& config, const WeightsRef& weights,
-                                     const ParallelConfig& parallel, const CacheConfig& cache)
-    : PagedRunner(config, cache, Limits{}, parallel.dp),
-      layout_(config, parallel),
-      ranks_(size_t(layout_.world())) {
-  const int W = layout_.world();
-  std::vector<std::unique_ptr<Communicator>> world = make_inproc_communicators(W);
-  for (int w = 0; w < W; ++w) ranks_[size_t(w)].world = std::move(world[size_t(w)]);
-  for (int w = 0; w < W; ++w) threads_.emplace_back([this, w] { worker(w); });
+                                     const ParallelConfig& parallel, const CacheConfig& cache,
+                                     const NodePlacement& node)
+    : ParallelRunnerBase(config, cache, Limits{}, parallel, node), ranks_(size_t(local_ranks())) {
+  const int W = layout().world();
+  std::vector<std::unique_ptr<Communicator>> world =
+      nnodes() > 1 ? make_tcp_communicators(*rendezvous(), W, kCollectiveTimeoutS)
+                   : make_inproc_communicators(W);
+  for (int l = 0; l < local_ranks(); ++l) ranks_[size_t(l)].world = std::move(world[size_t(l)]);
+  // A failing rank aborts its world communicator (and so its splits): the ranks waiting for it
+  // in a collective fail instead of waiting forever.
+  start_ranks(nullptr, [this](int l) { ranks_[size_t(l)].world->abort(); });
   // Each rank: its groups (split is collective) and its shard of the weights, all at once.
-  run_all([&](int w) {
-    Rank& r = ranks_[size_t(w)];
-    const int tp = layout_.config().tp;
-    r.tp = r.world->split(w / tp, layout_.tp_rank(w));
-    r.group = r.world->split(layout_.dp_group(w), w);
-    r.ep = r.world->split(layout_.ep_group(w), w);
-    r.ctx = {&layout_, w, r.world.get(), r.tp.get(), r.group.get(), r.ep.get()};
-    r.model = std::make_unique<CpuModel>(
-        config, cpu::prepare_weights(config, weights, shard_of(layout_, w)));
+  run_ranks([&](int l) {
+    Rank& r = ranks_[size_t(l)];
+    const int w = first_rank() + l;
+    const ParallelLayout& L = layout();
+    r.tp = r.world->split(w / L.config().tp, L.tp_rank(w));
+    r.group = r.world->split(L.dp_group(w), w);
+    r.ep = r.world->split(L.ep_group(w), w);
+    r.ctx = {&L, w, r.world.get(), r.tp.get(), r.group.get(), r.ep.get()};
+    r.model =
+        std::make_unique<CpuModel>(config, cpu::prepare_weights(config, weights, shard_of(L, w)));
     r.model->set_rank(&r.ctx);
     r.cache = std::make_unique<HostCache>(r.model->config(), cache);
   });
 }
 
 ParallelCpuRunner::~ParallelCpuRunner() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  for (std::thread& t : threads_) t.join();
+  stop_ranks();
 }
 
-void ParallelCpuRunner::worker(int w) {
-  uint64_t seen = 0;
-  for (;;) {
-    const std::function<void(int)>* job;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || job_id_ != seen; });
-      if (stop_) return;
-      seen = job_id_;
-      job = job_;
-    }
-    std::exception_ptr err;
-    try {
-      (*job)(w);
-    } catch (...) {
-      err = std::current_exception();
-      // The other ranks may be waiting for this one in a collective.
-      ranks_[size_t(w)].world->abort();
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    if (err) errors_[size_t(w)] = err;
-    if (--pending_ == 0) done_cv_.notify_all();
-  }
+void ParallelCpuRunner::rank_reset_states(int l, int slot) {
+  ranks_[size_t(l)].cache->reset_states(slot);
 }
 
-void ParallelCpuRunner::run_all(const std::function<void(int)>& job) {
-  std::unique_lock<std::mutex> lock(mu_);
-  errors_.assign(ranks_.size(), nullptr);
-  job_ = &job;
-  pending_ = int(ranks_.size());
-  ++job_id_;
-  cv_.notify_all();
-  done_cv_.wait(lock, [&] { return pending_ == 0; });
-  // The failure that caused the others (they report a collective aborted) comes first.
-  if (std::exception_ptr first = first_failure(errors_)) std::rethrow_exception(first);
+void ParallelCpuRunner::rank_copy_sequence(int l, const SequenceCache& from,
+                                           const SequenceCache& to) {
+  ranks_[size_t(l)].cache->copy_sequence(from, to);
 }
 
-void ParallelCpuRunner::reset_states(int g, int slot) {
-  for (int w = 0; w < layout_.world(); ++w)
-    if (layout_.dp_group(w) == g) ranks_[size_t(w)].cache->reset_states(slot);
+void ParallelCpuRunner::rank_copy_pages(int l, const std::vector<PageCopy>& copies) {
+  for (const PageCopy& c : copies) ranks_[size_t(l)].cache->copy_page(c);
 }
 
-void ParallelCpuRunner::copy_sequence(int g, const SequenceCache& from, const SequenceCache& to) {
-  for (int w = 0; w < layout_.world(); ++w)
-    if (layout_.dp_group(w) == g) ranks_[size_t(w)].cache->copy_sequence(from, to);
-}
-
-void ParallelCpuRunner::copy_pages(int g, const std::vector<PageCopy>& copies) {
-  for (int w = 0; w < layout_.world(); ++w)
-    if (layout_.dp_group(w) == g)
-      for (const PageCopy& c : copies) ranks_[size_t(w)].cache->copy_page(c);
-}
-
-StepOutput ParallelCpuRunner::forward(const StepBatch& batch) {
-  std::vector<StepBatch> all(static_cast<size_t>(dp_size()));
-  all[size_t(batch.dp_rank)] = batch;
-  return std::move(forward_groups(all)[size_t(batch.dp_rank)]);
-}
-
-std::vector<StepOutput> ParallelCpuRunner::forward_groups(const std::vector<StepBatch>& batches) {
-  const int V = config().vocab_size;
-  std::vector<StepOutput> out(batches.size());
-  run_all([&](int w) {
-    Rank& r = ranks_[size_t(w)];
-    const StepBatch& b = batches[size_t(layout_.dp_group(w))];
+void ParallelCpuRunner::local_forward(const std::vector<StepBatch>& batches,
+                                      std::vector<GroupResult>& results) {
+  run_ranks([&](int l) {
+    Rank& r = ranks_[size_t(l)];
+    const int w = first_rank() + l;
+    const int g = layout().dp_group(w);
+    const StepBatch& b = batches[size_t(g)];
     // Every rank runs every block (the MoE exchanges span the world); the group's first rank
-    // alone computes the logits and samples.
-    const bool leader = r.group->rank() == 0;
+    // alone computes the logits.
+    const bool leader = w == group_leader(g);
     std::vector<int> bad;
     std::vector<float> logits =
         r.model->forward(b.chunks, *r.cache, leader ? b.rows : std::vector<int>{}, nullptr, nullptr,
                          leader ? &bad : nullptr);
     if (!leader || b.chunks.empty()) return;
-    StepOutput& o = out[size_t(layout_.dp_group(w))];
-    o = sample_on_host(b, logits.data(), V, nonfinite_errors(config(), b, bad));
-    logits.resize(size_t(b.num_logit_rows) * V);
-    o.logits = std::move(logits);
+    logits.resize(b.rows.size() * size_t(config().vocab_size));
+    results[size_t(g)] = {std::move(logits), std::move(bad)};
   });
-  return out;
 }
 
 }  // namespace dsv4

@@ -73,14 +73,18 @@ std::unique_ptr<Runner> open_parallel_cuda_runner(const RunnerOptions& o) {
     DSV4_CUDA_CHECK(cudaMemGetInfo(&free, &total));
     require_fits(all, int64_t(free), "free on the GPU");
   } else {
+    // This node's ranks, rank first + l on its GPU l.
+    const int per = layout.world() / std::max(1, o.nnodes), first = o.node_rank * per;
     for (const MemoryPool& p : plan.pools) {
-      if (p.rank < 0 || p.rank >= cuda::device_count()) continue;  // the runner says why
-      DSV4_CUDA_CHECK(cudaSetDevice(p.rank));
+      const int gpu = p.rank - first;
+      if (p.rank < first || p.rank >= first + per || gpu >= cuda::device_count())
+        continue;  // another node's, or the runner says why
+      DSV4_CUDA_CHECK(cudaSetDevice(gpu));
       size_t free = 0, total = 0;
       DSV4_CUDA_CHECK(cudaMemGetInfo(&free, &total));
       MemoryPool q = p;
       q.cache_min = q.cache;  // the pool is not shrunk here
-      require_fits(q, int64_t(free), cat("free on GPU ", p.rank));
+      require_fits(q, int64_t(free), cat("free on GPU ", gpu, " (rank ", p.rank, ")"));
     }
   }
   // Each group's pool: the flag's size, else room for max_sequences x max_tokens (not shrunk
@@ -91,7 +95,8 @@ std::unique_ptr<Runner> open_parallel_cuda_runner(const RunnerOptions& o) {
   Checkpoint ckpt(o.model_dir);
   const WeightsRef ref = bind_weights(ckpt, config, scheme);
   check_weights_finite(ckpt);
-  return std::make_unique<ParallelCudaRunner>(config, ref, pc, cc, lim, po);
+  return std::make_unique<ParallelCudaRunner>(config, ref, pc, cc, lim, po,
+                                              NodePlacement{o.nnodes, o.node_rank, o.rendezvous});
 }
 
 }  // namespace
@@ -106,6 +111,9 @@ std::unique_ptr<Runner> open_cuda_runner(const RunnerOptions& o) {
   DSV4_CHECK(cuda::device_count() > 0, "backend 'cuda': no usable CUDA GPU (",
              cuda::describe_device(), ")");
   if (o.dp != 1 || o.ep != 1 || o.tp != 1) return open_parallel_cuda_runner(o);
+  DSV4_CHECK(o.nnodes == 1, "--nnodes ", o.nnodes,
+             ": one rank cannot span nodes (give --dp/--ep/--tp a world of at least ", o.nnodes,
+             " ranks)");
   auto owned = std::make_unique<CudaRunner::Owned>();
   const ModelConfig config =
       load_model_config((std::filesystem::path(o.model_dir) / "config.json").string());

@@ -3,11 +3,10 @@
 #include <algorithm>
 #include <string>
 
-#include "backends/cpu/host_sampling.h"
 #include "backends/cpu/weights.h"
 #include "backends/cuda/weights.h"
-#include "comm/first_failure.h"
 #include "comm/inproc_device_communicator.h"
+#include "comm/rendezvous.h"
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
 #include "ops/cuda/common/device.h"
@@ -59,54 +58,67 @@ PagedRunner::Limits runner_limits(const CudaModelLimits& m, const CacheConfig& c
 ParallelCudaRunner::ParallelCudaRunner(const ModelConfig& config, const WeightsRef& weights,
                                        const ParallelConfig& parallel, const CacheConfig& cache,
                                        const CudaModelLimits& limits,
-                                       const ParallelCudaOptions& options)
-    : PagedRunner(config, cache, runner_limits(limits, cache), parallel.dp),
-      layout_(config, parallel),
+                                       const ParallelCudaOptions& options,
+                                       const NodePlacement& node)
+    : ParallelRunnerBase(config, cache, runner_limits(limits, cache), parallel, node),
       opt_(options),
-      ranks_(size_t(layout_.world())) {
-  const int W = layout_.world();
+      ranks_(size_t(local_ranks())) {
+  const int W = layout().world(), local = local_ranks();
   const int gpus = cuda::device_count();
   DSV4_CHECK(gpus > 0, "backend 'cuda': no usable CUDA GPU (", cuda::describe_device(), ")");
   std::vector<uint8_t> nccl_id;
   if (opt_.comm == CudaCommKind::kInProcess) {
+    DSV4_CHECK(nnodes() == 1,
+               "--comm inproc runs every rank in one process; several nodes need --comm nccl");
     DSV4_CHECK(opt_.device >= 0 && opt_.device < gpus, "GPU ", opt_.device, " of ", gpus);
     devices_.assign(size_t(W), opt_.device);
     std::vector<std::unique_ptr<DeviceCommunicator>> world = make_inproc_device_communicators(W);
     for (int w = 0; w < W; ++w) ranks_[size_t(w)].world = std::move(world[size_t(w)]);
   } else {
 #ifdef DSV4_HAVE_NCCL
-    DSV4_CHECK(gpus >= W, "backend 'cuda': ", layout_.describe(), " needs ", W,
-               " GPUs over NCCL (one per rank), this machine shows ", gpus,
+    DSV4_CHECK(gpus >= local, "backend 'cuda': ", layout().describe(), " needs ", local,
+               " GPUs over NCCL on this node (one per rank), this machine shows ", gpus,
                " (the in-process communicator runs every rank on one GPU, for tests)");
-    for (int w = 0; w < W; ++w) devices_.push_back(w);
-    nccl_id = NcclCommunicator::unique_id();
+    for (int l = 0; l < local; ++l) devices_.push_back(l);
+    // Node 0 makes the id; the others get it through the rendezvous.
+    if (node.node_rank == 0) nccl_id = NcclCommunicator::unique_id();
+    if (nnodes() > 1) nccl_id = rendezvous()->broadcast(nccl_id);
 #else
     throw Error(
         "backend 'cuda': this build has no NCCL (python3 -m pip install nvidia-nccl-cu13, then "
         "reconfigure); the in-process communicator runs every rank on one GPU, for tests");
 #endif
   }
-  for (int w = 0; w < W; ++w) threads_.emplace_back([this, w] { worker(w); });
+  start_ranks([this](int l) { DSV4_CUDA_CHECK(cudaSetDevice(devices_[size_t(l)])); },
+              [this](int l) {
+                // The other ranks may be waiting for this one in a collective (in-process:
+                // aborting the world ends its splits too; NCCL: each communicator is aborted
+                // itself).
+                Rank& r = ranks_[size_t(l)];
+                for (DeviceCommunicator* c : {r.ep.get(), r.group.get(), r.tp.get(), r.world.get()})
+                  if (c) c->abort();
+              });
   try {
-    run_all([&](int w) {
-      Rank& r = ranks_[size_t(w)];
-      r.device = std::make_unique<DeviceContext>(devices_[size_t(w)]);
+    run_ranks([&](int l) {
+      Rank& r = ranks_[size_t(l)];
+      const int w = first_rank() + l;
+      const ParallelLayout& L = layout();
+      r.device = std::make_unique<DeviceContext>(devices_[size_t(l)]);
 #ifdef DSV4_HAVE_NCCL
       if (!r.world)
-        r.world = std::make_unique<NcclCommunicator>(nccl_id, W, w, devices_[size_t(w)]);
+        r.world = std::make_unique<NcclCommunicator>(nccl_id, W, w, devices_[size_t(l)]);
 #endif
-      const int tp = layout_.config().tp;
-      r.tp = r.world->split(w / tp, layout_.tp_rank(w));
-      r.group = r.world->split(layout_.dp_group(w), w);
-      r.ep = r.world->split(layout_.ep_group(w), w);
-      r.ctx = {&layout_, w, r.tp.get(), r.group.get(), r.ep.get()};
-      CudaModelWeights mw = upload_cuda_weights(config, weights, false, shard_of(layout_, w));
+      r.tp = r.world->split(w / L.config().tp, L.tp_rank(w));
+      r.group = r.world->split(L.dp_group(w), w);
+      r.ep = r.world->split(L.ep_group(w), w);
+      r.ctx = {&L, w, r.tp.get(), r.group.get(), r.ep.get()};
+      CudaModelWeights mw = upload_cuda_weights(config, weights, false, shard_of(L, w));
       r.model = std::make_unique<CudaModel>(*r.device, config, std::move(mw), limits);
       r.model->set_rank(&r.ctx);
       r.cache = std::make_unique<DeviceCache>(r.model->config(), cache);
       r.meta = std::make_unique<StepBuffers>(step_limits(config, r.model->limits(), cache),
                                              config.window_size);
-      if (r.group->rank() == 0) {
+      if (w == group_leader(L.dp_group(w))) {
         const size_t n =
             size_t(r.model->limits().max_logit_rows) * size_t(config.vocab_size) * sizeof(float);
         DSV4_CUDA_CHECK(cudaMallocHost(&r.host_logits, n));
@@ -124,12 +136,11 @@ ParallelCudaRunner::~ParallelCudaRunner() {
 }
 
 void ParallelCudaRunner::shutdown() {
-  if (threads_.empty()) return;
   // Each rank frees its device objects on its own thread (its device current), model before
   // context.
   try {
-    run_all([&](int w) {
-      Rank& r = ranks_[size_t(w)];
+    run_ranks([&](int l) {
+      Rank& r = ranks_[size_t(l)];
       if (r.device) cudaStreamSynchronize(r.device->stream());
       if (r.host_logits) cudaFreeHost(r.host_logits);
       r.host_logits = nullptr;
@@ -144,96 +155,37 @@ void ParallelCudaRunner::shutdown() {
     });
   } catch (...) {
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  for (std::thread& t : threads_) t.join();
-  threads_.clear();
-}
-
-void ParallelCudaRunner::worker(int w) {
-  uint64_t seen = 0;
-  for (;;) {
-    const std::function<void(int)>* job;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || job_id_ != seen; });
-      if (stop_) return;
-      seen = job_id_;
-      job = job_;
-    }
-    std::exception_ptr err;
-    try {
-      DSV4_CUDA_CHECK(cudaSetDevice(devices_[size_t(w)]));
-      (*job)(w);
-    } catch (...) {
-      err = std::current_exception();
-      // The other ranks may be waiting for this one in a collective (in-process: aborting
-      // the world ends its splits too; NCCL: each communicator is aborted itself).
-      Rank& r = ranks_[size_t(w)];
-      for (DeviceCommunicator* c : {r.ep.get(), r.group.get(), r.tp.get(), r.world.get()})
-        if (c) c->abort();
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    if (err) errors_[size_t(w)] = err;
-    if (--pending_ == 0) done_cv_.notify_all();
-  }
-}
-
-void ParallelCudaRunner::run_all(const std::function<void(int)>& job) {
-  std::unique_lock<std::mutex> lock(mu_);
-  errors_.assign(ranks_.size(), nullptr);
-  job_ = &job;
-  pending_ = int(ranks_.size());
-  ++job_id_;
-  cv_.notify_all();
-  done_cv_.wait(lock, [&] { return pending_ == 0; });
-  // The failure that caused the others (they report a collective aborted) comes first.
-  if (std::exception_ptr first = first_failure(errors_)) std::rethrow_exception(first);
+  stop_ranks();
 }
 
 // Page and state copies go on each rank's own stream (ordered before its next forward).
-void ParallelCudaRunner::reset_states(int g, int slot) {
-  for (int w = 0; w < layout_.world(); ++w)
-    if (layout_.dp_group(w) == g) {
-      Rank& r = ranks_[size_t(w)];
-      r.device->make_current();
-      r.cache->reset_states(slot, r.device->stream());
-    }
+void ParallelCudaRunner::rank_reset_states(int l, int slot) {
+  Rank& r = ranks_[size_t(l)];
+  r.device->make_current();
+  r.cache->reset_states(slot, r.device->stream());
 }
 
-void ParallelCudaRunner::copy_sequence(int g, const SequenceCache& from, const SequenceCache& to) {
-  for (int w = 0; w < layout_.world(); ++w)
-    if (layout_.dp_group(w) == g) {
-      Rank& r = ranks_[size_t(w)];
-      r.device->make_current();
-      r.cache->copy_sequence(from, to, r.device->stream());
-    }
+void ParallelCudaRunner::rank_copy_sequence(int l, const SequenceCache& from,
+                                            const SequenceCache& to) {
+  Rank& r = ranks_[size_t(l)];
+  r.device->make_current();
+  r.cache->copy_sequence(from, to, r.device->stream());
 }
 
-void ParallelCudaRunner::copy_pages(int g, const std::vector<PageCopy>& copies) {
-  for (int w = 0; w < layout_.world(); ++w)
-    if (layout_.dp_group(w) == g) {
-      Rank& r = ranks_[size_t(w)];
-      r.device->make_current();
-      for (const PageCopy& c : copies) r.cache->copy_page(c, r.device->stream());
-    }
+void ParallelCudaRunner::rank_copy_pages(int l, const std::vector<PageCopy>& copies) {
+  Rank& r = ranks_[size_t(l)];
+  r.device->make_current();
+  for (const PageCopy& c : copies) r.cache->copy_page(c, r.device->stream());
 }
 
-StepOutput ParallelCudaRunner::forward(const StepBatch& batch) {
-  std::vector<StepBatch> all(static_cast<size_t>(dp_size()));
-  all[size_t(batch.dp_rank)] = batch;
-  return std::move(forward_groups(all)[size_t(batch.dp_rank)]);
-}
-
-std::vector<StepOutput> ParallelCudaRunner::forward_groups(const std::vector<StepBatch>& batches) {
+void ParallelCudaRunner::local_forward(const std::vector<StepBatch>& batches,
+                                       std::vector<GroupResult>& results) {
   const int V = config().vocab_size;
-  std::vector<StepOutput> out(batches.size());
-  run_all([&](int w) {
-    Rank& r = ranks_[size_t(w)];
-    const StepBatch& b = batches[size_t(layout_.dp_group(w))];
+  run_ranks([&](int l) {
+    Rank& r = ranks_[size_t(l)];
+    const int w = first_rank() + l;
+    const int g = layout().dp_group(w);
+    const StepBatch& b = batches[size_t(g)];
     const cudaStream_t stream = r.device->stream();
     if (b.chunks.empty()) {
       // Every rank runs every block's MoE exchange (they span the world).
@@ -243,19 +195,15 @@ std::vector<StepOutput> ParallelCudaRunner::forward_groups(const std::vector<Ste
     }
     const DeviceStep st = r.meta->build(b.chunks, b.rows, -1, stream);
     r.model->forward(st, *r.cache);
-    // The group's first rank alone downloads the logits and samples.
-    const bool leader = r.group->rank() == 0;
+    // The group's first rank alone downloads the logits (node 0 samples them).
+    const bool leader = w == group_leader(g);
     const size_t n = leader ? b.rows.size() * size_t(V) : 0;
     if (n)
       DSV4_CUDA_CHECK(cudaMemcpyAsync(r.host_logits, r.model->logits(), n * sizeof(float),
                                       cudaMemcpyDeviceToHost, stream));
     DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));
-    if (!leader) return;
-    StepOutput& o = out[size_t(layout_.dp_group(w))];
-    o = sample_on_host(b, r.host_logits, V);
-    o.logits.assign(r.host_logits, r.host_logits + size_t(b.num_logit_rows) * V);
+    if (leader) results[size_t(g)].logits.assign(r.host_logits, r.host_logits + n);
   });
-  return out;
 }
 
 }  // namespace dsv4

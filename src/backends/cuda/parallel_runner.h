@@ -12,26 +12,23 @@
 //    ranks' buffers (comm/inproc_device_communicator.h) — a test and development facility,
 //    so the parallel forward is compared with one rank without several GPUs;
 //  - kNccl: rank w on GPU w of this process (one thread per GPU), NCCL collectives.
+// Several nodes (ParallelRunnerBase): a process per node, a thread per local GPU (rank w on
+// local GPU w - first_rank()), NCCL across all; the unique id goes from node 0 to the others
+// through the rendezvous. The in-process communicator is one node only.
 // Eager only: no CUDA graphs (the MoE exchange sizes go through the host every layer, and the
 // in-process collectives meet on the host). Verify mode is not offered either.
 #pragma once
 
-#include <condition_variable>
-#include <exception>
-#include <functional>
 #include <memory>
-#include <mutex>
-#include <thread>
 #include <vector>
 
+#include "backends/cpu/parallel_base.h"
 #include "backends/cuda/device_cache.h"
 #include "backends/cuda/device_context.h"
 #include "backends/cuda/model.h"
 #include "backends/cuda/rank_context.h"
 #include "backends/cuda/step.h"
 #include "comm/device_communicator.h"
-#include "model/paged_runner.h"
-#include "model/parallel_layout.h"
 #include "model/weights.h"
 
 namespace dsv4 {
@@ -43,18 +40,18 @@ struct ParallelCudaOptions {
   int device = 0;  // kInProcess: the GPU every rank runs on
 };
 
-class ParallelCudaRunner final : public PagedRunner {
+class ParallelCudaRunner final : public ParallelRunnerBase {
  public:
   // `limits`: each rank's model (a dp group's largest step); `cache`: each group's pool.
   ParallelCudaRunner(const ModelConfig& config, const WeightsRef& weights,
                      const ParallelConfig& parallel, const CacheConfig& cache,
-                     const CudaModelLimits& limits, const ParallelCudaOptions& options);
+                     const CudaModelLimits& limits, const ParallelCudaOptions& options,
+                     const NodePlacement& node = {});
   ~ParallelCudaRunner() override;
 
-  const ParallelLayout& layout() const { return layout_; }
-  // Rank w's model and cache (tests).
-  CudaModel& model(int w) { return *ranks_[size_t(w)].model; }
-  DeviceCache& cache(int w) { return *ranks_[size_t(w)].cache; }
+  // World rank w's model and cache, w on this node (tests).
+  CudaModel& model(int w) { return *ranks_.at(size_t(w - first_rank())).model; }
+  DeviceCache& cache(int w) { return *ranks_.at(size_t(w - first_rank())).cache; }
 
  private:
   struct Rank {
@@ -66,30 +63,18 @@ class ParallelCudaRunner final : public PagedRunner {
     std::unique_ptr<StepBuffers> meta;
     float* host_logits = nullptr;  // pinned [max_logit_rows, vocab] (a group's first rank)
   };
-  void reset_states(int dp_rank, int slot) override;
-  void copy_sequence(int dp_rank, const SequenceCache& from, const SequenceCache& to) override;
-  void copy_pages(int dp_rank, const std::vector<PageCopy>& copies) override;
-  StepOutput forward(const StepBatch& batch) override;
-  std::vector<StepOutput> forward_groups(const std::vector<StepBatch>& batches) override;
-  // Runs job(w) on every rank's thread (its device current) and waits; rethrows the first
-  // failure (a failing rank aborts the world communicator, so the others do not wait on it).
-  void run_all(const std::function<void(int)>& job);
-  void worker(int w);
-  // Frees every rank's device objects on its thread, then joins the threads.
+  void rank_reset_states(int local, int slot) override;
+  void rank_copy_sequence(int local, const SequenceCache& from, const SequenceCache& to) override;
+  void rank_copy_pages(int local, const std::vector<PageCopy>& copies) override;
+  void local_forward(const std::vector<StepBatch>& batches,
+                     std::vector<GroupResult>& results) override;
+  // Frees every rank's device objects on its thread, then stops the ranks (and the other
+  // nodes, from node 0).
   void shutdown();
 
-  ParallelLayout layout_;
   ParallelCudaOptions opt_;
-  std::vector<Rank> ranks_;
-  std::vector<int> devices_;  // per rank
-  std::vector<std::thread> threads_;
-  std::mutex mu_;
-  std::condition_variable cv_, done_cv_;
-  const std::function<void(int)>* job_ = nullptr;
-  uint64_t job_id_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
-  std::vector<std::exception_ptr> errors_;
+  std::vector<Rank> ranks_;   // this node's, by local index
+  std::vector<int> devices_;  // per local rank
 };
 
 }  // namespace dsv4

@@ -1,0 +1,292 @@
+#include "backends/cpu/parallel_base.h"
+
+#include "backends/cpu/host_sampling.h"
+#include "comm/first_failure.h"
+#include "comm/rendezvous.h"
+#include "core/error.h"
+
+namespace dsv4 {
+
+ParallelRunnerBase::ParallelRunnerBase(const ModelConfig& config, const CacheConfig& cache,
+                                       const Limits& limits, const ParallelConfig& parallel,
+                                       const NodePlacement& node)
+    : PagedRunner(config, cache, limits, parallel.dp), layout_(config, parallel), node_(node) {
+  const int W = layout_.world();
+  DSV4_CHECK(node.nnodes >= 1, "--nnodes must be at least 1");
+  DSV4_CHECK(node.node_rank >= 0 && node.node_rank < node.nnodes, "--node-rank ", node.node_rank,
+             " must be in [0, ", node.nnodes, ") (--nnodes ", node.nnodes, ")");
+  DSV4_CHECK(W % node.nnodes == 0, layout_.describe(), ": ", W, " ranks do not divide over ",
+             node.nnodes, " nodes (each node runs the same number of ranks)");
+  DSV4_CHECK(node.nnodes == 1 || node.rendezvous,
+             "internal: a multi-node runner without its "
+             "rendezvous");
+  local_ranks_ = W / node.nnodes;
+  first_rank_ = node.node_rank * local_ranks_;
+}
+
+ParallelRunnerBase::~ParallelRunnerBase() {
+  stop_ranks();
+}
+
+void ParallelRunnerBase::start_ranks(std::function<void(int)> enter,
+                                     std::function<void(int)> failed) {
+  pool_ = std::make_unique<RankPool>(local_ranks_, std::move(enter), std::move(failed));
+}
+
+void ParallelRunnerBase::stop_ranks() {
+  if (stopped_) return;
+  stopped_ = true;
+  if (leads_nodes()) {
+    try {
+      post({uint8_t(NodeOp::kStop)});
+    } catch (...) {  // a node already gone has nothing to stop
+    }
+  }
+  if (pool_) pool_->stop();
+}
+
+void ParallelRunnerBase::post(std::vector<uint8_t> message) {
+  try {
+    rendezvous()->broadcast(message);
+  } catch (const Error& e) {
+    throw Error(cat("multi-node run: ", e.what()));
+  }
+}
+
+void ParallelRunnerBase::local_reset_states(int g, int slot) {
+  for (int l = 0; l < local_ranks_; ++l)
+    if (layout_.dp_group(first_rank_ + l) == g) rank_reset_states(l, slot);
+}
+
+void ParallelRunnerBase::local_copy_sequence(int g, const SequenceCache& from,
+                                             const SequenceCache& to) {
+  for (int l = 0; l < local_ranks_; ++l)
+    if (layout_.dp_group(first_rank_ + l) == g) rank_copy_sequence(l, from, to);
+}
+
+void ParallelRunnerBase::local_copy_pages(int g, const std::vector<PageCopy>& copies) {
+  for (int l = 0; l < local_ranks_; ++l)
+    if (layout_.dp_group(first_rank_ + l) == g) rank_copy_pages(l, copies);
+}
+
+void ParallelRunnerBase::reset_states(int g, int slot) {
+  if (leads_nodes()) {
+    WireWriter w;
+    w.u8(uint8_t(NodeOp::kResetStates));
+    w.i64(g);
+    w.i64(slot);
+    post(std::move(w.bytes()));
+  }
+  local_reset_states(g, slot);
+}
+
+void ParallelRunnerBase::copy_sequence(int g, const SequenceCache& from, const SequenceCache& to) {
+  if (leads_nodes()) {
+    WireWriter w;
+    w.u8(uint8_t(NodeOp::kCopySequence));
+    w.i64(g);
+    put_sequence(w, from);
+    put_sequence(w, to);
+    post(std::move(w.bytes()));
+  }
+  local_copy_sequence(g, from, to);
+}
+
+void ParallelRunnerBase::copy_pages(int g, const std::vector<PageCopy>& copies) {
+  if (leads_nodes()) {
+    WireWriter w;
+    w.u8(uint8_t(NodeOp::kCopyPages));
+    w.i64(g);
+    put_copies(w, copies);
+    post(std::move(w.bytes()));
+  }
+  local_copy_pages(g, copies);
+}
+
+StepOutput ParallelRunnerBase::forward(const StepBatch& batch) {
+  std::vector<StepBatch> all(static_cast<size_t>(dp_size()));
+  all[size_t(batch.dp_rank)] = batch;
+  return std::move(forward_groups(all)[size_t(batch.dp_rank)]);
+}
+
+std::vector<StepOutput> ParallelRunnerBase::forward_groups(const std::vector<StepBatch>& batches) {
+  DSV4_CHECK(node_.node_rank == 0, "node ", node_.node_rank,
+             " of a multi-node run runs node 0's steps (follow()), none of its own");
+  if (leads_nodes()) {
+    WireWriter w;
+    w.u8(uint8_t(NodeOp::kStep));
+    put_batches(w, batches);
+    post(std::move(w.bytes()));
+  }
+  std::vector<GroupResult> results(batches.size());
+  std::exception_ptr local;
+  if (!leads_nodes()) {
+    local_forward(batches, results);
+  } else {
+    // Answers are read as they come (a node may finish first, or fail); an error answer or a
+    // closed connection aborts this node's ranks.
+    Rendezvous& rv = *rendezvous();
+    std::vector<std::vector<uint8_t>> replies(size_t(node_.nnodes));
+    std::vector<bool> got(size_t(node_.nnodes), false);
+    std::string cause, consequence;  // the first failure elsewhere, and its echoes
+    bool aborted_here = false;
+    auto failed = [&](const std::string& e) {
+      std::string& slot = e.find("collective aborted") == std::string::npos ? cause : consequence;
+      if (slot.empty()) slot = e;
+    };
+    auto take = [&](int n, double timeout_s) {
+      try {
+        replies[size_t(n)] = rv.receive(n, timeout_s);
+        got[size_t(n)] = true;
+        const std::vector<uint8_t>& m = replies[size_t(n)];
+        if (m.empty() || m[0] == 0) {
+          WireReader r(m);
+          r.u8();
+          failed(cat("multi-node run: node ", n, " failed: ", r.str()));
+          return false;
+        }
+        return true;
+      } catch (const Error& e) {
+        got[size_t(n)] = true;
+        failed(cat("multi-node run: ", e.what()));
+        return false;
+      }
+    };
+    watch_ = [&] {
+      for (int n : rv.readable(0)) {
+        if (n <= 0 || got[size_t(n)]) continue;
+        bool ok = false;
+        if (rv.closed(n)) {
+          got[size_t(n)] = true;
+          failed(
+              cat("multi-node run: ", rv.name(n), " went away during a step (its process ended?)"));
+        } else {
+          ok = take(n, -1);
+        }
+        if (!ok && !aborted_here) {
+          aborted_here = true;
+          pool_->abort();
+        }
+      }
+    };
+    try {
+      local_forward(batches, results);
+    } catch (...) {
+      local = std::current_exception();
+    }
+    watch_ = nullptr;
+    for (int n = 1; n < node_.nnodes; ++n)
+      if (!got[size_t(n)]) take(n, -1);
+    if (local && !aborted_here && !is_collective_abort(local)) std::rethrow_exception(local);
+    if (!cause.empty()) throw Error(cause);
+    if (local) std::rethrow_exception(local);
+    if (!consequence.empty()) throw Error(consequence);
+    for (int n = 1; n < node_.nnodes; ++n) {
+      WireReader r(replies[size_t(n)]);
+      r.u8();
+      for (int64_t k = r.i64(); k > 0; --k) {
+        const int64_t g = r.i64();
+        DSV4_CHECK(g >= 0 && g < int64_t(results.size()), "multi-node: node ", n,
+                   " answers for group ", g);
+        results[size_t(g)].logits = r.floats();
+        results[size_t(g)].nonfinite = r.ints();
+      }
+    }
+  }
+  // Node 0 samples every group's rows.
+  const int V = config().vocab_size;
+  std::vector<StepOutput> out(batches.size());
+  for (size_t g = 0; g < batches.size(); ++g) {
+    const StepBatch& b = batches[g];
+    if (b.chunks.empty()) continue;
+    GroupResult& r = results[g];
+    DSV4_CHECK(r.logits.size() == b.rows.size() * size_t(V), "internal: group ", g, " returned ",
+               r.logits.size(), " logits for ", b.rows.size(), " rows");
+    out[g] = sample_on_host(b, r.logits.data(), V,
+                            r.nonfinite.empty() ? std::vector<std::string>{}
+                                                : nonfinite_errors(config(), b, r.nonfinite));
+    r.logits.resize(size_t(b.num_logit_rows) * size_t(V));
+    out[g].logits = std::move(r.logits);
+  }
+  return out;
+}
+
+void ParallelRunnerBase::follow() {
+  DSV4_CHECK(node_.nnodes > 1 && node_.node_rank > 0,
+             "follow(): only nodes > 0 of a multi-node run follow node 0");
+  const int me = node_.node_rank;
+  for (;;) {
+    std::vector<uint8_t> m;
+    try {
+      m = rendezvous()->broadcast({}, 0);  // the server may idle for hours
+    } catch (const Error& e) {
+      throw Error(cat("multi-node run: node ", me, " lost node 0: ", e.what()));
+    }
+    WireReader r(m);
+    switch (NodeOp(r.u8())) {
+      case NodeOp::kStop:
+        return;
+      case NodeOp::kResetStates: {
+        const int g = int(r.i64());
+        local_reset_states(g, int(r.i64()));
+        break;
+      }
+      case NodeOp::kCopySequence: {
+        const int g = int(r.i64());
+        const SequenceCache from = get_sequence(r);
+        local_copy_sequence(g, from, get_sequence(r));
+        break;
+      }
+      case NodeOp::kCopyPages: {
+        const int g = int(r.i64());
+        local_copy_pages(g, get_copies(r));
+        break;
+      }
+      case NodeOp::kStep: {
+        const std::unique_ptr<ReceivedStep> st = get_batches(r);
+        std::vector<GroupResult> results(st->batches.size());
+        WireWriter w;
+        // Node 0 sends nothing during a step: a readable connection is a closed one.
+        bool lost = false;
+        watch_ = [&] {
+          if (!lost && !rendezvous()->readable(0).empty() && rendezvous()->closed(0)) {
+            lost = true;
+            pool_->abort();
+          }
+        };
+        try {
+          local_forward(st->batches, results);
+          watch_ = nullptr;
+        } catch (const std::exception& e) {
+          watch_ = nullptr;
+          if (lost) throw Error(cat("multi-node run: node ", me, " lost node 0 during a step"));
+          w.u8(0);
+          w.str(e.what());
+          try {
+            rendezvous()->gather(w.bytes());
+          } catch (...) {
+            throw Error(cat("multi-node run: node ", me, " lost node 0 during a step: ", e.what()));
+          }
+          throw;
+        }
+        w.u8(1);
+        std::vector<int> mine;
+        for (size_t g = 0; g < st->batches.size(); ++g)
+          if (!st->batches[g].chunks.empty() && is_local(group_leader(int(g))))
+            mine.push_back(int(g));
+        w.i64(int64_t(mine.size()));
+        for (int g : mine) {
+          w.i64(g);
+          w.floats(results[size_t(g)].logits);
+          w.ints(results[size_t(g)].nonfinite);
+        }
+        rendezvous()->gather(w.bytes());
+        break;
+      }
+      default:
+        throw Error(cat("multi-node run: node ", me, " got an unknown operation from node 0"));
+    }
+  }
+}
+
+}  // namespace dsv4
