@@ -52,10 +52,9 @@ void RankPool::worker(int i) {
       (*job)(i);
     } catch (...) {
       err = std::current_exception();
-      if (failed_) try {
-          failed_(i);
-        } catch (...) {
-        }
+      // Every rank of this process, not only this one: an NCCL abort does not reach the other
+      // ranks of a communicator, which would otherwise keep waiting in the collective.
+      abort();
     }
     std::lock_guard<std::mutex> lock(mu_);
     if (err) errors_[size_t(i)] = err;
@@ -71,15 +70,26 @@ void RankPool::run_all(const std::function<void(int)>& job, const std::function<
   pending_ = int(threads_.size());
   ++job_id_;
   cv_.notify_all();
+  std::exception_ptr watch_error;
   if (watch) {
     while (
         !done_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return pending_ == 0; })) {
       lock.unlock();
-      watch();
+      try {
+        watch();
+      } catch (...) {
+        // The ranks still run `job`: abort them and wait for every one before leaving, so no
+        // worker outlives the job it points at or overlaps the next run_all.
+        watch_error = std::current_exception();
+        abort();
+        lock.lock();
+        break;
+      }
       lock.lock();
     }
   }
   done_cv_.wait(lock, [&] { return pending_ == 0; });
+  if (watch_error) std::rethrow_exception(watch_error);
   if (std::exception_ptr first = first_failure(errors_)) std::rethrow_exception(first);
 }
 

@@ -15,8 +15,9 @@ namespace dsv4 {
 class RankPool {
  public:
   // `ranks` threads. `enter(i)` runs on rank i's thread before each job (e.g. making its GPU
-  // current); `failed(i)` after rank i's job threw, on its thread (abort its communicators, so
-  // the ranks waiting for it in a collective fail instead of waiting forever).
+  // current); `failed(j)` for every rank j after any rank's job threw, on that rank's thread
+  // (abort rank j's communicators, so the ranks waiting in a collective fail instead of waiting
+  // forever; it may run for a rank more than once, and from another thread).
   RankPool(int ranks, std::function<void(int)> enter, std::function<void(int)> failed);
   ~RankPool();  // stop()
   RankPool(const RankPool&) = delete;
@@ -26,7 +27,8 @@ class RankPool {
   // Runs job(i) on every rank's thread and waits for all; rethrows the failure that caused the
   // others (comm/first_failure.h).
   // `watch`, when given, runs on the calling thread every ~100 ms until the job ends (the
-  // multi-node control plane watches the other nodes with it, and may abort() the ranks).
+  // multi-node control plane watches the other nodes with it, and may abort() the ranks). If
+  // `watch` throws, the ranks are aborted and waited for, then its error is rethrown.
   void run_all(const std::function<void(int)>& job, const std::function<void()>& watch = {});
   // Calls `failed(i)` for every rank from the calling thread (their communicators abort, so
   // ranks blocked in collectives return with errors): another node failed.

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "model/step.h"
 
 namespace dsv4 {
@@ -133,6 +134,8 @@ inline OpEvent op_event(OpKind kind, int block, int id, std::initializer_list<Te
   e.kind = kind;
   e.block = block;
   e.id = id;
+  DSV4_CHECK(tensors.size() <= e.t.size(), "op event with ", tensors.size(), " tensors, room for ",
+             e.t.size());
   std::copy(tensors.begin(), tensors.end(), e.t.begin());
   return e;
 }

@@ -50,7 +50,8 @@ void TraceObserver::floats(int block, const char* name, const TensorRef& t, int 
   if (!t.data) return;  // the backend gives no such tensor
   const int64_t w = t.cols, ld = t.stride();
   const size_t es = t.dtype == DType::kBF16 ? 2 : 4;
-  std::vector<uint8_t> raw(size_t(t.rows) * ld * es);
+  // Up to the last row's last element: a strided view's final row may end its buffer.
+  std::vector<uint8_t> raw(t.rows > 0 ? (size_t(t.rows - 1) * ld + size_t(w)) * es : 0);
   read_(raw.data(), t.data, raw.size());
   std::vector<float> v(size_t(t.rows) * w);
   for (int64_t r = 0; r < t.rows; ++r)

@@ -81,6 +81,9 @@ class CudaModel {
   // OpObserver, verify mode (the verifier learns which path the FP8 linears take,
   // --exact-linears, to judge their sums) and traces (a TraceObserver on `t`); null: off.
   void add_observer(OpObserver* o);
+  // Whether any observer (verify, a trace) watches the ops: they read tensors on the host
+  // at each op, so such steps run eagerly, never as captured graphs.
+  bool observed() const { return observer_ != nullptr; }
   void remove_observer(OpObserver* o);
   void set_verifier(CudaVerifier* v);
   void set_trace(TraceSink* t);

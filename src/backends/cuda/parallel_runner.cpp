@@ -94,6 +94,8 @@ ParallelCudaRunner::ParallelCudaRunner(const ModelConfig& config, const WeightsR
                 // The other ranks may be waiting for this one in a collective (in-process:
                 // aborting the world ends its splits too; NCCL: each communicator is aborted
                 // itself).
+                // It may run on another rank's thread (RankPool): the pointers under comms_mu_.
+                std::lock_guard<std::mutex> lock(comms_mu_);
                 Rank& r = ranks_[size_t(l)];
                 for (DeviceCommunicator* c : {r.ep.get(), r.group.get(), r.tp.get(), r.world.get()})
                   if (c) c->abort();
@@ -105,12 +107,20 @@ ParallelCudaRunner::ParallelCudaRunner(const ModelConfig& config, const WeightsR
       const ParallelLayout& L = layout();
       r.device = std::make_unique<DeviceContext>(devices_[size_t(l)]);
 #ifdef DSV4_HAVE_NCCL
-      if (!r.world)
-        r.world = std::make_unique<NcclCommunicator>(nccl_id, W, w, devices_[size_t(l)]);
+      if (!r.world) {
+        auto world = std::make_unique<NcclCommunicator>(nccl_id, W, w, devices_[size_t(l)]);
+        std::lock_guard<std::mutex> lock(comms_mu_);
+        r.world = std::move(world);
+      }
 #endif
-      r.tp = r.world->split(w / L.config().tp, L.tp_rank(w));
-      r.group = r.world->split(L.dp_group(w), w);
-      r.ep = r.world->split(L.ep_group(w), w);
+      auto keep = [&](std::unique_ptr<DeviceCommunicator>& slot,
+                      std::unique_ptr<DeviceCommunicator> c) {
+        std::lock_guard<std::mutex> lock(comms_mu_);
+        slot = std::move(c);
+      };
+      keep(r.tp, r.world->split(w / L.config().tp, L.tp_rank(w)));
+      keep(r.group, r.world->split(L.dp_group(w), w));
+      keep(r.ep, r.world->split(L.ep_group(w), w));
       r.ctx = {&L, w, r.tp.get(), r.group.get(), r.ep.get()};
       CudaModelWeights mw = upload_cuda_weights(config, weights, false, shard_of(L, w));
       r.model = std::make_unique<CudaModel>(*r.device, config, std::move(mw), limits);
@@ -147,10 +157,13 @@ void ParallelCudaRunner::shutdown() {
       r.meta.reset();
       r.cache.reset();
       r.model.reset();
-      r.ep.reset();
-      r.group.reset();
-      r.tp.reset();
-      r.world.reset();
+      {
+        std::lock_guard<std::mutex> lock(comms_mu_);
+        r.ep.reset();
+        r.group.reset();
+        r.tp.reset();
+        r.world.reset();
+      }
       r.device.reset();
     });
   } catch (...) {

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "backends/cpu/parallel_base.h"
@@ -73,7 +74,9 @@ class ParallelCudaRunner final : public ParallelRunnerBase {
   void shutdown();
 
   ParallelCudaOptions opt_;
-  std::vector<Rank> ranks_;   // this node's, by local index
+  std::vector<Rank> ranks_;  // this node's, by local index
+  // Guards the ranks' communicator pointers: a failing rank aborts the others' from its thread.
+  std::mutex comms_mu_;
   std::vector<int> devices_;  // per local rank
 };
 

@@ -270,9 +270,9 @@ StepOutput CudaRunner::forward(const StepBatch& b) {
   }
 
   const int padded = b.decode_only ? graph_size(int(chunks.size())) : 0;
-  if (opt_.cuda_graphs && !verify_ && padded == int(chunks.size())) {
+  if (opt_.cuda_graphs && !model_.observed() && padded == int(chunks.size())) {
     run_graph(chunks, b.rows);
-  } else if (opt_.cuda_graphs && !verify_ && padded > 0) {
+  } else if (opt_.cuda_graphs && !model_.observed() && padded > 0) {
     // Dummy rows after the real ones (token 0 at position 0 of the scratch sequence), each with
     // a logits row after the real rows: the graph's shapes, and the real rows come first.
     static const int32_t kToken = 0;
