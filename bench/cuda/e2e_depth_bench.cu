@@ -627,22 +627,6 @@ struct Options {
 constexpr int kPrefillTokens = 8192;
 constexpr int kMaxBatch = 128;
 
-StepLimits step_limits_of(const CudaModel& m, const CacheConfig& c) {
-  // As CudaRunner's (runner.cpp): the block tables' strides for the planned context.
-  const ModelConfig& mc = m.config();
-  StepLimits l;
-  l.max_tokens = m.limits().max_tokens;
-  l.max_seqs = std::min(m.limits().max_seqs, c.max_seqs);
-  auto pages = [&](int64_t entries) {
-    return int(std::max<int64_t>(1, (entries + c.page_size - 1) / c.page_size));
-  };
-  const int64_t ctx = m.limits().max_context;
-  l.stride[int(PageKind::kWindow)] = pages(mc.window_size);
-  l.stride[int(PageKind::kC4)] = pages(ctx / 4);
-  l.stride[int(PageKind::kC128)] = pages(ctx / 128);
-  return l;
-}
-
 // Every sequence in `seqs` becomes a copy of `proto` (same length): its own compressed pages
 // (already reserved, at least as many as proto's) get proto's bytes in every block, and its
 // window ring and compressor states proto's.
@@ -1107,7 +1091,8 @@ void run(const Options& o) {
     for (auto& x : t) x = int32_t(2 + rng() % uint32_t(c.vocab_size - 2));
     return t;
   };
-  StepBuffers meta(step_limits_of(model, runner.cache().config()), c.window_size);
+  StepBuffers meta(step_limits(model.config(), model.limits(), runner.cache().config()),
+                   c.window_size);
   bench::KernelTrace trace;
   trace.set_markers(model.block_events());  // only these records delimit the blocks
   const bool kernels = o.kernels && bench::KernelTrace::available();

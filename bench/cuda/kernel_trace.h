@@ -132,6 +132,17 @@ inline State& state() {
 }
 
 #if defined(DSV4_HAVE_CUPTI)
+// A copy or fill on the device: an op of the trace that is not a kernel.
+inline void add_copy(State& st, const char* what, uint64_t start, uint64_t end, uint32_t corr) {
+  TracedOp op;
+  op.name = op.full = op.demangled = what;
+  op.start = start;
+  op.end = end;
+  op.kernel = false;
+  st.ops.push_back(op);
+  st.op_corr.push_back(corr);
+}
+
 inline void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
   *size = size_t(16) << 20;
   *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, *size));
@@ -158,24 +169,12 @@ inline void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(rec);
-        TracedOp op;
-        op.name = op.full = op.demangled = "memcpy";
-        op.start = m->start;
-        op.end = m->end;
-        op.kernel = false;
-        st.ops.push_back(op);
-        st.op_corr.push_back(m->correlationId);
+        add_copy(st, "memcpy", m->start, m->end, m->correlationId);
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(rec);
-        TracedOp op;
-        op.name = op.full = op.demangled = "memset";
-        op.start = m->start;
-        op.end = m->end;
-        op.kernel = false;
-        st.ops.push_back(op);
-        st.op_corr.push_back(m->correlationId);
+        add_copy(st, "memset", m->start, m->end, m->correlationId);
         break;
       }
       case CUPTI_ACTIVITY_KIND_RUNTIME:

@@ -51,6 +51,10 @@ struct CudaModelLimits {
   bool exact_linears = false;
 };
 
+// The step metadata's capacities for a model planned with `m`: its token rows and sequences, and
+// block-table rows long enough for the planned context (every runner and the benches use it).
+StepLimits step_limits(const ModelConfig& mc, const CudaModelLimits& m, const CacheConfig& c);
+
 class CudaModel {
  public:
   // Runs on `ctx` (its stream, cuBLAS handle and device memory), which outlives the model.

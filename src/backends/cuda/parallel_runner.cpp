@@ -30,20 +30,6 @@ cpu::WeightShard shard_of(const ParallelLayout& L, int w) {
   return s;
 }
 
-// As CudaRunner's (runner.cpp): the block-table rows of the planned context.
-StepLimits step_limits(const ModelConfig& mc, const CudaModelLimits& m, const CacheConfig& c) {
-  StepLimits l;
-  l.max_tokens = m.max_tokens;
-  l.max_seqs = std::min(m.max_seqs, c.max_seqs);
-  auto pages = [&](int64_t entries) {
-    return int(std::max<int64_t>(1, (entries + c.page_size - 1) / c.page_size));
-  };
-  l.stride[int(PageKind::kWindow)] = pages(mc.window_size);
-  l.stride[int(PageKind::kC4)] = pages(m.max_context / 4);
-  l.stride[int(PageKind::kC128)] = pages(m.max_context / 128);
-  return l;
-}
-
 PagedRunner::Limits runner_limits(const CudaModelLimits& m, const CacheConfig& c) {
   PagedRunner::Limits l;
   l.max_step_tokens = m.max_tokens;

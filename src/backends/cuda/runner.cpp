@@ -13,21 +13,6 @@
 namespace dsv4 {
 namespace {
 
-StepLimits step_limits(const CudaModel& m, const CacheConfig& c) {
-  const ModelConfig& mc = m.config();
-  StepLimits l;
-  l.max_tokens = m.limits().max_tokens;
-  l.max_seqs = std::min(m.limits().max_seqs, c.max_seqs);
-  auto pages = [&](int64_t entries) {
-    return int(std::max<int64_t>(1, (entries + c.page_size - 1) / c.page_size));
-  };
-  const int64_t ctx = m.limits().max_context;
-  l.stride[int(PageKind::kWindow)] = pages(mc.window_size);
-  l.stride[int(PageKind::kC4)] = pages(ctx / 4);
-  l.stride[int(PageKind::kC128)] = pages(ctx / 128);
-  return l;
-}
-
 int64_t next_pow2(int64_t v) {
   int64_t p = 1;
   while (p < v) p <<= 1;
@@ -49,7 +34,7 @@ CudaRunner::CudaRunner(CudaModel& model, const CacheConfig& cache, const CudaRun
     : PagedRunner(model.config(), cache, runner_limits(model, cache)),
       model_(model),
       cache_(model.config(), cache, /*extra_seqs=*/1),
-      meta_(step_limits(model, cache), model.config().window_size),
+      meta_(step_limits(model.config(), model.limits(), cache), model.config().window_size),
       opt_(o),
       sampler_(model.config().vocab_size, model.limits().max_logit_rows,
                // A verify samples each of its rows.

@@ -1,5 +1,7 @@
 #include "backends/cuda/step.h"
 
+#include "backends/cuda/model.h"
+
 #include <algorithm>
 
 #include "core/error.h"
@@ -122,6 +124,19 @@ DeviceStep StepBuffers::build(const std::vector<ChunkRef>& chunks,
     st.stride[k] = limits_.stride[k];
   }
   return st;
+}
+
+StepLimits step_limits(const ModelConfig& mc, const CudaModelLimits& m, const CacheConfig& c) {
+  StepLimits l;
+  l.max_tokens = m.max_tokens;
+  l.max_seqs = std::min(m.max_seqs, c.max_seqs);
+  auto pages = [&](int64_t entries) {
+    return int(std::max<int64_t>(1, (entries + c.page_size - 1) / c.page_size));
+  };
+  l.stride[int(PageKind::kWindow)] = pages(mc.window_size);
+  l.stride[int(PageKind::kC4)] = pages(m.max_context / 4);
+  l.stride[int(PageKind::kC128)] = pages(m.max_context / 128);
+  return l;
 }
 
 }  // namespace dsv4
