@@ -20,6 +20,7 @@
 #include "dsv4/engine.h"
 #include "model/cache_spec.h"
 #include "model/tiny_checkpoint.h"
+#include "support/speculation_steps.h"
 #include "support/temp_dir.h"
 
 namespace dsv4::test {
@@ -101,36 +102,11 @@ struct Spec {
 // each step as it goes.
 void run_speculative(const Preset& pr, CpuRunner& r, std::vector<Spec>& seqs) {
   const int V = pr.V();
-  for (Spec& s : seqs) {
-    s.seq = r.open_sequence();
-    s.drafts_forced = s.plain->out;
-    for (int t : s.perturbed) s.drafts_forced[size_t(t)] = (s.plain->out[size_t(t)] + 1) % V;
-  }
+  test::open_forced(r, seqs, V);
   for (bool first = true;; first = false) {
-    std::vector<StepInput> ins;
-    std::vector<SampleSpec> specs(seqs.size());
-    std::vector<Spec*> who;
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      Spec& s = seqs[i];
-      const int n = int(s.plain->out.size());
-      if (int(s.out.size()) >= n) continue;
-      SampleSpec& sp = specs[i];
-      sp.params = &s.params;
-      sp.index = int64_t(s.out.size());
-      sp.draft_override = &s.drafts_forced;
-      StepInput in;
-      in.seq = s.seq;
-      in.tokens = first ? s.prompt : std::vector<int32_t>{s.out.back()};
-      // Never emit past the plain run: at most n - out tokens this step.
-      const int d = std::min<int>(int(s.drafts.size()), n - int(s.out.size()) - 1);
-      in.tokens.insert(in.tokens.end(), s.drafts.begin(), s.drafts.begin() + d);
-      in.verify = d;
-      in.draft = s.k;
-      in.all_logits = true;
-      in.sample = &sp;
-      ins.push_back(std::move(in));
-      who.push_back(&s);
-    }
+    test::SpecStep<Spec> step = test::next_step(seqs, first);
+    std::vector<StepInput>& ins = step.ins;
+    std::vector<Spec*>& who = step.who;
     if (ins.empty()) break;
     std::vector<int64_t> before;
     for (Spec* s : who) before.push_back(r.length(s->seq));
