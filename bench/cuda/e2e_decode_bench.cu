@@ -353,6 +353,20 @@ void emit(const std::string& kernel, const std::string& shape, double us, const 
   r.emit();
 }
 
+// One decode step of every sequence on a random token, greedy samples on the device (only the
+// ids come back): the serving step both modes time.
+void sampled_decode_step(CudaRunner& runner, const std::vector<int>& seqs,
+                         std::vector<SampleSpec>& specs, std::mt19937& rng, int vocab) {
+  std::vector<StepInput> in;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    StepInput x(seqs[i], {int32_t(2 + rng() % (vocab - 2))});
+    x.logits = false;
+    x.sample = &specs[i];
+    in.push_back(std::move(x));
+  }
+  runner.step(in);
+}
+
 void run_shape(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
   const ModelConfig& c = s.config;
   const std::string fname_s = std::string(fmt == ExpertFormat::kNvfp4 ? "nvfp4" : "mxfp4") +
@@ -429,16 +443,7 @@ void run_shape(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
       SamplingParams greedy;
       std::vector<SampleSpec> specs(static_cast<size_t>(B));
       for (SampleSpec& sp : specs) sp.params = &greedy;
-      auto sampled_step = [&]() {
-        std::vector<StepInput> in;
-        for (size_t i = 0; i < seqs.size(); ++i) {
-          StepInput x(seqs[i], {int32_t(2 + rng() % (c.vocab_size - 2))});
-          x.logits = false;
-          x.sample = &specs[i];
-          in.push_back(std::move(x));
-        }
-        runner.step(in);
-      };
+      auto sampled_step = [&]() { sampled_decode_step(runner, seqs, specs, rng, c.vocab_size); };
       // Graph warm-up (eager, capture), then timed replays with per-block events.
       model.set_block_timing(true);
       for (int i = 0; i < 3; ++i) step();
@@ -675,16 +680,8 @@ void run_speculative(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
     std::vector<int> seqs = open(plain, B);
     std::vector<SampleSpec> specs(static_cast<size_t>(B));
     for (SampleSpec& sp : specs) sp.params = &greedy;
-    const Timed base = time_steps([&]() {
-      std::vector<StepInput> in;
-      for (size_t i = 0; i < seqs.size(); ++i) {
-        StepInput x(seqs[i], {int32_t(2 + rng() % (c.vocab_size - 2))});
-        x.logits = false;
-        x.sample = &specs[i];
-        in.push_back(std::move(x));
-      }
-      plain.step(in);
-    });
+    const Timed base =
+        time_steps([&]() { sampled_decode_step(plain, seqs, specs, rng, c.vocab_size); });
     for (int id : seqs) plain.close_sequence(id);
     char shape[200];
     std::snprintf(shape, sizeof shape, "%s %s b=%d ctx=%d: plain decode step, %d blocks + head",
