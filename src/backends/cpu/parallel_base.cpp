@@ -1,6 +1,7 @@
 #include "backends/cpu/parallel_base.h"
 
 #include "backends/cpu/host_sampling.h"
+#include "comm/collective_aborted.h"
 #include "comm/first_failure.h"
 #include "comm/rendezvous.h"
 #include "core/error.h"
@@ -36,7 +37,7 @@ void ParallelRunnerBase::start_ranks(std::function<void(int)> enter,
 void ParallelRunnerBase::stop_ranks() {
   if (stopped_) return;
   stopped_ = true;
-  if (leads_nodes()) {
+  if (leads_nodes() && nodes_started_) {
     try {
       post({uint8_t(NodeOp::kStop)});
     } catch (...) {  // a node already gone has nothing to stop
@@ -130,8 +131,9 @@ std::vector<StepOutput> ParallelRunnerBase::forward_groups(const std::vector<Ste
     std::vector<bool> got(size_t(node_.nnodes), false);
     std::string cause, consequence;  // the first failure elsewhere, and its echoes
     bool aborted_here = false;
-    auto failed = [&](const std::string& e) {
-      std::string& slot = e.find("collective aborted") == std::string::npos ? cause : consequence;
+    // `echo`: the node's ranks failed because another's aborted (CollectiveAborted there).
+    auto failed = [&](const std::string& e, bool echo) {
+      std::string& slot = echo ? consequence : cause;
       if (slot.empty()) slot = e;
     };
     auto take = [&](int n, double timeout_s) {
@@ -142,13 +144,14 @@ std::vector<StepOutput> ParallelRunnerBase::forward_groups(const std::vector<Ste
         if (m.empty() || m[0] == 0) {
           WireReader r(m);
           r.u8();
-          failed(cat("multi-node run: node ", n, " failed: ", r.str()));
+          const bool echo = r.u8() != 0;
+          failed(cat("multi-node run: node ", n, " failed: ", r.str()), echo);
           return false;
         }
         return true;
       } catch (const Error& e) {
         got[size_t(n)] = true;
-        failed(cat("multi-node run: ", e.what()));
+        failed(cat("multi-node run: ", e.what()), false);
         return false;
       }
     };
@@ -159,7 +162,8 @@ std::vector<StepOutput> ParallelRunnerBase::forward_groups(const std::vector<Ste
         if (rv.closed(n)) {
           got[size_t(n)] = true;
           failed(
-              cat("multi-node run: ", rv.name(n), " went away during a step (its process ended?)"));
+              cat("multi-node run: ", rv.name(n), " went away during a step (its process ended?)"),
+              false);
         } else {
           ok = take(n, -1);
         }
@@ -261,6 +265,7 @@ void ParallelRunnerBase::follow() {
           watch_ = nullptr;
           if (lost) throw Error(cat("multi-node run: node ", me, " lost node 0 during a step"));
           w.u8(0);
+          w.u8(dynamic_cast<const CollectiveAborted*>(&e) ? 1 : 0);
           w.str(e.what());
           try {
             rendezvous()->gather(w.bytes());

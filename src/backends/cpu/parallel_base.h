@@ -13,7 +13,8 @@
 // node 0 watches the others (and they watch node 0): an error answer or a closed connection
 // aborts this node's communicators, so its ranks leave their collectives (NCCL's too) and the
 // step fails naming the node; a node silent past the rendezvous timeout after node 0's ranks
-// finished fails it too. Node 0's runner, when destroyed, tells the others to stop.
+// finished fails it too. Node 0's runner, when destroyed after the start check
+// (nodes_started()), tells the others to stop.
 //
 // It lives in backends/cpu because both backends may include this folder (the layer map).
 #pragma once
@@ -45,6 +46,7 @@ class ParallelRunnerBase : public PagedRunner {
   int local_ranks() const { return local_ranks_; }
   int nnodes() const { return node_.nnodes; }
   void follow() override;
+  void nodes_started() override { nodes_started_ = true; }
 
  protected:
   // Checks the node placement against the layout (throws dsv4::Error naming the problem).
@@ -97,7 +99,7 @@ class ParallelRunnerBase : public PagedRunner {
   int first_rank_ = 0, local_ranks_ = 0;
   std::unique_ptr<RankPool> pool_;
   std::function<void()> watch_;  // set during a multi-node step
-  bool stopped_ = false;
+  bool stopped_ = false, nodes_started_ = false;
 };
 
 }  // namespace dsv4
