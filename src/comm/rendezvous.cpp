@@ -183,18 +183,21 @@ void Rendezvous::send_blob(int peer, const std::vector<uint8_t>& blob, double ti
 void Rendezvous::fail(const std::string& why, double linger_s) {
   if (o_.world == 1) return;
   const std::vector<uint8_t> b(why.begin(), why.end());
-  std::vector<int> fds;
   for (int r = 0; r < int(peers_.size()); ++r) {
     const int fd = peers_[size_t(r)];
     if (fd < 0) continue;
     try {
       send_pieces(fd, b, kFailure, o_.max_piece_bytes, 5, name(o_.rank == 0 ? r : 0));
-      fds.push_back(fd);
     } catch (const Error&) {  // a peer already gone needs no report
     }
   }
-  // Linger until the peers hang up (discarding what they send), so that closing with their
-  // unread bytes here cannot reset a connection before they read the report.
+  linger(linger_s);
+}
+
+void Rendezvous::linger(double linger_s) {
+  std::vector<int> fds;
+  for (int fd : peers_)
+    if (fd >= 0) fds.push_back(fd);
   const auto start = Clock::now();
   while (!fds.empty() && seconds_since(start) < linger_s) {
     std::vector<pollfd> p;

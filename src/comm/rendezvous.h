@@ -72,6 +72,8 @@ class Rendezvous {
   // then waits up to `linger_s` for the peers to hang up, so the report is read before this
   // process closes its connections.
   void fail(const std::string& why, double linger_s = 0);
+  // Waits up to `linger_s` for every peer to hang up, discarding what they send (after fail()).
+  void linger(double linger_s);
   // "rank 2" / "node 2" (RendezvousOptions::peer_noun).
   std::string name(int rank) const;
 

@@ -157,10 +157,12 @@ std::unique_ptr<Runner> start_node(const RunnerFactory& factory, const RunnerOpt
   std::unique_ptr<Runner> runner;
   std::string failure;       // "node K failed to start: cause", the first failure seen here
   bool consequence = false;  // this node's ranks failed because another node's went away
+  bool heard = false;        // `failure` is another node's report (node 0's: the verdict)
   try {
     runner = factory(ro);
   } catch (const PeerFailed& e) {
-    failure = e.what();  // another node's report, read while building
+    failure = e.what();  // read while building
+    heard = true;
   } catch (const CollectiveAborted& e) {
     failure = cat("node ", me, " failed to start: ", e.what());
     consequence = true;
@@ -178,14 +180,18 @@ std::unique_ptr<Runner> start_node(const RunnerFactory& factory, const RunnerOpt
       }
     }
     if (!failure.empty()) {
+      // The report first (a node waiting in the rendezvous reads it), then this node's ranks
+      // go (a node waiting in their collectives fails, then reads it).
+      rv.fail(failure);
       runner.reset();
-      rv.fail(failure, kReportLingerS);
+      rv.linger(kReportLingerS);
       throw Error(cat("multi-node run: ", failure));
     }
     rv.broadcast({});
     runner->nodes_started();
     return runner;
   }
+  if (heard) throw Error(cat("multi-node run: ", failure));  // node 0's verdict: it knows
   if (!failure.empty()) {
     // Node 0 may have failed first (this node's collectives then failed as a consequence):
     // its verdict, when it sent one, names the cause.
@@ -284,7 +290,10 @@ void Engine::run_node(const EngineOptions& o) {
     // Node 0 is building its runner: it reads the report wherever it next hears from here,
     // and answers with its verdict (waited for, so that this node's connection stays open
     // until node 0 has read the report).
-    ro.rendezvous->fail(cat("node ", o.node_rank, " refused to start: ", e.what()));
+    std::string why = e.what();
+    const std::string prefix = "multi-node run: ";
+    if (why.compare(0, prefix.size(), prefix) == 0) why.erase(0, prefix.size());
+    ro.rendezvous->fail(cat("node ", o.node_rank, " refused to start: ", why));
     try {
       ro.rendezvous->broadcast({}, kReportLingerS);
     } catch (const Error&) {
