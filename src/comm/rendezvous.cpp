@@ -293,6 +293,15 @@ bool Rendezvous::closed(int peer) {
   return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
+bool Rendezvous::reported(int peer) {
+  const int fd = peers_.at(size_t(o_.rank == 0 ? peer : 0));
+  uint64_t h = 0;
+  const ssize_t k = ::recv(fd, &h, 8, MSG_PEEK | MSG_DONTWAIT);
+  if (k == 0) return true;
+  if (k < 0) return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+  return k == 8 && (h & kFailure);
+}
+
 std::vector<uint8_t> Rendezvous::receive(int peer, double timeout_s) {
   DSV4_CHECK(o_.world > 1 && (o_.rank == 0 ? peer > 0 && peer < o_.world : peer == 0),
              "rendezvous: rank ", o_.rank, " cannot receive from rank ", peer);

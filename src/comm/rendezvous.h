@@ -62,6 +62,9 @@ class Rendezvous {
   std::vector<int> readable(double wait_s);
   // Whether `peer`'s connection has ended (nothing consumed).
   bool closed(int peer);
+  // Whether `peer`'s next message is a failure report (fail()) or its connection has ended
+  // (nothing consumed; a report still arriving counts once its header is in).
+  bool reported(int peer);
   // One blob from `peer` (rank 0: any rank; others: rank 0), as gather() reads them.
   std::vector<uint8_t> receive(int peer, double timeout_s = -1);
   // The IPv4 address this process is reached at by the others: rank 0's master_addr, else the

@@ -36,6 +36,20 @@ ParallelRunnerBase::ParallelRunnerBase(const ModelConfig& config, const CacheCon
              "rendezvous");
   local_ranks_ = W / node.nnodes;
   first_rank_ = node.node_rank * local_ranks_;
+  if (node.nnodes > 1) {
+    // While the ranks are built (their communicators' splits span the nodes), a node that
+    // reports a failure or goes away aborts this node's ranks, so none waits for it in a
+    // collective; the start check (runtime) then reports the cause. Until the run starts.
+    watch_ = [this] {
+      if (build_aborted_) return;
+      for (int n : rendezvous()->readable(0))
+        if (rendezvous()->reported(n)) {
+          build_aborted_ = true;
+          pool_->abort();
+          return;
+        }
+    };
+  }
 }
 
 ParallelRunnerBase::~ParallelRunnerBase() {
@@ -252,9 +266,15 @@ std::vector<StepOutput> ParallelRunnerBase::forward_groups(const std::vector<Ste
   return out;
 }
 
+void ParallelRunnerBase::nodes_started() {
+  nodes_started_ = true;
+  watch_ = nullptr;  // the build's watch
+}
+
 void ParallelRunnerBase::follow() {
   DSV4_CHECK(node_.nnodes > 1 && node_.node_rank > 0,
              "follow(): only nodes > 0 of a multi-node run follow node 0");
+  watch_ = nullptr;  // the build's watch
   const int me = node_.node_rank;
   for (;;) {
     std::vector<uint8_t> m;

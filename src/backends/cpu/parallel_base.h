@@ -48,7 +48,7 @@ class ParallelRunnerBase : public PagedRunner {
   int local_ranks() const { return local_ranks_; }
   int nnodes() const { return node_.nnodes; }
   void follow() override;
-  void nodes_started() override { nodes_started_ = true; }
+  void nodes_started() override;
 
  protected:
   // Checks the node placement against the layout (throws dsv4::Error naming the problem).
@@ -104,7 +104,8 @@ class ParallelRunnerBase : public PagedRunner {
   NodePlacement node_;
   int first_rank_ = 0, local_ranks_ = 0;
   std::unique_ptr<RankPool> pool_;
-  std::function<void()> watch_;  // set during a multi-node step
+  std::function<void()> watch_;  // multi-node: set while the ranks are built, and during a step
+  bool build_aborted_ = false;
   bool stopped_ = false, nodes_started_ = false;
   std::string failed_;  // why the runner gave up (give_up()); empty while usable
 };
