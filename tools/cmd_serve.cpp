@@ -71,11 +71,23 @@ int run(const Args& a) {
   std::printf("dsv4 serve: listening on %s, loading %s\n", url.c_str(), o.engine.model_dir.c_str());
   std::fflush(stdout);
   bool ready = false;
+  constexpr time_t kFailedLingerS = 2;
   const timespec tick{0, 100 * 1000 * 1000};
   for (;;) {
     const int sig = sigtimedwait(&stop_signals, nullptr, &tick);
     if (sig == SIGTERM || sig == SIGINT) break;
     const auto state = server.state();
+    if (state == server::EngineWorker::State::kFailed && server.engine_failed()) {
+      // Every request in flight has failed with the error. /health says 503 for a moment (a
+      // balancer polling it sees why before the port closes; SIGTERM cuts it short), the
+      // responses go out, then the process exits non-zero.
+      std::printf("dsv4 serve: stopping: the engine failed\n");
+      std::fflush(stdout);
+      const timespec linger{kFailedLingerS, 0};
+      sigtimedwait(&stop_signals, nullptr, &linger);
+      server.shutdown();
+      throw Error(server.failure());
+    }
     if (state == server::EngineWorker::State::kFailed)
       throw Error(cat("cannot serve ", o.engine.model_dir, ": ", server.load_error()));
     if (state == server::EngineWorker::State::kReady && !ready) {

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <utility>
 
+#include "comm/collective_aborted.h"
 #include "core/error.h"
 
 namespace dsv4 {
@@ -21,7 +22,8 @@ struct Hub {
   void barrier() {
     std::unique_lock<std::mutex> lock(mu);
     const uint64_t gen = generation;
-    if (aborted) throw Error("a rank of the parallel engine failed (collective aborted)");
+    if (aborted)
+      throw CollectiveAborted("a rank of the parallel engine failed (collective aborted)");
     if (++arrived == size) {
       arrived = 0;
       ++generation;
@@ -29,7 +31,7 @@ struct Hub {
     } else {
       cv.wait(lock, [&] { return generation != gen || aborted; });
       if (generation == gen)
-        throw Error("a rank of the parallel engine failed (collective aborted)");
+        throw CollectiveAborted("a rank of the parallel engine failed (collective aborted)");
     }
   }
 

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "comm/collective_aborted.h"
 #include "core/error.h"
 
 namespace dsv4 {
@@ -43,7 +44,7 @@ std::unique_ptr<DeviceCommunicator> NcclCommunicator::split(int color, int key) 
   auto child = std::make_unique<Impl>();
   child->device = impl_->device;
   check_cuda(cudaSetDevice(impl_->device), "set device");
-  DSV4_CHECK(!impl_->aborted, "NCCL communicator aborted (collective aborted)");
+  if (impl_->aborted) throw CollectiveAborted("NCCL communicator aborted (collective aborted)");
   check(ncclCommSplit(impl_->comm, color, key, &child->comm, nullptr), "split");
   int n = 0, r = 0;
   check(ncclCommCount(child->comm, &n), "count");
@@ -84,12 +85,12 @@ NcclCommunicator::~NcclCommunicator() {
 }
 
 void NcclCommunicator::all_gather(const void* send, void* recv, size_t bytes, cudaStream_t s) {
-  DSV4_CHECK(!impl_->aborted, "NCCL communicator aborted (collective aborted)");
+  if (impl_->aborted) throw CollectiveAborted("NCCL communicator aborted (collective aborted)");
   check(ncclAllGather(send, recv, bytes, ncclUint8, impl_->comm, s), "all-gather");
 }
 
 void NcclCommunicator::all_reduce_sum_f32(float* data, size_t count, cudaStream_t s) {
-  DSV4_CHECK(!impl_->aborted, "NCCL communicator aborted (collective aborted)");
+  if (impl_->aborted) throw CollectiveAborted("NCCL communicator aborted (collective aborted)");
   check(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, impl_->comm, s), "all-reduce");
 }
 
@@ -100,7 +101,7 @@ void NcclCommunicator::all_to_all_v(const void* send, const std::vector<size_t>&
   DSV4_CHECK(int(send_offset.size()) == world_ && int(send_bytes.size()) == world_ &&
                  int(recv_offset.size()) == world_ && int(recv_bytes.size()) == world_,
              "all_to_all_v: one count and offset per rank");
-  DSV4_CHECK(!impl_->aborted, "NCCL communicator aborted (collective aborted)");
+  if (impl_->aborted) throw CollectiveAborted("NCCL communicator aborted (collective aborted)");
   check(ncclGroupStart(), "group start");
   for (int r = 0; r < world_; ++r) {
     if (send_bytes[size_t(r)])

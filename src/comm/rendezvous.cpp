@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -63,19 +64,41 @@ void recv_all(int fd, void* p, size_t n, double timeout, const std::string& who)
   }
 }
 
-void send_blob(int fd, const std::vector<uint8_t>& b, double t, const std::string& who) {
-  const uint64_t n = b.size();
-  send_all(fd, &n, 8, t, who);
-  send_all(fd, b.data(), b.size(), t, who);
+// A blob goes as pieces, each an 8-byte header then its bytes: the header's low 62 bits are
+// the piece's length, bit 63 says more pieces follow, bit 62 marks a failure report (the
+// bytes are the peer's message; Rendezvous::fail). No piece exceeds kMaxPiece, so a blob of
+// any size passes while a corrupt header is still caught.
+constexpr uint64_t kMore = uint64_t(1) << 63, kFailure = uint64_t(1) << 62;
+constexpr uint64_t kLengthMask = kFailure - 1;
+constexpr uint64_t kMaxPiece = uint64_t(1) << 30;
+
+void send_pieces(int fd, const std::vector<uint8_t>& b, uint64_t flags, size_t piece, double t,
+                 const std::string& who) {
+  size_t at = 0;
+  do {
+    const size_t n = std::min(piece, b.size() - at);
+    const uint64_t h = uint64_t(n) | flags | (at + n < b.size() ? kMore : 0);
+    send_all(fd, &h, 8, t, who);
+    send_all(fd, b.data() + at, n, t, who);
+    at += n;
+  } while (at < b.size());
 }
 
 std::vector<uint8_t> recv_blob(int fd, double t, const std::string& who) {
-  uint64_t n = 0;
-  recv_all(fd, &n, 8, t, who);
-  DSV4_CHECK(n <= (uint64_t(1) << 30), "rendezvous: ", who, " sent a blob of ", n, " bytes");
-  std::vector<uint8_t> b(n);
-  recv_all(fd, b.data(), n, t, who);
-  return b;
+  std::vector<uint8_t> b;
+  for (;;) {
+    uint64_t h = 0;
+    recv_all(fd, &h, 8, t, who);
+    const uint64_t n = h & kLengthMask;
+    DSV4_CHECK(n <= kMaxPiece, "rendezvous: ", who, " sent a piece of ", n, " bytes (at most ",
+               kMaxPiece, ")");
+    const size_t at = b.size();
+    b.resize(at + n);
+    recv_all(fd, b.data() + at, n, t, who);
+    if (h & kMore) continue;
+    if (h & kFailure) throw PeerFailed(std::string(b.begin(), b.end()));
+    return b;
+  }
 }
 
 sockaddr_in address(const std::string& host, int port) {
@@ -101,6 +124,8 @@ Rendezvous::Rendezvous(const RendezvousOptions& o) : o_(o) {
   DSV4_CHECK(o.world >= 1 && o.rank >= 0 && o.rank < o.world, "rendezvous: rank ", o.rank, " of ",
              o.world);
   DSV4_CHECK(o.master_port > 0 && o.master_port < 65536, "--master-port must be in [1, 65535]");
+  DSV4_CHECK(o.max_piece_bytes > 0 && o.max_piece_bytes <= kMaxPiece,
+             "rendezvous: pieces of 1 byte to 1 GiB");
   const sockaddr_in addr = address(o.master_addr, o.master_port);
   const auto start = Clock::now();
   if (o.world == 1) return;
@@ -150,6 +175,44 @@ Rendezvous::Rendezvous(const RendezvousOptions& o) : o_(o) {
   barrier();
 }
 
+void Rendezvous::send_blob(int peer, const std::vector<uint8_t>& blob, double timeout_s) {
+  send_pieces(peers_[size_t(o_.rank == 0 ? peer : 0)], blob, 0, o_.max_piece_bytes, timeout_s,
+              name(peer));
+}
+
+void Rendezvous::fail(const std::string& why, double linger_s) {
+  if (o_.world == 1) return;
+  const std::vector<uint8_t> b(why.begin(), why.end());
+  for (int r = 0; r < int(peers_.size()); ++r) {
+    const int fd = peers_[size_t(r)];
+    if (fd < 0) continue;
+    try {
+      send_pieces(fd, b, kFailure, o_.max_piece_bytes, 5, name(o_.rank == 0 ? r : 0));
+    } catch (const Error&) {  // a peer already gone needs no report
+    }
+  }
+  linger(linger_s);
+}
+
+void Rendezvous::linger(double linger_s) {
+  std::vector<int> fds;
+  for (int fd : peers_)
+    if (fd >= 0) fds.push_back(fd);
+  const auto start = Clock::now();
+  while (!fds.empty() && seconds_since(start) < linger_s) {
+    std::vector<pollfd> p;
+    for (int fd : fds) p.push_back({fd, POLLIN, 0});
+    if (::poll(p.data(), p.size(), 100) <= 0) continue;
+    std::vector<int> open;
+    for (const pollfd& q : p) {
+      uint8_t sink[4096];
+      const ssize_t k = q.revents ? ::recv(q.fd, sink, sizeof(sink), MSG_DONTWAIT) : 1;
+      if (k > 0 || (k < 0 && (errno == EAGAIN || errno == EINTR))) open.push_back(q.fd);
+    }
+    fds.swap(open);
+  }
+}
+
 Rendezvous::~Rendezvous() {
   for (int fd : peers_)
     if (fd >= 0) ::close(fd);
@@ -172,9 +235,9 @@ std::vector<std::vector<uint8_t>> Rendezvous::all_gather(const std::vector<uint8
     all[0] = blob;
     for (int r = 1; r < o_.world; ++r) all[size_t(r)] = recv_blob(peers_[size_t(r)], t, name(r));
     for (int r = 1; r < o_.world; ++r)
-      for (const auto& b : all) send_blob(peers_[size_t(r)], b, t, name(r));
+      for (const auto& b : all) send_blob(r, b, t);
   } else {
-    send_blob(peers_[0], blob, t, name(0));
+    send_blob(0, blob, t);
     for (auto& b : all) b = recv_blob(peers_[0], t, name(0));
   }
   return all;
@@ -184,7 +247,7 @@ std::vector<uint8_t> Rendezvous::broadcast(const std::vector<uint8_t>& blob, dou
   if (o_.world == 1) return blob;
   const double t = timeout_s < 0 ? o_.timeout_s : timeout_s;
   if (o_.rank == 0) {
-    for (int r = 1; r < o_.world; ++r) send_blob(peers_[size_t(r)], blob, t, name(r));
+    for (int r = 1; r < o_.world; ++r) send_blob(r, blob, t);
     return blob;
   }
   return recv_blob(peers_[0], t, name(0));
@@ -194,7 +257,7 @@ std::vector<std::vector<uint8_t>> Rendezvous::gather(const std::vector<uint8_t>&
                                                      double timeout_s) {
   const double t = timeout_s < 0 ? o_.timeout_s : timeout_s;
   if (o_.rank != 0) {
-    send_blob(peers_[0], blob, t, name(0));
+    send_blob(0, blob, t);
     return {};
   }
   std::vector<std::vector<uint8_t>> all(size_t(o_.world));
@@ -228,6 +291,15 @@ bool Rendezvous::closed(int peer) {
   uint8_t b = 0;
   const ssize_t k = ::recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
   return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+bool Rendezvous::reported(int peer) {
+  const int fd = peers_.at(size_t(o_.rank == 0 ? peer : 0));
+  uint64_t h = 0;
+  const ssize_t k = ::recv(fd, &h, 8, MSG_PEEK | MSG_DONTWAIT);
+  if (k == 0) return true;
+  if (k < 0) return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+  return k == 8 && (h & kFailure);
 }
 
 std::vector<uint8_t> Rendezvous::receive(int peer, double timeout_s) {

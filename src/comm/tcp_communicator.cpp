@@ -14,7 +14,9 @@
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 
+#include "comm/collective_aborted.h"
 #include "comm/rendezvous.h"
 #include "core/error.h"
 
@@ -53,7 +55,7 @@ struct Transfer {
 // Moves every send and receive at once (non-blocking sockets polled together, so two ranks
 // sending each other more than a socket buffer do not wait on each other).
 void exchange(Links& L, std::vector<Transfer>& sends, std::vector<Transfer>& recvs) {
-  if (L.aborted) throw Error(kAborted);
+  if (L.aborted) throw CollectiveAborted(kAborted);
   auto last = Clock::now();
   for (;;) {
     std::vector<pollfd> p;
@@ -66,7 +68,7 @@ void exchange(Links& L, std::vector<Transfer>& sends, std::vector<Transfer>& rec
         }
     if (p.empty()) return;
     const int r = ::poll(p.data(), p.size(), 1000);
-    if (L.aborted) throw Error(kAborted);
+    if (L.aborted) throw CollectiveAborted(kAborted);
     if (r < 0) {
       DSV4_CHECK(errno == EINTR, "tcp communicator: poll: ", std::strerror(errno));
       continue;
@@ -93,7 +95,8 @@ void exchange(Links& L, std::vector<Transfer>& sends, std::vector<Transfer>& rec
       }
       if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
       // The peer's process died or its rank aborted (it shuts its connections down).
-      throw Error(cat("tcp communicator: rank ", x.peer, " went away (", kAborted, ")"));
+      throw CollectiveAborted(
+          cat("tcp communicator: rank ", x.peer, " went away (", kAborted, ")"));
     }
   }
 }
@@ -202,13 +205,64 @@ void set_socket_options(int fd) {
   setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
 }
 
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+sockaddr_in parse_address(const std::string& w) {
+  const size_t sp = w.find(' ');
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  DSV4_CHECK(
+      sp != std::string::npos && inet_pton(AF_INET, w.substr(0, sp).c_str(), &to.sin_addr) == 1,
+      "tcp communicator: bad address '", w, "'");
+  to.sin_port = htons(uint16_t(std::stoi(w.substr(sp + 1))));
+  return to;
+}
+
+// Connects to `to` by `deadline`, retrying while the peer refuses or its listen queue is full
+// (a non-blocking connect polled in slices, so a stalled handshake cannot outlive the deadline).
+int connect_by(const sockaddr_in& to, Clock::time_point start, double timeout_s,
+               const std::string& what) {
+  for (;;) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    DSV4_CHECK(fd >= 0, "tcp communicator: socket: ", std::strerror(errno));
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    int err = 0;
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(to)) != 0) {
+      err = errno;
+      if (err == EINPROGRESS) {
+        err = ETIMEDOUT;
+        while (seconds_since(start) < timeout_s) {
+          pollfd p{fd, POLLOUT, 0};
+          if (::poll(&p, 1, 100) > 0) {
+            socklen_t n = sizeof(err);
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &n);
+            break;
+          }
+        }
+      }
+    }
+    if (err == 0) {
+      fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+      return fd;
+    }
+    ::close(fd);
+    DSV4_CHECK(seconds_since(start) < timeout_s, "tcp communicator: timed out after ", timeout_s,
+               " s: ", what, " (last error: ", std::strerror(err), ")");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 }  // namespace
 
 std::vector<std::unique_ptr<Communicator>> make_tcp_communicators(Rendezvous& rv, int world,
-                                                                  double timeout_s) {
+                                                                  double timeout_s,
+                                                                  int listen_backlog) {
   const int P = rv.world();
   DSV4_CHECK(world >= 1 && world % P == 0, "tcp communicator: ", world, " ranks over ", P,
              " processes (must divide evenly)");
+  DSV4_CHECK(timeout_s > 0, "tcp communicator: the timeout must be positive");
   const int per = world / P, lo = rv.rank() * per;
   auto owner = [&](int w) { return w / per; };
   // Everyone listens on a port of its own, then tells the others where.
@@ -218,14 +272,21 @@ std::vector<std::unique_ptr<Communicator>> make_tcp_communicators(Rendezvous& rv
   any.sin_family = AF_INET;
   any.sin_addr.s_addr = htonl(INADDR_ANY);
   socklen_t len = sizeof(any);
+  const int backlog = listen_backlog > 0 ? listen_backlog : std::max(64, world * world);
   if (::bind(lfd, reinterpret_cast<sockaddr*>(&any), sizeof(any)) != 0 ||
-      ::listen(lfd, std::max(64, world * world)) != 0 ||
+      ::listen(lfd, backlog) != 0 ||
       getsockname(lfd, reinterpret_cast<sockaddr*>(&any), &len) != 0) {
     ::close(lfd);
     throw Error(cat("tcp communicator: cannot listen: ", std::strerror(errno)));
   }
   const std::string me = cat(rv.local_address(), " ", ntohs(any.sin_port));
-  const auto where = rv.all_gather(std::vector<uint8_t>(me.begin(), me.end()));
+  std::vector<std::vector<uint8_t>> where;
+  try {
+    where = rv.all_gather(std::vector<uint8_t>(me.begin(), me.end()));
+  } catch (...) {
+    ::close(lfd);
+    throw;
+  }
 
   std::vector<std::shared_ptr<Links>> links;
   for (int l = 0; l < per; ++l) {
@@ -235,60 +296,71 @@ std::vector<std::unique_ptr<Communicator>> make_tcp_communicators(Rendezvous& rv
     L->timeout_s = timeout_s;
     links.push_back(L);
   }
+  // The higher rank of each pair connects to the lower one's process and says who it is. This
+  // process accepts on a thread of its own while it connects, so no order of the processes'
+  // connects can leave two of them waiting for each other's accept (a listen queue fills up
+  // with many ranks; the connect retries until the deadline). The two threads fill disjoint
+  // entries of the links: the acceptor fds[b > a] of local a, the connector fds[a < b] of
+  // local b.
+  const auto start = Clock::now();
+  std::atomic<bool> stop_accepting{false};
+  std::exception_ptr accept_error;
+  int expected = 0;
+  for (int a = lo; a < lo + per; ++a) expected += world - 1 - a;
+  std::thread acceptor([&] {
+    try {
+      for (int k = 0; k < expected; ++k) {
+        for (;;) {
+          DSV4_CHECK(!stop_accepting, "tcp communicator: setup abandoned");
+          DSV4_CHECK(seconds_since(start) < timeout_s, "tcp communicator: timed out after ",
+                     timeout_s, " s waiting for ", expected - k,
+                     " connection(s) from other ranks (a node did not come, or cannot reach "
+                     "this one)");
+          pollfd p{lfd, POLLIN, 0};
+          if (::poll(&p, 1, 100) > 0) break;
+        }
+        const int fd = ::accept(lfd, nullptr, nullptr);
+        DSV4_CHECK(fd >= 0, "tcp communicator: accept: ", std::strerror(errno));
+        set_socket_options(fd);
+        int32_t hello[2] = {-1, -1};
+        timeval tv{5, 0};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        const bool got = ::recv(fd, hello, sizeof(hello), MSG_WAITALL) == ssize_t(sizeof(hello));
+        const int a = hello[0], b = hello[1];
+        if (!got || a < lo || a >= lo + per || b <= a || b >= world ||
+            links[size_t(a - lo)]->fds[size_t(b)] >= 0) {
+          ::close(fd);
+          throw Error(cat("tcp communicator: a bad connection (pair ", a, ", ", b, ")"));
+        }
+        tv = {0, 0};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        links[size_t(a - lo)]->fds[size_t(b)] = fd;
+      }
+    } catch (...) {
+      accept_error = std::current_exception();
+    }
+  });
+  std::exception_ptr connect_error;
   try {
-    // The higher rank of each pair connects to the lower one's process and says who it is.
     for (int b = lo; b < lo + per; ++b)
       for (int a = 0; a < b; ++a) {
         const std::string w(where[size_t(owner(a))].begin(), where[size_t(owner(a))].end());
-        const size_t sp = w.find(' ');
-        sockaddr_in to{};
-        to.sin_family = AF_INET;
-        to.sin_port = htons(uint16_t(std::stoi(w.substr(sp + 1))));
-        DSV4_CHECK(inet_pton(AF_INET, w.substr(0, sp).c_str(), &to.sin_addr) == 1,
-                   "tcp communicator: bad address '", w, "'");
-        const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-        DSV4_CHECK(fd >= 0, "tcp communicator: socket: ", std::strerror(errno));
+        const int fd = connect_by(parse_address(w), start, timeout_s,
+                                  cat("rank ", b, " cannot reach rank ", a, " at ", w));
         links[size_t(b - lo)]->fds[size_t(a)] = fd;
-        DSV4_CHECK(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0,
-                   "tcp communicator: rank ", b, " cannot reach rank ", a, " at ", w, ": ",
-                   std::strerror(errno));
         set_socket_options(fd);
         const int32_t hello[2] = {a, b};
         DSV4_CHECK(::send(fd, hello, sizeof(hello), MSG_NOSIGNAL) == ssize_t(sizeof(hello)),
                    "tcp communicator: send: ", std::strerror(errno));
       }
-    // Then takes the connections of the pairs whose lower rank is here.
-    int expected = 0;
-    for (int a = lo; a < lo + per; ++a) expected += world - 1 - a;
-    const auto start = Clock::now();
-    for (int k = 0; k < expected; ++k) {
-      pollfd p{lfd, POLLIN, 0};
-      const double left = timeout_s - std::chrono::duration<double>(Clock::now() - start).count();
-      DSV4_CHECK(left > 0 && ::poll(&p, 1, int(left * 1000) + 1) > 0,
-                 "tcp communicator: timed out waiting for ", expected - k,
-                 " connection(s) from other ranks");
-      const int fd = ::accept(lfd, nullptr, nullptr);
-      DSV4_CHECK(fd >= 0, "tcp communicator: accept: ", std::strerror(errno));
-      set_socket_options(fd);
-      int32_t hello[2] = {-1, -1};
-      timeval tv{5, 0};
-      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-      const bool got = ::recv(fd, hello, sizeof(hello), MSG_WAITALL) == ssize_t(sizeof(hello));
-      const int a = hello[0], b = hello[1];
-      if (!got || a < lo || a >= lo + per || b <= a || b >= world ||
-          links[size_t(a - lo)]->fds[size_t(b)] >= 0) {
-        ::close(fd);
-        throw Error(cat("tcp communicator: a bad connection (pair ", a, ", ", b, ")"));
-      }
-      tv = {0, 0};
-      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-      links[size_t(a - lo)]->fds[size_t(b)] = fd;
-    }
   } catch (...) {
-    ::close(lfd);
-    throw;
+    connect_error = std::current_exception();
+    stop_accepting = true;
   }
+  acceptor.join();
   ::close(lfd);
+  if (connect_error) std::rethrow_exception(connect_error);
+  if (accept_error) std::rethrow_exception(accept_error);
   for (auto& L : links)
     for (int fd : L->fds)
       if (fd >= 0) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);

@@ -23,8 +23,12 @@ class Rendezvous;
 // Collective over the rendezvous' processes: the world's `world` ranks are spread evenly, the
 // process of rendezvous rank p holding ranks [p * world / processes, (p + 1) * world /
 // processes). Returns this process's ranks' world communicators, in rank order; hand one to
-// each rank's thread.
+// each rank's thread. Setup (every pair's connection) must complete within `timeout_s`, which
+// also bounds a collective's wait for a silent peer; a timeout is a dsv4::Error saying what was
+// missing. `listen_backlog` > 0: the listen queue's length (tests; the default is ample, and
+// setup needs no particular length: each process accepts on a thread while it connects).
 std::vector<std::unique_ptr<Communicator>> make_tcp_communicators(Rendezvous& rendezvous, int world,
-                                                                  double timeout_s);
+                                                                  double timeout_s,
+                                                                  int listen_backlog = 0);
 
 }  // namespace dsv4

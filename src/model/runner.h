@@ -146,6 +146,10 @@ class Runner {
   // runs node 0's operations on this node's ranks until node 0 stops the run (returns) or
   // fails or goes away (throws dsv4::Error).
   virtual void follow() { throw Error("this runner is not a node > 0 of a multi-node run"); }
+  // Node 0 of a multi-node run: every node has built its runner (the runtime's start check
+  // passed). Before it, a runner destroyed on node 0 tells the other nodes nothing (the start
+  // check reports the failure to them); after it, it tells them to stop.
+  virtual void nodes_started() {}
 
   // Validates every input (ids, lengths, room) before touching any state; throws dsv4::Error.
   virtual StepOutput step(const std::vector<StepInput>& inputs) = 0;

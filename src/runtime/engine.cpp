@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "backends/cpu/backend.h"
+#include "comm/collective_aborted.h"
 #include "comm/rendezvous.h"
 #include "core/error.h"
 #include "model/backend_registry.h"
@@ -137,7 +138,83 @@ std::shared_ptr<Rendezvous> meet(const EngineOptions& o) {
   }
 }
 
-constexpr char kNodeProtocol[] = "dsv4 multi-node 1";
+constexpr char kNodeProtocol[] = "dsv4 multi-node 2";
+
+// How long node 0 waits for the other nodes to read its failure report (they hang up once
+// they have), and a node > 0 for node 0's verdict after it reported a failure.
+constexpr double kReportLingerS = 10;
+// How long node 0 waits at the start check for a node still loading its shards (longer than
+// the rendezvous timeout: nodes load at their own pace; one that dies is seen at once).
+constexpr double kStartWaitS = 1800;
+
+// The start check, after every node built its runner (or failed to): each node > 0 tells node
+// 0 it started (or reports why not: Rendezvous::fail), node 0 answers all with the verdict.
+// A failure anywhere fails every node, each saying which node failed and why; no node goes on
+// (node 0 to serve, the others to follow) after a failed start.
+std::unique_ptr<Runner> start_node(const RunnerFactory& factory, const RunnerOptions& ro) {
+  Rendezvous& rv = *ro.rendezvous;
+  const int me = ro.node_rank;
+  std::unique_ptr<Runner> runner;
+  std::string failure;       // "node K failed to start: cause", the first failure seen here
+  bool consequence = false;  // this node's ranks failed because another node's went away
+  bool heard = false;        // `failure` is another node's report (node 0's: the verdict)
+  try {
+    runner = factory(ro);
+  } catch (const PeerFailed& e) {
+    failure = e.what();  // read while building
+    heard = true;
+  } catch (const CollectiveAborted& e) {
+    failure = cat("node ", me, " failed to start: ", e.what());
+    consequence = true;
+  } catch (const std::exception& e) {
+    failure = cat("node ", me, " failed to start: ", e.what());
+  }
+  if (me == 0) {
+    if (failure.empty() || consequence) {
+      try {
+        rv.gather({}, consequence ? 5 : kStartWaitS);
+      } catch (const PeerFailed& e) {
+        failure = e.what();
+      } catch (const Error& e) {
+        if (failure.empty()) failure = cat("a node failed to start: ", e.what());
+      }
+    }
+    if (!failure.empty()) {
+      // The report first (a node waiting in the rendezvous reads it), then this node's ranks
+      // go (a node waiting in their collectives fails, then reads it).
+      rv.fail(failure);
+      runner.reset();
+      rv.linger(kReportLingerS);
+      throw Error(cat("multi-node run: ", failure));
+    }
+    rv.broadcast({});
+    runner->nodes_started();
+    return runner;
+  }
+  if (heard) throw Error(cat("multi-node run: ", failure));  // node 0's verdict: it knows
+  if (!failure.empty()) {
+    // Node 0 may have failed first (this node's collectives then failed as a consequence):
+    // its verdict, when it sent one, names the cause.
+    runner.reset();
+    rv.fail(failure);
+    try {
+      rv.broadcast({}, kReportLingerS);
+    } catch (const PeerFailed& e) {
+      throw Error(cat("multi-node run: ", e.what()));
+    } catch (const Error&) {
+    }
+    throw Error(cat("multi-node run: ", failure));
+  }
+  try {
+    rv.gather({});
+    rv.broadcast({}, kStartWaitS);
+  } catch (const PeerFailed& e) {
+    throw Error(cat("multi-node run: ", e.what()));
+  } catch (const Error& e) {
+    throw Error(cat("multi-node run: node ", me, " lost node 0 at the start: ", e.what()));
+  }
+  return runner;
+}
 
 }  // namespace
 
@@ -180,6 +257,7 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& o) {
     w.str(config);
     put_runner_options(w, ro);
     ro.rendezvous->broadcast(w.bytes());
+    return std::make_unique<LoopEngine>(start_node(factory, ro), o);
   }
   return std::make_unique<LoopEngine>(factory(ro), o);
 }
@@ -192,23 +270,39 @@ void Engine::run_node(const EngineOptions& o) {
   RunnerOptions ro;
   ro.rendezvous = meet(o);
   const std::vector<uint8_t> m = ro.rendezvous->broadcast({});
-  WireReader r(m);
-  DSV4_CHECK(r.str() == kNodeProtocol,
-             "multi-node run: node 0 speaks another protocol (a "
-             "different dsv4 build?)");
-  const std::string backend = r.str();
-  DSV4_CHECK(backend == o.backend, "multi-node run: node 0 runs backend '", backend, "', node ",
-             o.node_rank, " was given '", o.backend, "'");
-  DSV4_CHECK(r.str() == config, "multi-node run: node ", o.node_rank, "'s ", o.model_dir,
-             "/config.json differs from node 0's (every node needs the same checkpoint)");
-  get_runner_options(r, ro);
-  DSV4_CHECK(ro.nnodes == o.nnodes && ro.dp == o.dp && ro.ep == o.ep && ro.tp == o.tp,
-             "multi-node run: node 0 runs --nnodes ", ro.nnodes, " --dp ", ro.dp, " --ep ", ro.ep,
-             " --tp ", ro.tp, ", node ", o.node_rank, " was given --nnodes ", o.nnodes, " --dp ",
-             o.dp, " --ep ", o.ep, " --tp ", o.tp);
+  std::string backend;
+  try {
+    WireReader r(m);
+    DSV4_CHECK(r.str() == kNodeProtocol,
+               "multi-node run: node 0 speaks another protocol (a "
+               "different dsv4 build?)");
+    backend = r.str();
+    DSV4_CHECK(backend == o.backend, "multi-node run: node 0 runs backend '", backend, "', node ",
+               o.node_rank, " was given '", o.backend, "'");
+    DSV4_CHECK(r.str() == config, "multi-node run: node ", o.node_rank, "'s ", o.model_dir,
+               "/config.json differs from node 0's (every node needs the same checkpoint)");
+    get_runner_options(r, ro);
+    DSV4_CHECK(ro.nnodes == o.nnodes && ro.dp == o.dp && ro.ep == o.ep && ro.tp == o.tp,
+               "multi-node run: node 0 runs --nnodes ", ro.nnodes, " --dp ", ro.dp, " --ep ", ro.ep,
+               " --tp ", ro.tp, ", node ", o.node_rank, " was given --nnodes ", o.nnodes, " --dp ",
+               o.dp, " --ep ", o.ep, " --tp ", o.tp);
+  } catch (const Error& e) {
+    // Node 0 is building its runner: it reads the report wherever it next hears from here,
+    // and answers with its verdict (waited for, so that this node's connection stays open
+    // until node 0 has read the report).
+    std::string why = e.what();
+    const std::string prefix = "multi-node run: ";
+    if (why.compare(0, prefix.size(), prefix) == 0) why.erase(0, prefix.size());
+    ro.rendezvous->fail(cat("node ", o.node_rank, " refused to start: ", why));
+    try {
+      ro.rendezvous->broadcast({}, kReportLingerS);
+    } catch (const Error&) {
+    }
+    throw;
+  }
   ro.model_dir = o.model_dir;
   ro.node_rank = o.node_rank;
-  factory_of(backend)(ro)->follow();
+  start_node(factory_of(backend), ro)->follow();
 }
 
 }  // namespace dsv4

@@ -114,6 +114,7 @@ int EngineLoop::drafts_of(const Request& r) const {
 
 uint64_t EngineLoop::add(const std::vector<int32_t>& prompt, const SamplingOptions& s, int n,
                          bool prompt_logits, int chunk) {
+  if (!fatal_.empty()) throw EngineFailed(fatal_);
   validate(prompt, s, n);
   DSV4_CHECK(chunk >= 0, "prefill chunk must be >= 0");
   auto r = std::make_unique<Request>();
@@ -320,6 +321,16 @@ void EngineLoop::emit(std::vector<RequestOutput>& out) {
 }
 
 std::vector<RequestOutput> EngineLoop::step() {
+  if (!fatal_.empty()) throw EngineFailed(fatal_);
+  try {
+    return step_once();
+  } catch (const EngineFailed& e) {
+    fatal_ = e.what();
+    throw;
+  }
+}
+
+std::vector<RequestOutput> EngineLoop::step_once() {
   std::vector<RequestOutput> outputs;
   const std::vector<ScheduledChunk> chunks = sched_->schedule();
   if (chunks.empty()) {
@@ -381,6 +392,8 @@ std::vector<RequestOutput> EngineLoop::step() {
     bool ok = true;
     try {
       out = runner_->step(inputs);
+    } catch (const EngineFailed&) {
+      throw;  // not this batch's fault: nothing can run any more (step())
     } catch (const Error& e) {
       fail(chunks, e.what());
       ok = false;

@@ -41,6 +41,8 @@ class EngineLoop {
   // for take_prompt_logits().
   uint64_t add(const std::vector<int32_t>& prompt, const SamplingOptions& sampling, int n = 1,
                bool prompt_logits = false, int chunk = 0);
+  // Throws EngineFailed when the runner can go on no longer (a multi-node step failed): then
+  // and on every later step() or add().
   std::vector<RequestOutput> step();
   void cancel(uint64_t id);
   // Requests not finished, or whose finish step() has not returned yet.
@@ -50,6 +52,7 @@ class EngineLoop {
   std::vector<float> take_prompt_logits(uint64_t id);
 
  private:
+  std::vector<RequestOutput> step_once();
   void validate(const std::vector<int32_t>& prompt, const SamplingOptions& s, int n) const;
   void postprocess(const std::vector<ScheduledChunk>& chunks, StepOutput& out);
   void fail(const std::vector<ScheduledChunk>& chunks, const std::string& why);
@@ -68,6 +71,7 @@ class EngineLoop {
   uint64_t next_id_ = 1;
   uint64_t arrivals_ = 0;
   EngineStats counters_;
+  std::string fatal_;  // why the engine failed (EngineFailed); empty while it runs
 };
 
 }  // namespace dsv4

@@ -37,11 +37,22 @@ std::string EngineWorker::load_error() const {
   return load_error_;
 }
 
+bool EngineWorker::engine_failed() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return !engine_error_.empty();
+}
+
+std::string EngineWorker::failure() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return engine_error_.empty() ? "the model failed to load: " + load_error_ : engine_error_;
+}
+
 std::shared_ptr<RequestChannel> EngineWorker::submit(std::vector<Job> jobs) {
   const int n = int(jobs.size());
   auto ch = std::make_shared<RequestChannel>(std::move(jobs));
   {
     std::lock_guard<std::mutex> l(mu_);
+    if (!engine_error_.empty()) throw ApiError(503, engine_error_);
     if (state_ != State::kReady) throw ApiError(503, "the model is loading");
     if (!admitting_) throw ApiError(503, "the server is shutting down");
     // Requests that would wait for a running slot once everything queued is admitted (FCFS).
@@ -90,6 +101,7 @@ void EngineWorker::admit(const std::shared_ptr<RequestChannel>& ch) {
       for (uint64_t id : ids) engine_->cancel(id);  // the request is refused as a whole
       for (uint64_t id : ids) routes_.erase(id);
       e.kind = ChannelEvent::kRefused;
+      e.status = 400;
       e.error = ch->jobs().size() > 1 ? cat("prompt ", j, ": ", err.what()) : err.what();
       break;
     }
@@ -116,12 +128,13 @@ void EngineWorker::dispatch(std::vector<RequestOutput> outputs) {
   }
 }
 
-void EngineWorker::fail_all(const std::string& why) {
+void EngineWorker::fail_all(const std::string& why, int status) {
   std::set<RequestChannel*> told;
   for (const auto& [id, r] : routes_) {
     if (!told.insert(r.channel.get()).second) continue;
     ChannelEvent e;
     e.kind = ChannelEvent::kFailed;
+    e.status = status;
     e.error = why;
     e.time = Clock::now();
     r.channel->push(std::move(e));
@@ -145,6 +158,34 @@ void EngineWorker::publish() {
     transit_jobs_ = 0;
     engine_has_work_ = engine_->has_work();
   }
+}
+
+void EngineWorker::fail_engine(const std::string& why) {
+  const std::string error =
+      cat("the engine failed", options_.nnodes > 1 ? " (restart every node)" : "", ": ", why);
+  std::fprintf(stderr, "dsv4 serve: %s\n", error.c_str());
+  // The state first: a client told of the failure and asking /health at once sees 503.
+  std::vector<std::shared_ptr<RequestChannel>> queued;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    engine_error_ = error;
+    state_ = State::kFailed;
+    queued.swap(inbox_);
+    inbox_jobs_ = transit_jobs_ = 0;
+    snapshot_.stats.running = snapshot_.stats.waiting = 0;
+    snapshot_.in_flight = 0;
+    engine_has_work_ = false;
+  }
+  fail_all(error, 503);
+  for (const auto& ch : queued) {
+    ChannelEvent e;
+    e.kind = ChannelEvent::kRefused;
+    e.status = 503;
+    e.error = error;
+    ch->push(std::move(e));
+  }
+  // Nothing can run on it; destroying it tells the other nodes (their runs fail too).
+  engine_.reset();
 }
 
 void EngineWorker::loop() {
@@ -188,6 +229,9 @@ void EngineWorker::loop() {
         std::vector<RequestOutput> outputs = engine_->step();
         // (A request the cache can never hold comes back failed, `unschedulable`: a 400.)
         dispatch(std::move(outputs));
+      } catch (const EngineFailed& e) {
+        fail_engine(e.what());
+        return;
       } catch (const std::exception& e) {
         // The engine reports a failed step per request (FinishReason::kError); anything else
         // is a bug: every request in flight fails with it, and the server goes on.
@@ -208,6 +252,7 @@ void EngineWorker::loop() {
   for (const auto& ch : batch) {
     ChannelEvent e;
     e.kind = ChannelEvent::kRefused;
+    e.status = 400;
     e.error = "the server stopped";
     ch->push(std::move(e));
   }

@@ -30,8 +30,14 @@ class EngineWorker {
   ~EngineWorker();  // stops the loop (in-flight requests are cancelled)
 
   void start();  // spawns the loop thread, which loads the model
+  // kFailed: the model failed to load, or later the engine failed (EngineFailed: a
+  // multi-node step failed): every request in flight failed with it, new ones get 503, and the
+  // loop has ended (the server should exit non-zero).
   State state() const;
   std::string load_error() const;
+  bool engine_failed() const;  // kFailed after the model had loaded
+  // What kFailed means, as a sentence for a 503 or the exit message.
+  std::string failure() const;
 
   // Queues the jobs of one HTTP request. Throws ApiError: 503 while loading or after
   // stop_admitting(), 429 when more than max_waiting requests would wait for a running slot.
@@ -58,7 +64,8 @@ class EngineWorker {
   void admit(const std::shared_ptr<RequestChannel>& ch);
   void dispatch(std::vector<RequestOutput> outputs);
   void publish();
-  void fail_all(const std::string& why);  // kFailed to every channel in flight
+  void fail_all(const std::string& why, int status = 500);  // kFailed to every channel in flight
+  void fail_engine(const std::string& why);                 // EngineFailed: see state()
 
   const EngineOptions options_;
   const int max_waiting_;
@@ -68,6 +75,7 @@ class EngineWorker {
   std::condition_variable cv_;  // wakes the loop
   State state_ = State::kLoading;
   std::string load_error_;
+  std::string engine_error_;  // set by fail_engine()
   bool admitting_ = true, stop_ = false;
   std::vector<std::shared_ptr<RequestChannel>> inbox_;
   std::vector<std::shared_ptr<RequestChannel>> cancels_;

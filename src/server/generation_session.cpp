@@ -74,7 +74,7 @@ void GenerationSession::start() {
     for (size_t i = 0; i < events.size(); ++i) {
       if (events[i].kind == ChannelEvent::kRefused) {
         channel_.reset();  // nothing runs
-        throw ApiError(400, events[i].error);
+        throw ApiError(events[i].status, events[i].error);
       }
       if (events[i].kind == ChannelEvent::kAdmitted) {
         early_.assign(std::make_move_iterator(events.begin() + std::ptrdiff_t(i) + 1),

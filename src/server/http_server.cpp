@@ -112,8 +112,7 @@ void HttpServer::routes() {
           if (ctx_.draining) throw ApiError(503, "the server is shutting down");
           const EngineWorker::State st = ctx_.worker->state();
           if (st == EngineWorker::State::kLoading) throw ApiError(503, "the model is loading");
-          if (st == EngineWorker::State::kFailed)
-            throw ApiError(503, "the model failed to load: " + ctx_.worker->load_error());
+          if (st == EngineWorker::State::kFailed) throw ApiError(503, ctx_.worker->failure());
         }
         h(req, res);
       } catch (const ApiError& e) {

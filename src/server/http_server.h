@@ -29,6 +29,9 @@ class HttpServer {
   int port() const { return port_; }
   EngineWorker::State state() const { return ctx_.worker->state(); }
   std::string load_error() const { return ctx_.worker->load_error(); }
+  // The engine failed after loading (EngineWorker::state()); failure() says why.
+  bool engine_failed() const { return ctx_.worker->engine_failed(); }
+  std::string failure() const { return ctx_.worker->failure(); }
   const std::string& model_name() const { return ctx_.model_name; }
 
   // Stops admitting (new generation requests get 503), lets every request in flight finish

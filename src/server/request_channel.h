@@ -35,7 +35,7 @@ struct ChannelEvent {
   int job = 0;
   RequestOutput output;
   std::string error;
-  int status = 500;        // kFailed: the HTTP status it means (400: the request can never run)
+  int status = 500;        // kFailed, kRefused: the HTTP status it means (400: can never run)
   Clock::time_point time;  // when the engine loop produced it
 };
 

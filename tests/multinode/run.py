@@ -9,8 +9,13 @@ CPU backend, make-tiny checkpoints. Each case starts node 0 and the other nodes 
 - `dsv4 serve --nnodes 2` answers a completion as the one-rank server does, and SIGTERM to node 0
   stops both nodes with exit 0 (needs the tokenizer; skipped without it);
 - errors: bad --node-rank, a world that does not divide over the nodes, --comm inproc with
-  several nodes, a node given another layout (both nodes fail, neither hangs), a node killed
-  mid-run (node 0 fails naming it), node 0 killed (the other node fails: lost node 0).
+  several nodes, a node given another layout (both nodes fail, neither hangs), a node that
+  cannot load its checkpoint (node 1, then node 0: both nodes exit non-zero naming that node
+  and the file);
+- `dsv4 serve` over 2 nodes with a node killed once the first token of a stream came: node 1
+  killed: the stream ends with the step failure naming node 1, /health and a new request get
+  503, node 0 exits non-zero; node 0 killed: node 1 exits non-zero, lost node 0 (both need the
+  tokenizer, like the serve case).
 
 Usage: run.py [DSV4_CLI]  (else $DSV4_CLI). About 30 s on 2 cores.
 
@@ -24,12 +29,14 @@ same kernels on the same inputs; only the control plane differs).
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -55,13 +62,13 @@ def check(ok, what):
         failures.append(what)
 
 
-def run_nodes(args, nnodes, port=None, extra=None, env=None, addr="127.0.0.1"):
+def run_nodes(args, nnodes, port=None, extra=None, env=None, addr="127.0.0.1", args_of=None):
     """Runs `dsv4 ARGS --nnodes N --node-rank r` for every r; returns [(rc, stdout, stderr)].
-    env(r): node r's extra environment."""
+    env(r): node r's extra environment; args_of(r): node r's ARGS, when they differ."""
     port = port or free_port()
     procs = []
     for r in reversed(range(nnodes)):  # the followers first: they wait for node 0
-        a = [CLI] + args + ["--nnodes", str(nnodes), "--node-rank", str(r),
+        a = [CLI] + (args_of(r) if args_of else args) + ["--nnodes", str(nnodes), "--node-rank", str(r),
                             "--master-addr", addr, "--master-port", str(port)]
         if extra and r in extra:
             a += extra[r]
@@ -132,29 +139,22 @@ def error_cases(model):
     check(res[0][0] != 0 and "node 1" in res[0][2],
           f"node 0 fails naming node 1 ({res[0][2].strip()[-200:]})")
 
-    # A node killed mid-run; node 0 killed mid-run.
-    long = ["generate", "--model", model, "--prompt-ids", "1,2,3", "--max-new-tokens", "200000",
-            "--ignore-eos", "--dp", "2", "--ep", "2", "--nnodes", "2", "--master-addr",
-            "127.0.0.1"]
+    # A node that cannot load its checkpoint (a weight file cut short): every node fails, non-zero,
+    # each naming the node and the cause; none hangs, none exits 0.
     for victim in [1, 0]:
-        port = str(free_port())
-        procs = [subprocess.Popen([CLI] + long + ["--node-rank", str(r), "--master-port", port],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-                 for r in [1, 0]][::-1]
-        time.sleep(2)
-        procs[victim].kill()
-        other = procs[1 - victim]
-        try:
-            _, err = other.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            other.kill()
-            err = "(hung: killed after 60 s)"
-        procs[victim].wait()
-        needles = ["node 1"] if victim == 1 else ["lost node 0", "rank 0 went away"]
-        needle = " or ".join(needles)
-        check(other.returncode not in (0, None) and any(n in err for n in needles),
-              f"node {victim} killed: node {1 - victim} fails saying '{needle}' "
-              f"({err.strip()[-200:]})")
+        broken = pathlib.Path(model).parent / f"broken-{victim}"
+        if not broken.exists():
+            shutil.copytree(model, broken)
+            for f in sorted(broken.glob("*.safetensors")):
+                f.write_bytes(f.read_bytes()[:len(f.read_bytes()) // 2])
+        res = run_nodes(None, 2, args_of=lambda r: [
+            a if a != model or r != victim else str(broken) for a in gen] + ["--ep", "2", "--dp", "2"])
+        needle = f"multi-node run: node {victim} failed to start: "
+        for r in [0, 1]:
+            rc, _, err = res[r]
+            check(rc not in (0, None) and needle in err and str(broken) in err,
+                  f"node {victim} cannot load: node {r} fails (exit {rc}) saying '{needle}' and "
+                  f"the file ({err.strip()[-300:]})")
 
 
 class Server:
@@ -181,25 +181,52 @@ class Server:
             c = json.load(r)["choices"][0]
         return c["text"], c["logprobs"]["token_logprobs"], c["logprobs"]["top_logprobs"]
 
+    def stream(self, prompt, max_tokens):
+        """A streaming completion: the open response (read its SSE lines)."""
+        body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": max_tokens,
+                           "temperature": 0, "stream": True, "ignore_eos": True}).encode()
+        req = urllib.request.Request(self.url + "/completions", body,
+                                     {"Content-Type": "application/json"})
+        return urllib.request.urlopen(req, timeout=TIMEOUT)
+
+    def get(self, path):
+        """(status, body) of GET path on the server's root; (None, why) when nothing answers."""
+        try:
+            with urllib.request.urlopen(self.url.rsplit("/v1", 1)[0] + path, timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+        except (urllib.error.URLError, ConnectionError) as e:
+            return None, str(e)
+
     def stop(self):
         self.p.send_signal(signal.SIGTERM)
         self.p.communicate(timeout=TIMEOUT)
         return self.p.returncode
 
 
-def serve_case(work):
+def tok_model(work):
+    """A tiny checkpoint with the real tokenizer (the server needs one), or None (skipped)."""
     if os.environ.get("DSV4_MULTINODE_SERVE", "1") == "0":
         print("skip serve: this build has no server")
-        return
+        return None
     tok = pathlib.Path(os.environ.get(
         "DSV4_TOKENIZER_DIR", HERE.parents[2] / "shared" / "tokenizer" / "deepseek-v4"))
     if not (tok / "tokenizer.json").exists():
         print(f"skip serve: no tokenizer.json in {tok} (set DSV4_TOKENIZER_DIR)")
+        return None
+    model = work / "tiny-tok"
+    if not model.exists():
+        subprocess.run([CLI, "make-tiny", "--preset", "flash", "--layers", "2", "--seed", "5",
+                        "--out", str(model), "--tokenizer", str(tok / "tokenizer.json")],
+                       check=True, stdout=subprocess.DEVNULL)
+    return str(model)
+
+
+def serve_case(work):
+    model = tok_model(work)
+    if model is None:
         return
-    model = str(work / "tiny-tok")
-    subprocess.run([CLI, "make-tiny", "--preset", "flash", "--layers", "2", "--seed", "5",
-                    "--out", model, "--tokenizer", str(tok / "tokenizer.json")], check=True,
-                   stdout=subprocess.DEVNULL)
     args = ["serve", "--model", model, "--served-model-name", "tiny", "--port", "0",
             "--max-model-len", "512", "--max-running", "2"]
     # A short prompt, then a long one twice: the second finds the first's prefix snapshot (a
@@ -229,6 +256,86 @@ def serve_case(work):
     except subprocess.TimeoutExpired:
         follower.kill()
     check(follower.returncode == 0, f"node 1 stops with node 0 (exit {follower.returncode})")
+
+
+def first_token(resp):
+    """Reads SSE lines until the first one with text; returns the lines read."""
+    lines = []
+    for raw in resp:
+        line = raw.decode().strip()
+        lines.append(line)
+        if line.startswith("data: {") and json.loads(line[6:])["choices"][0].get("text"):
+            return lines
+    raise RuntimeError(f"the stream ended before a token: {lines[-5:]}")
+
+
+def kill_cases(work):
+    """A node killed mid-run, once the first token streamed (so the nodes are stepping):
+    node 1 killed: node 0's stream ends with the step's error naming node 1, /health and new
+    requests get 503 naming it while node 0 lives, and node 0 exits non-zero saying why. Node 0
+    killed: node 1 exits non-zero saying it lost node 0."""
+    model = tok_model(work)
+    if model is None:
+        return
+    args = ["serve", "--model", model, "--served-model-name", "tiny", "--port", "0",
+            "--max-model-len", "100000", "--max-running", "2"]
+    step_failure = "multi-node run: node 1 went away during a step (its process ended?)"
+    post_failure = "multi-node run: rendezvous: sending to node 1"
+    for victim in [1, 0]:
+        port = str(free_port())
+        nodes = ["--dp", "2", "--ep", "2", "--nnodes", "2", "--master-addr", "127.0.0.1",
+                 "--master-port", port]
+        follower = subprocess.Popen([CLI] + args + nodes + ["--node-rank", "1"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        leader = Server(args + nodes + ["--node-rank", "0"])
+        resp = leader.stream("Once upon a time", 90000)
+        first_token(resp)
+        (follower if victim == 1 else leader.p).kill()
+        if victim == 1:
+            rest = resp.read().decode()
+            check(any(n in rest for n in [step_failure, post_failure])
+                  and "the engine failed" in rest,
+                  f"node 1 killed after the first token: the stream ends with the step's error "
+                  f"({rest.strip()[-300:]})")
+            # dsv4 serve answers 503 for 2 s after the failure, then exits.
+            health = leader.get("/health")
+            check(health[0] == 503 and "the engine failed" in health[1],
+                  f"node 1 killed: /health says 503 ({health})")
+            try:
+                leader.complete("again")
+                again = (200, "")
+            except urllib.error.HTTPError as e:
+                again = (e.code, e.read().decode())
+            except (urllib.error.URLError, ConnectionError) as e:
+                again = (None, str(e))
+            check(again[0] == 503 and "the engine failed" in again[1],
+                  f"node 1 killed: a new request gets 503 naming the failure ({again})")
+            try:
+                leader.p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                leader.p.kill()
+            err = leader.p.stderr.read()
+            check(leader.p.returncode not in (0, None) and "the engine failed" in err
+                  and (step_failure in err or post_failure in err),
+                  f"node 1 killed: node 0's server exits non-zero (exit {leader.p.returncode}) "
+                  f"naming the step failure ({err.strip()[-300:]})")
+            follower.wait()
+        else:
+            try:
+                resp.read()
+            except Exception:
+                pass
+            try:
+                _, err = follower.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                follower.kill()
+                _, err = follower.communicate()
+                err += "(hung: killed after 60 s)"
+            leader.p.wait()
+            check(follower.returncode not in (0, None)
+                  and "multi-node run: node 1 lost node 0" in err,
+                  f"node 0 killed after the first token: node 1 exits non-zero (exit "
+                  f"{follower.returncode}) saying it lost node 0 ({err.strip()[-300:]})")
 
 
 def read_logits(path):
@@ -318,6 +425,7 @@ def main():
         generate_cases(model)
         error_cases(model)
         serve_case(work)
+        kill_cases(work)
     print(f"{len(failures)} failure(s)" if failures else "all passed")
     return 1 if failures else 0
 

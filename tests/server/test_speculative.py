@@ -5,8 +5,9 @@ as plain decoding gives them, and /metrics counts drafts with vLLM's names. Draf
 On CUDA (kernels not shape-invariant: a verify's k + 1 rows per sequence take other paths than
 one row) the speculative response is held to the plain one as the suite holds batched runs to
 solo ones (support.check_response_near_solo: logprobs within the end-to-end tolerance, tokens
-equal except near ties, teacher-forced logits after a parting); the draft counts are checked
-exactly where every token equalled the plain run's (they follow from the tokens)."""
+equal except near ties, teacher-forced logits after a parting); the counts of all-right drafts
+are checked exactly where every token equalled the plain run's (they follow from the tokens),
+those of all-wrong drafts always (the drafts are a token the sampler cannot choose)."""
 
 import pytest
 
@@ -80,14 +81,20 @@ def test_outputs_equal_plain_decoding_and_metrics_count_drafts(server, spec_serv
     if same_as_plain(server, got, want, tmp_path):
         assert delta(before, counts(spec_server)) == [3, 8, 8, [3, 3, 2]]
 
-    # Every draft wrong: one token per step, nothing accepted, the same output.
+    # Every draft wrong: one token per step, nothing accepted, the same output. The drafts are
+    # one token the sampler cannot choose (logit_bias -100; logprobs are of the raw row, so
+    # plain decoding's stay), so they are wrong whatever the speculative run samples — on CUDA
+    # too, where its tokens may part from plain decoding's at a near tie: the counts are
+    # checked unconditionally.
     before = counts(spec_server)
-    wrong = [(t + 1) % 129280 for t in want_ids]
-    _, _, _, got = completion(spec_server, full=True, forced_drafts=wrong)
+    never = next(t for t in range(5000, 129280) if t not in want_ids)
+    got_ids, _, _, got = completion(spec_server, full=True, forced_drafts=[never] * 12,
+                                    logit_bias={str(never): -100})
     spec_server.wait_idle()
-    if same_as_plain(server, got, want, tmp_path):
-        d = delta(before, counts(spec_server))
-        assert d[0] == 10 and d[1] == 3 * 8 + 2 + 1 and d[2] == 0 and d[3] == [0, 0, 0]
+    assert never not in got_ids and len(got_ids) == 12
+    d = delta(before, counts(spec_server))
+    assert d[0] == 10 and d[1] == 3 * 8 + 2 + 1 and d[2] == 0 and d[3] == [0, 0, 0]
+    same_as_plain(server, got, want, tmp_path)
 
     # Opted out: no drafts.
     before = counts(spec_server)

@@ -1,11 +1,25 @@
 #include "backends/cpu/parallel_base.h"
 
 #include "backends/cpu/host_sampling.h"
+#include "comm/collective_aborted.h"
 #include "comm/first_failure.h"
 #include "comm/rendezvous.h"
 #include "core/error.h"
 
 namespace dsv4 {
+namespace {
+
+std::string what(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+  }
+  return "unknown error";
+}
+
+}  // namespace
 
 ParallelRunnerBase::ParallelRunnerBase(const ModelConfig& config, const CacheConfig& cache,
                                        const Limits& limits, const ParallelConfig& parallel,
@@ -22,6 +36,20 @@ ParallelRunnerBase::ParallelRunnerBase(const ModelConfig& config, const CacheCon
              "rendezvous");
   local_ranks_ = W / node.nnodes;
   first_rank_ = node.node_rank * local_ranks_;
+  if (node.nnodes > 1) {
+    // While the ranks are built (their communicators' splits span the nodes), a node that
+    // reports a failure or goes away aborts this node's ranks, so none waits for it in a
+    // collective; the start check (runtime) then reports the cause. Until the run starts.
+    watch_ = [this] {
+      if (build_aborted_) return;
+      for (int n : rendezvous()->readable(0))
+        if (rendezvous()->reported(n)) {
+          build_aborted_ = true;
+          pool_->abort();
+          return;
+        }
+    };
+  }
 }
 
 ParallelRunnerBase::~ParallelRunnerBase() {
@@ -36,9 +64,13 @@ void ParallelRunnerBase::start_ranks(std::function<void(int)> enter,
 void ParallelRunnerBase::stop_ranks() {
   if (stopped_) return;
   stopped_ = true;
-  if (leads_nodes()) {
+  if (leads_nodes() && nodes_started_) {
     try {
-      post({uint8_t(NodeOp::kStop)});
+      // After a failure the others fail too (a node told to stop would exit as if all went well).
+      if (failed_.empty())
+        rendezvous()->broadcast({uint8_t(NodeOp::kStop)});
+      else
+        rendezvous()->fail(cat("node 0 failed: ", failed_));
     } catch (...) {  // a node already gone has nothing to stop
     }
   }
@@ -49,8 +81,17 @@ void ParallelRunnerBase::post(std::vector<uint8_t> message) {
   try {
     rendezvous()->broadcast(message);
   } catch (const Error& e) {
-    throw Error(cat("multi-node run: ", e.what()));
+    give_up(cat("multi-node run: ", e.what()));
   }
+}
+
+void ParallelRunnerBase::give_up(const std::string& why) {
+  if (failed_.empty()) failed_ = why;
+  throw EngineFailed(failed_);
+}
+
+void ParallelRunnerBase::check_usable() const {
+  if (!failed_.empty()) throw EngineFailed(failed_);
 }
 
 void ParallelRunnerBase::local_reset_states(int g, int slot) {
@@ -70,6 +111,7 @@ void ParallelRunnerBase::local_copy_pages(int g, const std::vector<PageCopy>& co
 }
 
 void ParallelRunnerBase::reset_states(int g, int slot) {
+  check_usable();
   if (leads_nodes()) {
     WireWriter w;
     w.u8(uint8_t(NodeOp::kResetStates));
@@ -81,6 +123,7 @@ void ParallelRunnerBase::reset_states(int g, int slot) {
 }
 
 void ParallelRunnerBase::copy_sequence(int g, const SequenceCache& from, const SequenceCache& to) {
+  check_usable();
   if (leads_nodes()) {
     WireWriter w;
     w.u8(uint8_t(NodeOp::kCopySequence));
@@ -93,6 +136,7 @@ void ParallelRunnerBase::copy_sequence(int g, const SequenceCache& from, const S
 }
 
 void ParallelRunnerBase::copy_pages(int g, const std::vector<PageCopy>& copies) {
+  check_usable();
   if (leads_nodes()) {
     WireWriter w;
     w.u8(uint8_t(NodeOp::kCopyPages));
@@ -112,6 +156,7 @@ StepOutput ParallelRunnerBase::forward(const StepBatch& batch) {
 std::vector<StepOutput> ParallelRunnerBase::forward_groups(const std::vector<StepBatch>& batches) {
   DSV4_CHECK(node_.node_rank == 0, "node ", node_.node_rank,
              " of a multi-node run runs node 0's steps (follow()), none of its own");
+  check_usable();
   if (leads_nodes()) {
     WireWriter w;
     w.u8(uint8_t(NodeOp::kStep));
@@ -121,7 +166,12 @@ std::vector<StepOutput> ParallelRunnerBase::forward_groups(const std::vector<Ste
   std::vector<GroupResult> results(batches.size());
   std::exception_ptr local;
   if (!leads_nodes()) {
-    local_forward(batches, results);
+    // A rank's failure aborted every rank's communicators: the runner cannot step again.
+    try {
+      local_forward(batches, results);
+    } catch (const std::exception& e) {
+      give_up(e.what());
+    }
   } else {
     // Answers are read as they come (a node may finish first, or fail); an error answer or a
     // closed connection aborts this node's ranks.
@@ -130,8 +180,12 @@ std::vector<StepOutput> ParallelRunnerBase::forward_groups(const std::vector<Ste
     std::vector<bool> got(size_t(node_.nnodes), false);
     std::string cause, consequence;  // the first failure elsewhere, and its echoes
     bool aborted_here = false;
-    auto failed = [&](const std::string& e) {
-      std::string& slot = e.find("collective aborted") == std::string::npos ? cause : consequence;
+    auto went_away = [&](int n) {
+      return cat("multi-node run: ", rv.name(n), " went away during a step (its process ended?)");
+    };
+    // `echo`: the node's ranks failed because another's aborted (CollectiveAborted there).
+    auto failed = [&](const std::string& e, bool echo) {
+      std::string& slot = echo ? consequence : cause;
       if (slot.empty()) slot = e;
     };
     auto take = [&](int n, double timeout_s) {
@@ -142,13 +196,14 @@ std::vector<StepOutput> ParallelRunnerBase::forward_groups(const std::vector<Ste
         if (m.empty() || m[0] == 0) {
           WireReader r(m);
           r.u8();
-          failed(cat("multi-node run: node ", n, " failed: ", r.str()));
+          const bool echo = r.u8() != 0;
+          failed(cat("multi-node run: node ", n, " failed: ", r.str()), echo);
           return false;
         }
         return true;
       } catch (const Error& e) {
         got[size_t(n)] = true;
-        failed(cat("multi-node run: ", e.what()));
+        failed(rv.closed(n) ? went_away(n) : cat("multi-node run: ", e.what()), false);
         return false;
       }
     };
@@ -158,8 +213,7 @@ std::vector<StepOutput> ParallelRunnerBase::forward_groups(const std::vector<Ste
         bool ok = false;
         if (rv.closed(n)) {
           got[size_t(n)] = true;
-          failed(
-              cat("multi-node run: ", rv.name(n), " went away during a step (its process ended?)"));
+          failed(went_away(n), false);
         } else {
           ok = take(n, -1);
         }
@@ -177,10 +231,11 @@ std::vector<StepOutput> ParallelRunnerBase::forward_groups(const std::vector<Ste
     watch_ = nullptr;
     for (int n = 1; n < node_.nnodes; ++n)
       if (!got[size_t(n)]) take(n, -1);
-    if (local && !aborted_here && !is_collective_abort(local)) std::rethrow_exception(local);
-    if (!cause.empty()) throw Error(cause);
-    if (local) std::rethrow_exception(local);
-    if (!consequence.empty()) throw Error(consequence);
+    // Any failure leaves the nodes' ranks aborted or out of step: the run cannot go on.
+    if (local && !aborted_here && !is_collective_abort(local)) give_up(what(local));
+    if (!cause.empty()) give_up(cause);
+    if (local) give_up(what(local));
+    if (!consequence.empty()) give_up(consequence);
     for (int n = 1; n < node_.nnodes; ++n) {
       WireReader r(replies[size_t(n)]);
       r.u8();
@@ -211,9 +266,15 @@ std::vector<StepOutput> ParallelRunnerBase::forward_groups(const std::vector<Ste
   return out;
 }
 
+void ParallelRunnerBase::nodes_started() {
+  nodes_started_ = true;
+  watch_ = nullptr;  // the build's watch
+}
+
 void ParallelRunnerBase::follow() {
   DSV4_CHECK(node_.nnodes > 1 && node_.node_rank > 0,
              "follow(): only nodes > 0 of a multi-node run follow node 0");
+  watch_ = nullptr;  // the build's watch
   const int me = node_.node_rank;
   for (;;) {
     std::vector<uint8_t> m;
@@ -261,6 +322,7 @@ void ParallelRunnerBase::follow() {
           watch_ = nullptr;
           if (lost) throw Error(cat("multi-node run: node ", me, " lost node 0 during a step"));
           w.u8(0);
+          w.u8(dynamic_cast<const CollectiveAborted*>(&e) ? 1 : 0);
           w.str(e.what());
           try {
             rendezvous()->gather(w.bytes());

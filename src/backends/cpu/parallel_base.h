@@ -13,7 +13,10 @@
 // node 0 watches the others (and they watch node 0): an error answer or a closed connection
 // aborts this node's communicators, so its ranks leave their collectives (NCCL's too) and the
 // step fails naming the node; a node silent past the rendezvous timeout after node 0's ranks
-// finished fails it too. Node 0's runner, when destroyed, tells the others to stop.
+// finished fails it too. A failed step (or a lost node) is fatal: the step and every later
+// operation throw EngineFailed (the ranks' communicators are aborted for good).
+// Node 0's runner, when destroyed after the start check
+// (nodes_started()), tells the others to stop.
 //
 // It lives in backends/cpu because both backends may include this folder (the layer map).
 #pragma once
@@ -45,6 +48,7 @@ class ParallelRunnerBase : public PagedRunner {
   int local_ranks() const { return local_ranks_; }
   int nnodes() const { return node_.nnodes; }
   void follow() override;
+  void nodes_started() override;
 
  protected:
   // Checks the node placement against the layout (throws dsv4::Error naming the problem).
@@ -90,14 +94,20 @@ class ParallelRunnerBase : public PagedRunner {
   void local_copy_pages(int g, const std::vector<PageCopy>& copies);
   // Node 0 with other nodes: sends them `message`.
   void post(std::vector<uint8_t> message);
+  // A failed step or post leaves the ranks aborted (or the nodes out of step): records why
+  // and throws EngineFailed, now and on every later operation (check_usable()).
+  [[noreturn]] void give_up(const std::string& why);
+  void check_usable() const;
   bool leads_nodes() const { return node_.nnodes > 1 && node_.node_rank == 0; }
 
   ParallelLayout layout_;
   NodePlacement node_;
   int first_rank_ = 0, local_ranks_ = 0;
   std::unique_ptr<RankPool> pool_;
-  std::function<void()> watch_;  // set during a multi-node step
-  bool stopped_ = false;
+  std::function<void()> watch_;  // multi-node: set while the ranks are built, and during a step
+  bool build_aborted_ = false;
+  bool stopped_ = false, nodes_started_ = false;
+  std::string failed_;  // why the runner gave up (give_up()); empty while usable
 };
 
 }  // namespace dsv4
