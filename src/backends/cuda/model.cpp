@@ -274,7 +274,8 @@ std::vector<float> CudaModel::block_times_ms() const {
 
 // ---- FP8 linears ---------------------------------------------------------------------------
 
-CudaModel::Fp8Act CudaModel::quantize(const bf16* x, int64_t ldx, int m, int k, int slot) {
+CudaModel::Fp8Act CudaModel::quantize(const bf16* x, int64_t ldx, int m, int k, int slot,
+                                      bool pdl) {
   DSV4_CHECK(m <= act_m_max_ && k <= act_k_max_, "activation quantisation of [", m, ", ", k,
              "] exceeds the planned [", act_m_max_, ", ", act_k_max_, "]");
   cuda::ActQuantParams q;
@@ -287,7 +288,7 @@ CudaModel::Fp8Act CudaModel::quantize(const bf16* x, int64_t ldx, int m, int k, 
   q.ld_scales = cuda::fp8_scale_ld(m);
   // The kernel waits for its producer's completion before reading x; the GEMM after it launches
   // early in turn (programmatic dependent launch across the layer's dense kernels).
-  q.pdl = true;
+  q.pdl = pdl;
   if (limits_.exact_linears) {
     // The exact path multiplies the decoded (BF16) quantised activations instead of the codes.
     cuda::fake_quant_act_bf16(x, ldx, m, k, act_.act_xq[slot], stream_);
@@ -478,9 +479,9 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
     DSV4_CUDA_CHECK(cudaMemset2DAsync(act_.q + int64_t(H) * D, size_t(HA) * D * 2, 0,
                                       size_t(HA - H) * D * 2, size_t(T), stream_));
 
-  // q and window KV projections share the quantised x.
-  // (one grouped launch), then q_norm with the quantisation of its output fused in.
-  const Fp8Act ax = quantize(x, c.dim, T, c.dim, 0);
+  // The q and window KV projections share the quantised x (one grouped launch); then q_norm,
+  // with the quantisation of its output fused in.
+  const Fp8Act ax = quantize(x, c.dim, T, c.dim, 0, HA == H);
   gemm2(ax, {&b.wq_a, act_.qr, QL, LinearId::kWqA}, {&b.wkv, act_.kv, D, LinearId::kWkv}, block);
   cuda::RmsNormParams rn;
   rn.x = act_.qr;
@@ -712,7 +713,7 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
     cuda::attn_output_wo_a(wp, stream_);
     if (Gl != c.o_groups) tp_gather(tp_mine_, T, Gl * c.o_lora_rank, act_.z);
   });
-  const Fp8Act az = quantize(act_.z, GOL, T, GOL, 0);
+  const Fp8Act az = quantize(act_.z, GOL, T, GOL, 0, Gl == c.o_groups);
   gemm(az, b.wo_b, out, c.dim, true, block, LinearId::kWoB);
 
   // The chunk's window entries go into the ring last.

@@ -150,7 +150,9 @@ class CudaModel {
 
   // FP8 linears: activation quantisation once, then one GEMM per weight, an op observed as
   // linear `id` of `block` (block < 0: not observed by itself).
-  Fp8Act quantize(const __nv_bfloat16* x, int64_t ldx, int m, int k, int slot);
+  // pdl: launch programmatically (false where the op before is not a kernel of ours: a memset
+  // or a collective).
+  Fp8Act quantize(const __nv_bfloat16* x, int64_t ldx, int m, int k, int slot, bool pdl = true);
   void gemm(const Fp8Act& a, const CudaFp8Linear& w, __nv_bfloat16* y, int64_t ldy, bool pdl,
             int block = -1, LinearId id = LinearId::kWqA);
   // Two weights on the same quantised input in one launch (cuda::fp8_gemm_grouped), one op
