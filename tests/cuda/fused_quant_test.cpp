@@ -4,7 +4,9 @@
 //    the codes and scales byte-identical to cpu::quantize_fp8 of y (what quantize_act_fp8
 //    writes), the scale pad rows +0;
 //  * glue::swiglu_fp8: its output bit-identical to glue::swiglu's, the codes and scales
-//    byte-identical to cpu::quantize_fp8 of it.
+//    byte-identical to cpu::quantize_fp8 of it;
+//  * the attention's dense chain (quantise, grouped GEMM, fused q_norm, grouped GEMM) launched
+//    programmatically: the same bytes eagerly and replayed from a CUDA graph.
 // Real widths (q_lora 1024 / 1536, shared inter 2048 / 3072) and edge ones (one 128 block, a
 // half-idle warp, every RMSNorm thread-group size, 16384), 1..300 rows, row strides, in place,
 // poisoned outputs. GPU tests skip without a GPU; the argument checks run anywhere.
@@ -214,6 +216,150 @@ TEST_F(CudaFusedQuant, SwigluQuantBytesMatch) {
     for (int rows : {1, 3, 17, 64, 65, 257})
       for (float limit : {0.0f, 10.0f}) check_swiglu_quant(rows, inter, 0, limit, seed++);
   check_swiglu_quant(5, 2048, 2 * 2048 + 64, 10.0f, seed++);  // a wider gu row
+}
+
+// ---- the attention's dense chain, programmatically launched, in a CUDA graph -------------------
+
+// x -> quantize_act_fp8 -> grouped [wq_a; wkv] -> rms_norm of q with its quantisation fused ->
+// grouped [wq_b; indexer wq_b]: every launch after the first with programmatic dependent launch
+// (as the engine chains them). Returns the bytes of every output.
+struct ChainOut {
+  std::vector<uint16_t> qr, kv, qr_n, q, qi;
+};
+
+struct Chain {
+  static constexpr int kDim = 1024, kQl = 512, kKv = 256, kQ = 2048, kQi = 640;
+  int m;
+  DeviceBuffer<uint16_t> x, qr, kv, qr_n, q, qi, norm_w;
+  DeviceBuffer<uint8_t> codes0, codes1;
+  DeviceBuffer<float> scales0, scales1;
+  struct W {
+    DeviceBuffer<uint8_t> codes;
+    DeviceBuffer<float> scales_t;
+    int n, k;
+  };
+  std::vector<W> w;
+
+  Chain(int m_, Rng& rng)
+      : m(m_),
+        x(to_bf16_bits(random_rows(rng, m_, kDim, kDim))),
+        qr(size_t(m_) * kQl),
+        kv(size_t(m_) * kKv),
+        qr_n(size_t(m_) * kQl),
+        q(size_t(m_) * kQ),
+        qi(size_t(m_) * kQi),
+        norm_w(size_t(kQl)),
+        codes0(size_t(m_) * kDim),
+        codes1(size_t(m_) * kQl),
+        scales0(size_t(kDim / 128) * cuda::fp8_scale_ld(m_)),
+        scales1(size_t(kQl / 128) * cuda::fp8_scale_ld(m_)) {
+    std::vector<float> nw(kQl);
+    for (auto& v : nw) v = round_bf16(float(rng.uniform(0.5, 1.5)));
+    norm_w.upload(to_bf16_bits(nw));
+    const int shapes[4][2] = {{kQl, kDim}, {kKv, kDim}, {kQ, kQl}, {kQi, kQl}};
+    for (const auto& sh : shapes) {
+      W ww{DeviceBuffer<uint8_t>(size_t(sh[0]) * sh[1]),
+           DeviceBuffer<float>(size_t(sh[1] / 128) * ((sh[0] + 127) / 128)), sh[0], sh[1]};
+      std::vector<uint8_t> c(size_t(sh[0]) * sh[1]);
+      for (auto& b : c) {
+        b = uint8_t(rng.below(256));
+        if ((b & 0x7f) == 0x7f) b ^= 1;  // no e4m3 NaN codes
+      }
+      ww.codes.upload(c);
+      std::vector<float> sc(ww.scales_t.size());
+      for (auto& v : sc) v = std::ldexp(1.0f, int(rng.below(5)) - 8);
+      ww.scales_t.upload(sc);
+      w.push_back(std::move(ww));
+    }
+  }
+
+  void run(cudaStream_t st) {
+    cuda::ActQuantParams qp;
+    qp.x = bf16_ptr(x);
+    qp.m = m;
+    qp.k = kDim;
+    qp.codes = codes0.data();
+    qp.scales_t = scales0.data();
+    qp.ld_scales = cuda::fp8_scale_ld(m);
+    cuda::quantize_act_fp8(qp, st);
+    grouped(codes0.data(), scales0.data(), 0, bf16_ptr(qr), bf16_ptr(kv), st);
+    cuda::RmsNormParams rn;
+    rn.x = bf16_ptr(qr);
+    rn.rows = m;
+    rn.n = kQl;
+    rn.weight = bf16_ptr(norm_w);
+    rn.y = bf16_ptr(qr_n);
+    rn.q_codes = codes1.data();
+    rn.q_scales_t = scales1.data();
+    rn.q_ld_scales = cuda::fp8_scale_ld(m);
+    rn.pdl = true;
+    cuda::rms_norm(rn, st);
+    grouped(codes1.data(), scales1.data(), 2, bf16_ptr(q), bf16_ptr(qi), st);
+  }
+  void grouped(const uint8_t* codes, const float* scales, int w0, __nv_bfloat16* y0,
+               __nv_bfloat16* y1, cudaStream_t st) {
+    cuda::Fp8GemmGroupedParams g;
+    g.a_codes = codes;
+    g.a_scales_t = scales;
+    g.a_ld_scales = cuda::fp8_scale_ld(m);
+    g.m = m;
+    g.count = 2;
+    for (int i = 0; i < 2; ++i)
+      g.w[i] = {w[w0 + i].codes.data(), w[w0 + i].scales_t.data(), w[w0 + i].n, w[w0 + i].k};
+    g.y[0] = y0;
+    g.y[1] = y1;
+    g.pdl = true;
+    cuda::fp8_gemm_grouped(g, st);
+  }
+  void poison() {
+    for (auto* b : {&qr, &kv, &qr_n, &q, &qi}) b->fill_bytes(0xff);
+    codes1.fill_bytes(0xee);
+    scales1.fill_bytes(0xff);
+  }
+  ChainOut out() {
+    DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+    return {qr.download(), kv.download(), qr_n.download(), q.download(), qi.download()};
+  }
+};
+
+TEST_F(CudaFusedQuant, PdlChainInAGraphEqualsEager) {
+  // The programmatically launched chain gives the same bytes eagerly, captured in a CUDA graph
+  // and replayed twice (outputs poisoned before each run); the streaming path's widths.
+  Rng rng(500);
+  for (int m : {1, 5, 64}) {
+    Chain c(m, rng);
+    cudaStream_t st;
+    DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    c.poison();
+    c.run(st);  // eager (also the warm-up: kernel attributes are set outside the capture)
+    DSV4_CUDA_CHECK(cudaStreamSynchronize(st));
+    const ChainOut eager = c.out();
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    DSV4_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    c.run(st);
+    DSV4_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+    DSV4_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 2; ++rep) {
+      c.poison();
+      DSV4_CUDA_CHECK(cudaGraphLaunch(exec, st));
+      DSV4_CUDA_CHECK(cudaStreamSynchronize(st));
+      const ChainOut g = c.out();
+      EXPECT_TRUE(g.qr == eager.qr && g.kv == eager.kv)
+          << "m=" << m << " rep " << rep << ": wq_a/wkv";
+      EXPECT_TRUE(g.qr_n == eager.qr_n) << "m=" << m << " rep " << rep << ": q_norm";
+      EXPECT_TRUE(g.q == eager.q && g.qi == eager.qi) << "m=" << m << " rep " << rep << ": wq_b";
+    }
+    // Nothing left poisoned: every output was written.
+    for (const auto* v : {&eager.qr, &eager.kv, &eager.qr_n, &eager.q, &eager.qi}) {
+      int64_t poisoned = 0;
+      for (uint16_t b : *v) poisoned += b == 0xffff;
+      EXPECT_EQ(poisoned, 0) << "m=" << m;
+    }
+    DSV4_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    DSV4_CUDA_CHECK(cudaGraphDestroy(graph));
+    DSV4_CUDA_CHECK(cudaStreamDestroy(st));
+  }
 }
 
 // ---- argument checks (no GPU) ------------------------------------------------------------------

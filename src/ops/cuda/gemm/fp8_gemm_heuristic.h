@@ -26,8 +26,8 @@ struct StreamPlan {
 
 // What the device can hold at once, per cluster size s (from cudaOccupancyMaxActiveClusters,
 // measured once per device and kernel variant by the launcher): resident[s] CTAs in clusters of
-// s; max_splits is the largest s the device places at all (16 needs the non-portable cluster
-// size, which a GPC too small for it refuses).
+// s; max_splits is the largest s up to which the device places every size (16 needs the
+// non-portable cluster size, which a GPC too small for it refuses).
 struct StreamResidency {
   int max_splits = gemm_cfg::kStreamPortableSplits;
   int resident[gemm_cfg::kStreamMaxSplits + 1] = {};

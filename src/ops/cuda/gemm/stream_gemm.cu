@@ -83,7 +83,8 @@ const StreamResidency& residency() {
         clusters = 0;
       }
       r.resident[s] = clusters * s;
-      if (clusters > 0) r.max_splits = s;
+      if (clusters == 0) break;  // every split up to max_splits is placeable
+      r.max_splits = s;
     }
     DSV4_CHECK(r.max_splits >= 1, "stream GEMM: the device places no CTA of the kernel (", kSmem,
                " bytes of shared memory)");
