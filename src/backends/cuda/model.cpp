@@ -909,7 +909,10 @@ void CudaModel::mtp_forward(int j, const DeviceStep& st, const bf16* main_stream
   ep.repeat = 1;
   ep.out = act_.e;
   cuda::embed(ep, stream_);
-  auto norm = [&](const bf16* x, int rows, const CudaBf16& w, bf16* y, NormId which) {
+  // Each norm quantises its output for its FP8 projection in the same pass (activation slots 0
+  // and 1); the exact linears quantise separately.
+  const bool fuse = !limits_.exact_linears && c.dim % 128 == 0;
+  auto norm = [&](const bf16* x, int rows, const CudaBf16& w, bf16* y, NormId which, int slot) {
     cuda::RmsNormParams rn;
     rn.x = x;
     rn.rows = rows;
@@ -917,15 +920,23 @@ void CudaModel::mtp_forward(int j, const DeviceStep& st, const bf16* main_stream
     rn.weight = w.ptr();
     rn.eps = c.norm_eps;
     rn.y = y;
+    if (fuse) {
+      DSV4_CHECK(rows <= act_m_max_ && c.dim <= act_k_max_, "MTP norm of [", rows, ", ", c.dim,
+                 "] exceeds the planned activations");
+      rn.q_codes = act_.act_codes[slot];
+      rn.q_scales_t = act_.act_scales[slot];
+      rn.q_ld_scales = cuda::fp8_scale_ld(rows);
+    }
     op(op_event(OpKind::kRmsNorm, b, int(which),
                 {bf16_ref(x, rows, c.dim), bf16_ref(y, rows, c.dim)}),
        [&] { cuda::rms_norm(rn, stream_); });
+    return fuse ? fused_act(y, c.dim, rows, c.dim, slot) : Fp8Act{};
   };
-  norm(act_.e, T, bw.enorm, act_.e_n, NormId::kEnorm);
-  norm(main_streams, T * hc, bw.hnorm, act_.h_n, NormId::kHnorm);
-  const Fp8Act ae = quantize(act_.e_n, c.dim, T, c.dim, 0);
+  Fp8Act ae = norm(act_.e, T, bw.enorm, act_.e_n, NormId::kEnorm, 0);
+  Fp8Act ah = norm(main_streams, T * hc, bw.hnorm, act_.h_n, NormId::kHnorm, 1);
+  if (!fuse) ae = quantize(act_.e_n, c.dim, T, c.dim, 0);
   gemm(ae, bw.e_proj, act_.ep, c.dim, true, b, LinearId::kEProj);
-  const Fp8Act ah = quantize(act_.h_n, c.dim, T * hc, c.dim, 1);
+  if (!fuse) ah = quantize(act_.h_n, c.dim, T * hc, c.dim, 1);
   gemm(ah, bw.h_proj, act_.hp, c.dim, true, b, LinearId::kHProj);
   op(op_event(OpKind::kMtpCombine, b, 0,
               {bf16_ref(act_.ep, T, c.dim), bf16_ref(act_.hp, T, int64_t(hc) * c.dim),
