@@ -42,8 +42,8 @@ void stream_gemm_bf16(const StreamGemmLaunch& p, cudaStream_t stream);
 
 // SM count of the current device (cached per device).
 int sm_count();
-// The largest K split (cluster size) the FP8 streaming kernel for m tokens places on the current
-// device (16 where the device takes the non-portable cluster size, else 8); tests use it.
+// The largest K split (cluster size) the FP8 streaming kernel plans with on the current device,
+// the same for every m (16 where the device places non-portable 16-CTA clusters, else 8).
 int stream_max_splits_fp8(int m);
 
 }  // namespace dsv4::cuda::detail
