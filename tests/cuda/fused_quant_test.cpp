@@ -5,8 +5,8 @@
 //    writes), the scale pad rows +0;
 //  * glue::swiglu_fp8: its output bit-identical to glue::swiglu's, the codes and scales
 //    byte-identical to cpu::quantize_fp8 of it;
-//  * the attention's dense chain (quantise, grouped GEMM, fused q_norm, grouped GEMM) launched
-//    programmatically: the same bytes eagerly and replayed from a CUDA graph.
+//  * the attention's dense chain (quantise, grouped GEMM, fused q_norm, grouped GEMM,
+//    q_norm_rope) launched programmatically: the same bytes eagerly and from a CUDA graph.
 // Real widths (q_lora 1024 / 1536, shared inter 2048 / 3072) and edge ones (one 128 block, a
 // half-idle warp, every RMSNorm thread-group size, 16384), 1..300 rows, row strides, in place,
 // poisoned outputs. GPU tests skip without a GPU; the argument checks run anywhere.
@@ -27,6 +27,7 @@
 #include "cuda/gpu_test.h"
 #include "ops/cpu/norm.h"
 #include "ops/cpu/quant.h"
+#include "ops/cuda/attn_frontend/attn_frontend.h"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/gemm/fp8_gemm.h"
 #include "ops/cuda/norm/norm.h"
@@ -221,8 +222,8 @@ TEST_F(CudaFusedQuant, SwigluQuantBytesMatch) {
 // ---- the attention's dense chain, programmatically launched, in a CUDA graph -------------------
 
 // x -> quantize_act_fp8 -> grouped [wq_a; wkv] -> rms_norm of q with its quantisation fused ->
-// grouped [wq_b; indexer wq_b]: every launch after the first with programmatic dependent launch
-// (as the engine chains them). Returns the bytes of every output.
+// grouped [wq_b; indexer wq_b] -> q_norm_rope in place: every launch after the first with
+// programmatic dependent launch (as the engine chains them).
 struct ChainOut {
   std::vector<uint16_t> qr, kv, qr_n, q, qi;
 };
@@ -232,7 +233,7 @@ struct Chain {
   int m;
   DeviceBuffer<uint16_t> x, qr, kv, qr_n, q, qi, norm_w;
   DeviceBuffer<uint8_t> codes0, codes1;
-  DeviceBuffer<float> scales0, scales1;
+  DeviceBuffer<float> scales0, scales1, cos_sin;
   struct W {
     DeviceBuffer<uint8_t> codes;
     DeviceBuffer<float> scales_t;
@@ -252,7 +253,15 @@ struct Chain {
         codes0(size_t(m_) * kDim),
         codes1(size_t(m_) * kQl),
         scales0(size_t(kDim / 128) * cuda::fp8_scale_ld(m_)),
-        scales1(size_t(kQl / 128) * cuda::fp8_scale_ld(m_)) {
+        scales1(size_t(kQl / 128) * cuda::fp8_scale_ld(m_)),
+        cos_sin(size_t(m_) * 64) {
+    std::vector<float> cs(cos_sin.size());
+    for (size_t i = 0; i < cs.size(); i += 2) {
+      const double a = rng.uniform(-3.0, 3.0);
+      cs[i] = float(std::cos(a));
+      cs[i + 1] = float(std::sin(a));
+    }
+    cos_sin.upload(cs);
     std::vector<float> nw(kQl);
     for (auto& v : nw) v = round_bf16(float(rng.uniform(0.5, 1.5)));
     norm_w.upload(to_bf16_bits(nw));
@@ -295,6 +304,14 @@ struct Chain {
     rn.pdl = true;
     cuda::rms_norm(rn, st);
     grouped(codes1.data(), scales1.data(), 2, bf16_ptr(q), bf16_ptr(qi), st);
+    cuda::QNormRopeParams qn;
+    qn.q = bf16_ptr(q);
+    qn.out = bf16_ptr(q);
+    qn.cos_sin = reinterpret_cast<const float2*>(cos_sin.data());
+    qn.num_tokens = m;
+    qn.num_heads = kQ / 512;
+    qn.pdl = true;
+    cuda::q_norm_rope(qn, st);
   }
   void grouped(const uint8_t* codes, const float* scales, int w0, __nv_bfloat16* y0,
                __nv_bfloat16* y1, cudaStream_t st) {
@@ -348,7 +365,8 @@ TEST_F(CudaFusedQuant, PdlChainInAGraphEqualsEager) {
       EXPECT_TRUE(g.qr == eager.qr && g.kv == eager.kv)
           << "m=" << m << " rep " << rep << ": wq_a/wkv";
       EXPECT_TRUE(g.qr_n == eager.qr_n) << "m=" << m << " rep " << rep << ": q_norm";
-      EXPECT_TRUE(g.q == eager.q && g.qi == eager.qi) << "m=" << m << " rep " << rep << ": wq_b";
+      EXPECT_TRUE(g.q == eager.q && g.qi == eager.qi)
+          << "m=" << m << " rep " << rep << ": wq_b (+ q_norm_rope)";
     }
     // Nothing left poisoned: every output was written.
     for (const auto* v : {&eager.qr, &eager.kv, &eager.qr_n, &eager.q, &eager.qi}) {

@@ -518,6 +518,7 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   qp.num_tokens = T;
   qp.num_heads = HA;
   qp.eps = c.norm_eps;
+  qp.pdl = true;  // after the wq_b GEMM
   op(op_event(OpKind::kQNormRope, block, 0, {bf16_ref(act_.q, T, int64_t(H) * D)}),
      [&] { cuda::q_norm_rope(qp, stream_); });
 
@@ -531,6 +532,7 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   kp.cos_sin = cs;
   kp.eps = c.norm_eps;
   kp.num_tokens = T;
+  kp.pdl = true;  // after q_norm_rope
   if (direct) {
     kp.token_seq = st.token_seq;
     kp.positions = st.positions;
