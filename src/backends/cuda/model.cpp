@@ -749,8 +749,9 @@ void CudaModel::moe(int block, const DeviceStep& st, const bf16* x, bf16* out) {
        if (b.shared_fused) {
          gemm(ax, b.shared_w13, act_.gu, 2 * inter, true);
        } else {
-         gemm(ax, b.shared_w1, act_.gu, 2 * inter, true);
-         gemm(ax, b.shared_w3, act_.gu + inter, 2 * inter, true);
+         // inter not a multiple of 128: two weights, still one grouped launch.
+         gemm2(ax, {&b.shared_w1, act_.gu, 2 * inter, LinearId::kSharedW1},
+               {&b.shared_w3, act_.gu + inter, 2 * inter, LinearId::kSharedW3}, -1);
        }
      });
   // SwiGLU with w2's activation quantisation fused in.
