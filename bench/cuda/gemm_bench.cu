@@ -9,7 +9,11 @@
 //   kernel "act_quant"           : the quantisation kernel alone (bytes: BF16 in + e4m3 out)
 //   kernel "cublas_bf16" / "cublaslt_fp8_per_tensor": the peers with their own rooflines
 //   kernel "head_logits"         : our head (peer: cuBLAS BF16 -> fp32)
-// Usage: gemm_bench [--model flash|pro|all] [--m 1,4,16] [--iters N] [--no-head]
+//   kernel "fp8_gemm_grouped"    : the engine's pairs of weights on one input in one launch
+//                                  (wq_a + wkv, wq_b + indexer wq_b; peer: the two fp8_gemm
+//                                  launches one after the other)
+// Usage: gemm_bench [--model flash|pro|all] [--m 1,4,16] [--iters N] [--no-head] [--grouped]
+//   --grouped: only the grouped pairs (and their separate launches)
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -46,7 +50,7 @@ void fill_bf16(void* p, size_t n, uint32_t seed) {
 }
 
 struct Options {
-  bool flash = true, pro = true, head = true;
+  bool flash = true, pro = true, head = true, grouped_only = false;
   std::vector<int> ms = {1, 4, 16, 64, 256, 4096};
   int iters = 30;
 };
@@ -67,9 +71,12 @@ Options parse(int argc, char** argv) {
       o.iters = std::atoi(argv[++i]);
     } else if (a == "--no-head") {
       o.head = false;
+    } else if (a == "--grouped") {
+      o.grouped_only = true;
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--model flash|pro|all] [--m 1,4,16] [--iters N] [--no-head]\n",
+                   "usage: %s [--model flash|pro|all] [--m 1,4,16] [--iters N] [--no-head] "
+                   "[--grouped]\n",
                    argv[0]);
       std::exit(2);
     }
@@ -238,6 +245,80 @@ void bench_linear(const char* model, const Shape& s, int m, const Options& o, cu
   emit("cublas_bf16", shape, t_bf16, flops, double(wb16), bf, "", 0);
 }
 
+// Two weights on one quantised input: one grouped launch against the two launches of fp8_gemm.
+void bench_grouped(const char* model, const Shape& a, const Shape& b, int m, const Options& o) {
+  const int k = a.k;
+  const Shape s2[2] = {a, b};
+  size_t bytes = 0;
+  for (const Shape& s : s2) bytes += size_t(s.n) * k;
+  const int copies = bench::rotation_copies(bytes);
+  std::vector<DeviceBuffer<uint8_t>> wq[2];
+  std::vector<DeviceBuffer<float>> wsc[2];
+  std::vector<DeviceBuffer<uint16_t>> ys;
+  size_t gws = 16;
+  for (int i = 0; i < 2; ++i) {
+    for (int c = 0; c < copies; ++c) {
+      wq[i].emplace_back(size_t(s2[i].n) * k);
+      fill_bytes(wq[i].back().data(), wq[i].back().size(), 41 + 2 * c + i);
+      wsc[i].emplace_back(size_t(k / 128) * ((s2[i].n + 127) / 128));
+      bench::fill_f32_const_kernel<<<64, 256>>>(wsc[i].back().data(), wsc[i].back().size(),
+                                                1.0f / 64);
+    }
+    ys.emplace_back(size_t(m) * s2[i].n);
+    gws = std::max(gws, fp8_gemm_workspace_bytes(m, s2[i].n, k));
+  }
+  DeviceBuffer<uint16_t> x(size_t(m) * k);
+  fill_bf16(x.data(), x.size(), 3);
+  const int ld = fp8_scale_ld(m);
+  DeviceBuffer<uint8_t> xq(size_t(m) * k), gw(gws);
+  DeviceBuffer<float> xs(size_t(k / 128) * ld);
+  ActQuantParams q;
+  q.x = reinterpret_cast<const __nv_bfloat16*>(x.data());
+  q.m = m;
+  q.k = k;
+  q.codes = xq.data();
+  q.scales_t = xs.data();
+  q.ld_scales = ld;
+  quantize_act_fp8(q, nullptr);
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+  const double t_grouped = bench::GraphSet(copies, [&](int c, cudaStream_t st) {
+                             Fp8GemmGroupedParams g;
+                             g.a_codes = xq.data();
+                             g.a_scales_t = xs.data();
+                             g.a_ld_scales = ld;
+                             g.m = m;
+                             g.count = 2;
+                             for (int i = 0; i < 2; ++i) {
+                               g.w[i] = {wq[i][c].data(), wsc[i][c].data(), s2[i].n, k};
+                               g.y[i] = reinterpret_cast<__nv_bfloat16*>(ys[i].data());
+                             }
+                             g.workspace = gw.data();
+                             g.workspace_bytes = gw.size();
+                             fp8_gemm_grouped(g, st);
+                           }).median_us(o.iters);
+  const double t_separate = bench::GraphSet(copies, [&](int c, cudaStream_t st) {
+                              for (int i = 0; i < 2; ++i) {
+                                Fp8GemmParams g;
+                                g.a_codes = xq.data();
+                                g.a_scales_t = xs.data();
+                                g.a_ld_scales = ld;
+                                g.m = m;
+                                g.w = {wq[i][c].data(), wsc[i][c].data(), s2[i].n, k};
+                                g.y = reinterpret_cast<__nv_bfloat16*>(ys[i].data());
+                                g.workspace = gw.data();
+                                g.workspace_bytes = gw.size();
+                                fp8_gemm(g, st);
+                              }
+                            }).median_us(o.iters);
+  double flops = 0;
+  for (const Shape& s : s2) flops += 2.0 * m * s.n * double(k);
+  const std::string shape = std::string(model) + " " + a.name + "+" + b.name +
+                            " m=" + std::to_string(m) + " n=" + std::to_string(a.n) + "+" +
+                            std::to_string(b.n) + " k=" + std::to_string(k);
+  emit("fp8_gemm_grouped", shape, t_grouped, flops, double(bytes), bench::kFp8Tflops,
+       "fp8_gemm_x2_separate", t_separate);
+}
+
 void bench_head(const char* model, int dim, int m, const Options& o, cublasHandle_t cb) {
   const int vocab = 129280;
   const size_t welems = size_t(vocab) * dim;
@@ -296,6 +377,21 @@ int main(int argc, char** argv) {
                                   {"shared_w13_fused", 6144, 7168},
                                   {"shared_w2", 7168, 3072},
                                   {"mtp_e|h_proj", 7168, 7168}};
+  // The engine's grouped pairs (attention: wq_a + wkv on x, wq_b + indexer wq_b on the q latent).
+  if (o.flash)
+    for (int m : o.ms) {
+      bench_grouped("flash", flash[0], flash[2], m, o);
+      bench_grouped("flash", flash[1], flash[4], m, o);
+    }
+  if (o.pro)
+    for (int m : o.ms) {
+      bench_grouped("pro", pro[0], pro[2], m, o);
+      bench_grouped("pro", pro[1], pro[4], m, o);
+    }
+  if (o.grouped_only) {
+    cublasDestroy(cb);
+    return 0;
+  }
   if (o.flash)
     for (const auto& s : flash)
       for (int m : o.ms) bench_linear("flash", s, m, o, cb, lt);

@@ -2,15 +2,19 @@
 // cpu::linear(LinearKind::kFp8): activation quantisation bytes identical to cpu::quantize_fp8;
 // GEMM outputs within relative L2 4e-3 with >= 99% of elements within 1 BF16 ulp, for the
 // streaming (m <= 64) and tensor-core (m > 64) kernels, real and odd-but-legal shapes, every
-// K split, poisoned outputs, row strides. GPU tests skip without a GPU; the heuristic and
-// argument-validation tests run anywhere.
+// K split (up to the 16-CTA clusters where the device places them), poisoned outputs, row
+// strides; the grouped GEMM (several weights, one input, one launch) bit-identical to the
+// separate GEMMs at every split and within the CPU bound with the heuristic's split. GPU tests
+// skip without a GPU; the heuristic and argument-validation tests run anywhere.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,6 +27,7 @@
 #include "ops/cuda/common/device.h"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/gemm/fp8_gemm.h"
+#include "ops/cuda/gemm/fp8_gemm_config.h"
 #include "ops/cuda/gemm/fp8_gemm_heuristic.h"
 #include "ops/cuda/gemm/fp8_gemm_prefill.h"
 #include "ops/cuda/gemm/stream_gemm.h"
@@ -241,9 +246,12 @@ TEST_F(CudaGemm, StreamShapes) {
 }
 
 TEST_F(CudaGemm, StreamEverySplitIsDeterministic) {
-  // The same product with the K range split over 1..8 cluster CTAs: all within tolerance of the
-  // CPU, each run bit-identical when repeated.
-  const int m = 17, n = 384, k = 1024;
+  // The same product with the K range split over 1..16 cluster CTAs (as far as the device places
+  // clusters; 16 K steps): all within tolerance of the CPU, each run bit-identical when repeated.
+  const int m = 17, n = 384, k = 2048;
+  const int max_splits = cuda::detail::stream_max_splits_fp8(m);
+  ASSERT_GE(max_splits, cuda::gemm_cfg::kStreamPortableSplits);
+  std::printf("stream GEMM: K splits up to %d on this device\n", max_splits);
   Rng rng(300);
   const QuantWeight w = random_weight(rng, n, k);
   const std::vector<float> x = random_block_acts(rng, m, k, true);
@@ -262,7 +270,7 @@ TEST_F(CudaGemm, StreamEverySplitIsDeterministic) {
   q.scales_t = st.data();
   q.ld_scales = ld;
   cuda::quantize_act_fp8(q, nullptr);
-  for (int splits = 1; splits <= 8; ++splits) {
+  for (int splits = 1; splits <= max_splits; ++splits) {
     std::vector<uint16_t> first;
     for (int rep = 0; rep < 2; ++rep) {
       DeviceBuffer<uint16_t> dy(size_t(m) * n);
@@ -295,6 +303,216 @@ TEST_F(CudaGemm, StreamEverySplitIsDeterministic) {
 
 TEST_F(CudaGemm, StreamRowStride) {
   check_shape(5, 264, 512, cuda::Fp8GemmPath::kStream, 400, 280);
+}
+
+// ---- grouped GEMM (several weights, one input) --------------------------------------------------
+
+// Activations quantised on the GPU by the public kernel.
+struct DevAct {
+  DeviceBuffer<uint16_t> x;
+  DeviceBuffer<uint8_t> codes;
+  DeviceBuffer<float> scales_t;
+  int m = 0, k = 0, ld = 0;
+  DevAct(const std::vector<float>& xs, int m_, int k_)
+      : x(to_bf16_bits(xs)),
+        codes(size_t(m_) * k_),
+        scales_t(size_t(k_ / 128) * cuda::fp8_scale_ld(m_)),
+        m(m_),
+        k(k_),
+        ld(cuda::fp8_scale_ld(m_)) {
+    cuda::ActQuantParams q;
+    q.x = reinterpret_cast<const __nv_bfloat16*>(x.data());
+    q.m = m;
+    q.k = k;
+    q.codes = codes.data();
+    q.scales_t = scales_t.data();
+    q.ld_scales = ld;
+    cuda::quantize_act_fp8(q, nullptr);
+    DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+};
+
+// One weight of a group: its CPU reference, device copy and output row stride.
+struct GroupWeight {
+  QuantWeight q;
+  std::unique_ptr<DevWeight> dev;
+  int n = 0;
+  int64_t ldy = 0;
+};
+
+// Output bits [m, ldy] of every weight after one grouped call (poisoned first); splits 0 is the
+// heuristic's choice.
+std::vector<std::vector<uint16_t>> run_grouped(const DevAct& a, const std::vector<GroupWeight>& ws,
+                                               int splits,
+                                               cuda::Fp8GemmPath path = cuda::Fp8GemmPath::kAuto) {
+  std::vector<DeviceBuffer<uint16_t>> ys;
+  cuda::Fp8GemmGroupedParams g;
+  g.a_codes = a.codes.data();
+  g.a_scales_t = a.scales_t.data();
+  g.a_ld_scales = a.ld;
+  g.m = a.m;
+  g.count = int(ws.size());
+  size_t wsb = 16;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    ys.emplace_back(size_t(a.m) * ws[i].ldy);
+    ys.back().fill_bytes(0xff);  // NaN everywhere
+    wsb = std::max(wsb, cuda::fp8_gemm_workspace_bytes(a.m, ws[i].n, a.k, path));
+  }
+  DeviceBuffer<uint8_t> work(wsb);
+  work.fill_bytes(0x5a);
+  for (size_t i = 0; i < ws.size(); ++i) {
+    g.w[i] = ws[i].dev->view();
+    g.y[i] = reinterpret_cast<__nv_bfloat16*>(ys[i].data());
+    g.ldy[i] = ws[i].ldy;
+  }
+  g.workspace = work.data();
+  g.workspace_bytes = work.size();
+  g.splits = splits;
+  g.path = path;
+  cuda::fp8_gemm_grouped(g, nullptr);
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<std::vector<uint16_t>> out;
+  for (auto& y : ys) out.push_back(y.download());
+  return out;
+}
+
+// The same weight alone: the streaming kernel at a forced split, or fp8_gemm (splits < 0).
+std::vector<uint16_t> run_single(const DevAct& a, const GroupWeight& w, int splits) {
+  DeviceBuffer<uint16_t> y(size_t(a.m) * w.ldy);
+  y.fill_bytes(0xff);
+  if (splits < 0) {
+    const size_t wsb = std::max<size_t>(cuda::fp8_gemm_workspace_bytes(a.m, w.n, a.k), 16);
+    DeviceBuffer<uint8_t> work(wsb);
+    cuda::Fp8GemmParams p;
+    p.a_codes = a.codes.data();
+    p.a_scales_t = a.scales_t.data();
+    p.a_ld_scales = a.ld;
+    p.m = a.m;
+    p.w = w.dev->view();
+    p.y = reinterpret_cast<__nv_bfloat16*>(y.data());
+    p.ldy = w.ldy;
+    p.workspace = work.data();
+    p.workspace_bytes = work.size();
+    cuda::fp8_gemm(p, nullptr);
+    DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+    return y.download();
+  }
+  cuda::detail::StreamGemmLaunch s;
+  s.w = w.dev->codes.data();
+  s.n = w.n;
+  s.k = a.k;
+  s.a = a.codes.data();
+  s.lda = a.k;
+  s.m = a.m;
+  s.a_scales_t = a.scales_t.data();
+  s.a_ld = a.ld;
+  s.w_scales_t = w.dev->scales_t.data();
+  s.out = y.data();
+  s.ldo = w.ldy;
+  s.splits = splits;
+  cuda::detail::stream_gemm_fp8(s, nullptr);
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+  return y.download();
+}
+
+// The rows [m, n] of an [m, ldy] output as floats; the padding columns must still be poison.
+std::vector<float> dense_rows(const std::vector<uint16_t>& bits, int m, int n, int64_t ldy,
+                              const std::string& what) {
+  std::vector<float> y(size_t(m) * n);
+  int64_t written = 0;
+  for (int r = 0; r < m; ++r)
+    for (int64_t c = 0; c < ldy; ++c) {
+      const uint16_t v = bits[size_t(r) * ldy + c];
+      if (c < n)
+        y[size_t(r) * n + c] = bf16_to_float(v);
+      else
+        written += v != 0xffff;
+    }
+  EXPECT_EQ(written, 0) << what << ": row padding written";
+  return y;
+}
+
+// Groups of weights with the same k: every output of the grouped launch bit-identical to the
+// weight's GEMM alone at the same K split (each split in `splits`), and with the heuristic's
+// split within the CPU bound.
+void check_group(int m, int k, const std::vector<std::pair<int, int64_t>>& n_ldy,
+                 const std::vector<int>& splits, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<GroupWeight> ws(n_ldy.size());
+  for (size_t i = 0; i < ws.size(); ++i) {
+    ws[i].n = n_ldy[i].first;
+    ws[i].ldy = n_ldy[i].second ? n_ldy[i].second : ws[i].n;
+    ws[i].q = random_weight(rng, ws[i].n, k);
+    ws[i].dev = std::make_unique<DevWeight>(ws[i].q, ws[i].n, k);
+  }
+  const std::vector<float> x = random_block_acts(rng, m, k, true);
+  const DevAct a(x, m, k);
+  const std::string shape = cat("m=", m, " k=", k, " weights=", ws.size());
+  const auto automatic = run_grouped(a, ws, 0);
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const std::vector<float> ref = cpu_linear(x, m, ws[i].q, ws[i].n, k);
+    const std::string what = cat("grouped ", shape, " weight ", i, " n=", ws[i].n);
+    expect_bf16_close(dense_rows(automatic[i], m, ws[i].n, ws[i].ldy, what), ref, ws[i].n, what);
+  }
+  const int max_splits = cuda::detail::stream_max_splits_fp8(m);
+  for (int sp : splits) {
+    if (sp > max_splits || sp > k / 128) continue;
+    const auto grouped = run_grouped(a, ws, sp);
+    for (size_t i = 0; i < ws.size(); ++i)
+      EXPECT_TRUE(grouped[i] == run_single(a, ws[i], sp))
+          << shape << " weight " << i << " n=" << ws[i].n << " splits=" << sp
+          << ": grouped output differs from the weight's GEMM alone";
+  }
+}
+
+TEST_F(CudaGemm, GroupedFlashAndProShapes) {
+  // The engine's groups: wq_a + wkv on the normalised x, wq_b + indexer wq_b on the q latent
+  // (V4-Flash and V4-Pro), at decode sizes; every split the device places.
+  const std::vector<int> all = {1, 2, 3, 5, 8, 11, 16};
+  uint64_t seed = 900;
+  for (int m : {1, 4, 64}) {
+    check_group(m, 4096, {{1024, 0}, {512, 0}}, all, seed++);         // Flash wq_a, wkv
+    check_group(m, 7168, {{1536, 0}, {512, 0}}, {1, 8, 16}, seed++);  // Pro wq_a, wkv
+  }
+  check_group(2, 1024, {{32768, 0}, {8192, 0}}, {1, 4, 8}, seed++);  // Flash wq_b, index wq_b
+  check_group(3, 1536, {{65536, 0}, {8192, 0}}, {1, 12}, seed++);    // Pro wq_b, index wq_b
+}
+
+TEST_F(CudaGemm, GroupedEdgeShapes) {
+  // Odd-but-legal: n not a multiple of 128 or of 8, a single tile, one K block, four weights,
+  // row strides (their padding stays poisoned), every token width (8/16/32/64).
+  uint64_t seed = 950;
+  const std::vector<int> some = {1, 2, 3};
+  check_group(1, 128, {{1, 0}, {77, 80}}, {1}, seed++);
+  check_group(9, 384, {{300, 0}, {128, 136}, {1000, 0}, {8, 0}}, some, seed++);
+  check_group(17, 640, {{200, 0}, {129, 0}, {384, 400}}, {1, 2, 5}, seed++);
+  check_group(33, 256, {{136, 0}, {64, 72}}, some, seed++);
+  check_group(64, 1152, {{1, 0}, {2, 0}, {3, 0}, {640, 0}}, {1, 4, 9}, seed++);
+  // A single weight through the grouped entry point.
+  check_group(5, 512, {{264, 280}}, {1, 2, 4}, seed++);
+}
+
+TEST_F(CudaGemm, GroupedAboveStreamingSizesIsTheSeparateGemms) {
+  // m > 64: each weight is its own tensor-core GEMM, bit-identical to fp8_gemm alone.
+  Rng rng(990);
+  const int m = 65, k = 1024;
+  std::vector<GroupWeight> ws(2);
+  const int ns[2] = {1024, 512};
+  for (int i = 0; i < 2; ++i) {
+    ws[i].n = ns[i];
+    ws[i].ldy = ns[i] + (i ? 8 : 0);
+    ws[i].q = random_weight(rng, ns[i], k);
+    ws[i].dev = std::make_unique<DevWeight>(ws[i].q, ns[i], k);
+  }
+  const std::vector<float> x = random_block_acts(rng, m, k, true);
+  const DevAct a(x, m, k);
+  const auto grouped = run_grouped(a, ws, 0);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(grouped[i] == run_single(a, ws[i], -1)) << "weight " << i;
+    const std::string what = cat("grouped tensor-core weight ", i);
+    expect_bf16_close(dense_rows(grouped[i], m, ns[i], ws[i].ldy, what),
+                      cpu_linear(x, m, ws[i].q, ns[i], k), ns[i], what);
+  }
 }
 
 TEST_F(CudaGemm, EmptyBatchIsNoOp) {
@@ -569,7 +787,7 @@ TEST(Fp8GemmHeuristic, PathAndSplits) {
     for (int m : {1, 4, 16, 64}) {
       const cuda::StreamPlan p = cuda::plan_stream(m, n, k / 128, 132);
       EXPECT_GE(p.splits, 1);
-      EXPECT_LE(p.splits, 8);
+      EXPECT_LE(p.splits, cuda::gemm_cfg::kStreamPortableSplits);  // no device figures: portable
       EXPECT_LE(p.splits, k / 128);
       EXPECT_EQ(p.tiles, (n + 127) / 128);
       EXPECT_GE(p.tokens, m);
@@ -577,6 +795,69 @@ TEST(Fp8GemmHeuristic, PathAndSplits) {
   // Small N is split along K to occupy the GPU; huge N is not.
   EXPECT_GT(cuda::plan_stream(1, 512, 32, 132).splits, 1);
   EXPECT_EQ(cuda::plan_stream(1, 65536, 12, 132).splits, 1);
+}
+
+// A device like the H200 (132 SMs, 2 CTAs each) that places clusters of up to 16 CTAs, with
+// `clusters16` of them resident at once.
+cuda::StreamResidency h200_like(int clusters16) {
+  cuda::StreamResidency r = cuda::default_residency(132);
+  r.max_splits = 16;
+  for (int s = 9; s <= 16; ++s) r.resident[s] = std::min(r.resident[s], clusters16 * 16 / s * s);
+  return r;
+}
+
+TEST(Fp8GemmHeuristic, DecodeFillsTheSmsForSmallN) {
+  // Every decode GEMM of the engine with N <= 2048 (alone or in its group) gets at least as many
+  // CTAs as the GPU has SMs (the 128-CTA wq_a of Flash: 97 %), in one wave.
+  const cuda::StreamResidency r = h200_like(16);
+  struct Case {
+    const char* name;
+    int tiles, k;
+  };
+  const std::vector<Case> cases = {{"flash wq_a", 8, 4096},
+                                   {"flash wq_a+wkv", 8 + 4, 4096},
+                                   {"pro wq_a", 12, 7168},
+                                   {"pro wq_a+wkv", 12 + 4, 7168},
+                                   {"flash shared w13 (4096)", 32, 4096},
+                                   {"pro shared w2 (7168)", 56, 3072}};
+  for (const Case& c : cases)
+    for (int m : {1, 8, 64}) {
+      const cuda::StreamPlan p = cuda::plan_stream_tiles(m, c.tiles, c.k / 128, r);
+      const int ctas = p.tiles * p.splits;
+      EXPECT_GE(ctas, 128) << c.name << " m=" << m << ": " << p.splits << " splits";
+      EXPECT_LE(ctas, r.resident[p.splits]) << c.name << ": more than one wave";
+      EXPECT_LE(p.splits, c.k / 128);
+    }
+  // Flash wq_a + wkv: 16 splits, 192 CTAs (8 splits gave 96 over the two launches).
+  EXPECT_EQ(cuda::plan_stream_tiles(1, 12, 32, r).splits, 16);
+  // Where fewer 16-CTA clusters fit, the split shrinks to stay in one wave.
+  const cuda::StreamResidency tight = h200_like(8);
+  const cuda::StreamPlan p = cuda::plan_stream_tiles(1, 12, 32, tight);
+  EXPECT_LE(p.tiles * p.splits, tight.resident[p.splits]);
+  EXPECT_GE(p.tiles * p.splits, 96);
+  // A device without the non-portable size stays within 8.
+  EXPECT_LE(cuda::plan_stream_tiles(1, 12, 32, cuda::default_residency(132)).splits, 8);
+  // Sizes the device does not place are never chosen.
+  cuda::StreamResidency holes = h200_like(16);
+  for (int s = 9; s <= 16; ++s) holes.resident[s] = 0;
+  EXPECT_LE(cuda::plan_stream_tiles(1, 12, 32, holes).splits, 8);
+}
+
+TEST(Fp8GemmApi, GroupedRejectsMismatchedInputs) {
+  cuda::Fp8GemmGroupedParams g;
+  g.m = 4;
+  g.count = 0;
+  EXPECT_THROW(cuda::fp8_gemm_grouped(g, nullptr), Error);
+  g.count = cuda::Fp8GemmGroupedParams::kMaxGroups + 1;
+  EXPECT_THROW(cuda::fp8_gemm_grouped(g, nullptr), Error);
+  g.count = 2;
+  g.w[0].n = 256;
+  g.w[0].k = 512;
+  g.w[1].n = 256;
+  g.w[1].k = 1024;  // not the same input
+  EXPECT_THROW(cuda::fp8_gemm_grouped(g, nullptr), Error);
+  g.w[1].k = 512;  // null pointers
+  EXPECT_THROW(cuda::fp8_gemm_grouped(g, nullptr), Error);
 }
 
 template <int kMT>

@@ -15,6 +15,23 @@ namespace dsv4::glue {
 void swiglu(const __nv_bfloat16* gu, int64_t ld_gu, int rows, int inter, float limit,
             __nv_bfloat16* out, cudaStream_t stream);
 
+// swiglu fused with the FP8 activation quantisation of its output, for the shared expert's w2:
+// out as swiglu's (bit-identical), codes/scales_t bytes identical to cuda::quantize_act_fp8 of
+// out (e4m3 [rows, inter] packed; fp32 [inter/128, ld_scales], pad rows up to 4 as 0).
+struct SwigluFp8Params {
+  const __nv_bfloat16* gu = nullptr;  // [rows, ld_gu]: g in [0, inter), u in [inter, 2 inter)
+  int64_t ld_gu = 0;                  // >= 2 inter, multiple of 8
+  int rows = 0;
+  int inter = 0;  // multiple of 128
+  float limit = 0.0f;
+  __nv_bfloat16* out = nullptr;  // [rows, inter]
+  uint8_t* codes = nullptr;
+  float* scales_t = nullptr;
+  int ld_scales = 0;  // multiple of 4, >= rows
+  bool pdl = false;   // programmatic dependent launch (graph-capturable)
+};
+void swiglu_fp8(const SwigluFp8Params& p, cudaStream_t stream);
+
 // MTP input: x[t, k, :] = bf16(e[t, :] + h[t, k, :]) for the hc streams k.
 void mtp_combine(const __nv_bfloat16* e, const __nv_bfloat16* h, int tokens, int hc, int dim,
                  __nv_bfloat16* x, cudaStream_t stream);

@@ -274,7 +274,8 @@ std::vector<float> CudaModel::block_times_ms() const {
 
 // ---- FP8 linears ---------------------------------------------------------------------------
 
-CudaModel::Fp8Act CudaModel::quantize(const bf16* x, int64_t ldx, int m, int k, int slot) {
+CudaModel::Fp8Act CudaModel::quantize(const bf16* x, int64_t ldx, int m, int k, int slot,
+                                      bool pdl) {
   DSV4_CHECK(m <= act_m_max_ && k <= act_k_max_, "activation quantisation of [", m, ", ", k,
              "] exceeds the planned [", act_m_max_, ", ", act_k_max_, "]");
   cuda::ActQuantParams q;
@@ -285,6 +286,9 @@ CudaModel::Fp8Act CudaModel::quantize(const bf16* x, int64_t ldx, int m, int k, 
   q.codes = act_.act_codes[slot];
   q.scales_t = act_.act_scales[slot];
   q.ld_scales = cuda::fp8_scale_ld(m);
+  // The kernel waits for its producer's completion before reading x; the GEMM after it launches
+  // early in turn (programmatic dependent launch across the layer's dense kernels).
+  q.pdl = pdl;
   if (limits_.exact_linears) {
     // The exact path multiplies the decoded (BF16) quantised activations instead of the codes.
     cuda::fake_quant_act_bf16(x, ldx, m, k, act_.act_xq[slot], stream_);
@@ -292,6 +296,43 @@ CudaModel::Fp8Act CudaModel::quantize(const bf16* x, int64_t ldx, int m, int k, 
   }
   cuda::quantize_act_fp8(q, stream_);
   return {q.codes, q.scales_t, q.ld_scales, m, nullptr, 0, x, ldx};
+}
+
+CudaModel::Fp8Act CudaModel::fused_act(const bf16* x, int64_t ldx, int m, int k, int slot) const {
+  DSV4_CHECK(m <= act_m_max_ && k <= act_k_max_, "activation quantisation of [", m, ", ", k,
+             "] exceeds the planned [", act_m_max_, ", ", act_k_max_, "]");
+  return {
+      act_.act_codes[slot], act_.act_scales[slot], cuda::fp8_scale_ld(m), m, nullptr, 0, x, ldx};
+}
+
+void CudaModel::gemm2(const Fp8Act& a, const GemmOut& o0, const GemmOut& o1, int block) {
+  const auto launch = [&] {
+    if (limits_.exact_linears) {
+      gemm(a, *o0.w, o0.y, o0.ldy, true);
+      gemm(a, *o1.w, o1.y, o1.ldy, true);
+      return;
+    }
+    cuda::Fp8GemmGroupedParams g;
+    g.a_codes = a.codes;
+    g.a_scales_t = a.scales_t;
+    g.a_ld_scales = a.ld;
+    g.m = a.m;
+    g.count = 2;
+    const GemmOut* outs[2] = {&o0, &o1};
+    for (int i = 0; i < 2; ++i) {
+      g.w[i] = outs[i]->w->view();
+      g.y[i] = outs[i]->y;
+      g.ldy[i] = outs[i]->ldy;
+    }
+    g.workspace = act_.gemm_ws;
+    g.workspace_bytes = act_.gemm_ws_bytes;
+    g.pdl = true;
+    cuda::fp8_gemm_grouped(g, stream_);
+  };
+  if (block < 0) return launch();
+  op({linear_event(block, o0.id, a.x, a.ldx, a.m, o0.w->k, o0.y, o0.ldy, o0.w->n, false),
+      linear_event(block, o1.id, a.x, a.ldx, a.m, o1.w->k, o1.y, o1.ldy, o1.w->n, false)},
+     launch);
 }
 
 void CudaModel::gemm(const Fp8Act& a, const CudaFp8Linear& w, bf16* y, int64_t ldy, bool pdl,
@@ -330,8 +371,8 @@ void CudaModel::gemm(const Fp8Act& a, const CudaFp8Linear& w, bf16* y, int64_t l
   g.ldy = ldy;
   g.workspace = act_.gemm_ws;
   g.workspace_bytes = act_.gemm_ws_bytes;
-  // Only right after the quantisation kernel (fp8_gemm.h: the streaming GEMM may start loading
-  // weights while its producer finishes).
+  // The streaming GEMM loads only weights before griddepcontrol.wait, so it may follow any kernel
+  // programmatically (fp8_gemm.h); every engine call site passes true.
   g.pdl = pdl;
   cuda::fp8_gemm(g, stream_);
 }
@@ -438,10 +479,10 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
     DSV4_CUDA_CHECK(cudaMemset2DAsync(act_.q + int64_t(H) * D, size_t(HA) * D * 2, 0,
                                       size_t(HA - H) * D * 2, size_t(T), stream_));
 
-  // q and window KV projections share the quantised x.
-  const Fp8Act ax = quantize(x, c.dim, T, c.dim, 0);
-  gemm(ax, b.wq_a, act_.qr, QL, true, block, LinearId::kWqA);
-  gemm(ax, b.wkv, act_.kv, D, false, block, LinearId::kWkv);
+  // The q and window KV projections share the quantised x (one grouped launch); then q_norm,
+  // with the quantisation of its output fused in.
+  const Fp8Act ax = quantize(x, c.dim, T, c.dim, 0, HA == H);
+  gemm2(ax, {&b.wq_a, act_.qr, QL, LinearId::kWqA}, {&b.wkv, act_.kv, D, LinearId::kWkv}, block);
   cuda::RmsNormParams rn;
   rn.x = act_.qr;
   rn.rows = T;
@@ -449,11 +490,27 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   rn.weight = b.q_norm.ptr();
   rn.eps = c.norm_eps;
   rn.y = act_.qr_n;
+  rn.pdl = true;
+  const bool fuse_q = !limits_.exact_linears && QL % 128 == 0;
+  if (fuse_q) {
+    rn.q_codes = act_.act_codes[1];
+    rn.q_scales_t = act_.act_scales[1];
+    rn.q_ld_scales = cuda::fp8_scale_ld(T);
+  }
   op(op_event(OpKind::kRmsNorm, block, int(NormId::kQNorm),
               {bf16_ref(act_.qr, T, QL), bf16_ref(act_.qr_n, T, QL)}),
      [&] { cuda::rms_norm(rn, stream_); });
-  const Fp8Act aq = quantize(act_.qr_n, QL, T, QL, 1);
-  gemm(aq, b.wq_b, act_.q, int64_t(HA) * D, true, block, LinearId::kWqB);
+  const Fp8Act aq = fuse_q ? fused_act(act_.qr_n, QL, T, QL, 1) : quantize(act_.qr_n, QL, T, QL, 1);
+  // The indexer's queries come from the same quantised latent: with wq_b in one launch (one
+  // rank holding every indexer head; tensor parallel below).
+  const bool index_grouped = ratio == 4 && b.index_wq_b.n == c.index_n_heads * c.index_head_dim;
+  if (index_grouped)
+    gemm2(
+        aq, {&b.wq_b, act_.q, int64_t(HA) * D, LinearId::kWqB},
+        {&b.index_wq_b, act_.qi, int64_t(c.index_n_heads) * c.index_head_dim, LinearId::kIndexWqB},
+        block);
+  else
+    gemm(aq, b.wq_b, act_.q, int64_t(HA) * D, true, block, LinearId::kWqB);
   cuda::QNormRopeParams qp;
   qp.q = act_.q;
   qp.out = act_.q;
@@ -461,6 +518,7 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   qp.num_tokens = T;
   qp.num_heads = HA;
   qp.eps = c.norm_eps;
+  qp.pdl = true;  // after the wq_b GEMM
   op(op_event(OpKind::kQNormRope, block, 0, {bf16_ref(act_.q, T, int64_t(H) * D)}),
      [&] { cuda::q_norm_rope(qp, stream_); });
 
@@ -474,6 +532,7 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   kp.cos_sin = cs;
   kp.eps = c.norm_eps;
   kp.num_tokens = T;
+  kp.pdl = true;  // after q_norm_rope
   if (direct) {
     kp.token_seq = st.token_seq;
     kp.positions = st.positions;
@@ -549,12 +608,12 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
     // Tensor parallel: every rank scores with all heads, gathered in head order.
     const int HIl = b.index_wq_b.n / DI;
     if (HIl != HI) {  // (no observers with several ranks)
-      gemm(aq, b.index_wq_b, tp_mine_, int64_t(HIl) * DI, false);
+      gemm(aq, b.index_wq_b, tp_mine_, int64_t(HIl) * DI, true);
       tp_gather(tp_mine_, T, HIl * DI, act_.qi);
       blas_->linear(x, c.dim, T, b.weights_proj.ptr(), HIl, c.dim, tp_mine_, HIl, false, stream_);
       tp_gather(tp_mine_, T, HIl, act_.wproj);
     } else {
-      gemm(aq, b.index_wq_b, act_.qi, int64_t(HI) * DI, false, block, LinearId::kIndexWqB);
+      // index_wq_b ran with wq_b (index_grouped).
       op(linear_event(block, LinearId::kWeightsProj, x, c.dim, T, c.dim, act_.wproj, HI, HI, false),
          [&] {
            blas_->linear(x, c.dim, T, b.weights_proj.ptr(), HI, c.dim, act_.wproj, HI, false,
@@ -656,7 +715,7 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
     cuda::attn_output_wo_a(wp, stream_);
     if (Gl != c.o_groups) tp_gather(tp_mine_, T, Gl * c.o_lora_rank, act_.z);
   });
-  const Fp8Act az = quantize(act_.z, GOL, T, GOL, 0);
+  const Fp8Act az = quantize(act_.z, GOL, T, GOL, 0, Gl == c.o_groups);
   gemm(az, b.wo_b, out, c.dim, true, block, LinearId::kWoB);
 
   // The chunk's window entries go into the ring last.
@@ -690,14 +749,35 @@ void CudaModel::moe(int block, const DeviceStep& st, const bf16* x, bf16* out) {
        if (b.shared_fused) {
          gemm(ax, b.shared_w13, act_.gu, 2 * inter, true);
        } else {
-         gemm(ax, b.shared_w1, act_.gu, 2 * inter, true);
-         gemm(ax, b.shared_w3, act_.gu + inter, 2 * inter, false);
+         // inter not a multiple of 128: two weights, still one grouped launch.
+         gemm2(ax, {&b.shared_w1, act_.gu, 2 * inter, LinearId::kSharedW1},
+               {&b.shared_w3, act_.gu + inter, 2 * inter, LinearId::kSharedW3}, -1);
        }
      });
+  // SwiGLU with w2's activation quantisation fused in.
+  const bool fuse_a = !limits_.exact_linears && inter % 128 == 0;
   op(op_event(OpKind::kSwiglu, block, 0,
               {bf16_ref(act_.gu, T, 2 * inter, 2 * inter), bf16_ref(act_.sact, T, inter)}),
-     [&] { glue::swiglu(act_.gu, 2 * inter, T, inter, c.swiglu_limit, act_.sact, stream_); });
-  const Fp8Act aa = quantize(act_.sact, inter, T, inter, 1);
+     [&] {
+       if (!fuse_a)
+         return glue::swiglu(act_.gu, 2 * inter, T, inter, c.swiglu_limit, act_.sact, stream_);
+       DSV4_CHECK(T <= act_m_max_ && inter <= act_k_max_, "shared expert of [", T, ", ", inter,
+                  "] exceeds the planned activations");
+       glue::SwigluFp8Params sp;
+       sp.gu = act_.gu;
+       sp.ld_gu = 2 * inter;
+       sp.rows = T;
+       sp.inter = inter;
+       sp.limit = c.swiglu_limit;
+       sp.out = act_.sact;
+       sp.codes = act_.act_codes[1];
+       sp.scales_t = act_.act_scales[1];
+       sp.ld_scales = cuda::fp8_scale_ld(T);
+       sp.pdl = true;
+       glue::swiglu_fp8(sp, stream_);
+     });
+  const Fp8Act aa =
+      fuse_a ? fused_act(act_.sact, inter, T, inter, 1) : quantize(act_.sact, inter, T, inter, 1);
   gemm(aa, b.shared_w2, act_.shared, c.dim, true, block, LinearId::kSharedW2);
   if (pmoe_) {  // the parallel engine: routed experts across ranks
     pmoe_->forward(b, x, st.tokens, act_.shared, T, out, stream_);
@@ -832,7 +912,10 @@ void CudaModel::mtp_forward(int j, const DeviceStep& st, const bf16* main_stream
   ep.repeat = 1;
   ep.out = act_.e;
   cuda::embed(ep, stream_);
-  auto norm = [&](const bf16* x, int rows, const CudaBf16& w, bf16* y, NormId which) {
+  // Each norm quantises its output for its FP8 projection in the same pass (activation slots 0
+  // and 1); the exact linears quantise separately.
+  const bool fuse = !limits_.exact_linears && c.dim % 128 == 0;
+  auto norm = [&](const bf16* x, int rows, const CudaBf16& w, bf16* y, NormId which, int slot) {
     cuda::RmsNormParams rn;
     rn.x = x;
     rn.rows = rows;
@@ -840,15 +923,23 @@ void CudaModel::mtp_forward(int j, const DeviceStep& st, const bf16* main_stream
     rn.weight = w.ptr();
     rn.eps = c.norm_eps;
     rn.y = y;
+    if (fuse) {
+      DSV4_CHECK(rows <= act_m_max_ && c.dim <= act_k_max_, "MTP norm of [", rows, ", ", c.dim,
+                 "] exceeds the planned activations");
+      rn.q_codes = act_.act_codes[slot];
+      rn.q_scales_t = act_.act_scales[slot];
+      rn.q_ld_scales = cuda::fp8_scale_ld(rows);
+    }
     op(op_event(OpKind::kRmsNorm, b, int(which),
                 {bf16_ref(x, rows, c.dim), bf16_ref(y, rows, c.dim)}),
        [&] { cuda::rms_norm(rn, stream_); });
+    return fuse ? fused_act(y, c.dim, rows, c.dim, slot) : Fp8Act{};
   };
-  norm(act_.e, T, bw.enorm, act_.e_n, NormId::kEnorm);
-  norm(main_streams, T * hc, bw.hnorm, act_.h_n, NormId::kHnorm);
-  const Fp8Act ae = quantize(act_.e_n, c.dim, T, c.dim, 0);
+  Fp8Act ae = norm(act_.e, T, bw.enorm, act_.e_n, NormId::kEnorm, 0);
+  Fp8Act ah = norm(main_streams, T * hc, bw.hnorm, act_.h_n, NormId::kHnorm, 1);
+  if (!fuse) ae = quantize(act_.e_n, c.dim, T, c.dim, 0);
   gemm(ae, bw.e_proj, act_.ep, c.dim, true, b, LinearId::kEProj);
-  const Fp8Act ah = quantize(act_.h_n, c.dim, T * hc, c.dim, 1);
+  if (!fuse) ah = quantize(act_.h_n, c.dim, T * hc, c.dim, 1);
   gemm(ah, bw.h_proj, act_.hp, c.dim, true, b, LinearId::kHProj);
   op(op_event(OpKind::kMtpCombine, b, 0,
               {bf16_ref(act_.ep, T, c.dim), bf16_ref(act_.hp, T, int64_t(hc) * c.dim),

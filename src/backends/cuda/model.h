@@ -150,9 +150,23 @@ class CudaModel {
 
   // FP8 linears: activation quantisation once, then one GEMM per weight, an op observed as
   // linear `id` of `block` (block < 0: not observed by itself).
-  Fp8Act quantize(const __nv_bfloat16* x, int64_t ldx, int m, int k, int slot);
+  // pdl: launch programmatically (false where the op before is not a kernel of ours: a memset
+  // or a collective).
+  Fp8Act quantize(const __nv_bfloat16* x, int64_t ldx, int m, int k, int slot, bool pdl = true);
   void gemm(const Fp8Act& a, const CudaFp8Linear& w, __nv_bfloat16* y, int64_t ldy, bool pdl,
             int block = -1, LinearId id = LinearId::kWqA);
+  // Two weights on the same quantised input in one launch (cuda::fp8_gemm_grouped), one op
+  // observed as linears id0 and id1 of `block`. Exact linears: the two GEMMs one after the other.
+  struct GemmOut {
+    const CudaFp8Linear* w;
+    __nv_bfloat16* y;
+    int64_t ldy;
+    LinearId id;
+  };
+  void gemm2(const Fp8Act& a, const GemmOut& o0, const GemmOut& o1, int block);
+  // The codes and scales a producer kernel quantised into activation slot `slot` (fused
+  // quantisation), as quantize() would return them.
+  Fp8Act fused_act(const __nv_bfloat16* x, int64_t ldx, int m, int k, int slot) const;
   int64_t attn_splits_for(int tokens, int heads_per_cta) const;
 
   // Every tensor-parallel rank's [rows, width] slab (mine) as out [rows, tp x width], rank

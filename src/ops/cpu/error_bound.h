@@ -68,8 +68,9 @@ struct TcSum {
 };
 // CUTLASS blockwise FP8 GEMM (prefill, m > 64): four k32 wgmma per 128 block, then promotion.
 inline constexpr TcSum kFp8WgmmaBlock{13, 32, 4, 8, 8};
-// Weight-streaming FP8 GEMM (decode, m <= 64): each k32 slice promoted; K split over <= 8 CTAs.
-inline constexpr TcSum kFp8WgmmaSlice{13, 32, 1, 8, 8};
+// Weight-streaming FP8 GEMM (decode, m <= 64): each k32 slice promoted; K split over <= 16 CTAs
+// (a cluster's partials summed in fp32, gemm_cfg::kStreamMaxSplits).
+inline constexpr TcSum kFp8WgmmaSlice{13, 32, 1, 16, 8};
 // BF16 x BF16 (or BF16-decoded FP8/FP4) products, fp32 accumulation over the whole K (W8A16,
 // wo_a, the head, the MoE experts, cuBLAS BF16 GEMMs); split-K reductions allowed.
 inline constexpr TcSum kBf16Mma{23, 16, 0, 16, 8};

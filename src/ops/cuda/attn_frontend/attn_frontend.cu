@@ -10,6 +10,7 @@
 #include "ops/cuda/attn_frontend/kv_entry.cuh"
 #include "ops/cuda/common/cuda_check.h"
 #include "ops/cuda/common/numerics.cuh"
+#include "ops/cuda/common/sm90/sync.cuh"
 
 namespace dsv4::cuda {
 namespace {
@@ -18,6 +19,23 @@ using namespace attn_frontend_cfg;
 
 bool aligned(const void* p, int bytes) {
   return (reinterpret_cast<uintptr_t>(p) % bytes) == 0;
+}
+
+// A launch, with programmatic dependent launch when `pdl` (the kernel waits in
+// griddepcontrol.wait before it reads what the kernel before wrote).
+template <class Params>
+void launch(void (*kernel)(Params), dim3 grid, dim3 block, bool pdl, cudaStream_t stream,
+            const Params& p) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
 }
 
 __global__ void __launch_bounds__(kRopeThreads)
@@ -31,6 +49,10 @@ __global__ void __launch_bounds__(kRopeThreads)
 
 // One warp per head row; kQRowsPerWarp rows per warp loaded together.
 __global__ void __launch_bounds__(kQWarps * 32) q_norm_rope_kernel(QNormRopeParams p) {
+  // Launched programmatically (p.pdl): q is read once the kernel before is complete; the next
+  // kernel may launch at once (it waits for this grid's completion in turn).
+  sm90::griddep_wait();
+  sm90::griddep_launch_dependents();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int t = blockIdx.x;
   const int h0 = blockIdx.y * kQHeadsPerCta + warp * kQRowsPerWarp;
@@ -84,6 +106,8 @@ __global__ void __launch_bounds__(kQWarps * 32) q_norm_rope_kernel(QNormRopePara
 
 template <bool kNormRope>
 __global__ void __launch_bounds__(kKvWarps * 32) kv_entry_kernel(KvInsertParams p) {
+  sm90::griddep_wait();  // as q_norm_rope_kernel
+  sm90::griddep_launch_dependents();
   const int lane = threadIdx.x & 31;
   const int t = blockIdx.x * kKvWarps + (threadIdx.x >> 5);
   if (t >= p.num_tokens) return;
@@ -192,22 +216,21 @@ void q_norm_rope(const QNormRopeParams& p, cudaStream_t stream) {
   DSV4_CHECK(aligned(p.q, 16) && aligned(p.out, 16), "q_norm_rope: q/out must be 16-byte aligned");
   const dim3 grid(p.num_tokens, (p.num_heads + kQHeadsPerCta - 1) / kQHeadsPerCta);
   DSV4_CHECK(grid.y <= 65535, "q_norm_rope: too many heads (", p.num_heads, ")");
-  q_norm_rope_kernel<<<grid, kQWarps * 32, 0, stream>>>(p);
-  DSV4_CUDA_CHECK(cudaGetLastError());
+  launch(q_norm_rope_kernel, grid, dim3(kQWarps * 32), p.pdl, stream, p);
 }
 
 void kv_norm_rope_insert(const KvInsertParams& p, cudaStream_t stream) {
   check_kv_params(p, true, "kv_norm_rope_insert");
   if (p.num_tokens == 0) return;
-  kv_entry_kernel<true><<<(p.num_tokens + kKvWarps - 1) / kKvWarps, kKvWarps * 32, 0, stream>>>(p);
-  DSV4_CUDA_CHECK(cudaGetLastError());
+  launch(kv_entry_kernel<true>, dim3((p.num_tokens + kKvWarps - 1) / kKvWarps), dim3(kKvWarps * 32),
+         p.pdl, stream, p);
 }
 
 void kv_quant_insert(const KvInsertParams& p, cudaStream_t stream) {
   check_kv_params(p, false, "kv_quant_insert");
   if (p.num_tokens == 0) return;
-  kv_entry_kernel<false><<<(p.num_tokens + kKvWarps - 1) / kKvWarps, kKvWarps * 32, 0, stream>>>(p);
-  DSV4_CUDA_CHECK(cudaGetLastError());
+  launch(kv_entry_kernel<false>, dim3((p.num_tokens + kKvWarps - 1) / kKvWarps),
+         dim3(kKvWarps * 32), p.pdl, stream, p);
 }
 
 void kv_insert_staged(const KvInsertStagedParams& p, cudaStream_t stream) {

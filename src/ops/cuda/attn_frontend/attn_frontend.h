@@ -48,6 +48,9 @@ struct QNormRopeParams {
   int num_tokens = 0;
   int num_heads = 0;
   float eps = 1e-6f;
+  // Programmatic dependent launch: start while the kernel before finishes (q is read after
+  // griddepcontrol.wait); graph-capturable.
+  bool pdl = false;
 };
 void q_norm_rope(const QNormRopeParams& p, cudaStream_t stream = nullptr);
 
@@ -69,6 +72,7 @@ struct KvInsertParams {
   PagedStoreView cache{};              // window ring (584-byte entries) or pages null
   uint8_t* staged = nullptr;           // [num_tokens, 584]: 576 data bytes then 8 scale bytes
   __nv_bfloat16* decoded = nullptr;    // [num_tokens, 512]: the entry as attention reads it
+  bool pdl = false;                    // programmatic dependent launch (as QNormRopeParams::pdl)
 };
 // kv_norm -> RoPE -> FP8 entry -> ring (the CPU's rms_norm + rope_apply + encode_kv_entry).
 void kv_norm_rope_insert(const KvInsertParams& p, cudaStream_t stream = nullptr);

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
 #include "ops/cuda/common/sm90/sync.cuh"
+#include "ops/cuda/gemm/act_quant.cuh"
 #include "ops/cuda/gemm/fp8_gemm.h"
 
 namespace dsv4::cuda {
@@ -13,17 +14,12 @@ namespace {
 
 constexpr int kQuantThreads = 256;  // 8 warps; a half-warp quantises one 128-element block
 
-// Exponent field of pow2_ceil(v) for a positive normal v (core/formats.h): the exponent, plus
-// one when any mantissa bit is set. It is also the UE8M0 code of the scale.
-__device__ __forceinline__ uint32_t pow2_ceil_exponent(float v) {
-  const uint32_t b = __float_as_uint(v);
-  return ((b >> 23) & 0xffu) + ((b & 0x7fffffu) != 0u ? 1u : 0u);
-}
-
 __global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(ActQuantParams p) {
   // The GEMM that consumes these codes may start launching (it waits for our completion
   // before it reads them).
   sm90::griddep_launch_dependents();
+  // Launched programmatically (p.pdl), x is read only once the kernel before is complete.
+  sm90::griddep_wait();
   const int kb_per_row = p.k / 128;
   const int64_t blocks = int64_t(p.m) * kb_per_row;
   const int64_t ldx = p.ldx ? p.ldx : p.k;
@@ -42,38 +38,17 @@ __global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(ActQuantParams
       raw = __ldg(reinterpret_cast<const uint4*>(p.x + row * ldx + int64_t(kb) * 128 + hl * 8));
     const __nv_bfloat16* xv = reinterpret_cast<const __nv_bfloat16*>(&raw);
     float v[8];
-    float a = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      v[i] = __bfloat162float(xv[i]);
-      a = fmaxf(a, fabsf(v[i]));  // fmaxf ignores NaN, as std::max(a, NaN) does
-    }
-#pragma unroll
-    for (int o = 8; o >= 1; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-    // s = pow2_ceil(max(amax, 1e-4) * (1/448)); dividing by s is multiplying by 1/s exactly.
-    const uint32_t e = pow2_ceil_exponent(fmaxf(a, 1e-4f) * (1.0f / 448.0f));
-    const float inv_s = __uint_as_float((254u - e) << 23);
-    uint32_t lo = 0, hi = 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      // Saturating e4m3 conversion (RNE): |x/s| <= 448 by construction; NaN stays NaN (0x7f).
-      const uint32_t c = __nv_cvt_float_to_fp8(v[i] * inv_s, __NV_SATFINITE, __NV_E4M3) & 0xffu;
-      if (i < 4)
-        lo |= c << (8 * i);
-      else
-        hi |= c << (8 * (i - 4));
-    }
+    for (int i = 0; i < 8; ++i) v[i] = __bfloat162float(xv[i]);
+    uint32_t e = 0;
+    const uint2 codes = act_quant::quantize_block8(v, e);
     if (!valid) continue;
-    *reinterpret_cast<uint2*>(p.codes + row * p.k + int64_t(kb) * 128 + hl * 8) =
-        make_uint2(lo, hi);
+    *reinterpret_cast<uint2*>(p.codes + row * p.k + int64_t(kb) * 128 + hl * 8) = codes;
     if (hl == 0) {
-      float* st = p.scales_t + int64_t(kb) * p.ld_scales;
-      st[row] = __uint_as_float(e << 23);
-      // The last row also zeroes the pad rows up to fp8_scale_ld(m) (ld_scales >= that): the
-      // tensor-core GEMM reads them (fp8_gemm_prefill.cu, sfa_rows) and they should not be
-      // whatever the workspace held.
-      if (row == p.m - 1)
-        for (int r = p.m; r < (p.m + 3) / 4 * 4; ++r) st[r] = 0.0f;
+      // With the pad rows up to fp8_scale_ld(m) (ld_scales >= that) as 0: the tensor-core GEMM
+      // reads them (fp8_gemm_prefill.cu, sfa_rows) and they should not be whatever the
+      // workspace held.
+      act_quant::store_block_scale(p.scales_t, p.ld_scales, kb, row, p.m, e);
       if (p.scales_e8m0) p.scales_e8m0[row * kb_per_row + kb] = uint8_t(e);
     }
   }
@@ -108,8 +83,16 @@ void quantize_act_fp8(const ActQuantParams& p, cudaStream_t stream) {
   const int64_t blocks = int64_t(p.m) * (p.k / 128);
   const int64_t per_cta = kQuantThreads / 16;  // blocks per CTA per iteration
   const int grid = int(std::min<int64_t>((blocks + per_cta - 1) / per_cta, 1 << 20));
-  act_quant_kernel<<<grid, kQuantThreads, 0, stream>>>(p);
-  DSV4_CUDA_CHECK(cudaGetLastError());
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(grid), 1, 1);
+  cfg.blockDim = dim3(kQuantThreads, 1, 1);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = p.pdl ? 1 : 0;
+  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, act_quant_kernel, p));
 }
 
 void fp8_weight_scales_to_f32(const uint8_t* e8m0, int n, int k, float* scales_t,

@@ -47,6 +47,22 @@ size_t act_bytes(int m, int k) {
   return align256(size_t(m) * k) + align256(size_t(k / 128) * fp8_scale_ld(m) * sizeof(float));
 }
 
+// Shape, pointer and alignment checks every path needs (m >= 1).
+void check_gemm_operands(const Fp8GemmParams& p) {
+  const int m = p.m, n = p.w.n, k = p.w.k;
+  const int64_t ldy = p.ldy ? p.ldy : n;
+  DSV4_CHECK(ldy >= n, "fp8_gemm: ldy ", ldy, " < n ", n);
+  DSV4_CHECK(p.a_codes && p.a_scales_t && p.w.codes && p.w.scales_t && p.y,
+             "fp8_gemm: null pointer");
+  DSV4_CHECK(aligned16(p.a_codes) && aligned16(p.a_scales_t) && aligned16(p.w.codes) &&
+                 aligned16(p.w.scales_t),
+             "fp8_gemm: operands and scales must be 16-byte aligned");
+  DSV4_CHECK(p.a_ld_scales >= m && p.a_ld_scales % 4 == 0, "fp8_gemm: a_ld_scales ", p.a_ld_scales,
+             " must be >= m (", m, ") and a multiple of 4");
+  DSV4_CHECK(n > 0 && k > 0 && k % 128 == 0, "fp8_gemm: shape m=", m, " n=", n, " k=", k,
+             " (k must be a positive multiple of 128)");
+}
+
 }  // namespace
 
 size_t fp8_gemm_workspace_bytes(int m, int n, int k, Fp8GemmPath path) {
@@ -67,14 +83,7 @@ void fp8_gemm(const Fp8GemmParams& p, cudaStream_t stream) {
              " (k must be a positive multiple of 128)");
   if (m == 0) return;
   const int64_t ldy = p.ldy ? p.ldy : n;
-  DSV4_CHECK(ldy >= n, "fp8_gemm: ldy ", ldy, " < n ", n);
-  DSV4_CHECK(p.a_codes && p.a_scales_t && p.w.codes && p.w.scales_t && p.y,
-             "fp8_gemm: null pointer");
-  DSV4_CHECK(aligned16(p.a_codes) && aligned16(p.a_scales_t) && aligned16(p.w.codes) &&
-                 aligned16(p.w.scales_t),
-             "fp8_gemm: operands and scales must be 16-byte aligned");
-  DSV4_CHECK(p.a_ld_scales >= m && p.a_ld_scales % 4 == 0, "fp8_gemm: a_ld_scales ", p.a_ld_scales,
-             " must be >= m (", m, ") and a multiple of 4");
+  check_gemm_operands(p);
   const Fp8GemmPath path = resolve(p.path, m, n, k);
   if (path == Fp8GemmPath::kStream) {
     DSV4_CHECK(m <= gemm_cfg::kStreamMaxTokens,
@@ -101,6 +110,73 @@ void fp8_gemm(const Fp8GemmParams& p, cudaStream_t stream) {
              "fp8_gemm: the tensor-core path (m = ", m, " > ", gemm_cfg::kStreamMaxTokens,
              ") needs n and ldy multiples of 8 and a 16-byte aligned y; got n=", n, " ldy=", ldy);
   detail::prefill_gemm(prefill_args(p), p.workspace, p.workspace_bytes, stream);
+}
+
+void fp8_gemm_grouped(const Fp8GemmGroupedParams& p, cudaStream_t stream) {
+  static_assert(Fp8GemmGroupedParams::kMaxGroups == gemm_cfg::kStreamMaxGroups);
+  DSV4_CHECK(p.count >= 1 && p.count <= Fp8GemmGroupedParams::kMaxGroups,
+             "fp8_gemm_grouped: ", p.count, " weights (1..", Fp8GemmGroupedParams::kMaxGroups, ")");
+  const int m = p.m, k = p.w[0].k;
+  DSV4_CHECK(m >= 0, "fp8_gemm_grouped: m = ", m);
+  if (m == 0) return;
+  Fp8GemmParams one[Fp8GemmGroupedParams::kMaxGroups];
+  for (int g = 0; g < p.count; ++g) {
+    DSV4_CHECK(p.w[g].k == k, "fp8_gemm_grouped: weight ", g, " has k = ", p.w[g].k,
+               ", weight 0 has ", k, " (one input)");
+    Fp8GemmParams& o = one[g];
+    o.a_codes = p.a_codes;
+    o.a_scales_t = p.a_scales_t;
+    o.a_ld_scales = p.a_ld_scales;
+    o.m = m;
+    o.w = p.w[g];
+    o.y = p.y[g];
+    o.ldy = p.ldy[g];
+    o.workspace = p.workspace;
+    o.workspace_bytes = p.workspace_bytes;
+    o.path = p.path;
+  }
+  const Fp8GemmPath path = resolve(p.path, m, p.w[0].n, k);
+  for (int g = 1; g < p.count; ++g)
+    DSV4_CHECK(resolve(p.path, m, p.w[g].n, k) == path,
+               "fp8_gemm_grouped: the weights resolve to different GEMM paths");
+  if (path != Fp8GemmPath::kStream) {
+    for (int g = 0; g < p.count; ++g) fp8_gemm(one[g], stream);
+    return;
+  }
+  DSV4_CHECK(m <= gemm_cfg::kStreamMaxTokens,
+             "fp8_gemm_grouped: the streaming kernel takes m <= ", gemm_cfg::kStreamMaxTokens,
+             ", got ", m);
+  detail::StreamGemmLaunch s;
+  s.k = k;
+  s.a = p.a_codes;
+  s.lda = k;
+  s.m = m;
+  s.a_scales_t = p.a_scales_t;
+  s.a_ld = p.a_ld_scales;
+  s.more = p.count - 1;
+  s.pdl = p.pdl;
+  s.splits = p.splits;
+  for (int g = 0; g < p.count; ++g) {
+    const Fp8GemmParams& o = one[g];
+    check_gemm_operands(o);
+    const int64_t ldy = o.ldy ? o.ldy : o.w.n;
+    if (g == 0) {
+      s.w = o.w.codes;
+      s.n = o.w.n;
+      s.w_scales_t = o.w.scales_t;
+      s.out = o.y;
+      s.ldo = ldy;
+    } else {
+      detail::StreamGemmWeight& w = s.more_w[g - 1];
+      w.w = o.w.codes;
+      w.n = o.w.n;
+      w.w_scales_t = o.w.scales_t;
+      w.out = o.y;
+      w.ldo = ldy;
+    }
+  }
+  detail::stream_gemm_fp8(s, stream);
+  DSV4_CUDA_CHECK(cudaGetLastError());
 }
 
 size_t fp8_linear_workspace_bytes(int m, int n, int k, Fp8GemmPath path) {

@@ -31,6 +31,7 @@
 //   Fp8LinearParams p;
 //   p.x = x; p.m = m; p.w = w; p.y = y; p.workspace = ws; p.workspace_bytes = ws_bytes;
 //   fp8_linear(p, stream);   // quantize_act_fp8, then fp8_gemm (launched with PDL)
+// fp8_gemm_grouped multiplies one quantised input by several weights in one launch (below).
 // Everything is stream-ordered and graph-capturable (no allocation, no synchronisation); the
 // first call per kernel variant sets function attributes, so warm up before capturing.
 #pragma once
@@ -62,6 +63,9 @@ struct ActQuantParams {
                                    // rows [m, fp8_scale_ld(m)) are written as 0
   int ld_scales = 0;               // >= m, multiple of 4 (fp8_scale_ld(m))
   uint8_t* scales_e8m0 = nullptr;  // optional: UE8M0 [m, k/128] (cpu::quantize_fp8's scales)
+  // Launch with programmatic dependent launch: the kernel starts while the one before on the
+  // stream finishes and reads x only after griddepcontrol.wait (graph-capturable).
+  bool pdl = false;
 };
 // amax = max(max|x|, 1e-4); s = pow2_ceil(amax * (1/448)); q = e4m3_rne_sat(x / s).
 void quantize_act_fp8(const ActQuantParams& p, cudaStream_t stream);
@@ -101,6 +105,32 @@ struct Fp8GemmParams {
 };
 size_t fp8_gemm_workspace_bytes(int m, int n, int k, Fp8GemmPath path = Fp8GemmPath::kAuto);
 void fp8_gemm(const Fp8GemmParams& p, cudaStream_t stream);
+
+// ---- grouped GEMM: several weights, one input ---------------------------------------------------
+// y_g = x W_g^T for up to kMaxGroups weights with the same k, on the same quantised activations
+// (e.g. the attention's wq_a and wkv on the normalised x; wq_b and the indexer's wq_b on the
+// normalised q latent). On the streaming path (m <= 64) all of them run in one launch whose K
+// split is planned over their tiles together; each y_g is bit-identical to fp8_gemm of W_g
+// alone at the same split (the split changes only the order of the fp32 sum of the K-range
+// partials). Above 64 rows each weight is one tensor-core launch, exactly fp8_gemm. The
+// workspace covers the largest weight's fp8_gemm_workspace_bytes (the launches are in order).
+struct Fp8GemmGroupedParams {
+  static constexpr int kMaxGroups = 4;
+  const uint8_t* a_codes = nullptr;
+  const float* a_scales_t = nullptr;
+  int a_ld_scales = 0;
+  int m = 0;
+  int count = 0;  // 1..kMaxGroups
+  Fp8WeightView w[kMaxGroups];
+  __nv_bfloat16* y[kMaxGroups] = {};
+  int64_t ldy[kMaxGroups] = {};  // 0: that weight's n
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  bool pdl = false;  // as Fp8GemmParams::pdl, for the one streaming launch
+  Fp8GemmPath path = Fp8GemmPath::kAuto;
+  int splits = 0;  // streaming path: 0 = the heuristic's K split; tests force one
+};
+void fp8_gemm_grouped(const Fp8GemmGroupedParams& p, cudaStream_t stream);
 
 // ---- quantise + GEMM ---------------------------------------------------------------------------
 struct Fp8LinearParams {

@@ -17,8 +17,19 @@ constexpr int kStreamThreads = 160;
 constexpr int kStreamConsumerThreads = 128;
 // Tokens are the wgmma N dimension: padded to 8, 16, 32 or 64.
 constexpr int kStreamMaxTokens = 64;
-// K is split over at most this many CTAs of one cluster (portable cluster size).
-constexpr int kStreamMaxSplits = 8;
+// K is split over at most this many CTAs of one cluster: 16 is Hopper's non-portable cluster
+// size (the launcher asks the device how many such clusters fit, fp8_gemm_heuristic.h), 8 the
+// portable one that every sm_90 device places.
+constexpr int kStreamMaxSplits = 16;
+constexpr int kStreamPortableSplits = 8;
+// Weight matrices one launch streams against the same activations (grouped GEMM).
+constexpr int kStreamMaxGroups = 4;
+// wgmma K slices (32 bytes of K each) issued back to back before one wait, per token width:
+// each slice keeps its own accumulator (the exact per-slice promotion), so the batch costs
+// 2 * kAcc registers per slice; 64 tokens keep one slice per wait.
+constexpr int stream_slice_batch(int tokens) {
+  return tokens <= 16 ? 4 : tokens <= 32 ? 2 : 1;
+}
 // Shared memory per CTA, so that two CTAs share an SM (228 KB per SM, 1 KB reserved per CTA).
 constexpr int kStreamSmemBudget = 112 * 1024;
 constexpr int kStreamMaxStages = 8;

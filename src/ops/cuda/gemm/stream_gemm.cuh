@@ -13,6 +13,14 @@
 // K is split across the CTAs of a cluster (gridDim.y = cluster size = splits); their fp32
 // partial tiles are summed in rank order through distributed shared memory, so results are
 // deterministic and no global workspace is needed.
+// Grouped launch: up to kStreamMaxGroups weight matrices with the same K, multiplied by the same
+// activations into separate outputs; gridDim.x runs over the tiles of every weight in turn.
+// A CTA computes exactly what it would in a launch of its weight alone with the same split
+// count (same tile, same K range, same order of operations), so each output is bit-identical
+// to the separate GEMM at that split.
+// Programmatic dependent launch: the producer warp streams weights before griddepcontrol.wait
+// (they do not depend on the previous kernel); every CTA lets the next kernel launch once its
+// main loop is done (that kernel's griddepcontrol.wait still waits for this grid's completion).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -37,19 +45,31 @@ __device__ __forceinline__ void mma_step(uint64_t da, uint64_t db, float* d, boo
     sm90::Bf16MmaSS<kN>::wgmma(da, db, d, scale_d);
 }
 
-struct Args {
-  int m = 0;                          // tokens (<= kMT)
+// One weight matrix of a (grouped) launch.
+struct Group {
   int n = 0;                          // weight rows
-  int k_steps = 0;                    // 128-byte K steps per weight row
+  int tile0 = 0;                      // its first tile (blockIdx.x)
   const float* w_scales_t = nullptr;  // fp8: [k/128, w_scale_ld] fp32
   int w_scale_ld = 0;
   void* out = nullptr;  // [m, ldo]: BF16 (fp8) or fp32 (bf16)
   int64_t ldo = 0;
 };
 
+struct Args {
+  int m = 0;        // tokens (<= kMT)
+  int k_steps = 0;  // 128-byte K steps per weight row
+  int groups = 1;   // 1..kStreamMaxGroups
+  Group g[gemm_cfg::kStreamMaxGroups];
+};
+
+// The weights' tensor maps, one per group (only the first `groups` are set).
+struct WeightMaps {
+  CUtensorMap m[gemm_cfg::kStreamMaxGroups];
+};
+
 template <int kMT, bool kFp8, int kStages>
 __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
-    stream_gemm_kernel(const __grid_constant__ CUtensorMap tm_w,
+    stream_gemm_kernel(const __grid_constant__ WeightMaps tm_ws,
                        const __grid_constant__ CUtensorMap tm_a,
                        const __grid_constant__ CUtensorMap tm_sa, const Args args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -61,6 +81,7 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
   constexpr int kSABytes = kFp8 ? gemm_cfg::align_up(kMT * 4, 128) : 0;
   constexpr int kTxBytes = kWBytes + kABytes + (kFp8 ? kMT * 4 : 0);
   constexpr int kAcc = kMT / 2;  // accumulator registers per m64 tile
+  constexpr int kBatch = gemm_cfg::stream_slice_batch(kMT);
 
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem =
@@ -72,7 +93,17 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
       reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(s_sa) + kStages * kSABytes);
   uint64_t* empty = full + kStages;
 
-  const int tile = blockIdx.x;
+  // This CTA's weight: the last group whose first tile is at or before blockIdx.x (selected
+  // with constant indices, so the parameters stay in the constant bank).
+  const CUtensorMap* tm_w = &tm_ws.m[0];
+  Group grp = args.g[0];
+#pragma unroll
+  for (int i = 1; i < gemm_cfg::kStreamMaxGroups; ++i)
+    if (i < args.groups && int(blockIdx.x) >= args.g[i].tile0) {
+      tm_w = &tm_ws.m[i];
+      grp = args.g[i];
+    }
+  const int tile = blockIdx.x - grp.tile0;
   const int splits = gridDim.y;
   const int split = blockIdx.y;  // == rank in the cluster (cluster dims (1, splits, 1))
   const int n0 = tile * kRows;
@@ -99,7 +130,7 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
   if (warp == 4) {
     // ---- producer ----
     if (lane == 0) {
-      sm90::prefetch_tensormap(&tm_w);
+      sm90::prefetch_tensormap(tm_w);
       sm90::prefetch_tensormap(&tm_a);
       if constexpr (kFp8) sm90::prefetch_tensormap(&tm_sa);
       // Weights do not depend on the previous kernel: fill the ring with them first, then wait
@@ -107,7 +138,7 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
       const int pre = count < kStages ? count : kStages;
       for (int i = 0; i < pre; ++i) {
         sm90::mbar_arrive_expect_tx(&full[i], kTxBytes);
-        sm90::tma_load_2d(&tm_w, &full[i], s_w + i * kWBytes, (s_begin + i) * kStepElems, n0,
+        sm90::tma_load_2d(tm_w, &full[i], s_w + i * kWBytes, (s_begin + i) * kStepElems, n0,
                           sm90::kEvictFirst);
       }
       sm90::griddep_wait();
@@ -123,7 +154,7 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
         sm90::mbar_wait(&empty[s], ((i / kStages) - 1) & 1);
         sm90::mbar_arrive_expect_tx(&full[s], kTxBytes);
         const int kc = (s_begin + i) * kStepElems;
-        sm90::tma_load_2d(&tm_w, &full[s], s_w + s * kWBytes, kc, n0, sm90::kEvictFirst);
+        sm90::tma_load_2d(tm_w, &full[s], s_w + s * kWBytes, kc, n0, sm90::kEvictFirst);
         sm90::tma_load_2d(&tm_a, &full[s], s_a + s * kABytes, kc, 0, sm90::kEvictLast);
         if constexpr (kFp8)
           sm90::tma_load_2d(&tm_sa, &full[s], reinterpret_cast<uint8_t*>(s_sa) + s * kSABytes, 0,
@@ -137,7 +168,7 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
     const int q0 = (lane & 3) * 2;  // this thread's token pair inside each group of 8
     float sw_next = 0.0f;
     if constexpr (kFp8)
-      if (count > 0) sw_next = __ldg(args.w_scales_t + size_t(s_begin) * args.w_scale_ld + tile);
+      if (count > 0) sw_next = __ldg(grp.w_scales_t + size_t(s_begin) * grp.w_scale_ld + tile);
     for (int i = 0; i < count; ++i) {
       const int s = i % kStages;
       sm90::mbar_wait(&full[s], (i / kStages) & 1);
@@ -146,7 +177,7 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
       if constexpr (kFp8) {
         const float sw = sw_next;
         if (i + 1 < count)
-          sw_next = __ldg(args.w_scales_t + size_t(s_begin + i + 1) * args.w_scale_ld + tile);
+          sw_next = __ldg(grp.w_scales_t + size_t(s_begin + i + 1) * grp.w_scale_ld + tile);
         // Per-token activation scales of this step, times the weight block's scale.
         const float* sa =
             reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(s_sa) + s * kSABytes);
@@ -160,30 +191,38 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
         // FP8 tensor cores accumulate into C with ~14 significant bits, so chaining the four
         // slices of a 128 block inside the tensor core would cost ~1e-4 relative accuracy that
         // the memory-bound decode can afford to keep (the products of one slice are exact).
+        // kBatch slices are issued before one wait (each into its own accumulator) and then
+        // promoted in slice order: the same operations as one slice per wait, fewer round trips.
 #pragma unroll 1
-        for (int kk = 0; kk < 4; ++kk) {
-          float part[2][kAcc];
+        for (int kb = 0; kb < 4; kb += kBatch) {
+          float part[kBatch][2][kAcc];
 #pragma unroll
-          for (int t = 0; t < 2; ++t)
+          for (int b = 0; b < kBatch; ++b)
 #pragma unroll
-            for (int j = 0; j < kAcc; ++j) {
-              part[t][j] = 0.0f;
-              sm90::warpgroup_fence_operand(part[t][j]);
-            }
+            for (int t = 0; t < 2; ++t)
+#pragma unroll
+              for (int j = 0; j < kAcc; ++j) {
+                part[b][t][j] = 0.0f;
+                sm90::warpgroup_fence_operand(part[b][t][j]);
+              }
           sm90::warpgroup_arrive();
 #pragma unroll
-          for (int t = 0; t < 2; ++t)
-            mma_step<true, kMT>(dw + ((t * 64 * kStepBytes + kk * 32) >> 4), da + ((kk * 32) >> 4),
-                                part[t], false);
+          for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+            for (int t = 0; t < 2; ++t)
+              mma_step<true, kMT>(dw + ((t * 64 * kStepBytes + (kb + b) * 32) >> 4),
+                                  da + (((kb + b) * 32) >> 4), part[b][t], false);
           sm90::warpgroup_commit_batch();
           sm90::warpgroup_wait<0>();
 #pragma unroll
-          for (int t = 0; t < 2; ++t)
+          for (int b = 0; b < kBatch; ++b)
 #pragma unroll
-            for (int j = 0; j < kAcc; ++j) {
-              sm90::warpgroup_fence_operand(part[t][j]);
-              acc[t][j] = fmaf(part[t][j], (j & 1) ? scl[j >> 2].y : scl[j >> 2].x, acc[t][j]);
-            }
+            for (int t = 0; t < 2; ++t)
+#pragma unroll
+              for (int j = 0; j < kAcc; ++j) {
+                sm90::warpgroup_fence_operand(part[b][t][j]);
+                acc[t][j] = fmaf(part[b][t][j], (j & 1) ? scl[j >> 2].y : scl[j >> 2].x, acc[t][j]);
+              }
         }
         __syncwarp();
         if (lane == 0) sm90::mbar_arrive(&empty[s]);
@@ -211,6 +250,8 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
     }
   }
 
+  // The next kernel may launch now (it waits for this grid's completion before reading y).
+  sm90::griddep_launch_dependents();
   // ---- epilogue: partial tile in register order into the (now idle) stage buffers ----
   // Every consumer warp has finished reading the stages before any of them is overwritten.
   if (warp < 4) sm90::named_barrier_sync(1, gemm_cfg::kStreamConsumerThreads);
@@ -232,7 +273,7 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
     const int row = threadIdx.x;
     const int c0 = int((long long)split * args.m / splits);
     const int c1 = int((long long)(split + 1) * args.m / splits);
-    const bool valid = n0 + row < args.n;
+    const bool valid = n0 + row < grp.n;
     for (int col = c0; col < c1; ++col) {
       const int e = partial_index<kMT>(row, col);
       float v = 0.0f;
@@ -242,10 +283,10 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
       }
       if (valid) {
         if constexpr (kFp8)
-          reinterpret_cast<__nv_bfloat16*>(args.out)[size_t(col) * args.ldo + n0 + row] =
+          reinterpret_cast<__nv_bfloat16*>(grp.out)[size_t(col) * grp.ldo + n0 + row] =
               __float2bfloat16_rn(v);
         else
-          reinterpret_cast<float*>(args.out)[size_t(col) * args.ldo + n0 + row] = v;
+          reinterpret_cast<float*>(grp.out)[size_t(col) * grp.ldo + n0 + row] = v;
       }
     }
   }

@@ -8,6 +8,15 @@
 
 namespace dsv4::cuda::detail {
 
+// A further weight of a grouped launch: same k and activations as the first, its own output.
+struct StreamGemmWeight {
+  const void* w = nullptr;  // [n, k] row-major
+  int n = 0;
+  const float* w_scales_t = nullptr;  // fp8: [k/128, ceil(n/128)] fp32
+  void* out = nullptr;                // [m, ldo]
+  int64_t ldo = 0;
+};
+
 struct StreamGemmLaunch {
   const void* w = nullptr;  // [n, k] row-major: e4m3 (fp8) or BF16
   int n = 0;
@@ -20,6 +29,9 @@ struct StreamGemmLaunch {
   const float* w_scales_t = nullptr;  // fp8: [k/128, ceil(n/128)] fp32
   void* out = nullptr;                // [m, ldo]: BF16 (fp8) or fp32 (BF16 operands)
   int64_t ldo = 0;
+  // Grouped launch: `more` weights (0..kStreamMaxGroups-1) after the one above, in one grid.
+  int more = 0;
+  StreamGemmWeight more_w[3];
   bool pdl = false;
   int splits = 0;  // 0: plan_stream's choice (tests force other values)
 };
@@ -30,5 +42,8 @@ void stream_gemm_bf16(const StreamGemmLaunch& p, cudaStream_t stream);
 
 // SM count of the current device (cached per device).
 int sm_count();
+// The largest K split (cluster size) the FP8 streaming kernel plans with on the current device,
+// the same for every m (16 where the device places non-portable 16-CTA clusters, else 8).
+int stream_max_splits_fp8(int m);
 
 }  // namespace dsv4::cuda::detail

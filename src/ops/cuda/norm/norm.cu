@@ -4,6 +4,8 @@
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/sm90/sync.cuh"
+#include "ops/cuda/gemm/act_quant.cuh"
 #include "ops/cuda/norm/norm_config.h"
 
 namespace dsv4::cuda {
@@ -16,6 +18,10 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(RmsNormParams p) {
   constexpr int kRowsPerCta = kThreads / kGroup;
   constexpr int kWarps = kGroup / 32;
   __shared__ double red[kThreads / 32];
+  // Launched programmatically (p.pdl): x is read only once the kernel before is complete; the
+  // next kernel may launch at once (it waits for this grid's completion in turn).
+  sm90::griddep_wait();
+  sm90::griddep_launch_dependents();
   const int gi = threadIdx.x / kGroup, gl = threadIdx.x % kGroup;
   const int lane = threadIdx.x % 32;
   const int chunks = p.n / 8;
@@ -51,21 +57,43 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(RmsNormParams p) {
     }
     const float ms = float(ss / double(p.n));
     const float rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, p.eps)));
+    // valid is uniform over the row's group (a whole number of warps): the quantisation's
+    // half-warp shuffles run with every lane of the warp.
     if (valid) {
 #pragma unroll
       for (int c = 0; c < kMaxChunks; ++c) {
+        if (c * kGroup >= chunks) break;  // uniform over the group
         const int ch = gl + c * kGroup;
-        if (ch >= chunks) break;
-        const uint4 wr = __ldg(reinterpret_cast<const uint4*>(p.weight + ch * 8));
-        const __nv_bfloat16* xb = reinterpret_cast<const __nv_bfloat16*>(&v[c]);
-        const __nv_bfloat16* wb = reinterpret_cast<const __nv_bfloat16*>(&wr);
-        uint4 out;
-        __nv_bfloat16* ob = reinterpret_cast<__nv_bfloat16*>(&out);
+        const bool in = ch < chunks;  // uniform over each half-warp when n % 128 == 0
+        float yv[8];
+        if (in) {
+          const uint4 wr = __ldg(reinterpret_cast<const uint4*>(p.weight + ch * 8));
+          const __nv_bfloat16* xb = reinterpret_cast<const __nv_bfloat16*>(&v[c]);
+          const __nv_bfloat16* wb = reinterpret_cast<const __nv_bfloat16*>(&wr);
+          uint4 out;
+          __nv_bfloat16* ob = reinterpret_cast<__nv_bfloat16*>(&out);
 #pragma unroll
-        for (int e = 0; e < 8; ++e)
-          ob[e] = __float2bfloat16_rn(
-              __fmul_rn(__bfloat162float(wb[e]), __fmul_rn(__bfloat162float(xb[e]), rs)));
-        *reinterpret_cast<uint4*>(p.y + row * ldy + ch * 8) = out;
+          for (int e = 0; e < 8; ++e) {
+            ob[e] = __float2bfloat16_rn(
+                __fmul_rn(__bfloat162float(wb[e]), __fmul_rn(__bfloat162float(xb[e]), rs)));
+            yv[e] = __bfloat162float(ob[e]);
+          }
+          *reinterpret_cast<uint4*>(p.y + row * ldy + ch * 8) = out;
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) yv[e] = 0.0f;
+        }
+        if (p.q_codes) {  // uniform over the grid
+          // A half-warp holds one 128-element block: chunks 16j..16j+15 sit on lanes with the
+          // same gl / 16 (kGroup is a multiple of 32).
+          uint32_t ex = 0;
+          const uint2 codes = act_quant::quantize_block8(yv, ex);
+          if (in) {
+            *reinterpret_cast<uint2*>(p.q_codes + row * p.n + ch * 8) = codes;
+            if ((ch & 15) == 0)
+              act_quant::store_block_scale(p.q_scales_t, p.q_ld_scales, ch / 16, row, p.rows, ex);
+          }
+        }
       }
     }
   }
@@ -76,8 +104,16 @@ void launch(const RmsNormParams& p, cudaStream_t stream) {
   constexpr int kRowsPerCta = kThreads / kGroup;
   const int64_t ctas = (int64_t(p.rows) + kRowsPerCta - 1) / kRowsPerCta;
   const int grid = int(std::min<int64_t>(ctas, 1 << 16));
-  rms_norm_kernel<kGroup><<<grid, kThreads, 0, stream>>>(p);
-  DSV4_CUDA_CHECK(cudaGetLastError());
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(grid), 1, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = p.pdl ? 1 : 0;
+  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, rms_norm_kernel<kGroup>, p));
 }
 
 bool aligned16(const void* p) {
@@ -97,6 +133,15 @@ void rms_norm(const RmsNormParams& p, cudaStream_t stream) {
   DSV4_CHECK(p.x && p.weight && p.y, "rms_norm: null pointer");
   DSV4_CHECK(aligned16(p.x) && aligned16(p.weight) && aligned16(p.y),
              "rms_norm: pointers must be 16-byte aligned");
+  if (p.q_codes) {
+    DSV4_CHECK(p.n % 128 == 0,
+               "rms_norm: the fused FP8 quantisation needs n % 128 == 0, n = ", p.n);
+    DSV4_CHECK(p.q_scales_t && aligned16(p.q_codes),
+               "rms_norm: quantisation codes must be 16-byte aligned, with scales");
+    DSV4_CHECK(p.q_ld_scales >= (p.rows + 3) / 4 * 4 && p.q_ld_scales % 4 == 0,
+               "rms_norm: q_ld_scales ", p.q_ld_scales, " must be a multiple of 4 >= rows (",
+               p.rows, ") rounded up to 4");
+  }
   switch (group_for(p.n)) {
     case 32:
       return launch<32>(p, stream);
