@@ -128,10 +128,12 @@ TEST_P(VerifyGeometry, CatchesACorruptedSharedW2) {
 // interleaved). Its width runs (mHC's per-token kernel), but the CUDA backend still refuses three
 // of its features at open: 2 attention heads, sigmoid routing and 4 indexer heads (pinned by
 // CustomGeometry below); while it does, that case skips with the refusal's text, and fails if the
-// refusal names the width.
+// refusal names the width. "custom-dim128" is that geometry with the three set to values the
+// kernels take (4 heads, sqrt-softplus routing, 8 indexer heads), which runs: the CUDA backend
+// end to end at width 128 under --verify.
 
 struct ModelCase {
-  const char* model;  // "custom" or a golden set's name
+  const char* model;  // "custom", "custom-dim128" or a golden set's name
   bool exact_linears;
 };
 
@@ -146,6 +148,16 @@ std::string model_case_name(const ::testing::TestParamInfo<ModelCase>& i) {
 // "; " after "unsupported model: ").
 bool names_dim(const std::string& refusal) {
   return refusal.find(": dim ") != std::string::npos || refusal.find("; dim ") != std::string::npos;
+}
+
+// The custom geometry with what the CUDA backend refuses of it replaced; dim 128 kept.
+ModelConfig custom_dim128() {
+  ModelConfig c = custom_config();
+  c.n_heads = 4;
+  c.score_func = ScoreFunc::kSqrtSoftplus;
+  c.index_n_heads = 8;
+  c.validate();
+  return c;
 }
 
 // What the CUDA backend refuses of the custom geometry, exactly (no GPU needed): its width, 128,
@@ -165,9 +177,8 @@ TEST(CustomGeometry, RefusedFeatures) {
   EXPECT_NE(m.find("n_heads 2 "), std::string::npos) << m;
   EXPECT_NE(m.find("score function"), std::string::npos) << m;
   EXPECT_NE(m.find("index_n_heads 4 "), std::string::npos) << m;
-  c.n_heads = 4;
-  c.score_func = ScoreFunc::kSqrtSoftplus;
-  c.index_n_heads = 8;
+  c = custom_dim128();
+  ASSERT_EQ(c.dim, 128);
   EXPECT_NO_THROW(check_cuda_supported(c));
   for (int dim : {384, 640, 8064}) {  // multiples of 128 that are not of 256
     c.dim = dim;
@@ -191,8 +202,9 @@ TEST_P(VerifyCheckpoints, Prefill300ThenDecode300) {
   TempDir tmp;
   std::vector<std::string> dirs;
   const std::string model = GetParam().model;
-  if (model == "custom") {
-    write_tiny_checkpoint(custom_config(), ExpertFormat::kNvfp4, 9, tmp.path());
+  if (model == "custom" || model == "custom-dim128") {
+    write_tiny_checkpoint(model == "custom" ? custom_config() : custom_dim128(),
+                          ExpertFormat::kNvfp4, 9, tmp.path());
     dirs.push_back(tmp.path());
   } else {
     const std::string root = golden_root();
@@ -246,13 +258,13 @@ TEST_P(VerifyCheckpoints, Prefill300ThenDecode300) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, VerifyCheckpoints,
-                         ::testing::Values(ModelCase{"tiny-flash", false},
-                                           ModelCase{"tiny-flash", true},
-                                           ModelCase{"tiny-pro", false},
-                                           ModelCase{"tiny-pro", true}, ModelCase{"custom", false},
-                                           ModelCase{"custom", true}),
-                         model_case_name);
+INSTANTIATE_TEST_SUITE_P(
+    Models, VerifyCheckpoints,
+    ::testing::Values(ModelCase{"tiny-flash", false}, ModelCase{"tiny-flash", true},
+                      ModelCase{"tiny-pro", false}, ModelCase{"tiny-pro", true},
+                      ModelCase{"custom", false}, ModelCase{"custom", true},
+                      ModelCase{"custom-dim128", false}, ModelCase{"custom-dim128", true}),
+    model_case_name);
 
 INSTANTIATE_TEST_SUITE_P(Paths, VerifyGeometry,
                          ::testing::Values(Case{ExpertFormat::kNvfp4, false},
