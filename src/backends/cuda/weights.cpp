@@ -201,8 +201,7 @@ void check_cuda_supported(const ModelConfig& c) {
   need(c.head_dim == 512 && c.rope_head_dim == 64, "head_dim ", c.head_dim, " / rope ",
        c.rope_head_dim, " (the KV cache and attention kernels take 512 = 448 + 64)");
   need(c.dim >= 128 && c.dim % 128 == 0 && c.dim <= 8192, "dim ", c.dim,
-       " (a multiple of 128 for the FP8 / FP4 GEMMs' K blocks, at most 8192: the widest the CUDA "
-       "kernels are tested at)");
+       " (a multiple of 128 for the FP8 / FP4 GEMMs' K blocks, at most 8192)");
   need(c.q_lora_rank % 128 == 0 && c.o_lora_rank % 128 == 0 && c.moe_inter_dim % 128 == 0,
        "q_lora ", c.q_lora_rank, ", o_lora ", c.o_lora_rank, ", moe_inter ", c.moe_inter_dim,
        " (FP8 / FP4 GEMMs need multiples of 128)");
