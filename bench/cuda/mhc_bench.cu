@@ -4,8 +4,9 @@
 // ceiling (bench_util.h). The fused hc_post_pre runs next to the unfused hc_post + hc_pre as its
 // peer (past one m-tile per cluster tile, i.e. prefill, hc_post_pre itself runs the unfused
 // pair, so peer/ours is ~1 there). Inputs are rotated through more memory than the L2 holds; every
-// op is replayed from a CUDA graph. Usage: mhc_bench [--model flash|pro|all] [--tokens 1,8,4096]
-// [--iters N]
+// op is replayed from a CUDA graph. --dims benchmarks other widths instead (e.g. 128, 384: the
+// per-token kernel of widths the cluster kernel does not take), or as well with --model.
+// Usage: mhc_bench [--model flash|pro|all] [--dims 128,384] [--tokens 1,8,4096] [--iters N]
 #include <cuda_bf16.h>
 
 #include <cstdio>
@@ -192,8 +193,9 @@ void bench_width(const char* model, int dim, int tokens, int iters) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool flash = true, pro = true;
+  bool flash = true, pro = true, model_given = false;
   std::vector<int> tokens = {1, 2, 4, 8, 16, 32, 64, 128, 256, 4096, 8192};
+  std::vector<int> dims;
   int iters = 30;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -201,6 +203,10 @@ int main(int argc, char** argv) {
       const std::string m = argv[++i];
       flash = m == "flash" || m == "all";
       pro = m == "pro" || m == "all";
+      model_given = true;
+    } else if (a == "--dims" && i + 1 < argc) {
+      for (char* t = std::strtok(argv[++i], ","); t; t = std::strtok(nullptr, ","))
+        dims.push_back(std::atoi(t));
     } else if (a == "--tokens" && i + 1 < argc) {
       tokens.clear();
       for (char* t = std::strtok(argv[++i], ","); t; t = std::strtok(nullptr, ","))
@@ -208,14 +214,18 @@ int main(int argc, char** argv) {
     } else if (a == "--iters" && i + 1 < argc) {
       iters = std::atoi(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: %s [--model flash|pro|all] [--tokens 1,8,4096] [--iters N]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--model flash|pro|all] [--dims 128,384] [--tokens 1,8,4096] "
+                   "[--iters N]\n",
                    argv[0]);
       return 2;
     }
   }
+  if (!dims.empty() && !model_given) flash = pro = false;
   for (int t : tokens) {
     if (flash) bench_width("flash", 4096, t, iters);
     if (pro) bench_width("pro", 7168, t, iters);
+    for (int d : dims) bench_width(("dim" + std::to_string(d)).c_str(), d, t, iters);
   }
   return 0;
 }

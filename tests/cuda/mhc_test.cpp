@@ -2,11 +2,13 @@
 // hc_pre, hc_post, the fused hc_post_pre, hc_head, each with and without the fused RMSNorm, at
 // tiny, Flash (4096: a 16-CTA cluster) and Pro (7168: 14 CTAs) widths, token counts that are not
 // tile multiples and the real decode/prefill counts (1, 128, 8192), poisoned outputs and in-place
-// streams. hc_post_pre takes two routes (the fused kernel for one m-tile per cluster tile, else
-// hc_post then hc_pre); both are checked. hc_post's arithmetic is the CPU's
-// operation for operation, so its streams must match bit for bit; the collapsed y must meet the
-// issue's tolerance (relative L2 <= 4e-3, >= 99% within 1 BF16 ulp) and post/comb (fp32, values
-// of order 1) agree to 1e-4 absolute (fp32 summation-order noise is ~1e-6).
+// streams; and the per-token kernel that serves the other widths (128 and 384 at decode and
+// prefill counts, 8 .. 16384 at the edges) under the same contract. hc_post_pre takes two routes
+// (the fused kernel for one m-tile per cluster tile, else hc_post then hc_pre); both are checked.
+// hc_post's arithmetic is the CPU's operation for operation, so its streams must match bit for bit;
+// the collapsed y must meet the tolerance (relative L2 <= 4e-3, >= 99% within 1 BF16 ulp)
+// and post/comb (fp32, values of order 1) agree to 1e-4 absolute (fp32 summation-order noise is
+// ~1e-6).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -345,6 +347,65 @@ TEST_F(CudaMhc, Head) {
   check_head(7168, 5, true, seed++);
 }
 
+// ---- widths the cluster kernel does not take: the per-token kernel (mhc_token.h) -------------
+// The same contract as above. dim 128 is the custom-config test's width, 384 another multiple of
+// 128 that is not one of 256; decode batches (1-16 tokens) and prefill counts (300, 2048).
+constexpr int kOddWidths[] = {128, 384};
+
+TEST_F(CudaMhc, TokenPathPreDecode) {
+  uint64_t seed = 200;
+  for (int dim : kOddWidths)
+    for (int tokens : {1, 2, 5, 16}) {
+      check_pre(dim, tokens, false, seed++);
+      check_pre(dim, tokens, true, seed++);
+    }
+}
+
+TEST_F(CudaMhc, TokenPathPrePrefill) {
+  uint64_t seed = 220;
+  for (int dim : kOddWidths)
+    for (int tokens : {300, 2048}) {
+      check_pre(dim, tokens, false, seed++);
+      check_pre(dim, tokens, true, seed++);
+    }
+}
+
+TEST_F(CudaMhc, TokenPathPostBitExact) {
+  uint64_t seed = 240;
+  for (int dim : kOddWidths)
+    for (int tokens : {1, 16, 300}) check_post(dim, tokens, false, seed++);
+  check_post(128, 2048, true, seed++);
+}
+
+// hc_post_pre on these widths is the streaming hc_post, then the per-token hc_pre: in place with
+// the next norm fused (the engine's configuration) and out of place without it.
+TEST_F(CudaMhc, TokenPathPostPre) {
+  uint64_t seed = 260;
+  for (int dim : kOddWidths)
+    for (int tokens : {1, 3, 16, 300, 2048}) check_post_pre(dim, tokens, true, true, seed++);
+  check_post_pre(128, 16, false, false, seed++);
+  check_post_pre(384, 300, false, false, seed++);
+}
+
+TEST_F(CudaMhc, TokenPathHead) {
+  uint64_t seed = 280;
+  for (int dim : kOddWidths)
+    for (int tokens : {1, 16, 300, 2048}) check_head(dim, tokens, tokens % 2 == 0, seed++);
+}
+
+// The per-token kernel's other widths: the smallest (8: one warp, 4 chunks of streams, one of
+// y), one that is not a multiple of 128 (136), a multiple of 256 past the 16-CTA cluster (4352 =
+// 17 x 256) and the largest (16384 = 32 x 512: 256 threads, 32 chunks each).
+TEST_F(CudaMhc, TokenPathOtherWidths) {
+  uint64_t seed = 300;
+  for (int dim : {8, 136, 4352, 16384}) {
+    ASSERT_FALSE(cuda::mhc_cfg::uses_cluster_kernel(dim)) << dim;
+    check_pre(dim, 3, true, seed++);
+    check_post_pre(dim, 17, true, true, seed++);
+    check_head(dim, 2, true, seed++);
+  }
+}
+
 TEST_F(CudaMhc, EmptyIsNoOp) {
   cuda::HcPreParams p;
   p.shape = shape(4096);
@@ -367,6 +428,51 @@ TEST(MhcApi, RejectsUnsupportedShapes) {
   EXPECT_EQ(cuda::mhc_cfg::slice_dims(256), 256);
   EXPECT_EQ(cuda::mhc_cfg::slice_dims(200), 0);
   EXPECT_EQ(cuda::mhc_cfg::slice_dims(16384 + 512), 0);
+}
+
+// Which widths take which kernel, and what the API refuses before any launch (no GPU needed:
+// every check precedes the first CUDA call).
+TEST(MhcApi, PathPerWidth) {
+  using namespace cuda::mhc_cfg;
+  for (int dim : {256, 512, 1024, 4096, 7168, 8192}) EXPECT_TRUE(uses_cluster_kernel(dim)) << dim;
+  for (int dim : {8, 128, 136, 384, 640, 4352, 8064, 8320, 16384})
+    EXPECT_FALSE(uses_cluster_kernel(dim)) << dim;
+  for (int dim : {8, 128, 384, 4096, 7168, 8192, 16384}) EXPECT_TRUE(supported_dim(dim)) << dim;
+  for (int dim : {0, -128, 4, 100, 16384 + 8}) EXPECT_FALSE(supported_dim(dim)) << dim;
+}
+
+TEST(MhcApi, ValidatesInputs) {
+  cuda::HcPreParams p;
+  p.tokens = 1;
+  for (int dim : {0, 100, 16384 + 8}) {
+    p.shape = shape(dim);
+    EXPECT_THROW(cuda::hc_pre(p, nullptr), Error) << dim;
+  }
+  p.shape = shape(128);
+  p.tokens = -1;
+  EXPECT_THROW(cuda::hc_pre(p, nullptr), Error);
+  p.tokens = 1;
+  EXPECT_THROW(cuda::hc_pre(p, nullptr), Error);  // null pointers
+  p.shape.sinkhorn_iters = 0;
+  EXPECT_THROW(cuda::hc_pre(p, nullptr), Error);
+  p.shape = shape(128);
+  p.shape.hc_eps = std::nanf("");
+  EXPECT_THROW(cuda::hc_pre(p, nullptr), Error);
+  p.shape = shape(384);
+  p.shape.norm_eps = -1.0f;
+  EXPECT_THROW(cuda::hc_pre(p, nullptr), Error);
+  cuda::HcHeadParams h;
+  h.shape = shape(128);
+  h.tokens = 2;
+  EXPECT_THROW(cuda::hc_head(h, nullptr), Error);  // null pointers
+  cuda::HcPostPreParams pp;
+  pp.post.shape = shape(384);
+  pp.post.tokens = 2;
+  EXPECT_THROW(cuda::hc_post_pre(pp, nullptr), Error);  // null pointers
+  cuda::HcPostParams q;
+  q.shape = shape(128 + 4);
+  q.tokens = 1;
+  EXPECT_THROW(cuda::hc_post(q, nullptr), Error);  // not a multiple of 8
 }
 
 }  // namespace

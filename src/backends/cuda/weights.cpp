@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "core/error.h"
 #include "ops/cpu/rope.h"
@@ -191,14 +192,16 @@ int cuda_attention_heads(int heads) {
 }
 
 void check_cuda_supported(const ModelConfig& c) {
-  auto need = [](bool ok, auto&&... what) {
-    if (!ok) throw Error(cat("CUDA backend: unsupported model: ", what...));
+  // Every unmet requirement is named, not only the first.
+  std::string unmet;
+  auto need = [&](bool ok, auto&&... what) {
+    if (!ok) unmet += cat(unmet.empty() ? "" : "; ", what...);
   };
   need(c.hc_mult == 4, "hc_mult ", c.hc_mult, " (the mHC kernels take 4)");
   need(c.head_dim == 512 && c.rope_head_dim == 64, "head_dim ", c.head_dim, " / rope ",
        c.rope_head_dim, " (the KV cache and attention kernels take 512 = 448 + 64)");
-  need(c.dim % 256 == 0 && (c.dim / 256 <= 16 || c.dim / 512 <= 16), "dim ", c.dim,
-       " (mHC needs a multiple of 256, at most 8192)");
+  need(c.dim >= 128 && c.dim % 128 == 0 && c.dim <= 8192, "dim ", c.dim,
+       " (a multiple of 128 for the FP8 / FP4 GEMMs' K blocks, at most 8192)");
   need(c.q_lora_rank % 128 == 0 && c.o_lora_rank % 128 == 0 && c.moe_inter_dim % 128 == 0,
        "q_lora ", c.q_lora_rank, ", o_lora ", c.o_lora_rank, ", moe_inter ", c.moe_inter_dim,
        " (FP8 / FP4 GEMMs need multiples of 128)");
@@ -219,6 +222,7 @@ void check_cuda_supported(const ModelConfig& c) {
          "index_n_heads ", c.index_n_heads, " (8, 16, 32 or 64)");
     need(c.index_topk >= 1 && c.index_topk <= 1024, "index_topk ", c.index_topk);
   }
+  if (!unmet.empty()) throw Error(cat("CUDA backend: unsupported model: ", unmet));
 }
 
 CudaModelWeights upload_cuda_weights(const ModelConfig& c, const WeightsRef& ref, bool progress,

@@ -115,8 +115,8 @@ struct CudaModelWeights {
 // at tp 2).
 int cuda_attention_heads(int heads);
 
-// Throws dsv4::Error naming the first feature of `c` the CUDA backend does not run (checked
-// before any upload, so an unsupported model fails fast).
+// Throws dsv4::Error naming every feature of `c` the CUDA backend does not run (checked before
+// any upload, so an unsupported model fails fast).
 void check_cuda_supported(const ModelConfig& c);
 
 // Uploads and repacks every tensor (synchronously). `progress`: a progress bar on stderr.

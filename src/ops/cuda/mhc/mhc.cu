@@ -16,12 +16,15 @@
 //      Sinkhorn for its tokens and writes post/comb.
 // Arithmetic that the CPU does in fp32 uses explicitly rounded operations (no FMA contraction),
 // so hc_post's outputs and the collapse are bit-identical to the CPU for identical inputs.
+// Widths the cluster kernel does not take (mhc_cfg::slice_dims(dim) == 0) run mhc_token.cu's
+// per-token kernel instead (dispatch_token); the cluster path's code is the same either way.
 #include "ops/cuda/mhc/mhc.h"
 
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cmath>
 #include <mutex>
 #include <vector>
 
@@ -32,12 +35,15 @@
 #include "ops/cuda/common/sm90/sync.cuh"
 #include "ops/cuda/common/sm90/warp_mma.cuh"
 #include "ops/cuda/mhc/mhc_config.h"
+#include "ops/cuda/mhc/mhc_math.cuh"
+#include "ops/cuda/mhc/mhc_token.h"
 
 namespace dsv4::cuda {
 namespace {
 
 namespace cg = cooperative_groups;
 using namespace mhc_cfg;
+using namespace mhc_math;
 
 enum class Mode { kPre, kPostPre, kHead };
 
@@ -62,41 +68,12 @@ struct KParams {
 };
 
 // ---- small device helpers --------------------------------------------------------------------
-__device__ __forceinline__ float fmul(float a, float b) {
-  return __fmul_rn(a, b);
-}
-__device__ __forceinline__ float fadd(float a, float b) {
-  return __fadd_rn(a, b);
-}
-__device__ __forceinline__ float sigmoidf_ref(float x) {
-  return __fdiv_rn(1.0f, fadd(1.0f, expf(-x)));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
 // f == hi + mid + lo exactly (for normal f): each residual is exact by Sterbenz' lemma.
 __device__ __forceinline__ void split3(float f, float& hi, float& mid, float& lo) {
   hi = __bfloat162float(__float2bfloat16_rn(f));
   const float r1 = f - hi;
   mid = __bfloat162float(__float2bfloat16_rn(r1));
   lo = r1 - mid;  // <= 8 significant bits: exact in BF16
-}
-
-__device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
-  const __nv_bfloat16* b = reinterpret_cast<const __nv_bfloat16*>(&v);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) f[i] = __bfloat162float(b[i]);
-}
-__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
-  uint4 v;
-  v.x = pack_bf16(f[0], f[1]);
-  v.y = pack_bf16(f[2], f[3]);
-  v.z = pack_bf16(f[4], f[5]);
-  v.w = pack_bf16(f[6], f[7]);
-  return v;
 }
 
 // cp.async.wait_group with a count known only after unrolling (the instruction takes an
@@ -129,86 +106,6 @@ __device__ __forceinline__ void cp_async_wait_at_most(int n) {
 template <int kNsc>
 __device__ __forceinline__ int xoff(int mt, int sc, int j, int h, int lane) {
   return ((((mt * kNsc + sc) * kHc + j) * 2 + h) * 32 + lane) * 16;
-}
-
-// Sinkhorn of one token's 4x4 matrix, exactly the CPU's order of operations (ops/cpu/mhc.cpp).
-__device__ __forceinline__ void sinkhorn4(float (&c)[16], int iters, float eps) {
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    float mx = c[j * 4];
-#pragma unroll
-    for (int k = 1; k < 4; ++k) mx = fmaxf(mx, c[j * 4 + k]);
-    float sum = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      c[j * 4 + k] = expf(c[j * 4 + k] - mx);
-      sum = fadd(sum, c[j * 4 + k]);
-    }
-#pragma unroll
-    for (int k = 0; k < 4; ++k) c[j * 4 + k] = fadd(__fdiv_rn(c[j * 4 + k], sum), eps);
-  }
-  auto col_norm = [&] {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      float s = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) s = fadd(s, c[j * 4 + k]);
-      const float d = fadd(s, eps);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) c[j * 4 + k] = __fdiv_rn(c[j * 4 + k], d);
-    }
-  };
-  auto row_norm = [&] {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float s = 0.0f;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) s = fadd(s, c[j * 4 + k]);
-      const float d = fadd(s, eps);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) c[j * 4 + k] = __fdiv_rn(c[j * 4 + k], d);
-    }
-  };
-  col_norm();
-  for (int it = 1; it < iters; ++it) {
-    row_norm();
-    col_norm();
-  }
-}
-
-// sinkhorn4 on 16 lanes of a half-warp: lane 4j + k (of lanes & 15) holds c[j][k] and gets the
-// result. Each row / column sum is gathered by shuffles and added in index order from 0, exactly
-// as sinkhorn4 adds, so the result is bit-identical. Every lane of the warp must call it.
-__device__ __forceinline__ float sinkhorn4_lanes(float c, int iters, float eps) {
-  const int lane = threadIdx.x & 31, base = lane & 16, j = (lane & 15) >> 2, k = lane & 3;
-  auto row_at = [&](float v, int kk) { return __shfl_sync(0xffffffffu, v, base + j * 4 + kk); };
-  auto col_at = [&](float v, int jj) { return __shfl_sync(0xffffffffu, v, base + jj * 4 + k); };
-  float mx = row_at(c, 0);
-#pragma unroll
-  for (int kk = 1; kk < 4; ++kk) mx = fmaxf(mx, row_at(c, kk));
-  c = expf(c - mx);
-  float sum = 0.0f;
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) sum = fadd(sum, row_at(c, kk));
-  c = fadd(__fdiv_rn(c, sum), eps);
-  auto col_norm = [&] {
-    float s = 0.0f;
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj) s = fadd(s, col_at(c, jj));
-    c = __fdiv_rn(c, fadd(s, eps));
-  };
-  auto row_norm = [&] {
-    float s = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) s = fadd(s, row_at(c, kk));
-    c = __fdiv_rn(c, fadd(s, eps));
-  };
-  col_norm();
-  for (int it = 1; it < iters; ++it) {
-    row_norm();
-    col_norm();
-  }
-  return c;
 }
 
 // ---- the cluster kernel --------------------------------------------------------------------
@@ -745,10 +642,17 @@ bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
+bool finite_eps(float e) {
+  return std::isfinite(e) && e >= 0.0f;
+}
+
 void check_shape(const HcShape& s, const char* what) {
   DSV4_CHECK(s.hc == kHc, what, ": hc = ", s.hc, " (the kernels are written for hc = 4)");
-  DSV4_CHECK(s.dim > 0 && s.dim % 8 == 0, what, ": dim = ", s.dim, " must be a multiple of 8");
+  DSV4_CHECK(supported_dim(s.dim), what, ": dim = ", s.dim,
+             " must be a positive multiple of 8, at most ", kMaxDim);
   DSV4_CHECK(s.sinkhorn_iters >= 1, what, ": sinkhorn_iters = ", s.sinkhorn_iters);
+  DSV4_CHECK(finite_eps(s.norm_eps) && finite_eps(s.hc_eps), what, ": norm_eps ", s.norm_eps,
+             ", hc_eps ", s.hc_eps, " must be finite and >= 0");
 }
 
 // Largest number of co-resident clusters of `cs` CTAs for a kernel instantiation (cached).
@@ -853,12 +757,47 @@ void launch_cluster(KParams kp, cudaStream_t stream) {
     launch_tiles<kMode, kDw, kMaxMt>(kp, stream);
 }
 
+// Widths the cluster kernel does not take: the per-token kernel (mhc_token.h); hc_post_pre as
+// the streaming hc_post, then hc_pre over the new streams (the CPU's two steps).
+template <Mode kMode>
+void dispatch_token(const KParams& kp, cudaStream_t stream) {
+  if constexpr (kMode == Mode::kPostPre) {
+    HcPostParams q;
+    q.shape.dim = kp.dim;
+    q.tokens = kp.tokens;
+    q.x = kp.x_prev;
+    q.res = kp.res;
+    q.post = kp.post_prev;
+    q.comb = kp.comb_prev;
+    q.out = kp.streams_out;
+    launch_post(q, stream);
+  }
+  mhc_token::Params t;
+  t.head = kMode == Mode::kHead;
+  t.tokens = kp.tokens;
+  t.dim = kp.dim;
+  t.iters = kp.iters;
+  t.norm_eps = kp.norm_eps;
+  t.hc_eps = kp.hc_eps;
+  t.streams = kMode == Mode::kPostPre ? kp.streams_out : kp.streams;
+  t.fn = kp.fn;
+  t.base = kp.base;
+  t.scale = kp.scale;
+  t.norm_w = kp.norm_w;
+  t.nrm_eps = kp.nrm_eps;
+  t.y = kp.y;
+  t.post = kp.post_out;
+  t.comb = kp.comb_out;
+  mhc_token::launch(t, stream);
+}
+
 template <Mode kMode>
 void dispatch(KParams kp, cudaStream_t stream) {
   const int ds = slice_dims(kp.dim);
-  DSV4_CHECK(ds != 0, "mHC: dim = ", kp.dim,
-             " unsupported (needs dim % 256 == 0 with dim/256 <= 16, or dim % 512 == 0 with "
-             "dim/512 <= 16)");
+  if (ds == 0) {
+    dispatch_token<kMode>(kp, stream);
+    return;
+  }
   kp.ds = ds;
   kp.cs = kp.dim / ds;
   if (ds == 256)
@@ -875,7 +814,10 @@ void fill_unit(KParams& kp, const HcUnitParams& u, const FusedNorm& n, const cha
   kp.scale = u.scale;
   kp.norm_w = n.weight;
   kp.nrm_eps = n.eps;
-  if (n.weight) DSV4_CHECK(aligned16(n.weight), what, ": norm weight must be 16-byte aligned");
+  if (n.weight) {
+    DSV4_CHECK(aligned16(n.weight), what, ": norm weight must be 16-byte aligned");
+    DSV4_CHECK(finite_eps(n.eps), what, ": norm eps ", n.eps, " must be finite and >= 0");
+  }
 }
 
 KParams base_params(const HcShape& s, int tokens) {

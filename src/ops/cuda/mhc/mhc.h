@@ -22,8 +22,14 @@
 // fp32 `fn` split exactly into three BF16 parts (products exact, fp32 accumulation); the
 // per-CTA partial projections and sums of squares are reduced across the cluster through
 // distributed shared memory; Sinkhorn runs on a dedicated warp while the others collapse.
-// Requirements: hc == 4; dim a multiple of 256 with dim/256 <= 16 or dim/512 <= 16 (Flash 4096:
-// 16 CTAs, Pro 7168: 14 CTAs); pointers 16-byte aligned.
+// That path serves dims that are a multiple of 256 with dim/256 <= 16 or dim/512 <= 16 (Flash
+// 4096: 16 CTAs, Pro 7168: 14 CTAs; mhc_cfg::slice_dims). Every other width (e.g. 128, 384: small
+// custom models) runs a per-token kernel (mhc_token.h: one CTA per token, fp64 projection) with
+// the same contract against the CPU: hc_post's streams bit-exact, the rest the CPU's fp32
+// operations in its order on a projection that differs only in summation order.
+// Requirements (checked; an Error otherwise): hc == 4; dim a multiple of 8, at most
+// mhc_cfg::kMaxDim (16384); sinkhorn_iters >= 1; eps finite and >= 0; non-null, 16-byte aligned
+// pointers (base and scale: any alignment).
 #pragma once
 
 #include <cuda_bf16.h>

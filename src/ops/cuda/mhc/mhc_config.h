@@ -32,6 +32,27 @@ constexpr int slice_dims(int dim) {
   return 0;
 }
 
+// Widths the op takes at all: a multiple of 8 (16-byte vectors of BF16) up to kMaxDim. Those
+// slice_dims() refuses run on the per-token kernel (mhc_token.h).
+constexpr int kMaxDim = 16384;
+constexpr bool supported_dim(int dim) {
+  return dim > 0 && dim % 8 == 0 && dim <= kMaxDim;
+}
+constexpr bool uses_cluster_kernel(int dim) {
+  return slice_dims(dim) != 0;
+}
+
+// Per-token kernel: threads per CTA (one per chunk of 8 of the token's 4*dim values, whole warps,
+// at most kTokenMaxThreads). A function of dim only, so the reduction order is fixed per width.
+constexpr int kTokenMaxThreads = 256;
+constexpr int token_threads(int dim) {
+  const int chunks = kHc * dim / 8;
+  const int t = (chunks + 31) / 32 * 32;
+  return t < 32 ? 32 : t > kTokenMaxThreads ? kTokenMaxThreads : t;
+}
+static_assert(token_threads(128) == 64 && token_threads(384) == 192 && token_threads(8) == 32 &&
+              token_threads(8192) == 256);
+
 // Shared-memory layout for `m_tiles` token tiles of 16 and warp width dw (bytes, 16-aligned).
 struct SmemLayout {
   size_t x = 0;         // resident streams, per warp: m_tiles * 16 * hc * dw BF16
