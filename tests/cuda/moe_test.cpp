@@ -598,7 +598,13 @@ struct Spec {
   int tile_n = 0;       // 0: the heuristic
   bool direct = false;  // draw FP4 codes directly (large shapes)
   int mx_shift = 0;
+  ScoreFunc score = ScoreFunc::kSqrtSoftplus;
 };
+
+Spec sigmoid(Spec s) {
+  s.score = ScoreFunc::kSigmoid;
+  return s;
+}
 
 std::ostream& operator<<(std::ostream& os, const Spec& s) {
   return os << s.name;
@@ -669,7 +675,7 @@ std::unique_ptr<Layer> make_layer(const Spec& s, uint32_t seed) {
       cpu::Linear::from_rows(cpu::LinearKind::kFp8, si, dim, gaussian(size_t(si) * dim, s13, rng));
   L->cpu.shared.w2 =
       cpu::Linear::from_rows(cpu::LinearKind::kFp8, dim, si, gaussian(size_t(dim) * si, s2, rng));
-  L->p = {s.K, ScoreFunc::kSqrtSoftplus, kRouteScale, kLimit};
+  L->p = {s.K, s.score, kRouteScale, kLimit};
   L->dev = cm::upload_moe_weights(L->ref);
   return L;
 }
@@ -703,7 +709,7 @@ GpuOut run_gpu(const Layer& L, const std::vector<float>& x, const std::vector<in
   a.shared = reinterpret_cast<const __nv_bfloat16*>(dsh.data());
   a.y = reinterpret_cast<__nv_bfloat16*>(dy.data());
   a.m = m;
-  a.p = {K, ScoreFunc::kSqrtSoftplus, kRouteScale, kLimit};
+  a.p = {K, L.s.score, kRouteScale, kLimit};
   a.workspace = ws.data();
   a.workspace_bytes = bytes;
   a.tile_n = L.s.tile_n;
@@ -810,7 +816,8 @@ void expect_bits_equal(const std::vector<float>& got, const std::vector<float>& 
                      << "] gpu " << (bad ? got[first] : 0) << " cpu " << (bad ? want[first] : 0);
 }
 
-float cpu_score(float logit) {  // sqrt(softplus), as cpu::moe_route computes it
+float cpu_score(ScoreFunc f, float logit) {  // as cpu::moe_route computes it
+  if (f == ScoreFunc::kSigmoid) return 1.0f / (1.0f + std::exp(-logit));
   return std::sqrt(logit > 20.0f ? logit : std::log1p(std::exp(logit)));
 }
 
@@ -851,7 +858,7 @@ void check_layer(const Spec& s, uint32_t seed) {
       // Near-tie check on the CPU's biased scores.
       std::vector<float> logit(E);
       cpu::linear(L->cpu.gate, x.data() + size_t(r) * dim, 1, logit.data());
-      auto biased = [&](int e) { return cpu_score(logit[e]) + L->cpu.bias[e]; };
+      auto biased = [&](int e) { return cpu_score(s.score, logit[e]) + L->cpu.bias[e]; };
       const float kth = biased(cs[K - 1]);
       for (int i = 0; i < K; ++i) {
         const int e = g.sel[size_t(r) * K + i];
@@ -995,6 +1002,16 @@ std::vector<Spec> specs() {
   v.push_back({"odd_mx_score_m1000", 384, 384, 24, 6, MX, false, 1000});
   v.push_back({"odd_nv_score_m63", 384, 384, 24, 6, NV, false, 63});
   v.push_back({"odd_nv_hash_m65", 384, 384, 24, 6, NV, true, 65});
+  // The sigmoid router (scores and normalised weights; hash layers weight by sigmoid too) at
+  // several token counts: the fused decode path (m <= 32) and the split one; the last at the
+  // custom config's MoE (dim 128, 8 experts, top-2).
+  for (int m : {1, 3, 17, 65, 1000})
+    v.push_back(sigmoid({"sigmoid_mx_m" + std::to_string(m), 256, 128, 16, 4, MX, false, m}));
+  v.push_back(sigmoid({"sigmoid_nv_m63", 384, 384, 24, 6, NV, false, 63}));
+  v.push_back(sigmoid({"sigmoid_nv_hash_m17", 256, 128, 16, 4, NV, true, 17}));
+  v.push_back(sigmoid({"sigmoid_skew_nv_m65", 256, 128, 16, 4, NV, false, 65, 1}));
+  for (int m : {1, 40})
+    v.push_back(sigmoid({"sigmoid_custom_mx_m" + std::to_string(m), 128, 128, 8, 2, MX, false, m}));
   // Skew: all tokens on one expert, half the experts without tokens; hash rows all alike.
   v.push_back({"skew_mx_m65", 256, 128, 16, 4, MX, false, 65, 1});
   v.push_back({"skew_nv_m1000", 256, 128, 16, 4, NV, false, 1000, 1});
@@ -1046,7 +1063,7 @@ TEST_F(MoeCudaSmoke, RejectsUnsupported) {
   auto L = make_layer({"reject", 256, 128, 16, 4, MX, false, 3}, 9);
   cm::MoeArgs a;
   a.m = 3;
-  a.p = {4, ScoreFunc::kSigmoid, 1, 0};
+  a.p = {4, ScoreFunc::kSoftmax, 1, 0};
   EXPECT_THROW(cm::moe_forward(L->dev, a), Error);  // score function
   a.p.score_func = ScoreFunc::kSqrtSoftplus;
   a.p.top_k = 17;

@@ -253,8 +253,8 @@ int moe_default_tile_n(const MoeDeviceWeights& w, int m, int top_k) {
 void moe_forward(const MoeDeviceWeights& w, const MoeArgs& a) {
   const MoeParams& p = a.p;
   DSV4_CHECK(a.m >= 0, "moe_forward: m = ", a.m);
-  DSV4_CHECK(p.score_func == ScoreFunc::kSqrtSoftplus,
-             "moe_forward: only the sqrt-softplus router is implemented on CUDA");
+  DSV4_CHECK(p.score_func == ScoreFunc::kSqrtSoftplus || p.score_func == ScoreFunc::kSigmoid,
+             "moe_forward: only the sqrt-softplus and sigmoid routers are implemented on CUDA");
   DSV4_CHECK(p.top_k >= 1 && p.top_k <= std::min(kMaxTopK, w.n_experts), "moe_forward: top_k ",
              p.top_k, " (1..", std::min(kMaxTopK, w.n_experts), " supported)");
   DSV4_CHECK(!w.hash() || (a.tokens && w.hash_top_k == p.top_k),

@@ -1,7 +1,7 @@
 // Mixture of experts on the GPU (sm_90a), the CUDA twin of cpu::moe_forward:
-//   router: fp32 logits of fp32(x) against the BF16 gate (upcast), sqrt-softplus, top-k on
-//           score + bias (ties to the lower expert index) or tid2eid for hash layers,
-//           normalise, x route_scale                                    (= cpu::moe_route)
+//   router: fp32 logits of fp32(x) against the BF16 gate (upcast), sqrt-softplus or sigmoid,
+//           top-k on score + bias (ties to the lower expert index) or tid2eid for hash
+//           layers, normalise, x route_scale                                   (= cpu::moe_route)
 //   x is FP8-fake-quantised per (row, 128) (e4m3, UE8M0 scale; the values stay BF16)
 //   grouping: (token, slot) pairs sorted by expert, a hash row's repeated expert counted once
 //   gate/up: one grouped launch over (expert, token tile, 256/64 weight rows) of FP4 W4A16
@@ -51,7 +51,7 @@ MoeDeviceWeights upload_moe_weights(const MoeRef& ref);
 
 struct MoeParams {
   int top_k = 0;
-  ScoreFunc score_func = ScoreFunc::kSqrtSoftplus;  // the only one supported (V4)
+  ScoreFunc score_func = ScoreFunc::kSqrtSoftplus;  // or kSigmoid (softmax: not on CUDA)
   float route_scale = 1;
   float swiglu_limit = 0;  // 0 = no clamp
 };

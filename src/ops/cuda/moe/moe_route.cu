@@ -105,6 +105,7 @@ struct FinishArgs {
   int vocab;
   const int32_t* tokens;
   float route_scale;
+  bool sigmoid;  // the score function: sigmoid, else sqrt-softplus
   const __nv_bfloat16* x;
   int dim;
   int32_t* sel;
@@ -135,12 +136,14 @@ __device__ __forceinline__ void quant_row_warp(const __nv_bfloat16* in, __nv_bfl
   }
 }
 
-// sqrt(softplus(logit)) of row r, expert e, the logit the fp32 rounding of the K splits'
-// double sum (softplus(x) = x for x > 20, the reference's threshold).
+// The score of row r, expert e from its logit, the fp32 rounding of the K splits' double sum:
+// sqrt(softplus(logit)) (softplus(x) = x for x > 20, the reference's threshold) or
+// sigmoid(logit) = 1 / (1 + exp(-logit)), each in cpu::moe_route's fp32 order.
 __device__ __forceinline__ float route_score(const FinishArgs& a, int r, int e) {
   double l = 0.0;
   for (int z = 0; z < a.ksplit; ++z) l += a.logits[(size_t(z) * a.m + r) * a.n_experts + e];
   const float lg = float(l);
+  if (a.sigmoid) return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-lg)));
   return sqrtf(lg > 20.0f ? lg : log1pf(expf(lg)));
 }
 
@@ -405,6 +408,7 @@ FinishArgs finish_args(const MoeDeviceWeights& w, const MoeArgs& a, const MoeWor
   f.vocab = w.vocab;
   f.tokens = a.tokens;
   f.route_scale = a.p.route_scale;
+  f.sigmoid = a.p.score_func == ScoreFunc::kSigmoid;
   f.x = a.x;
   f.dim = w.dim;
   f.sel = ws.sel;
