@@ -295,7 +295,7 @@ TEST_F(CudaIndexer, Smoke) {
 TEST_F(CudaIndexer, QueryPathBitExact) {
   std::mt19937 rng(2);
   // Positions up to ~1M (long RoPE angles), several heads.
-  for (int heads : {8, 16, 64}) {
+  for (int heads : {4, 8, 16, 64}) {
     Fixture f(make_batch({3, 1, 4}, {0, 1048000, 65535}), heads, 8, 64, rng);
     cuda::indexer_query(f.p, nullptr);
     DSV4_CUDA_CHECK(cudaDeviceSynchronize());
@@ -307,7 +307,8 @@ TEST_F(CudaIndexer, DecodeMixedLengths) {
   std::mt19937 rng(3);
   // 1-4 query tokens per sequence; sequences shorter than one block, exactly at block edges,
   // crossing page boundaries, and one long enough for several key tiles.
-  for (int heads : {8, 16, 32, 64})
+  // Head counts off the MMA widths (1, 4, 12, 40) run padded with zero heads.
+  for (int heads : {1, 4, 8, 12, 16, 32, 40, 64})
     for (int page_size : {16, 64}) {
       Fixture f(make_batch({1, 2, 3, 4, 1, 2, 4}, {0, 2, 127, 4093, 511, 1023, 6000}), heads, 16,
                 page_size, rng);
@@ -319,7 +320,7 @@ TEST_F(CudaIndexer, PrefillChunks) {
   std::mt19937 rng(4);
   // A prompt from position 0 and a chunk in the middle of a sequence (positions crossing
   // 4-boundaries mid-chunk), plus a short one.
-  for (int heads : {16, 64}) {
+  for (int heads : {4, 16, 64}) {
     Fixture f(make_batch({301, 129, 3}, {0, 2047, 5}), heads, 512, 32, rng);
     run_all(f);
   }
@@ -413,9 +414,9 @@ TEST_F(CudaIndexer, TopkLargeBatchSegments) {
 // The whole indexer against the CPU pipeline from the same raw inputs: the CPU computes its
 // own q_fp4 / weights / scores; selections must match exactly (q_fp4 is bit-exact, so the
 // scores are too).
-TEST_F(CudaIndexer, EndToEndAgainstCpuPipeline) {
-  std::mt19937 rng(7);
-  Fixture f(make_batch({2, 64, 1}, {3001, 999, 70000}), 64, 512, 64, rng);
+void end_to_end_against_cpu(int heads, int topk, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Fixture f(make_batch({2, 64, 1}, {3001, 999, 70000}), heads, topk, 64, rng);
   cuda::lightning_indexer(f.p, nullptr);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
   const auto rope = v4_yarn_table();
@@ -438,7 +439,17 @@ TEST_F(CudaIndexer, EndToEndAgainstCpuPipeline) {
         ADD_FAILURE() << "token " << t << " rank " << r << ": gpu " << g << " cpu " << c;
     }
   }
-  EXPECT_EQ(bad, 0);
+  EXPECT_EQ(bad, 0) << heads << " heads";
+}
+
+TEST_F(CudaIndexer, EndToEndAgainstCpuPipeline) {
+  end_to_end_against_cpu(64, 512, 7);
+}
+
+// 4 heads (the custom config's index_n_heads): the logits kernel pads to 8 with zero heads.
+TEST_F(CudaIndexer, EndToEndFourHeads) {
+  end_to_end_against_cpu(4, 3, 8);
+  end_to_end_against_cpu(4, 512, 9);
 }
 
 // Host-side validation only: runs without a GPU.
@@ -454,8 +465,10 @@ void expect_rejected(void (*fn)(const cuda::IndexerParams&, cudaStream_t),
 
 TEST(CudaIndexerHost, RejectsUnsupported) {
   cuda::IndexerParams p;
-  p.n_heads = 12;
-  expect_rejected(cuda::indexer_query, p, "n_heads 12");
+  p.n_heads = 65;
+  expect_rejected(cuda::indexer_query, p, "n_heads 65");
+  p.n_heads = 0;
+  expect_rejected(cuda::indexer_logits, p, "n_heads 0");
   p.n_heads = 64;
   p.topk = 2048;
   expect_rejected(cuda::indexer_topk, p, "topk 2048");

@@ -43,8 +43,8 @@ void validate(const IndexerParams& p, Stage stage) {
   DSV4_CHECK(p.head_dim == kHeadDim, "indexer: head_dim ", p.head_dim,
              " unsupported (only 128: Hadamard 128, FP4 blocks of 32)");
   DSV4_CHECK(p.rope_dim == kRopeDim, "indexer: rope_dim ", p.rope_dim, " unsupported (only 64)");
-  DSV4_CHECK(p.n_heads == 8 || p.n_heads == 16 || p.n_heads == 32 || p.n_heads == 64,
-             "indexer: n_heads ", p.n_heads, " unsupported (8, 16, 32 or 64)");
+  DSV4_CHECK(p.n_heads >= 1 && p.n_heads <= kMaxHeads, "indexer: n_heads ", p.n_heads,
+             " unsupported (1..", kMaxHeads, ")");
   switch (stage) {
     case Stage::kQuery:
       DSV4_CHECK(b.num_tokens == 0 || (p.q && p.wproj && p.inv_freq && p.q_fp4 && p.weights),

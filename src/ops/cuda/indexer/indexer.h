@@ -37,7 +37,7 @@ namespace dsv4::cuda {
 
 struct IndexerParams {
   AttnBatch batch;
-  int n_heads = 0;     // index_n_heads: 8, 16, 32 or 64
+  int n_heads = 0;     // index_n_heads: 1..64
   int head_dim = 128;  // index_head_dim: only 128 (Hadamard 128, 4 FP4 blocks, RoPE 64)
   int rope_dim = 64;   // qk_rope_head_dim: only 64
   int ratio = 4;  // compress ratio of the keys: entry i visible to position p iff i < (p+1)/ratio

@@ -8,6 +8,8 @@ constexpr int kRopeDim = 64;
 constexpr int kFp4Block = 32;
 constexpr int kKeyBytes = kHeadDim / 2;           // packed e2m1 per key
 constexpr int kKeyScales = kHeadDim / kFp4Block;  // UE8M0 per key
+// Heads: the logits kernel runs 8, 16, 32 or 64 (its MMA width), fewer padded with zeros.
+constexpr int kMaxHeads = 64;
 
 // Query path: one warp per (token, head), 4 values per lane.
 constexpr int kQueryWarps = 4;

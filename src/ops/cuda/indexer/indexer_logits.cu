@@ -10,6 +10,9 @@
 // unchanged. A key's block scales are applied relative to its largest one (exact powers of
 // two in BF16); that largest power of two multiplies the fp32 head sum, which is exactly the
 // reference's result because scaling by 2^e commutes with each BF16 rounding.
+// Head counts below the MMA width HI (not 8, 16, 32 or 64) run at the next one up with the
+// missing heads' queries and weights zero in smem: each adds relu(bf16(0)) * 0 = +0 to the
+// fp32 head sum, which leaves it unchanged, so the score is the one of the real heads.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -41,6 +44,7 @@ struct LogitsArgs {
   PagedStoreView keys;
   int ratio;
   int keys_per_cta;
+  int heads;  // the real head count (<= HI); q_fp4 / weights rows hold this many
 };
 
 template <int HI>
@@ -106,19 +110,24 @@ __global__ void __launch_bounds__(kLogitsThreads, 2) indexer_logits_kernel(const
   // Queries in the fragment's permuted k order, and the head weights.
   {
     const uint32_t* qg = reinterpret_cast<const uint32_t*>(a.q_fp4);
+    const int H = a.heads;
     const int chunks = nt * HI * 16;  // 16-byte chunks: (token, head, step, half)
     for (int i = tid; i < chunks; i += kLogitsThreads) {
       const int half = i & 1, st = (i >> 1) & 7, h = (i >> 4) % HI, tq = (i >> 4) / HI;
-      const uint32_t* row = qg + (size_t(t0 + tq) * HI + h) * (kHeadDim / 2);
-      uint4 v;
-      v.x = __ldg(row + phys_pair(st, half, 0));
-      v.y = __ldg(row + phys_pair(st, half, 1));
-      v.z = __ldg(row + phys_pair(st, half, 2));
-      v.w = __ldg(row + phys_pair(st, half, 3));
+      uint4 v = make_uint4(0, 0, 0, 0);  // padding heads: zero queries
+      if (h < H) {
+        const uint32_t* row = qg + (size_t(t0 + tq) * H + h) * (kHeadDim / 2);
+        v.x = __ldg(row + phys_pair(st, half, 0));
+        v.y = __ldg(row + phys_pair(st, half, 1));
+        v.z = __ldg(row + phys_pair(st, half, 2));
+        v.w = __ldg(row + phys_pair(st, half, 3));
+      }
       *reinterpret_cast<uint4*>(&sm.q[tq][h][16 * st + 8 * half]) = v;
     }
-    for (int i = tid; i < nt * HI; i += kLogitsThreads)
-      sm.w[i / HI][i % HI] = a.weights[size_t(t0) * HI + i];
+    for (int i = tid; i < nt * HI; i += kLogitsThreads) {
+      const int tq = i / HI, h = i % HI;
+      sm.w[tq][h] = h < H ? a.weights[size_t(t0 + tq) * H + h] : __float2bfloat16_rn(0.0f);
+    }
   }
 
 #pragma unroll 1
@@ -252,7 +261,7 @@ void launch_logits(const IndexerParams& p, cudaStream_t stream) {
   DSV4_CHECK(tiles <= 65535 && p.batch.num_seqs <= 65535, "indexer_logits: grid too large (",
              p.batch.num_seqs, " sequences, ", p.batch.max_seq_tokens, " tokens per sequence)");
   LogitsArgs a{p.q_fp4,          p.weights, p.scores, p.score_stride, p.batch.cu_seqlens,
-               p.batch.seq_pos0, p.keys,    p.ratio,  int(kpc)};
+               p.batch.seq_pos0, p.keys,    p.ratio,  int(kpc),       p.n_heads};
   const size_t smem = sizeof(LogitsSmem<HI>);
   static std::atomic<uint64_t> attr{0};
   once_per_device(attr, [&] {
@@ -269,20 +278,15 @@ void launch_logits(const IndexerParams& p, cudaStream_t stream) {
 void indexer_logits(const IndexerParams& p, cudaStream_t stream) {
   indexer_detail::validate(p, indexer_detail::Stage::kLogits);
   if (p.batch.num_tokens == 0 || indexer_detail::max_visible(p) == 0) return;
-  switch (p.n_heads) {
-    case 8:
-      launch_logits<8>(p, stream);
-      break;
-    case 16:
-      launch_logits<16>(p, stream);
-      break;
-    case 32:
-      launch_logits<32>(p, stream);
-      break;
-    case 64:
-      launch_logits<64>(p, stream);
-      break;
-  }
+  // The MMA width: the head count rounded up to 8, 16, 32 or 64 (padding heads are zero).
+  if (p.n_heads <= 8)
+    launch_logits<8>(p, stream);
+  else if (p.n_heads <= 16)
+    launch_logits<16>(p, stream);
+  else if (p.n_heads <= 32)
+    launch_logits<32>(p, stream);
+  else
+    launch_logits<64>(p, stream);
 }
 
 }  // namespace dsv4::cuda
