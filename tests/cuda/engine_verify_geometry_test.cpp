@@ -125,12 +125,11 @@ TEST_P(VerifyGeometry, CatchesACorruptedSharedW2) {
 // The same prefill 300 + decode 300 under --verify on the other checkpoints issue 10 names: the
 // golden sets (whichever formats are present) and the custom-config test's geometry (dim 128,
 // 2 heads in 1 group, window 16, 4 indexer heads, sigmoid routing over 8 experts, CSA / HCA
-// interleaved). Its width runs (mHC's per-token kernel), but the CUDA backend still refuses three
-// of its features at open: 2 attention heads, sigmoid routing and 4 indexer heads (pinned by
-// CustomGeometry below); while it does, that case skips with the refusal's text, and fails if the
-// refusal names the width. "custom-dim128" is that geometry with the three set to values the
-// kernels take (4 heads, sqrt-softplus routing, 8 indexer heads), which runs: the CUDA backend
-// end to end at width 128 under --verify.
+// interleaved). The CUDA backend runs all of it: its 2 heads padded with zero heads to the 4 the
+// sparse attention takes, its 4 indexer heads padded to the logits kernel's 8, sigmoid routing
+// (CustomGeometry below pins that none of it is refused). "custom-dim128" is that geometry with
+// the three set to values the kernels take without padding (4 heads, sqrt-softplus routing, 8
+// indexer heads): the CUDA backend end to end at width 128 under --verify.
 
 struct ModelCase {
   const char* model;  // "custom", "custom-dim128" or a golden set's name
@@ -150,7 +149,7 @@ bool names_dim(const std::string& refusal) {
   return refusal.find(": dim ") != std::string::npos || refusal.find("; dim ") != std::string::npos;
 }
 
-// The custom geometry with what the CUDA backend refuses of it replaced; dim 128 kept.
+// The custom geometry with its padded head counts and sigmoid routing replaced; dim 128 kept.
 ModelConfig custom_dim128() {
   ModelConfig c = custom_config();
   c.n_heads = 4;
@@ -160,12 +159,27 @@ ModelConfig custom_dim128() {
   return c;
 }
 
-// What the CUDA backend refuses of the custom geometry, exactly (no GPU needed): its width, 128,
-// is accepted; 2 heads, sigmoid routing and 4 indexer heads are not, and with those three set to
-// values the kernels take the rest of the geometry passes.
+// What the CUDA backend accepts and refuses around the custom geometry, exactly (no GPU needed):
+// the geometry itself (2 heads, sigmoid routing, 4 indexer heads, width 128) is accepted, and so
+// is the variant without padding; head counts beyond the kernels' (padded) ranges and the
+// softmax router are refused by name.
 TEST(CustomGeometry, RefusedFeatures) {
   ModelConfig c = custom_config();
   ASSERT_EQ(c.dim, 128);
+  EXPECT_NO_THROW(check_cuda_supported(c));
+  for (int h : {1, 3, 5, 12, 20}) {  // padded to 4, 4, 8, 16, 32
+    c.n_heads = h;
+    EXPECT_NO_THROW(check_cuda_supported(c)) << h << " heads";
+  }
+  for (int h : {1, 5, 12, 40}) {  // the indexer's logits run 8, 16, 32 or 64 heads
+    c = custom_config();
+    c.index_n_heads = h;
+    EXPECT_NO_THROW(check_cuda_supported(c)) << h << " indexer heads";
+  }
+  c = custom_config();
+  c.n_heads = 257;
+  c.index_n_heads = 65;
+  c.score_func = ScoreFunc::kSoftmax;
   std::string m;
   try {
     check_cuda_supported(c);
@@ -174,9 +188,9 @@ TEST(CustomGeometry, RefusedFeatures) {
   }
   std::printf("  refusal: %s\n", m.c_str());
   EXPECT_FALSE(names_dim(m)) << m;
-  EXPECT_NE(m.find("n_heads 2 "), std::string::npos) << m;
+  EXPECT_NE(m.find("n_heads 257 "), std::string::npos) << m;
   EXPECT_NE(m.find("score function"), std::string::npos) << m;
-  EXPECT_NE(m.find("index_n_heads 4 "), std::string::npos) << m;
+  EXPECT_NE(m.find("index_n_heads 65 "), std::string::npos) << m;
   c = custom_dim128();
   ASSERT_EQ(c.dim, 128);
   EXPECT_NO_THROW(check_cuda_supported(c));
@@ -227,12 +241,13 @@ TEST_P(VerifyCheckpoints, Prefill300ThenDecode300) {
     try {
       s = open_cuda_stack(dir, o);
     } catch (const Error& e) {
-      // The CUDA backend refuses geometries its kernels do not take, with this error at open:
-      // nothing to verify there. The custom config's width (128) is not one of them.
-      const std::string m = e.what();
-      if (model == "custom" && m.find("unsupported model") != std::string::npos && !names_dim(m))
-        GTEST_SKIP() << m;
-      throw;
+      FAIL() << "open: " << e.what();  // the custom geometry included: nothing is refused
+    }
+    if (model == "custom") {  // the padding paths run: 2 heads as 4, 4 indexer heads as 8
+      const CudaBlockWeights& b0 = s->model->weights().blocks[0];
+      EXPECT_EQ(b0.heads, 2);
+      EXPECT_EQ(b0.attn_heads, 4);
+      EXPECT_EQ(b0.ratio, 4);
     }
     const int V = s->V();
     CudaRunner& r = *s->runner;

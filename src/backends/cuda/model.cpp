@@ -96,9 +96,13 @@ void CudaModel::plan(const CudaModelLimits& lim) {
   const int64_t inter = c.moe_inter_dim, G = c.o_groups, OL = c.o_lora_rank;
   bool csa = false, mtp = c.n_mtp_layers > 0;
   comp_ld_ = 0;
+  // HA: the most heads attention runs (the heads padded to a count the kernels take, which
+  // exceeds the model's below 4 heads); q and o hold that many per token.
+  int64_t HA = H;
   for (const CudaBlockWeights& b : w_.blocks) {
     comp_ld_ = std::max<int64_t>(comp_ld_, b.comp_rows);
     csa |= b.ratio == 4;
+    HA = std::max<int64_t>(HA, b.attn_heads);
   }
   score_stride_ = csa ? (lim.max_context / 4 + 8) / 8 * 8 : 0;
   act_m_max_ = mtp ? T * hc : T;
@@ -138,7 +142,7 @@ void CudaModel::plan(const CudaModelLimits& lim) {
   {
     const int64_t ncomp = std::max<int64_t>(csa ? c.index_topk : 0, lim.max_context / 128);
     const int64_t blocks = (c.window_size + ncomp + 63) / 64;
-    const int64_t need = T * H * blocks * cuda::sparse_attn_detail::kPartialFloats * 4;
+    const int64_t need = T * HA * blocks * cuda::sparse_attn_detail::kPartialFloats * 4;
     act_.attn_ws_bytes = size_t(std::min<int64_t>(need, lim.attn_workspace_bytes));
   }
   act_.gemm_ws_bytes = gemm_ws;
@@ -166,7 +170,7 @@ void CudaModel::plan(const CudaModelLimits& lim) {
     a.sub_out = bf(T * dim);
     a.qr = bf(T * c.q_lora_rank);
     a.qr_n = bf(T * c.q_lora_rank);
-    a.q = bf(T * H * D);
+    a.q = bf(T * HA * D);
     a.kv = bf(T * D);
     a.staging = take(size_t(KvEntryLayout{}.page_bytes(int(T))));
     a.staged = take(size_t(T) * kKvEntry);
@@ -177,7 +181,7 @@ void CudaModel::plan(const CudaModelLimits& lim) {
     a.iw = bf(csa ? T * HI : 0);
     a.scores = bf(T * score_stride_);
     a.topk = reinterpret_cast<int32_t*>(take(size_t(csa ? T * c.index_topk : 0) * 4));
-    a.o = bf(T * H * D);
+    a.o = bf(T * HA * D);
     a.z = bf(T * G * OL);
     a.gu = bf(T * 2 * inter);
     a.sact = bf(T * inter);
@@ -519,7 +523,8 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   qp.num_heads = HA;
   qp.eps = c.norm_eps;
   qp.pdl = true;  // after the wq_b GEMM
-  op(op_event(OpKind::kQNormRope, block, 0, {bf16_ref(act_.q, T, int64_t(H) * D)}),
+  // Observers see the real heads (row stride HA heads).
+  op(op_event(OpKind::kQNormRope, block, 0, {bf16_ref(act_.q, T, int64_t(H) * D, int64_t(HA) * D)}),
      [&] { cuda::q_norm_rope(qp, stream_); });
 
   // Window KV entries. One token per sequence: straight into the ring (its slot held position
@@ -682,11 +687,11 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
     if (plan.num_splits > 1 && plan.num_splits > fits)
       sp.num_splits = int(std::max<int64_t>(1, fits));
   }
-  op(op_event(
-         OpKind::kAttention, block, 0,
-         {bf16_ref(act_.q, T, int64_t(H) * D), u8_ref(direct ? nullptr : act_.staging, Tmax, 0),
-          i32_ref(ratio == 4 ? act_.topk : nullptr, T, c.index_topk),
-          bf16_ref(act_.o, T, int64_t(H) * D)}),
+  op(op_event(OpKind::kAttention, block, 0,
+              {bf16_ref(act_.q, T, int64_t(H) * D, int64_t(HA) * D),
+               u8_ref(direct ? nullptr : act_.staging, Tmax, 0),
+               i32_ref(ratio == 4 ? act_.topk : nullptr, T, c.index_topk),
+               bf16_ref(act_.o, T, int64_t(H) * D, int64_t(HA) * D)}),
      [&] { cuda::sparse_attention(sp, stream_); });
 
   // Output path: inverse RoPE + grouped wo_a, then wo_b.

@@ -465,7 +465,8 @@ void CudaVerifier::hc_pre(const OpEvent& e) {
 
 void CudaVerifier::before(const OpEvent& e) {
   const TensorRef& t = e.t[0];
-  if (e.kind == OpKind::kQNormRope) q_in_ = bf16(t.as<bf16_dev>(), size_t(t.rows * t.cols));
+  if (e.kind == OpKind::kQNormRope)
+    q_in_ = rows_of(*this, t.data, t.stride(), int(t.rows), int(t.cols), false);
   if (e.kind == OpKind::kCompressor) before_compressor(e.block, e.id != 0);  // states it updates
 }
 
@@ -714,8 +715,8 @@ void CudaVerifier::q_norm_rope(const OpEvent& e) {
         rope_interval(iv.data() + o, R, cs.data(), sn.data(), false);
       }
     }
-  judge("attn.q_norm_rope", block, bf16(q_out, q.size()), q, interval_bound(iv, q),
-        cpu::Rounding::kNone, {T, H, D});
+  judge("attn.q_norm_rope", block, rows_of(*this, q_out, e.t[0].stride(), T, H * D, false), q,
+        interval_bound(iv, q), cpu::Rounding::kNone, {T, H, D});
 }
 
 void CudaVerifier::kv_entries(const OpEvent& e) {
@@ -956,7 +957,8 @@ void CudaVerifier::attention(const OpEvent& e) {
   const cpu::AttentionWeights& aw = bw(block).attn;
   const KvEntryLayout& kl = cache_.kv_layout();
   const int db = kl.data_bytes(), sb = kl.scale_bytes();
-  const std::vector<float> qv = bf16(q, size_t(T) * H * D);
+  // q and o may hold padding heads beyond the model's (row stride e.t[0/3].stride()).
+  const std::vector<float> qv = rows_of(*this, q, e.t[0].stride(), T, H * D, false);
   std::vector<uint8_t> stage;
   if (staging) stage = bytes(staging, size_t(staging_slots) * db + size_t(staging_slots) * sb);
   std::vector<int32_t> sel;
@@ -1019,7 +1021,7 @@ void CudaVerifier::attention(const OpEvent& e) {
                               oiv.data() + size_t(r) * H * D);
     }
   }
-  last_o_ = bf16(o, want.size());
+  last_o_ = rows_of(*this, o, e.t[3].stride(), T, H * D, false);
   last_o_block_ = block;
   judge("attn.sparse_attention", block, last_o_, want, interval_bound(oiv, want),
         cpu::Rounding::kNone, {T, H, D});
