@@ -129,10 +129,11 @@ TEST_P(VerifyGeometry, CatchesACorruptedSharedW2) {
 // sparse attention takes, its 4 indexer heads padded to the logits kernel's 8, sigmoid routing
 // (CustomGeometry below pins that none of it is refused). "custom-dim128" is that geometry with
 // the three set to values the kernels take without padding (4 heads, sqrt-softplus routing, 8
-// indexer heads): the CUDA backend end to end at width 128 under --verify.
+// indexer heads): the CUDA backend end to end at width 128 under --verify. "custom-heads12" pads
+// other counts: 12 heads in 3 output groups run as 16, 12 indexer heads as 16 (fp8 path only).
 
 struct ModelCase {
-  const char* model;  // "custom", "custom-dim128" or a golden set's name
+  const char* model;  // "custom", "custom-dim128", "custom-heads12" or a golden set's name
   bool exact_linears;
 };
 
@@ -159,6 +160,16 @@ ModelConfig custom_dim128() {
   return c;
 }
 
+// The custom geometry with 12 heads in 3 groups and 12 indexer heads (both padded to 16).
+ModelConfig custom_heads12() {
+  ModelConfig c = custom_config();
+  c.n_heads = 12;
+  c.o_groups = 3;
+  c.index_n_heads = 12;
+  c.validate();
+  return c;
+}
+
 // What the CUDA backend accepts and refuses around the custom geometry, exactly (no GPU needed):
 // the geometry itself (2 heads, sigmoid routing, 4 indexer heads, width 128) is accepted, and so
 // is the variant without padding; head counts beyond the kernels' (padded) ranges and the
@@ -167,6 +178,7 @@ TEST(CustomGeometry, RefusedFeatures) {
   ModelConfig c = custom_config();
   ASSERT_EQ(c.dim, 128);
   EXPECT_NO_THROW(check_cuda_supported(c));
+  EXPECT_NO_THROW(check_cuda_supported(custom_heads12()));
   for (int h : {1, 3, 5, 12, 20}) {  // padded to 4, 4, 8, 16, 32
     c.n_heads = h;
     EXPECT_NO_THROW(check_cuda_supported(c)) << h << " heads";
@@ -216,8 +228,10 @@ TEST_P(VerifyCheckpoints, Prefill300ThenDecode300) {
   TempDir tmp;
   std::vector<std::string> dirs;
   const std::string model = GetParam().model;
-  if (model == "custom" || model == "custom-dim128") {
-    write_tiny_checkpoint(model == "custom" ? custom_config() : custom_dim128(),
+  if (model.rfind("custom", 0) == 0) {
+    write_tiny_checkpoint(model == "custom"          ? custom_config()
+                          : model == "custom-dim128" ? custom_dim128()
+                                                     : custom_heads12(),
                           ExpertFormat::kNvfp4, 9, tmp.path());
     dirs.push_back(tmp.path());
   } else {
@@ -243,11 +257,11 @@ TEST_P(VerifyCheckpoints, Prefill300ThenDecode300) {
     } catch (const Error& e) {
       FAIL() << "open: " << e.what();  // the custom geometry included: nothing is refused
     }
-    if (model == "custom") {  // the padding paths run: 2 heads as 4, 4 indexer heads as 8
+    if (model == "custom" || model == "custom-heads12") {  // the padding paths run
       const CudaBlockWeights& b0 = s->model->weights().blocks[0];
-      EXPECT_EQ(b0.heads, 2);
-      EXPECT_EQ(b0.attn_heads, 4);
-      EXPECT_EQ(b0.ratio, 4);
+      EXPECT_EQ(b0.heads, model == "custom" ? 2 : 12);
+      EXPECT_EQ(b0.attn_heads, model == "custom" ? 4 : 16);
+      EXPECT_EQ(b0.ratio, 4);  // with the indexer (4 or 12 heads: padded to 8 or 16)
     }
     const int V = s->V();
     CudaRunner& r = *s->runner;
@@ -278,7 +292,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(ModelCase{"tiny-flash", false}, ModelCase{"tiny-flash", true},
                       ModelCase{"tiny-pro", false}, ModelCase{"tiny-pro", true},
                       ModelCase{"custom", false}, ModelCase{"custom", true},
-                      ModelCase{"custom-dim128", false}, ModelCase{"custom-dim128", true}),
+                      ModelCase{"custom-dim128", false}, ModelCase{"custom-dim128", true},
+                      ModelCase{"custom-heads12", false}),
     model_case_name);
 
 INSTANTIATE_TEST_SUITE_P(Paths, VerifyGeometry,
