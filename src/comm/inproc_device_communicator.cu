@@ -29,8 +29,9 @@ struct alignas(64) Slot {
 };
 
 struct Table {
-  int aborted;        // set by abort() (host); the waiting kernels leave
-  int left_waiting;   // a kernel left a wait because of it (the data are garbage)
+  int aborted;        // the world's (root table's): set by abort() on any communicator split
+                      // from it; the waiting kernels leave (their data are garbage)
+  const int* abort;   // &root table's aborted
   int size_mismatch;  // a receiver expected other sizes than its sender sent (nothing copied)
   int n;
   Slot slot[1];  // [n]
@@ -73,10 +74,7 @@ __global__ void publish_and_wait_kernel(const Publish p) {
   *reinterpret_cast<volatile unsigned long long*>(&mine.ready) = seq;
   for (int s = 0; s < t->n; ++s)
     while (load_volatile(&t->slot[s].ready) < seq)
-      if (is_set(&t->aborted)) {
-        set_flag(&t->left_waiting);
-        return;
-      }
+      if (is_set(t->abort)) return;
   __threadfence_system();
 }
 
@@ -92,7 +90,7 @@ struct Gather {
 __global__ void gather_kernel(const Gather g) {
   const int s = blockIdx.y;
   const unsigned long long want = g.recv_bytes[s];
-  if (!want || is_set(&g.t->aborted)) return;
+  if (!want || is_set(g.t->abort)) return;
   const Slot& from = g.t->slot[s];
   const unsigned long long sent = load_volatile(&from.bytes[g.me]);
   if (sent != want) {
@@ -122,15 +120,13 @@ __global__ void done_and_wait_kernel(Table* t, int me) {
   *reinterpret_cast<volatile unsigned long long*>(&t->slot[me].done) = seq;
   for (int s = 0; s < t->n; ++s)
     while (load_volatile(&t->slot[s].done) < seq)
-      if (is_set(&t->aborted)) {
-        set_flag(&t->left_waiting);
-        return;
-      }
+      if (is_set(t->abort)) return;
 }
 
-// The table of one communicator's ranks, freed with the last of them.
+// The table of one communicator's ranks, freed with the last of them; a split's keeps the
+// world's (its abort flag) alive.
 struct Shared {
-  explicit Shared(int n) {
+  Shared(int n, std::shared_ptr<Shared> parent_) : parent(std::move(parent_)) {
     DSV4_CHECK(n >= 1 && n <= kMaxRanks, "in-process device communicator of ", n, " ranks (1..",
                kMaxRanks, ")");
     const size_t bytes = sizeof(Table) + sizeof(Slot) * size_t(n - 1);
@@ -139,8 +135,13 @@ struct Shared {
     std::memset(p, 0, bytes);
     table = static_cast<Table*>(p);
     table->n = n;
+    table->abort = parent ? parent->table->abort : &table->aborted;
   }
   ~Shared() { cudaFreeHost(table); }
+  // Releases every waiting kernel of the world's communicators.
+  void abort() { *reinterpret_cast<volatile int*>(const_cast<int*>(table->abort)) = 1; }
+  bool aborted() const { return *reinterpret_cast<const volatile int*>(table->abort) != 0; }
+  std::shared_ptr<Shared> parent;
   Table* table = nullptr;
   std::atomic<int> device{-1};  // the GPU every rank's stream is on (the first one seen)
 };
@@ -153,7 +154,7 @@ class InProcDeviceCommunicator final : public DeviceCommunicator {
   int rank() const override { return host_->rank(); }
   int size() const override { return host_->size(); }
   void abort() override {
-    *reinterpret_cast<volatile int*>(&shared_->table->aborted) = 1;
+    shared_->abort();
     host_->abort();
   }
 
@@ -184,7 +185,7 @@ class InProcDeviceCommunicator final : public DeviceCommunicator {
     // until all have copied it.
     std::shared_ptr<Shared> table;
     auto* handle = new std::shared_ptr<Shared>();
-    if (sub->rank() == 0) *handle = std::make_shared<Shared>(sub->size());
+    if (sub->rank() == 0) *handle = std::make_shared<Shared>(sub->size(), shared_);
     const std::vector<std::shared_ptr<Shared>*> all =
         sub->all_gather(std::vector<std::shared_ptr<Shared>*>{handle});
     table = *all[0];
@@ -202,8 +203,7 @@ class InProcDeviceCommunicator final : public DeviceCommunicator {
            cudaStream_t stream) {
     Table* t = shared_->table;
     const int n = size(), me = rank();
-    DSV4_CHECK(!*reinterpret_cast<volatile int*>(&t->aborted),
-               "in-process device collective aborted (a rank failed)");
+    DSV4_CHECK(!shared_->aborted(), "in-process device collective aborted (a rank failed)");
     DSV4_CHECK(!*reinterpret_cast<volatile int*>(&t->size_mismatch),
                "in-process device collective: an earlier collective failed (a rank expected "
                "other sizes than were sent to it)");
@@ -266,7 +266,7 @@ class InProcDeviceCommunicator final : public DeviceCommunicator {
 
 std::vector<std::unique_ptr<DeviceCommunicator>> make_inproc_device_communicators(int n) {
   std::vector<std::unique_ptr<Communicator>> host = make_inproc_communicators(n);
-  auto shared = std::make_shared<Shared>(n);
+  auto shared = std::make_shared<Shared>(n, nullptr);
   std::vector<std::unique_ptr<DeviceCommunicator>> out;
   for (auto& h : host)
     out.push_back(std::make_unique<InProcDeviceCommunicator>(std::move(h), shared));

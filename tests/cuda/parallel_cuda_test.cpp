@@ -29,6 +29,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
@@ -51,6 +52,11 @@
 namespace dsv4::test {
 namespace {
 
+// The in-process device collectives wait on the device for other ranks' launches: every kernel
+// is loaded when CUDA starts (lazy loading may synchronise the context while one waits;
+// inproc_device_communicator.h), before the first CUDA call of this process.
+const bool kEagerModuleLoading = [] { return setenv("CUDA_MODULE_LOADING", "EAGER", 1) == 0; }();
+
 struct Tuple {
   int dp, ep, tp;
 };
@@ -70,7 +76,7 @@ EngineOptions options(const std::string& dir, const Tuple& t, const std::string&
   o.max_tokens = 80;
   o.max_step_tokens = 80;
   o.cache_bytes = 64ll << 20;
-  o.cuda_graphs = false;  // the parallel engine runs eagerly; one rank likewise
+  o.cuda_graphs = false;  // eager here (DecodeGraphsEqualEagerStepsBitForBit: graphs)
   o.dp = t.dp;
   o.ep = t.ep;
   o.tp = t.tp;
@@ -458,6 +464,31 @@ TEST_F(ParallelCuda, DecodeGraphsEqualEagerStepsBitForBit) {
     for (size_t i = 0; i < g.stores.size(); ++i) differ += g.stores[i] != e.stores[i];
     EXPECT_EQ(differ, 0u) << "cache stores of graph and eager runs differ";
     expect_logits_close(what + " graphs vs one rank", g.logits, want, V);
+  }
+}
+
+// The engine with CUDA graphs on (the default) and several ranks: token-by-token decode logits
+// within the tolerance of one rank (eager), and six requests served twice give the same tokens
+// and logprobs (the second serve replays what the first captured; batches of 3 run padded to 4).
+TEST_F(ParallelCuda, EngineWithGraphsServesTheSameTwice) {
+  TempDir d;
+  write_tiny_checkpoint(tiny_preset("flash"), ExpertFormat::kNvfp4, 8, d.path(),
+                        tiny_init("flash"));
+  const ModelConfig c = load_model_config(d.path() + "/config.json");
+  std::mt19937 rng(9);
+  std::vector<int32_t> prompt{0};
+  while (prompt.size() < 40) prompt.push_back(2 + int32_t(rng() % uint32_t(c.vocab_size - 2)));
+  const std::vector<float> want =
+      Engine::open(options(d.path(), {1, 1, 1}))->prompt_logits(prompt, 1);
+  for (const Tuple& t : {Tuple{1, 2, 1}, Tuple{2, 2, 1}}) {
+    SCOPED_TRACE(name(t));
+    EngineOptions o = options(d.path(), t);
+    o.cuda_graphs = true;
+    std::unique_ptr<Engine> e = Engine::open(o);
+    expect_logits_close(name(t) + " graph decode steps", e->prompt_logits(prompt, 1), want,
+                        c.vocab_size);
+    const Served first = serve(*e, c.vocab_size);
+    expect_same(serve(*e, c.vocab_size), first, name(t) + " with graphs, served twice");
   }
 }
 
