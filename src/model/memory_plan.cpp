@@ -98,8 +98,8 @@ int64_t moe_exchange_bytes(const ModelConfig& c, const StepGeometry& s, const Pa
 // max_sequences rows per dp group: cap = ceil(rows / group size) rows per rank, the rank's slab
 // and every EP rank's (routing and BF16 x rows), and the owners' fp32 partial sums sent and
 // received. The owner's expert workspace is shared with the exchange above (ep x cap rows of
-// top-k slots, within the dp x tokens x min(top-k, experts per rank) rows planned there whenever
-// a rank holds at least top-k experts and max_sequences <= tokens).
+// min(top-k, experts per rank) slots: within the dp x tokens x min(top-k, experts per rank)
+// rows planned there, as ep x cap <= dp x max_sequences).
 int64_t cuda_decode_exchange_bytes(const ModelConfig& c, int max_sequences, const StepGeometry& s,
                                    const ParallelLayout& L) {
   const int64_t P = L.config().ep;

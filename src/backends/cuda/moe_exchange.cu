@@ -49,19 +49,34 @@ __global__ void pack_kernel(const int32_t* __restrict__ sel, const float* __rest
 }
 
 __global__ void select_kernel(const uint8_t* __restrict__ slabs, int cap, int top_k, int dim,
-                              int lo, int count, int32_t* __restrict__ sel, float* __restrict__ wt,
-                              __nv_bfloat16* __restrict__ xq) {
+                              int lo, int count, int out_k, int32_t* __restrict__ sel,
+                              float* __restrict__ wt, __nv_bfloat16* __restrict__ xq) {
   const Layout l = layout(cap, top_k, dim);
   const int r = blockIdx.x, s = r / cap, i = r % cap;
   const uint8_t* slab = slabs + size_t(s) * l.total;
   const bool valid = i < *reinterpret_cast<const int32_t*>(slab);
-  const int32_t* ss = reinterpret_cast<const int32_t*>(slab + l.sel);
-  const float* sw = reinterpret_cast<const float*>(slab + l.wt);
-  for (int k = threadIdx.x; k < top_k; k += blockDim.x) {
-    const int e = valid ? ss[size_t(i) * top_k + k] : -1;
-    const bool mine = e >= lo && e < lo + count;
-    sel[size_t(r) * top_k + k] = mine ? e - lo : -1;
-    wt[size_t(r) * top_k + k] = mine ? sw[size_t(i) * top_k + k] : 0.0f;
+  if (threadIdx.x == 0) {
+    // The row's slots of the owner's experts, first occurrences in slot order (a hash row's
+    // repeated expert counts once, with its first slot's weight, as the grouping does).
+    const int32_t* ss = reinterpret_cast<const int32_t*>(slab + l.sel) + size_t(i) * top_k;
+    const float* sw = reinterpret_cast<const float*>(slab + l.wt) + size_t(i) * top_k;
+    int32_t* so = sel + size_t(r) * out_k;
+    float* wo = wt + size_t(r) * out_k;
+    int kept = 0;
+    for (int k = 0; valid && k < top_k && kept < out_k; ++k) {
+      const int e = ss[k];
+      if (e < lo || e >= lo + count) continue;
+      bool seen = false;
+      for (int j = 0; j < kept; ++j) seen = seen || so[j] == e - lo;
+      if (seen) continue;
+      so[kept] = e - lo;
+      wo[kept] = sw[k];
+      ++kept;
+    }
+    for (int k = kept; k < out_k; ++k) {
+      so[k] = -1;
+      wo[k] = 0.0f;
+    }
   }
   if (valid)
     copy_row(reinterpret_cast<const __nv_bfloat16*>(slab + l.xq) + size_t(i) * dim,
@@ -145,12 +160,13 @@ void pack(const int32_t* sel, const float* wt, const __nv_bfloat16* xq, int m, i
   DSV4_CUDA_CHECK(cudaGetLastError());
 }
 
-void select(const void* slabs, int ranks, int cap, int top_k, int dim, int lo, int count,
+void select(const void* slabs, int ranks, int cap, int top_k, int dim, int lo, int count, int out_k,
             int32_t* sel, float* wt, __nv_bfloat16* xq, cudaStream_t stream) {
-  DSV4_CHECK(ranks >= 1 && cap >= 1 && dim % 8 == 0 && top_k >= 1 && top_k <= kMaxTopK,
+  DSV4_CHECK(ranks >= 1 && cap >= 1 && dim % 8 == 0 && top_k >= 1 && top_k <= kMaxTopK &&
+                 out_k == std::min(top_k, count),
              "exchange select: bad shape");
   select_kernel<<<unsigned(ranks * cap), kThreads, 0, stream>>>(
-      static_cast<const uint8_t*>(slabs), cap, top_k, dim, lo, count, sel, wt, xq);
+      static_cast<const uint8_t*>(slabs), cap, top_k, dim, lo, count, out_k, sel, wt, xq);
   DSV4_CUDA_CHECK(cudaGetLastError());
 }
 

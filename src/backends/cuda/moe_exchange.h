@@ -23,12 +23,13 @@ size_t slab_bytes(int cap, int top_k, int dim);
 void pack(const int32_t* sel, const float* wt, const __nv_bfloat16* xq, int m, int top_k, int dim,
           int cap, void* slab, cudaStream_t stream);
 
-// From `ranks` slabs back to back: row r = s * cap + i of the owner's batch is slab s's row i.
-// sel[r, k] = the slot's expert - lo when it is one of the owner's `count` experts
-// [lo, lo + count) and i < slab s's row count, else -1 (no pair: the MoE grouping skips it);
-// wt[r, k] the slot's weight (0 where sel is -1); xq[r] the row's x (rows past the count are
-// left as they are: nothing reads them).
-void select(const void* slabs, int ranks, int cap, int top_k, int dim, int lo, int count,
+// From `ranks` slabs back to back: row r = s * cap + i of the owner's batch is slab s's row i,
+// with out_k = min(top_k, count) slots: sel[r, j] = the j-th distinct expert of the owner's
+// [lo, lo + count) among the row's slots (slot order; a repeated one counts once, as the MoE
+// grouping counts it) minus lo, wt[r, j] its first slot's weight; -1 and 0 in the slots left
+// over and in every slot of rows past slab s's row count (no pairs: the grouping skips them);
+// xq[r] the row's x (rows past the count are left as they are: nothing reads them).
+void select(const void* slabs, int ranks, int cap, int top_k, int dim, int lo, int count, int out_k,
             int32_t* sel, float* wt, __nv_bfloat16* xq, cudaStream_t stream);
 
 // out[r, :] (fp32) = the sum over row r's pairs (pair_pos >= 0) in ascending expert index of

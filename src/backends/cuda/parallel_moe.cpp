@@ -72,7 +72,8 @@ CudaParallelMoe::CudaParallelMoe(DeviceContext& ctx, const ModelConfig& config,
     const int cap = (max_decode_rows_ + gs - 1) / gs;
     owner_ws_bytes_ = workspace_upto(b0.moe_local, max_recv_, 1);
     if (cap > 0) {
-      owner_ws_bytes_ = std::max(owner_ws_bytes_, workspace_upto(b0.moe_local, ep * cap, K));
+      owner_ws_bytes_ =
+          std::max(owner_ws_bytes_, workspace_upto(b0.moe_local, ep * cap, std::min(K, El)));
       slab_ = reinterpret_cast<uint8_t*>(ctx.allocate(exchange::slab_bytes(cap, K, dim)));
       slabs_ = reinterpret_cast<uint8_t*>(ctx.allocate(exchange::slab_bytes(cap, K, dim) * ep));
       partial_ = reinterpret_cast<float*>(ctx.allocate(size_t(ep) * cap * dim * 4));
@@ -251,25 +252,26 @@ void CudaParallelMoe::decode_exchange(const CudaBlockWeights& b, const bf16* xs,
   exchange::pack(ws.sel, ws.wt, ws.xq, m, K, dim, cap, slab_, stream);
   // 2. Everyone's slabs.
   ep.all_gather(slab_, slabs_, exchange::slab_bytes(cap, K, dim), stream);
-  // 3. The owner's experts over its slots of every gathered row, summed per row.
-  const int rows = P * cap;
-  const moe::MoeWorkspace ow = moe::carve_moe_workspace(b.moe_local, rows, K, owner_ws_);
-  exchange::select(slabs_, P, cap, K, dim, me * El, El, ow.sel, ow.wt, ow.xq, stream);
+  // 3. The owner's experts over its slots of every gathered row (at most min(top-k, El)
+  // distinct ones per row), summed per row.
+  const int rows = P * cap, Kl = std::min(K, El);
+  const moe::MoeWorkspace ow = moe::carve_moe_workspace(b.moe_local, rows, Kl, owner_ws_);
+  exchange::select(slabs_, P, cap, K, dim, me * El, El, Kl, ow.sel, ow.wt, ow.xq, stream);
   DSV4_CUDA_CHECK(cudaMemsetAsync(ow.counters, 0, 4 * 4, stream));
   moe::MoeArgs o;
   o.x = ow.xq;
   o.y = reinterpret_cast<bf16*>(partial_);  // unused (no Combine stage)
   o.m = rows;
-  o.p = params(c, K);
+  o.p = params(c, Kl);
   o.workspace = owner_ws_;
   o.workspace_bytes = owner_ws_bytes_;
   o.stream = stream;
   o.stages = moe::kStagePlan | moe::kStageGateUp | moe::kStageQuantAct | moe::kStageDown;
   // The token tile of the pairs an owner expects with balanced routing (cap x top-k over its
   // experts), not of its padded batch.
-  o.tile_n = moe::moe_default_tile_n(b.moe_local, cap, K);
+  o.tile_n = moe::moe_default_tile_n(b.moe_local, cap, Kl);
   moe::moe_forward(b.moe_local, o);
-  exchange::partial_sums(ow.sel, ow.pair_pos, rows, K, ow.ye, dim, partial_, stream);
+  exchange::partial_sums(ow.sel, ow.pair_pos, rows, Kl, ow.ye, dim, partial_, stream);
   // 4. Each sender's rows' sums back to it, then its combine.
   const size_t slab = size_t(cap) * dim * 4;
   std::vector<size_t> at(size_t(P), 0);

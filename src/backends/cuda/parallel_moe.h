@@ -26,9 +26,10 @@
 //  1. each rank routes its share (stage Route) and packs its rows' experts, weights and
 //     quantised x into a slab of cap = ceil(D / group size) rows with the row count in front;
 //  2. the EP group all-gathers the slabs (P x cap rows reach every owner);
-//  3. each owner keeps the slots of its experts (the others, and rows past a slab's count, are
-//     no pairs), runs its experts over them (stages Plan + GateUp + Down, top-k slots per row)
-//     and sums each row's outputs in fp32 in ascending expert index (0 for rows without pairs);
+//  3. each owner keeps the slots of its experts (at most min(top-k, its experts) distinct ones
+//     per row; the others, and rows past a slab's count, are no pairs), runs its experts over
+//     them (stages Plan + GateUp + Down) and sums each row's outputs in fp32 in ascending
+//     expert index (0 for rows without pairs);
 //  4. all-to-all of the fp32 partial sums, cap rows per sender: each rank adds its owners' in
 //     owner order (so in ascending expert index, grouped by owner), + the shared expert,
 //     rounded once;
