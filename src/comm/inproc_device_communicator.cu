@@ -62,8 +62,8 @@ __global__ void publish_and_wait_kernel(const Publish p) {
   if (threadIdx.x != 0) return;
   Table* t = p.t;
   Slot& mine = t->slot[p.me];
-  const unsigned long long seq = mine.seq + 1;
-  mine.seq = seq;
+  const unsigned long long seq = load_volatile(&mine.seq) + 1;
+  *reinterpret_cast<volatile unsigned long long*>(&mine.seq) = seq;
   mine.send = p.send;
   for (int d = 0; d < t->n; ++d) {
     mine.offset[d] = p.offset[d];
@@ -116,7 +116,7 @@ __global__ void gather_kernel(const Gather g) {
 __global__ void done_and_wait_kernel(Table* t, int me) {
   if (threadIdx.x != 0) return;
   __threadfence_system();
-  const unsigned long long seq = t->slot[me].seq;
+  const unsigned long long seq = load_volatile(&t->slot[me].seq);
   *reinterpret_cast<volatile unsigned long long*>(&t->slot[me].done) = seq;
   for (int s = 0; s < t->n; ++s)
     while (load_volatile(&t->slot[s].done) < seq)
