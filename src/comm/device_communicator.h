@@ -33,6 +33,12 @@ class DeviceCommunicator {
                             const std::vector<size_t>& send_bytes, void* recv,
                             const std::vector<size_t>& recv_offset,
                             const std::vector<size_t>& recv_bytes, cudaStream_t stream) = 0;
+  // Every rank of the communicator calls it (host side) just before and just after launching a
+  // CUDA graph that holds its collectives. The in-process communicator's collectives wait on
+  // the device for the other ranks' launches; the barriers keep any rank's later host work (a
+  // lazily loaded kernel may synchronise the whole context) from starting before every rank's
+  // graph is launched. NCCL: nothing (one context per rank).
+  virtual void launch_barrier() {}
   // A communicator of the ranks that pass the same `color`, ordered by (key, rank). Every rank
   // calls it (collective).
   virtual std::unique_ptr<DeviceCommunicator> split(int color, int key) = 0;

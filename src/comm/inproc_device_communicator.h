@@ -1,10 +1,24 @@
-// Device collectives between ranks that are threads of one process (several ranks on one GPU):
-// a test and development facility, so the CUDA backend's parallel engine runs and is compared
-// with one rank without several GPUs. Not a fast path: every collective meets the other ranks
-// on the host (the in-process host communicator) to swap pointers and CUDA events, then each
-// rank copies what it receives with cudaMemcpyAsync on its own stream after the senders'
-// events, and no rank's stream moves on before every reader of its buffers is done. Not
-// capturable into a CUDA graph (the meeting is on the host).
+// Device collectives between ranks that are threads of one process, every rank on one GPU: a
+// test and development facility, so the CUDA backend's parallel engine runs and is compared
+// with one rank without several GPUs. Not a fast path. Each collective is three launches on
+// the rank's stream and needs nothing from the host, so it is capturable into a CUDA graph (the
+// parallel engine's decode graphs). Eagerly, the ranks also meet on the host before and after
+// each collective, and a graph launch is bracketed by launch_barrier(): kernels here wait on the
+// device for other ranks' launches, so no rank may start other host work while one of them
+// depends on a launch not yet made (CUDA's lazy kernel loading may synchronise the context: run
+// processes that use this with CUDA_MODULE_LOADING=EAGER, as parallel_cuda_test does, to rule
+// that out entirely). The host meetings of eager collectives and of graph launches must not
+// mix (a rank that captures or replays while another runs eagerly would pair the wrong ones):
+// the parallel runner decides eager or graph for the whole world, step by step. The ranks share a
+// table in mapped pinned host memory: a one-thread kernel publishes the rank's send buffer
+// (address, offset and size per destination) and its collective count, then spins until every rank
+// has published the same collective; a copy kernel reads each sender's part (its address from the
+// table, so a graph replays with whatever buffers the senders use); a last one-thread kernel marks
+// the rank's reads done and spins until every rank's are, so no send buffer is rewritten while
+// read. A receiver whose expected sizes differ from what was sent copies nothing and the next
+// collective's call throws; abort() releases every waiting kernel (their data are garbage; the
+// failing step throws on its rank). A spinning kernel holds one warp of one SM while it waits; the
+// ranks' other kernels never wait on one another, so they always find room to run.
 #pragma once
 
 #include <memory>
@@ -14,8 +28,8 @@
 
 namespace dsv4 {
 
-// The n ranks' communicators; hand one to each thread. Streams may be on one device or on
-// several of this process (cudaMemcpyAsync between devices).
+// The n ranks' communicators (1 <= n <= 32); hand one to each thread. Every rank's stream must
+// be on the same GPU (a collective on another throws).
 std::vector<std::unique_ptr<DeviceCommunicator>> make_inproc_device_communicators(int n);
 
 }  // namespace dsv4

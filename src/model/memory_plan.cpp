@@ -94,6 +94,23 @@ int64_t moe_exchange_bytes(const ModelConfig& c, const StepGeometry& s, const Pa
   return rows * (2 * int64_t(c.dim) + 3 * int64_t(c.moe_inter_dim)) * 2;
 }
 
+// The CUDA backend's decode exchange (backends/cuda/parallel_moe.h), for decode steps of up to
+// max_sequences rows per dp group: cap = ceil(rows / group size) rows per rank, the rank's slab
+// and every EP rank's (routing and BF16 x rows), and the owners' fp32 partial sums sent and
+// received. The owner's expert workspace is shared with the exchange above (ep x cap rows of
+// min(top-k, experts per rank) slots: within the dp x tokens x min(top-k, experts per rank)
+// rows planned there, as ep x cap <= dp x max_sequences).
+int64_t cuda_decode_exchange_bytes(const ModelConfig& c, int max_sequences, const StepGeometry& s,
+                                   const ParallelLayout& L) {
+  const int64_t P = L.config().ep;
+  if (P == 1) return 0;
+  const int64_t group = L.world() / L.config().dp;
+  const int64_t rows = std::min<int64_t>(max_sequences, s.tokens);
+  const int64_t cap = (rows + group - 1) / group;
+  const int64_t slab = 16 + cap * (8 * int64_t(c.n_activated_experts) + 2 * int64_t(c.dim)) + 288;
+  return (P + 1) * slab + 2 * P * cap * int64_t(c.dim) * 4;
+}
+
 bool has_ratio(const ModelConfig& c, int r) {
   return std::find(c.compress_ratios.begin(), c.compress_ratios.end(), r) !=
          c.compress_ratios.end();
@@ -276,7 +293,8 @@ MemoryPlan plan_memory(const ModelConfig& c, const QuantScheme& scheme,
                                     "; the checkpoint's formats, FP8 scales expanded");
     gpu.cache = cache;
     gpu.cache_min = cache_min;
-    gpu.activations = cuda_activation_bytes(c, p.step, o.max_tokens, o.exact_linears) + exchange;
+    gpu.activations = cuda_activation_bytes(c, p.step, o.max_tokens, o.exact_linears) + exchange +
+                      cuda_decode_exchange_bytes(c, o.max_sequences, p.step, layout);
     gpu.reserve = kCudaReserveBytes;
     p.pools.push_back(gpu);
   }

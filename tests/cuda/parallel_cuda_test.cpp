@@ -21,12 +21,15 @@
 //    (engine_parity_test);
 //  - a tensor-parallel share of heads the sparse attention does not take (flash: 4 heads, tp 2
 //    leaves 2) runs padded with zero queries (CudaBlockWeights::attn_heads);
+//  - decode steps as CUDA graphs with several ranks equal the same steps run eagerly, logits and
+//    cache stores byte for byte (DecodeGraphsEqualEagerStepsBitForBit);
 //  - verify mode, an unknown communicator and a tuple that does not divide are clear errors.
 #include <gtest/gtest.h>
 #include <filesystem>
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
@@ -49,6 +52,11 @@
 namespace dsv4::test {
 namespace {
 
+// The in-process device collectives wait on the device for other ranks' launches: every kernel
+// is loaded when CUDA starts (lazy loading may synchronise the context while one waits;
+// inproc_device_communicator.h), before the first CUDA call of this process.
+const bool kEagerModuleLoading = [] { return setenv("CUDA_MODULE_LOADING", "EAGER", 1) == 0; }();
+
 struct Tuple {
   int dp, ep, tp;
 };
@@ -68,7 +76,7 @@ EngineOptions options(const std::string& dir, const Tuple& t, const std::string&
   o.max_tokens = 80;
   o.max_step_tokens = 80;
   o.cache_bytes = 64ll << 20;
-  o.cuda_graphs = false;  // the parallel engine runs eagerly; one rank likewise
+  o.cuda_graphs = false;  // eager here (DecodeGraphsEqualEagerStepsBitForBit: graphs)
   o.dp = t.dp;
   o.ep = t.ep;
   o.tp = t.tp;
@@ -324,6 +332,163 @@ TEST_F(ParallelCuda, OneRankRunnerEqualsTheCudaRunnerBitForBit) {
       std::printf("  [%s] one-rank parallel runner over %s: %s\n", preset, what,
                   got == want ? "bit-identical" : "DIFFERS");
     }
+  }
+}
+
+// Decode steps as CUDA graphs with several ranks (parallel_runner.h): every rank captures its
+// step (the MoE's decode exchange with counts on the device, the in-process collectives as
+// device-side copies), later steps replay with other tokens and positions. Three sequences of
+// different lengths, prefilled one per step (eager), then decode steps of batch 1 (with dp 2
+// the other group idle: its MoE exchanges captured too), of all three (dp 2: groups of 2 and 1
+// sequences), and of two: each shape runs eagerly once, then captures, then replays. The graph
+// runner's logits and every rank's cache stores equal, byte for byte, those of a runner that
+// runs the same shapes eagerly (graphs off, bucketed launch bounds, the same graph sizes so the
+// same exchange capacity), and the logits stay within the end-to-end tolerance of CudaRunner.
+// The same for NCCL with one rank.
+struct DecodeRun {
+  std::vector<float> logits;
+  std::vector<std::vector<uint8_t>> stores;  // every rank's, block's and kind's bytes
+  int64_t graph_steps = 0, replays = 0;
+};
+
+std::vector<std::vector<uint8_t>> cache_bytes(ParallelCudaRunner& r, int world, int blocks) {
+  std::vector<std::vector<uint8_t>> out;
+  for (int w = 0; w < world; ++w)
+    for (int b = 0; b < blocks; ++b)
+      for (int kind = 0; kind < 3; ++kind) {
+        const auto [base, n] = r.cache(w).store_range(b, kind);
+        std::vector<uint8_t> h(size_t(std::max<int64_t>(0, n)));
+        if (base && n > 0)
+          DSV4_CUDA_CHECK(cudaMemcpy(h.data(), base, size_t(n), cudaMemcpyDeviceToHost));
+        out.push_back(std::move(h));
+      }
+  return out;
+}
+
+// The steps of the test on any runner (sequences a, c on dp group 0, b on group 1 when there
+// are two).
+std::vector<float> decode_steps(Runner& r, int vocab) {
+  std::mt19937 rng(5);
+  auto tok = [&] { return 2 + int32_t(rng() % uint32_t(vocab - 2)); };
+  const int groups = r.dp_size();
+  const int a = r.open_sequence_on(0), b = r.open_sequence_on(1 % groups),
+            c = r.open_sequence_on(0);
+  std::vector<float> out;
+  auto step = [&](const std::vector<StepInput>& in) {
+    const std::vector<float> l = r.step_logits(in);
+    out.insert(out.end(), l.begin(), l.end());
+  };
+  for (auto [seq, len] : {std::pair{a, 30}, std::pair{b, 17}, std::pair{c, 45}}) {
+    std::vector<int32_t> p{0};
+    while (int(p.size()) < len) p.push_back(tok());
+    step({{seq, p}});
+  }
+  for (int i = 0; i < 6; ++i) step({{a, {tok()}}});
+  for (int i = 0; i < 6; ++i) step({{a, {tok()}}, {b, {tok()}}, {c, {tok()}}});
+  for (int i = 0; i < 3; ++i) step({{b, {tok()}}, {c, {tok()}}});
+  for (int s : {a, b, c}) r.close_sequence(s);
+  return out;
+}
+
+TEST_F(ParallelCuda, DecodeGraphsEqualEagerStepsBitForBit) {
+  TempDir d;
+  write_tiny_checkpoint(tiny_preset("flash"), ExpertFormat::kNvfp4, 8, d.path(),
+                        tiny_init("flash"));
+  CudaStackOptions so;
+  so.max_seqs = 4;
+  so.max_context = 320;
+  so.max_step_tokens = 80;
+  so.page_size = 16;
+  std::unique_ptr<CudaStack> one = open_cuda_stack(d.path(), so);
+  const int V = one->V(), L = one->config.n_layers;
+  const std::vector<float> want = decode_steps(*one->runner, V);
+  const QuantScheme scheme = QuantScheme::load(d.path(), one->config);
+  Checkpoint ckpt(d.path());
+  const WeightsRef ref = bind_weights(ckpt, one->config, scheme);
+  CudaModelLimits lim;
+  lim.max_tokens = so.max_step_tokens;
+  lim.max_seqs = so.max_seqs;
+  lim.max_context = so.max_context;
+  const CacheConfig cc = cache_capacity(one->config, so.max_seqs, so.max_context, so.page_size);
+  struct Case {
+    Tuple t;
+    CudaCommKind comm;
+  };
+  const Case cases[] = {{{1, 2, 1}, CudaCommKind::kInProcess},
+                        {{2, 2, 1}, CudaCommKind::kInProcess},
+                        {{1, 4, 1}, CudaCommKind::kInProcess},
+                        {{2, 2, 2}, CudaCommKind::kInProcess},
+                        {{1, 1, 1}, CudaCommKind::kNccl}};
+  for (const Case& k : cases) {
+    const std::string what =
+        name(k.t) + (k.comm == CudaCommKind::kNccl ? " over nccl" : " over inproc");
+    SCOPED_TRACE(what);
+    auto run = [&](bool graphs) {
+      ParallelCudaOptions po;
+      po.comm = k.comm;
+      po.cuda_graphs = graphs;
+      po.bucket_eager_decode = !graphs;
+      po.graph_batch_sizes = {1, 2, 3, 4};  // every batch of the test: nothing padded
+      ParallelCudaRunner r(one->config, ref, ParallelConfig{k.t.dp, k.t.ep, k.t.tp}, cc, lim, po);
+      DecodeRun out;
+      out.logits = decode_steps(r, V);
+      out.stores = cache_bytes(r, world(k.t), L);
+      out.graph_steps = r.graph_steps();
+      for (int w = 0; w < world(k.t); ++w) out.replays += r.graph_replays(w);
+      EXPECT_EQ(r.padded_steps(), 0);
+      return out;
+    };
+    DecodeRun g, e;
+    try {
+      g = run(true);
+      e = run(false);
+    } catch (const Error& x) {
+      if (k.comm == CudaCommKind::kNccl &&
+          std::string(x.what()).find("no NCCL") != std::string::npos) {
+        std::printf("  %s: %s\n", what.c_str(), x.what());
+        continue;
+      }
+      throw;
+    }
+    // Batch 1, 3 and 2: each shape once eagerly, then 5, 5 and 2 graph steps.
+    EXPECT_EQ(g.graph_steps, 12);
+    EXPECT_EQ(e.graph_steps, 0);
+    EXPECT_GE(g.replays, int64_t(world(k.t)) * 8) << "graphs not replayed";
+    std::printf("  %s: %lld graph steps, %lld replays over the ranks\n", what.c_str(),
+                (long long)g.graph_steps, (long long)g.replays);
+    ASSERT_EQ(g.logits.size(), want.size());
+    ASSERT_EQ(e.logits.size(), want.size());
+    EXPECT_EQ(first_diff_row(g.logits, e.logits, V), size_t(-1)) << "graph logits differ";
+    ASSERT_EQ(g.stores.size(), e.stores.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < g.stores.size(); ++i) differ += g.stores[i] != e.stores[i];
+    EXPECT_EQ(differ, 0u) << "cache stores of graph and eager runs differ";
+    expect_logits_close(what + " graphs vs one rank", g.logits, want, V);
+  }
+}
+
+// The engine with CUDA graphs on (the default) and several ranks: token-by-token decode logits
+// within the tolerance of one rank (eager), and six requests served twice give the same tokens
+// and logprobs (the second serve replays what the first captured; batches of 3 run padded to 4).
+TEST_F(ParallelCuda, EngineWithGraphsServesTheSameTwice) {
+  TempDir d;
+  write_tiny_checkpoint(tiny_preset("flash"), ExpertFormat::kNvfp4, 8, d.path(),
+                        tiny_init("flash"));
+  const ModelConfig c = load_model_config(d.path() + "/config.json");
+  std::mt19937 rng(9);
+  std::vector<int32_t> prompt{0};
+  while (prompt.size() < 40) prompt.push_back(2 + int32_t(rng() % uint32_t(c.vocab_size - 2)));
+  const std::vector<float> want =
+      Engine::open(options(d.path(), {1, 1, 1}))->prompt_logits(prompt, 1);
+  for (const Tuple& t : {Tuple{1, 2, 1}, Tuple{2, 2, 1}}) {
+    SCOPED_TRACE(name(t));
+    EngineOptions o = options(d.path(), t);
+    o.cuda_graphs = true;
+    std::unique_ptr<Engine> e = Engine::open(o);
+    expect_logits_close(name(t) + " graph decode steps", e->prompt_logits(prompt, 1), want,
+                        c.vocab_size);
+    const Served first = serve(*e, c.vocab_size);
+    expect_same(serve(*e, c.vocab_size), first, name(t) + " with graphs, served twice");
   }
 }
 

@@ -41,10 +41,6 @@ std::unique_ptr<Runner> open_parallel_cuda_runner(const RunnerOptions& o) {
              o.parallel_comm, "' (nccl, inproc)");
   DSV4_CHECK(!o.verify, "verify mode runs one rank (dp ", o.dp, ", ep ", o.ep, ", tp ", o.tp,
              " asked)");
-  if (o.cuda_graphs)
-    std::fprintf(stderr,
-                 "dsv4: the parallel CUDA engine runs every step eagerly (CUDA graphs are not "
-                 "offered with several ranks yet)\n");
   const ModelConfig config =
       load_model_config((std::filesystem::path(o.model_dir) / "config.json").string());
   const QuantScheme scheme = QuantScheme::load(o.model_dir, config);
@@ -56,6 +52,7 @@ std::unique_ptr<Runner> open_parallel_cuda_runner(const RunnerOptions& o) {
   const ParallelLayout layout(config, pc);  // a tuple that does not divide: its error first
   ParallelCudaOptions po;
   po.comm = o.parallel_comm == "inproc" ? CudaCommKind::kInProcess : CudaCommKind::kNccl;
+  po.cuda_graphs = o.cuda_graphs;  // decode steps (parallel_runner.h)
   // The memory plan first: one pool per rank; in-process every rank shares GPU 0.
   const MemoryPlan plan = plan_memory(config, scheme, memory_plan_options(o, PlanBackend::kCuda));
   if (po.comm == CudaCommKind::kInProcess) {

@@ -80,6 +80,10 @@ class CudaModel {
   // A rank whose data-parallel group has no work this step: the MoE collectives of every
   // decoder block with no rows, in forward()'s order.
   void idle_forward();
+  // The parallel engine's next steps are decode steps of at most `rows` rows per dp group (the
+  // same on every rank): the MoE takes the capturable decode exchange (parallel_moe.h); 0: the
+  // host-sized one. At most limits().max_seqs.
+  void set_decode_rows(int rows);
 
   // Observers of every op (synchronise per op; never while capturing a graph): any
   // OpObserver, verify mode (the verifier learns which path the FP8 linears take,

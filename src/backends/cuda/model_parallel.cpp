@@ -30,7 +30,11 @@ void CudaModel::set_rank(const CudaRankContext* rank) {
   }
   if (rank->ep->size() > 1 || rank->group->size() > 1)
     pmoe_ = std::make_unique<CudaParallelMoe>(ctx_, cfg_, w_, *rank, limits_.max_tokens,
-                                              act_.moe_ws, act_.moe_ws_bytes);
+                                              limits_.max_seqs, act_.moe_ws, act_.moe_ws_bytes);
+}
+
+void CudaModel::set_decode_rows(int rows) {
+  if (pmoe_) pmoe_->set_decode_rows(rows);
 }
 
 void CudaModel::idle_forward() {

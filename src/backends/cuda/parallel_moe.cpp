@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "backends/cuda/glue.h"
+#include "backends/cuda/moe_exchange.h"
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
 #include "ops/cuda/moe/moe.h"
@@ -35,12 +36,14 @@ moe::MoeParams params(const ModelConfig& c, int top_k) {
 
 CudaParallelMoe::CudaParallelMoe(DeviceContext& ctx, const ModelConfig& config,
                                  const CudaModelWeights& weights, const CudaRankContext& rank,
-                                 int max_tokens, void* token_ws, size_t token_ws_bytes)
+                                 int max_tokens, int max_decode_rows, void* token_ws,
+                                 size_t token_ws_bytes)
     : cfg_(config),
       rank_(rank),
       max_tokens_(max_tokens),
       token_ws_(token_ws),
-      token_ws_bytes_(token_ws_bytes) {
+      token_ws_bytes_(token_ws_bytes),
+      max_decode_rows_(std::max(0, std::min(max_decode_rows, max_tokens))) {
   DSV4_CHECK(rank.layout && rank.group && rank.ep, "parallel MoE without its communicators");
   const int K = config.n_activated_experts, E = config.n_routed_experts, dim = config.dim;
   const int ep = rank.ep->size();
@@ -63,7 +66,19 @@ CudaParallelMoe::CudaParallelMoe(DeviceContext& ctx, const ModelConfig& config,
     const int64_t recv = int64_t(groups) * max_tokens * std::min(K, El);
     DSV4_CHECK(recv < (int64_t(1) << 31), "parallel MoE: ", recv, " pairs per owner");
     max_recv_ = int(recv);
+    // The decode exchange: ep slabs of cap rows, each owner's batch ep x cap rows of top-k
+    // slots (its workspace shared with the host-sized exchange's: one runs at a time).
+    const int gs = rank.group->size();
+    const int cap = (max_decode_rows_ + gs - 1) / gs;
     owner_ws_bytes_ = workspace_upto(b0.moe_local, max_recv_, 1);
+    if (cap > 0) {
+      owner_ws_bytes_ =
+          std::max(owner_ws_bytes_, workspace_upto(b0.moe_local, ep * cap, std::min(K, El)));
+      slab_ = reinterpret_cast<uint8_t*>(ctx.allocate(exchange::slab_bytes(cap, K, dim)));
+      slabs_ = reinterpret_cast<uint8_t*>(ctx.allocate(exchange::slab_bytes(cap, K, dim) * ep));
+      partial_ = reinterpret_cast<float*>(ctx.allocate(size_t(ep) * cap * dim * 4));
+      parts_ = reinterpret_cast<float*>(ctx.allocate(size_t(ep) * cap * dim * 4));
+    }
     owner_ws_ = ctx.allocate(owner_ws_bytes_);
     send_x_ = reinterpret_cast<bf16*>(ctx.allocate(size_t(max_tokens) * K * dim * 2));
     back_ = reinterpret_cast<bf16*>(ctx.allocate(size_t(max_recv_) * dim * 2));
@@ -71,6 +86,12 @@ CudaParallelMoe::CudaParallelMoe(DeviceContext& ctx, const ModelConfig& config,
     DSV4_CUDA_CHECK(cudaMallocHost(&host_first_, size_t(ep) * (E + 1) * 4));
     DSV4_CUDA_CHECK(cudaMallocHost(&host_sel_, size_t(max_recv_) * 4));
   }
+}
+
+void CudaParallelMoe::set_decode_rows(int rows) {
+  DSV4_CHECK(rows >= 0 && rows <= max_decode_rows_, "parallel MoE: decode steps of ", rows,
+             " rows per group, planned ", max_decode_rows_);
+  decode_rows_ = rows;
 }
 
 CudaParallelMoe::~CudaParallelMoe() {
@@ -109,6 +130,10 @@ void CudaParallelMoe::forward(const CudaBlockWeights& b, const bf16* x, const in
   if (ep.size() == 1) {
     // Every expert here: the one-rank MoE over the share.
     if (m > 0) moe::moe_forward(b.moe, a);
+  } else if (decode_rows_ > 0) {
+    DSV4_CHECK(n <= decode_rows_, "parallel MoE: a decode step of ", n, " rows, the world's ",
+               decode_rows_);
+    decode_exchange(b, xs, ts, a.shared, m, a.y, stream);
   } else {
     const int P = ep.size(), me = ep.rank(), El = b.moe_local.n_experts;
     DSV4_CHECK(El * P == E && b.experts_lo == me * El, "parallel MoE: rank ", me,
@@ -194,6 +219,66 @@ void CudaParallelMoe::forward(const CudaBlockWeights& b, const bf16* x, const in
     }
     group.all_to_all_v(y, so, sb, y, ro, rb, stream);
   }
+}
+
+// The decode exchange (parallel_moe.h): every size is a capacity, so the enqueued work is the
+// same for any routing and any row counts up to them.
+void CudaParallelMoe::decode_exchange(const CudaBlockWeights& b, const bf16* xs, const int32_t* ts,
+                                      const bf16* shared, int m, bf16* y, cudaStream_t stream) {
+  const ModelConfig& c = cfg_;
+  const int K = c.n_activated_experts, E = c.n_routed_experts, dim = c.dim;
+  DeviceCommunicator& ep = *rank_.ep;
+  const int P = ep.size(), me = ep.rank(), El = b.moe_local.n_experts;
+  DSV4_CHECK(El * P == E && b.experts_lo == me * El, "parallel MoE: rank ", me, " holds experts [",
+             b.experts_lo, ", ", b.experts_lo + El, ")");
+  const int gs = rank_.group->size();
+  const int cap = (decode_rows_ + gs - 1) / gs;
+  DSV4_CHECK(m <= cap, "parallel MoE: a share of ", m, " rows, capacity ", cap);
+  // 1. Route this rank's rows and pack them.
+  const moe::MoeWorkspace ws = moe::carve_moe_workspace(b.moe, m, K, token_ws_);
+  if (m > 0) {
+    moe::MoeArgs a;
+    a.x = xs;
+    a.tokens = ts;
+    a.y = y;  // unused by Route
+    a.m = m;
+    a.p = params(c, K);
+    a.workspace = token_ws_;
+    a.workspace_bytes = token_ws_bytes_;
+    a.stream = stream;
+    a.stages = moe::kStageRoute;
+    moe::moe_forward(b.moe, a);
+  }
+  exchange::pack(ws.sel, ws.wt, ws.xq, m, K, dim, cap, slab_, stream);
+  // 2. Everyone's slabs.
+  ep.all_gather(slab_, slabs_, exchange::slab_bytes(cap, K, dim), stream);
+  // 3. The owner's experts over its slots of every gathered row (at most min(top-k, El)
+  // distinct ones per row), summed per row.
+  const int rows = P * cap, Kl = std::min(K, El);
+  const moe::MoeWorkspace ow = moe::carve_moe_workspace(b.moe_local, rows, Kl, owner_ws_);
+  exchange::select(slabs_, P, cap, K, dim, me * El, El, Kl, ow.sel, ow.wt, ow.xq, stream);
+  DSV4_CUDA_CHECK(cudaMemsetAsync(ow.counters, 0, 4 * 4, stream));
+  moe::MoeArgs o;
+  o.x = ow.xq;
+  o.y = reinterpret_cast<bf16*>(partial_);  // unused (no Combine stage)
+  o.m = rows;
+  o.p = params(c, Kl);
+  o.workspace = owner_ws_;
+  o.workspace_bytes = owner_ws_bytes_;
+  o.stream = stream;
+  o.stages = moe::kStagePlan | moe::kStageGateUp | moe::kStageQuantAct | moe::kStageDown;
+  // The token tile of the pairs an owner expects with balanced routing (cap x top-k over its
+  // experts), not of its padded batch.
+  o.tile_n = moe::moe_default_tile_n(b.moe_local, cap, Kl);
+  moe::moe_forward(b.moe_local, o);
+  exchange::partial_sums(ow.sel, ow.pair_pos, rows, Kl, ow.ye, dim, partial_, stream);
+  // 4. Each sender's rows' sums back to it, then its combine.
+  const size_t slab = size_t(cap) * dim * 4;
+  std::vector<size_t> at(size_t(P), 0);
+  const std::vector<size_t> bytes(size_t(P), slab);
+  for (int r = 0; r < P; ++r) at[size_t(r)] = size_t(r) * slab;
+  ep.all_to_all_v(partial_, at, bytes, parts_, at, bytes, stream);
+  exchange::finish(parts_, P, cap, m, shared, dim, y, stream);
 }
 
 }  // namespace dsv4

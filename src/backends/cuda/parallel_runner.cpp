@@ -111,7 +111,10 @@ ParallelCudaRunner::ParallelCudaRunner(const ModelConfig& config, const WeightsR
       CudaModelWeights mw = upload_cuda_weights(config, weights, false, shard_of(L, w));
       r.model = std::make_unique<CudaModel>(*r.device, config, std::move(mw), limits);
       r.model->set_rank(&r.ctx);
-      r.cache = std::make_unique<DeviceCache>(r.model->config(), cache);
+      // One extra sequence: the graphs' padding rows.
+      r.cache = std::make_unique<DeviceCache>(r.model->config(), cache, /*extra_seqs=*/1);
+      r.scratch.state_slot = r.cache->extra_slot(0);
+      r.scratch.pages[int(PageKind::kWindow)] = r.cache->extra_window_pages(0);
       r.meta = std::make_unique<StepBuffers>(step_limits(config, r.model->limits(), cache),
                                              config.window_size);
       if (w == group_leader(L.dp_group(w))) {
@@ -140,6 +143,7 @@ void ParallelCudaRunner::shutdown() {
       if (r.device) cudaStreamSynchronize(r.device->stream());
       if (r.host_logits) cudaFreeHost(r.host_logits);
       r.host_logits = nullptr;
+      destroy_graphs(r);
       r.meta.reset();
       r.cache.reset();
       r.model.reset();
@@ -177,23 +181,154 @@ void ParallelCudaRunner::rank_copy_pages(int l, const std::vector<PageCopy>& cop
   for (const PageCopy& c : copies) r.cache->copy_page(c, r.device->stream());
 }
 
+void ParallelCudaRunner::destroy_graphs(Rank& r) {
+  for (auto& [key, g] : r.graphs) {
+    if (g.exec) cudaGraphExecDestroy(g.exec);
+    if (g.graph) cudaGraphDestroy(g.graph);
+  }
+  r.graphs.clear();
+}
+
+int ParallelCudaRunner::graph_size(int n) const {
+  const auto it = opt_.graph_batch_sizes.lower_bound(n);
+  if (it == opt_.graph_batch_sizes.end()) return 0;
+  if (*it == n) return n;
+  const Limits& l = limits();
+  const bool fits = *it <= l.max_step_seqs && *it <= l.max_step_tokens && *it <= l.max_logit_rows;
+  return opt_.pad_to_graph_sizes && fits ? *it : 0;
+}
+
+ParallelCudaRunner::StepPlan ParallelCudaRunner::plan_step(const std::vector<StepBatch>& batches) {
+  StepPlan p;
+  const size_t G = batches.size();
+  p.rows.assign(G, 0);
+  p.buckets.assign(G, 0);
+  bool decode = false, all_decode = true;
+  int most = 0;
+  for (size_t g = 0; g < G; ++g) {
+    const StepBatch& b = batches[g];
+    if (b.chunks.empty()) continue;
+    decode = true;
+    all_decode = all_decode && b.decode_only;
+    most = std::max(most, int(b.chunks.size()));
+    p.rows[g] = int(b.chunks.size());
+  }
+  if (!decode || !all_decode) {
+    for (size_t g = 0; g < G; ++g) p.rows[g] = 0;
+    return p;  // eager, the host-sized exchange
+  }
+  const int64_t max_context = ranks_.at(0).model->limits().max_context;
+  for (size_t g = 0; g < G; ++g)
+    if (!batches[g].chunks.empty()) p.buckets[g] = decode_bucket(batches[g].chunks, max_context);
+  const int padded_most = graph_size(most);
+  p.decode_rows = padded_most > 0 ? padded_most : most;
+  bool observed = false;
+  for (const Rank& r : ranks_) observed = observed || r.model->observed();
+  p.graphs = opt_.cuda_graphs && !observed;
+  for (size_t g = 0; g < G && p.graphs; ++g)
+    if (p.rows[g] > 0) p.graphs = graph_size(p.rows[g]) > 0;
+  if (p.graphs)
+    for (size_t g = 0; g < G; ++g)
+      if (p.rows[g] > 0) p.rows[g] = graph_size(p.rows[g]);
+  return p;
+}
+
+void ParallelCudaRunner::run_graph(int l, const GraphKey& key,
+                                   const std::function<void()>& forward) {
+  Rank& r = ranks_[size_t(l)];
+  const cudaStream_t stream = r.device->stream();
+  cudaGraphExec_t exec = nullptr;
+  if (auto it = r.graphs.find(key); it != r.graphs.end()) {
+    exec = it->second.exec;
+    ++r.replays;
+  } else {
+    Graph g;
+    DSV4_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    try {
+      forward();
+    } catch (const std::exception& e) {
+      cudaGraph_t broken = nullptr;
+      cudaStreamEndCapture(stream, &broken);
+      if (broken) cudaGraphDestroy(broken);
+      cudaGetLastError();
+      throw Error(cat("rank ", first_rank() + l, ": capturing the decode step of ",
+                      std::get<0>(key), " rows (", std::get<1>(key),
+                      " per group in the MoE exchange) as a CUDA graph failed (run without CUDA "
+                      "graphs to bypass): ",
+                      e.what()));
+    }
+    DSV4_CUDA_CHECK(cudaStreamEndCapture(stream, &g.graph));
+    const cudaError_t made = cudaGraphInstantiate(&g.exec, g.graph, 0);
+    if (made != cudaSuccess) {
+      cudaGraphDestroy(g.graph);
+      DSV4_CUDA_CHECK(made);
+    }
+    r.graphs[key] = g;
+    exec = g.exec;
+  }
+  // Every rank's graph launched before any rank does other host work (launch_barrier()).
+  r.world->launch_barrier();
+  DSV4_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  r.world->launch_barrier();
+}
+
 void ParallelCudaRunner::local_forward(const std::vector<StepBatch>& batches,
                                        std::vector<GroupResult>& results) {
   const int V = config().vocab_size;
+  const StepPlan plan = plan_step(batches);
+  // The world's shape: the first of each runs eagerly (with the graphs' shapes).
+  bool graphs = plan.graphs;
+  if (graphs) {
+    std::vector<int64_t> shape{plan.decode_rows};
+    for (size_t g = 0; g < batches.size(); ++g) {
+      shape.push_back(plan.rows[g]);
+      shape.push_back(plan.buckets[g]);
+    }
+    graphs = seen_[shape]++ > 0;
+    if (graphs) ++graph_steps_;
+    for (size_t g = 0; g < batches.size(); ++g)
+      if (plan.rows[g] > int(batches[g].chunks.size())) {
+        ++padded_steps_;
+        break;
+      }
+  }
   run_ranks([&](int l) {
     Rank& r = ranks_[size_t(l)];
     const int w = first_rank() + l;
     const int g = layout().dp_group(w);
     const StepBatch& b = batches[size_t(g)];
     const cudaStream_t stream = r.device->stream();
+    r.model->set_decode_rows(plan.decode_rows);
     if (b.chunks.empty()) {
       // Every rank runs every block's MoE exchange (they span the world).
-      r.model->idle_forward();
+      auto idle = [&] { r.model->idle_forward(); };
+      if (graphs)
+        run_graph(l, GraphKey{0, plan.decode_rows, 0}, idle);
+      else
+        idle();
       DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));
       return;
     }
-    const DeviceStep st = r.meta->build(b.chunks, b.rows, -1, stream);
-    r.model->forward(st, *r.cache);
+    // A graph step: the batch padded with dummy rows of the scratch sequence (token 0 at
+    // position 0; their logits rows come after the real ones and are not downloaded), and
+    // launches bounded by the context bucket's end.
+    const int rows = plan.decode_rows > 0 && plan.graphs ? plan.rows[size_t(g)] : 0;
+    std::vector<ChunkRef> chunks = b.chunks;
+    std::vector<int> logit_rows = b.rows;
+    static const int32_t kToken = 0;
+    for (int i = int(chunks.size()); i < rows; ++i) {
+      chunks.push_back({&r.scratch, 0, &kToken, 1});
+      logit_rows.push_back(i);
+    }
+    const int64_t bound = plan.graphs || (plan.decode_rows > 0 && opt_.bucket_eager_decode)
+                              ? plan.buckets[size_t(g)] - 1
+                              : -1;
+    const DeviceStep st = r.meta->build(chunks, logit_rows, bound, stream);
+    auto forward = [&] { r.model->forward(st, *r.cache); };
+    if (graphs)
+      run_graph(l, GraphKey{rows, plan.decode_rows, plan.buckets[size_t(g)]}, forward);
+    else
+      forward();
     // The group's first rank alone downloads the logits (node 0 samples them).
     const bool leader = w == group_leader(g);
     const size_t n = leader ? b.rows.size() * size_t(V) : 0;

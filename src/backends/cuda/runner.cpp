@@ -13,12 +13,6 @@
 namespace dsv4 {
 namespace {
 
-int64_t next_pow2(int64_t v) {
-  int64_t p = 1;
-  while (p < v) p <<= 1;
-  return p;
-}
-
 PagedRunner::Limits runner_limits(const CudaModel& m, const CacheConfig& c) {
   PagedRunner::Limits l;
   l.max_step_tokens = m.limits().max_tokens;
@@ -142,9 +136,7 @@ std::string CudaRunner::report() const {
 // The end of the context bucket of a decode step: the next power of two >= 1024 of its
 // largest position + 1, capped by the planned context.
 int64_t CudaRunner::bucket(const std::vector<ChunkRef>& chunks) const {
-  int64_t max_pos = 0;
-  for (const ChunkRef& c : chunks) max_pos = std::max(max_pos, c.start + c.n - 1);
-  return std::min(std::max<int64_t>(1024, next_pow2(max_pos + 1)), model_.limits().max_context);
+  return decode_bucket(chunks, model_.limits().max_context);
 }
 
 void CudaRunner::run_graph(const std::vector<ChunkRef>& chunks, const std::vector<int>& rows) {

@@ -139,4 +139,12 @@ StepLimits step_limits(const ModelConfig& mc, const CudaModelLimits& m, const Ca
   return l;
 }
 
+int64_t decode_bucket(const std::vector<ChunkRef>& chunks, int64_t max_context) {
+  int64_t max_pos = 0;
+  for (const ChunkRef& c : chunks) max_pos = std::max(max_pos, c.start + c.n - 1);
+  int64_t p = 1024;
+  while (p < max_pos + 1) p <<= 1;
+  return std::min(p, max_context);
+}
+
 }  // namespace dsv4

@@ -96,4 +96,9 @@ class StepBuffers {
   cuda::DeviceBuffer<int32_t> device_;
 };
 
+// The end of the context bucket of a decode step, for CUDA graphs' launch bounds: the next power
+// of two >= 1024 of its largest position + 1, capped by the planned context (the graphs of the
+// CUDA runner and of the parallel one).
+int64_t decode_bucket(const std::vector<ChunkRef>& chunks, int64_t max_context);
+
 }  // namespace dsv4

@@ -1,0 +1,276 @@
+#include "comm/inproc_device_communicator.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+
+#include "comm/inproc_communicator.h"
+#include "core/error.h"
+
+namespace dsv4 {
+namespace {
+
+constexpr int kMaxRanks = 32;
+
+void check(cudaError_t e, const char* what) {
+  DSV4_CHECK(e == cudaSuccess, "in-process device collective: ", what, ": ", cudaGetErrorString(e));
+}
+
+// One rank's public state, in mapped pinned host memory (every rank's kernels and the host
+// read it; only the rank's own kernels write it, abort() aside).
+struct alignas(64) Slot {
+  unsigned long long seq;    // collectives this rank's stream has entered
+  unsigned long long ready;  // = seq once its send buffer and the fields below are published
+  unsigned long long done;   // = seq once its reads of the others' buffers are done
+  unsigned long long send;   // its send buffer (device address)
+  unsigned long long offset[kMaxRanks];  // where destination d's bytes start in it
+  unsigned long long bytes[kMaxRanks];   // and how many
+};
+
+struct Table {
+  int aborted;        // the world's (root table's): set by abort() on any communicator split
+                      // from it; the waiting kernels leave (their data are garbage)
+  const int* abort;   // &root table's aborted
+  int size_mismatch;  // a receiver expected other sizes than its sender sent (nothing copied)
+  int n;
+  Slot slot[1];  // [n]
+};
+
+__device__ __forceinline__ unsigned long long load_volatile(const unsigned long long* p) {
+  return *reinterpret_cast<const volatile unsigned long long*>(p);
+}
+// Flags are plain stores of 1 (no atomics on host memory: PCIe need not support them).
+__device__ __forceinline__ void set_flag(const int* flag) {
+  *reinterpret_cast<volatile int*>(const_cast<int*>(flag)) = 1;
+  __threadfence_system();
+}
+__device__ __forceinline__ bool is_set(const int* flag) {
+  return *reinterpret_cast<const volatile int*>(flag) != 0;
+}
+
+// Publishes this rank's send buffer for the collective it enters, then waits until every rank
+// has published the same collective (one thread).
+struct Publish {
+  Table* t;
+  int me;
+  unsigned long long send;
+  unsigned long long offset[kMaxRanks], bytes[kMaxRanks];
+};
+
+__global__ void publish_and_wait_kernel(const Publish p) {
+  if (threadIdx.x != 0) return;
+  Table* t = p.t;
+  Slot& mine = t->slot[p.me];
+  const unsigned long long seq = load_volatile(&mine.seq) + 1;
+  *reinterpret_cast<volatile unsigned long long*>(&mine.seq) = seq;
+  mine.send = p.send;
+  for (int d = 0; d < t->n; ++d) {
+    mine.offset[d] = p.offset[d];
+    mine.bytes[d] = p.bytes[d];
+  }
+  // The stream's earlier writes (the send buffer) and the fields above before `ready`.
+  __threadfence_system();
+  *reinterpret_cast<volatile unsigned long long*>(&mine.ready) = seq;
+  for (int s = 0; s < t->n; ++s)
+    while (load_volatile(&t->slot[s].ready) < seq)
+      if (is_set(t->abort)) return;
+  __threadfence_system();
+}
+
+// recv + recv_offset[s] = recv_bytes[s] bytes of rank s's send buffer at its offset for this
+// rank; blockIdx.y = s. Loads bypass L1 (the buffers were written by other streams).
+struct Gather {
+  const Table* t;
+  int me;
+  uint8_t* recv;
+  unsigned long long recv_offset[kMaxRanks], recv_bytes[kMaxRanks];
+};
+
+__global__ void gather_kernel(const Gather g) {
+  const int s = blockIdx.y;
+  const unsigned long long want = g.recv_bytes[s];
+  if (!want || is_set(g.t->abort)) return;
+  const Slot& from = g.t->slot[s];
+  const unsigned long long sent = load_volatile(&from.bytes[g.me]);
+  if (sent != want) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) set_flag(&g.t->size_mismatch);
+    return;
+  }
+  const uint8_t* src = reinterpret_cast<const uint8_t*>(load_volatile(&from.send) +
+                                                        load_volatile(&from.offset[g.me]));
+  uint8_t* dst = g.recv + g.recv_offset[s];
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) | want) & 15) == 0) {
+    const uint4* a = reinterpret_cast<const uint4*>(src);
+    uint4* b = reinterpret_cast<uint4*>(dst);
+    for (size_t i = first; i < want / 16; i += stride) b[i] = __ldcg(a + i);
+  } else {
+    for (size_t i = first; i < want; i += stride) dst[i] = __ldcg(src + i);
+  }
+}
+
+// This rank's reads are done; then wait until every rank's are (its send buffer may be
+// rewritten next).
+__global__ void done_and_wait_kernel(Table* t, int me) {
+  if (threadIdx.x != 0) return;
+  __threadfence_system();
+  const unsigned long long seq = load_volatile(&t->slot[me].seq);
+  *reinterpret_cast<volatile unsigned long long*>(&t->slot[me].done) = seq;
+  for (int s = 0; s < t->n; ++s)
+    while (load_volatile(&t->slot[s].done) < seq)
+      if (is_set(t->abort)) return;
+}
+
+// The table of one communicator's ranks, freed with the last of them; a split's keeps the
+// world's (its abort flag) alive.
+struct Shared {
+  Shared(int n, std::shared_ptr<Shared> parent_) : parent(std::move(parent_)) {
+    DSV4_CHECK(n >= 1 && n <= kMaxRanks, "in-process device communicator of ", n, " ranks (1..",
+               kMaxRanks, ")");
+    const size_t bytes = sizeof(Table) + sizeof(Slot) * size_t(n - 1);
+    void* p = nullptr;
+    check(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable), "table");
+    std::memset(p, 0, bytes);
+    table = static_cast<Table*>(p);
+    table->n = n;
+    table->abort = parent ? parent->table->abort : &table->aborted;
+  }
+  ~Shared() { cudaFreeHost(table); }
+  // Releases every waiting kernel of the world's communicators.
+  void abort() { *reinterpret_cast<volatile int*>(const_cast<int*>(table->abort)) = 1; }
+  bool aborted() const { return *reinterpret_cast<const volatile int*>(table->abort) != 0; }
+  std::shared_ptr<Shared> parent;
+  Table* table = nullptr;
+  std::atomic<int> device{-1};  // the GPU every rank's stream is on (the first one seen)
+};
+
+class InProcDeviceCommunicator final : public DeviceCommunicator {
+ public:
+  InProcDeviceCommunicator(std::unique_ptr<Communicator> host, std::shared_ptr<Shared> shared)
+      : host_(std::move(host)), shared_(std::move(shared)) {}
+
+  int rank() const override { return host_->rank(); }
+  int size() const override { return host_->size(); }
+  void abort() override {
+    shared_->abort();
+    host_->abort();
+  }
+
+  void all_gather(const void* send, void* recv, size_t bytes, cudaStream_t stream) override {
+    const size_t n = size_t(size());
+    const std::vector<size_t> off(n, 0), cnt(n, bytes);
+    std::vector<size_t> roff(n, 0);
+    for (size_t r = 0; r < n; ++r) roff[r] = r * bytes;
+    run(send, off, cnt, recv, roff, cnt, stream);
+  }
+
+  void all_to_all_v(const void* send, const std::vector<size_t>& send_offset,
+                    const std::vector<size_t>& send_bytes, void* recv,
+                    const std::vector<size_t>& recv_offset, const std::vector<size_t>& recv_bytes,
+                    cudaStream_t stream) override {
+    const size_t n = size_t(size());
+    DSV4_CHECK(send_offset.size() == n && send_bytes.size() == n && recv_offset.size() == n &&
+                   recv_bytes.size() == n,
+               "all_to_all_v: one count and offset per rank");
+    run(send, send_offset, send_bytes, recv, recv_offset, recv_bytes, stream);
+  }
+
+  void launch_barrier() override { host_->barrier(); }
+
+  std::unique_ptr<DeviceCommunicator> split(int color, int key) override {
+    std::unique_ptr<Communicator> sub = host_->split(color, key);
+    // The new group's first rank makes its table and shows the others a pointer to its handle
+    // until all have copied it.
+    std::shared_ptr<Shared> table;
+    auto* handle = new std::shared_ptr<Shared>();
+    if (sub->rank() == 0) *handle = std::make_shared<Shared>(sub->size(), shared_);
+    const std::vector<std::shared_ptr<Shared>*> all =
+        sub->all_gather(std::vector<std::shared_ptr<Shared>*>{handle});
+    table = *all[0];
+    sub->barrier();
+    delete handle;
+    return std::make_unique<InProcDeviceCommunicator>(std::move(sub), std::move(table));
+  }
+
+ private:
+  // One collective: publish (and wait for everyone's), copy in, mark done (and wait for
+  // everyone's), three launches on the stream, nothing on the host: capturable.
+  void run(const void* send, const std::vector<size_t>& send_offset,
+           const std::vector<size_t>& send_bytes, void* recv,
+           const std::vector<size_t>& recv_offset, const std::vector<size_t>& recv_bytes,
+           cudaStream_t stream) {
+    Table* t = shared_->table;
+    const int n = size(), me = rank();
+    DSV4_CHECK(!shared_->aborted(), "in-process device collective aborted (a rank failed)");
+    DSV4_CHECK(!*reinterpret_cast<volatile int*>(&t->size_mismatch),
+               "in-process device collective: an earlier collective failed (a rank expected "
+               "other sizes than were sent to it)");
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(stream, &capture), "capture status");
+    const bool eager = capture == cudaStreamCaptureStatusNone;
+    // Eager: every rank enters (and, below, leaves) the collective together on the host, so no
+    // rank's later host work (a lazily loaded kernel may synchronise the whole context) runs
+    // while a rank's waiting kernels depend on launches not yet made. Captured: nothing on the
+    // host (a graph launch is bracketed by launch_barrier() instead).
+    if (eager) host_->barrier();
+    if (eager && !loaded_) {
+      // Our kernels loaded before any of them may wait (CUDA loads kernels lazily).
+      cudaFuncAttributes a;
+      check(cudaFuncGetAttributes(&a, publish_and_wait_kernel), "load");
+      check(cudaFuncGetAttributes(&a, gather_kernel), "load");
+      check(cudaFuncGetAttributes(&a, done_and_wait_kernel), "load");
+      loaded_ = true;
+    }
+    int dev = -1;
+    check(cudaGetDevice(&dev), "device");
+    int expected = -1;
+    if (!shared_->device.compare_exchange_strong(expected, dev))
+      DSV4_CHECK(expected == dev, "in-process device collectives: rank ", me, " is on GPU ", dev,
+                 ", another on GPU ", expected, " (every rank on one GPU)");
+    Publish p{};
+    p.t = t;
+    p.me = me;
+    p.send = reinterpret_cast<unsigned long long>(send);
+    Gather g{};
+    g.t = t;
+    g.me = me;
+    g.recv = static_cast<uint8_t*>(recv);
+    size_t most = 0;
+    for (int r = 0; r < n; ++r) {
+      p.offset[r] = send_offset[size_t(r)];
+      p.bytes[r] = send_bytes[size_t(r)];
+      g.recv_offset[r] = recv_offset[size_t(r)];
+      g.recv_bytes[r] = recv_bytes[size_t(r)];
+      most = std::max(most, recv_bytes[size_t(r)]);
+    }
+    publish_and_wait_kernel<<<1, 32, 0, stream>>>(p);
+    check(cudaGetLastError(), "publish");
+    if (most) {
+      const size_t blocks = std::min<size_t>(64, std::max<size_t>(1, most / (16 * 256)));
+      gather_kernel<<<dim3(unsigned(blocks), unsigned(n)), 256, 0, stream>>>(g);
+      check(cudaGetLastError(), "copy");
+    }
+    done_and_wait_kernel<<<1, 32, 0, stream>>>(t, me);
+    check(cudaGetLastError(), "done");
+    if (eager) host_->barrier();
+  }
+
+  std::unique_ptr<Communicator> host_;
+  std::shared_ptr<Shared> shared_;
+  bool loaded_ = false;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<DeviceCommunicator>> make_inproc_device_communicators(int n) {
+  std::vector<std::unique_ptr<Communicator>> host = make_inproc_communicators(n);
+  auto shared = std::make_shared<Shared>(n, nullptr);
+  std::vector<std::unique_ptr<DeviceCommunicator>> out;
+  for (auto& h : host)
+    out.push_back(std::make_unique<InProcDeviceCommunicator>(std::move(h), shared));
+  return out;
+}
+
+}  // namespace dsv4
