@@ -22,9 +22,9 @@ namespace dsv4 {
 class CacheRollback {
  public:
   // Room for, per sequence, one span of `main_positions` positions over the decoder blocks and
-  // one of `mtp_positions` over the MTP block(s).
-  CacheRollback(const ModelConfig& model, const DeviceCache& cache, int seqs, int main_positions,
-                int mtp_positions);
+  // one of `mtp_positions` over the MTP block(s) (rollback_bound, model/speculation.h: the
+  // memory plan counts the same bytes).
+  CacheRollback(const ModelConfig& model, int seqs, int main_positions, int mtp_positions);
   ~CacheRollback();
   CacheRollback(const CacheRollback&) = delete;
   CacheRollback& operator=(const CacheRollback&) = delete;

@@ -52,8 +52,8 @@ CudaRunner::CudaRunner(CudaModel& model, const CacheConfig& cache, const CudaRun
 
 // Speculation's buffers, planned for the largest step when it is enabled.
 struct CudaRunner::Spec {
-  Spec(const CudaModel& m, DeviceCache& cache, int seqs, const StepLimits& limits)
-      : rollback(m.config(), cache, seqs, kMaxDraftTokens + 1, kMaxDraftTokens),
+  Spec(const CudaModel& m, int seqs, const StepLimits& limits)
+      : rollback(m.config(), seqs, kMaxDraftTokens + 1, kMaxDraftTokens),
         meta{StepBuffers(limits, m.config().window_size),
              StepBuffers(limits, m.config().window_size)},
         rows(size_t(limits.max_tokens) * m.config().hc_mult * m.config().dim),
@@ -67,10 +67,9 @@ struct CudaRunner::Spec {
   ~Spec() {
     if (host_ints) cudaFreeHost(host_ints);
   }
+  // The memory plan counts these buffers (speculation_device_bytes, model/speculation.h).
   static int64_t ints_capacity(const StepLimits& l) {
-    // Per step: MTP row sources and the states' update (twice: target and rerun), the drafts'
-    // gathers.
-    return 4 * int64_t(l.max_tokens) + 8 * int64_t(l.max_seqs) * (kMaxDraftTokens + 2) + 64;
+    return speculation_staged_ints(l.max_seqs, l.max_tokens);
   }
   CacheRollback rollback;
   // The MTP steps' metadata: [0] the block's run over the step's positions, [1] the draft
@@ -105,7 +104,7 @@ void CudaRunner::enable_speculation() {
   // are not ops it follows.
   DSV4_CHECK(!verify_, "speculative decoding is not offered in verify mode (--verify)");
   if (spec_) return;
-  spec_ = std::make_unique<Spec>(model_, cache_, limits().max_step_seqs, meta_.limits());
+  spec_ = std::make_unique<Spec>(model_, limits().max_step_seqs, meta_.limits());
 }
 
 const int32_t* CudaRunner::upload_ints(const std::vector<int32_t>& v) {
