@@ -168,12 +168,7 @@ const __nv_bfloat16* CudaRunner::run_graph(Pass pass, StepBuffers& meta,
     if (*std::max_element(key.tokens.begin(), key.tokens.end()) > 1) ++shaped_replays_;
     return it->second.hidden;
   }
-  auto run = [&] {
-    if (pass == Pass::kTarget)
-      model_.forward(st, cache_);
-    else
-      model_.mtp_forward(0, st, mtp_in, cache_);
-  };
+  auto run = [&] { pass_forward(pass, st, mtp_in); };
   // Shapes seen once and never again (mixed acceptance) are forgotten now and then.
   if (seen_.size() > size_t(16 * kMaxShapedGraphs)) seen_.clear();
   if (seen_[key]++ == 0) {
@@ -200,6 +195,13 @@ const __nv_bfloat16* CudaRunner::run_graph(Pass pass, StepBuffers& meta,
   if (*std::max_element(key.tokens.begin(), key.tokens.end()) > 1) ++shaped_graphs_;
   DSV4_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
   return g.hidden;
+}
+
+void CudaRunner::pass_forward(Pass pass, const DeviceStep& st, const __nv_bfloat16* mtp_in) {
+  if (pass == Pass::kTarget)
+    model_.forward(st, cache_);
+  else  // the MTP block's run only writes its cache: its logits are never used
+    model_.mtp_forward(0, st, mtp_in, cache_, /*logits=*/pass == Pass::kMtpDraft);
 }
 
 int CudaRunner::graph_size(const std::vector<ChunkRef>& chunks, int rows) const {
@@ -253,10 +255,7 @@ const __nv_bfloat16* CudaRunner::run_pass(Pass pass, StepBuffers& meta,
   }
   const int64_t bound = graph_shape && opt_.bucket_eager_decode ? bucket(chunks) - 1 : -1;
   const DeviceStep st = meta.build(chunks, rows, bound, model_.stream());
-  if (pass == Pass::kTarget)
-    model_.forward(st, cache_);
-  else
-    model_.mtp_forward(0, st, mtp_in, cache_);
+  pass_forward(pass, st, mtp_in);
   return model_.hidden();
 }
 
@@ -485,7 +484,7 @@ void CudaRunner::mtp_after_step(const StepBatch& b, const std::vector<int>& kept
   if (!runs.empty()) {
     std::vector<ChunkRef> cs;
     for (const MtpRun& r : runs) cs.push_back(r.chunk_ref());
-    // One logits row: the runs' logits are not used (the head skips the others).
+    // No head (Pass::kMtpRun): the runs' logits are not used.
     run_pass(Pass::kMtpRun, sp.meta[0], cs, {0}, true, sp.rows.data());
   }
   finish_mtp(b, kept, out.errors);

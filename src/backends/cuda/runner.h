@@ -149,6 +149,8 @@ class CudaRunner final : public PagedRunner {
   const __nv_bfloat16* run_pass(Pass pass, StepBuffers& meta, const std::vector<ChunkRef>& chunks,
                                 const std::vector<int>& rows, bool shaped,
                                 const __nv_bfloat16* mtp_in = nullptr);
+  // The pass itself (kMtpRun: the MTP block without its head).
+  void pass_forward(Pass pass, const DeviceStep& st, const __nv_bfloat16* mtp_in);
   const __nv_bfloat16* run_graph(Pass pass, StepBuffers& meta, const std::vector<ChunkRef>& chunks,
                                  const std::vector<int>& rows, const __nv_bfloat16* mtp_in);
   int64_t bucket(const std::vector<ChunkRef>& chunks) const;
