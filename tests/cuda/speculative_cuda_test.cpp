@@ -318,33 +318,41 @@ TEST_P(SpeculativeCuda, EqualsPlainDecoding) {
         plains[key] =
             plain_batch(*plain_r, {random_prompt(d.len, V, unsigned(d.len))}, {d.params}, N)[0];
     }
-  for (const auto& batch : batches) {
-    std::unique_ptr<CudaRunner> r = pr.runner(true);
-    std::vector<Spec> seqs;
-    for (const Def& d : batch) {
-      Spec s;
-      s.prompt = random_prompt(d.len, V, unsigned(d.len));
-      s.params = *d.params;
-      s.k = d.k;
-      s.perturbed = d.perturbed;
-      s.plain = &plains.at({d.len, d.params});
-      seqs.push_back(std::move(s));
+  // Eagerly, then as the engine runs it: CUDA graphs with the default batch sizes (steps of 3
+  // sequences, e.g. chained drafts of mixed k, padded to 4 with scratch rows).
+  int64_t padded = 0, shaped = 0;
+  for (bool graphs : {false, true})
+    for (const auto& batch : batches) {
+      std::unique_ptr<CudaRunner> r = pr.runner(true, graphs);
+      std::vector<Spec> seqs;
+      for (const Def& d : batch) {
+        Spec s;
+        s.prompt = random_prompt(d.len, V, unsigned(d.len));
+        s.params = *d.params;
+        s.k = d.k;
+        s.perturbed = d.perturbed;
+        s.plain = &plains.at({d.len, d.params});
+        seqs.push_back(std::move(s));
+      }
+      run_speculative(*r, seqs);
+      if (HasFatalFailure()) return;
+      padded += r->padded_steps();
+      shaped += r->shaped_graph_replays();
+      for (Spec& s : seqs) {
+        std::printf("  [%s%s] prompt %zu k %d: %lld verify steps, %lld/%lld drafts accepted\n",
+                    GetParam().c_str(), graphs ? ", graphs" : "", s.prompt.size(), s.k,
+                    (long long)s.steps, (long long)s.accepted, (long long)s.drafted);
+        expect_logits_close("prompt " + std::to_string(s.prompt.size()) + " k " +
+                                std::to_string(s.k) + " emitted rows vs plain",
+                            s.ours, s.theirs, V);
+      }
+      // Every page back when the sequences close (none leaked by a rollback).
+      for (Spec& s : seqs) r->close_sequence(s.seq);
+      const CacheUsage u = r->usage();
+      for (int k = 0; k < kNumPageKinds; ++k) EXPECT_EQ(u.pages_used[k], 0);
     }
-    run_speculative(*r, seqs);
-    if (HasFatalFailure()) return;
-    for (Spec& s : seqs) {
-      std::printf("  [%s] prompt %zu k %d: %lld verify steps, %lld/%lld drafts accepted\n",
-                  GetParam().c_str(), s.prompt.size(), s.k, (long long)s.steps,
-                  (long long)s.accepted, (long long)s.drafted);
-      expect_logits_close("prompt " + std::to_string(s.prompt.size()) + " k " +
-                              std::to_string(s.k) + " emitted rows vs plain",
-                          s.ours, s.theirs, V);
-    }
-    // Every page back when the sequences close (none leaked by a rollback).
-    for (Spec& s : seqs) r->close_sequence(s.seq);
-    const CacheUsage u = r->usage();
-    for (int k = 0; k < kNumPageKinds; ++k) EXPECT_EQ(u.pages_used[k], 0);
-  }
+  EXPECT_GT(padded, 0);  // padded graph steps ran
+  EXPECT_GT(shaped, 0);  // verify-shaped graphs replayed
 }
 
 // Every draft rejected, k = 1-3 batched: each step's rollback restores the saved bytes and
