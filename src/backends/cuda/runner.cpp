@@ -226,6 +226,7 @@ const __nv_bfloat16* CudaRunner::run_pass(Pass pass, StepBuffers& meta,
   for (const ChunkRef& c : chunks) most = std::max(most, c.n);
   const bool graph_shape = most == 1 || (shaped && most <= kMaxDraftTokens + 1);
   const int padded = graph_shape ? graph_size(chunks, int(rows.size())) : 0;
+  bool capped = false;  // a graph's shape past the cap: eager with the graphs' launch bound
   if (opt_.cuda_graphs && !model_.observed() && padded > 0) {
     // Dummy rows after the real ones (token 0 at position 0 of the scratch sequence), each with
     // a logits row after the real rows: the graph's shapes, and the real rows come first.
@@ -238,7 +239,6 @@ const __nv_bfloat16* CudaRunner::run_pass(Pass pass, StepBuffers& meta,
       all.push_back({&scratch_, 0, &kToken, 1});
       all_rows.push_back(tokens++);
     }
-    bool capped = false;
     if (most > 1 && shaped_graphs_ >= kMaxShapedGraphs) {
       GraphKey key;
       key.pass = pass;
@@ -253,7 +253,8 @@ const __nv_bfloat16* CudaRunner::run_pass(Pass pass, StepBuffers& meta,
     }
     ++eager_shaped_;
   }
-  const int64_t bound = graph_shape && opt_.bucket_eager_decode ? bucket(chunks) - 1 : -1;
+  const int64_t bound =
+      graph_shape && (opt_.bucket_eager_decode || capped) ? bucket(chunks) - 1 : -1;
   const DeviceStep st = meta.build(chunks, rows, bound, model_.stream());
   pass_forward(pass, st, mtp_in);
   return model_.hidden();
