@@ -31,14 +31,17 @@
 // acceptance make many shapes); a shape past that runs eagerly and is counted
 // (eager_shaped_steps()).
 //
-// Why kept tokens run again after a partial acceptance instead of restoring only the rejected
-// positions' stores: the overlapping (ratio-4) compressors shift their state rows when a
-// block of 4 completes, so when a rejected position completes a block the state of the kept
-// tokens alone is nowhere in memory (the save holds the state before the step, the cache the
-// state after every token); only per-position state snapshots from the compressor kernel could
-// give it back. And the kernels are not shape-invariant: the rerun of a zero-accepted verify is
-// exactly a plain decode step, so every store then equals plain decoding's byte for byte
-// (speculative_cuda_test); stores kept from a (k + 1)-row verify would not.
+// Why kept tokens run again after a rejection instead of restoring only the rejected
+// positions' stores: the window slots, compressed entries, indexer keys and the ratio-128
+// states' rows are per position and could be put back alone, but the overlapping (ratio-4)
+// compressors move their current rows into the previous-block half when a block of 4
+// completes, so when a rejected position completes a block the kept tokens' state is a
+// row-by-row mix of the saved state and the moved rows — a reconstruction tied to the
+// compressor kernels' state layout that no GPU test could check exactly (the kernels are not
+// shape-invariant: no independent run gives the same bits). And at zero acceptance the rerun
+// is exactly a plain decode step, so every store then equals plain decoding's byte for byte
+// (speculative_cuda_test); stores kept from a (k + 1)-row verify would not. The rerun is a
+// graph replay like the verify (one token per sequence at zero acceptance: a decode shape).
 //
 // Samples and scores are drawn on the device (ops/cuda/sampling: the rules of
 // ops/common/sampling.h, the ids of the reference sampler); only their results come back, and
