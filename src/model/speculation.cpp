@@ -7,12 +7,9 @@
 
 namespace dsv4 {
 
-namespace {
-
-// One span of `positions` positions over blocks [first, last): the window slots, at most one
-// compressed entry and indexer key per `ratio` positions (plus one), the states
-// (for_each_span_store's stores).
-RollbackBound span_bound(const ModelConfig& m, int first, int last, int positions) {
+// The window slots, at most one compressed entry and indexer key per `ratio` positions (plus
+// one), the states (for_each_span_store's stores).
+RollbackBound rollback_span_bound(const ModelConfig& m, int first, int last, int positions) {
   RollbackBound s;
   const int64_t kv = kv_layout(m).entry_bytes(), ix = index_layout(m).entry_bytes();
   for (int b = first; b < last; ++b) {
@@ -37,13 +34,11 @@ RollbackBound span_bound(const ModelConfig& m, int first, int last, int position
   return s;
 }
 
-}  // namespace
-
 RollbackBound rollback_bound(const ModelConfig& m, int seqs, int main_positions,
                              int mtp_positions) {
   DSV4_CHECK(seqs > 0 && main_positions > 0 && mtp_positions > 0, "cache rollback: bad capacity");
-  const RollbackBound a = span_bound(m, 0, m.n_layers, main_positions);
-  const RollbackBound b = span_bound(m, m.n_layers, m.num_blocks(), mtp_positions);
+  const RollbackBound a = rollback_span_bound(m, 0, m.n_layers, main_positions);
+  const RollbackBound b = rollback_span_bound(m, m.n_layers, m.num_blocks(), mtp_positions);
   RollbackBound r;
   r.bytes = (a.bytes + b.bytes + 512) * seqs;
   r.segments = (a.segments + b.segments) * seqs * 2;  // saves and restores of every span

@@ -92,6 +92,8 @@ struct RollbackBound {
   int64_t bytes = 0, segments = 0;
 };
 RollbackBound rollback_bound(const ModelConfig& m, int seqs, int main_positions, int mtp_positions);
+// One span of `positions` positions over blocks [first, last) (rollback_bound's parts).
+RollbackBound rollback_span_bound(const ModelConfig& m, int first, int last, int positions);
 
 // Device bytes of the CUDA runner's speculation buffers (backends/cuda/runner.cpp's Spec),
 // what the memory plan counts: the rollback's save area and copy segments (rollback_bound for

@@ -72,6 +72,14 @@ void CacheRollback::launch(size_t from, cudaStream_t stream) {
   glue::copy_segments(device_.data() + from, int(count_ - from), stream);
 }
 
+void CacheRollback::pad_saves(size_t segments) {
+  DSV4_CHECK(flushed_ == 0 && count_ <= segments && segments <= capacity_,
+             "cache rollback: ", count_, " saves padded to ", segments, " (capacity ", capacity_,
+             ", ", flushed_, " flushed)");
+  while (count_ < segments) host_[count_++] = {nullptr, nullptr, 0};
+  save_first_ = count_;  // nothing merges into the padding
+}
+
 void CacheRollback::flush(cudaStream_t stream) {
   launch(flushed_, stream);
   flushed_ = count_;

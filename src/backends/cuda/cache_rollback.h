@@ -36,6 +36,13 @@ class CacheRollback {
   int save(DeviceCache& cache, const SequenceCache& s, const CacheSpan& span);
   // Enqueues the queued saves on `stream`.
   void flush(cudaStream_t stream);
+  // A step's saves as part of a CUDA graph: the first saves since reset() padded with empty
+  // segments to `segments` (a graph's fixed launch; at least the queued count), so that
+  // flush() enqueues one copy of the segment list from a fixed pinned address and one kernel
+  // over a fixed count — what a capture records and a replay repeats with this step's list.
+  void pad_saves(size_t segments);
+  // The queued saves were enqueued by a graph replay (their flush() was captured earlier).
+  void flushed_by_graph() { flushed_ = count_; }
   // Enqueues the copy back of the saved spans `handles` on `stream`.
   void restore(const std::vector<int>& handles, cudaStream_t stream);
 

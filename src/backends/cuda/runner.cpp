@@ -153,7 +153,7 @@ int64_t CudaRunner::bucket(const std::vector<ChunkRef>& chunks) const {
 const __nv_bfloat16* CudaRunner::run_graph(Pass pass, StepBuffers& meta,
                                            const std::vector<ChunkRef>& chunks,
                                            const std::vector<int>& rows,
-                                           const __nv_bfloat16* mtp_in) {
+                                           const __nv_bfloat16* mtp_in, size_t saves) {
   const int64_t end = bucket(chunks);
   const cudaStream_t stream = model_.stream();
   const DeviceStep st = meta.build(chunks, rows, end - 1, stream);
@@ -162,13 +162,18 @@ const __nv_bfloat16* CudaRunner::run_graph(Pass pass, StepBuffers& meta,
   for (const ChunkRef& c : chunks) key.tokens.push_back(c.n);
   key.rows = int(rows.size());
   key.end = end;
+  key.saves = saves;
   if (auto it = graphs_.find(key); it != graphs_.end()) {
     DSV4_CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream));
+    if (saves) spec_->rollback.flushed_by_graph();
     ++replays_;
     if (*std::max_element(key.tokens.begin(), key.tokens.end()) > 1) ++shaped_replays_;
     return it->second.hidden;
   }
-  auto run = [&] { pass_forward(pass, st, mtp_in); };
+  auto run = [&] {
+    if (saves) spec_->rollback.flush(stream);
+    pass_forward(pass, st, mtp_in);
+  };
   // Shapes seen once and never again (mixed acceptance) are forgotten now and then.
   if (seen_.size() > size_t(16 * kMaxShapedGraphs)) seen_.clear();
   if (seen_[key]++ == 0) {
@@ -221,7 +226,7 @@ int CudaRunner::graph_size(const std::vector<ChunkRef>& chunks, int rows) const 
 const __nv_bfloat16* CudaRunner::run_pass(Pass pass, StepBuffers& meta,
                                           const std::vector<ChunkRef>& chunks,
                                           const std::vector<int>& rows, bool shaped,
-                                          const __nv_bfloat16* mtp_in) {
+                                          const __nv_bfloat16* mtp_in, size_t saves) {
   int most = 0;
   for (const ChunkRef& c : chunks) most = std::max(most, c.n);
   const bool graph_shape = most == 1 || (shaped && most <= kMaxDraftTokens + 1);
@@ -245,17 +250,19 @@ const __nv_bfloat16* CudaRunner::run_pass(Pass pass, StepBuffers& meta,
       for (const ChunkRef& c : all) key.tokens.push_back(c.n);
       key.rows = int(all_rows.size());
       key.end = bucket(all);
+      key.saves = saves;
       capped = !graphs_.count(key);
     }
     if (!capped) {
       if (padded > int(chunks.size())) ++padded_;
-      return run_graph(pass, meta, all, all_rows, mtp_in);
+      return run_graph(pass, meta, all, all_rows, mtp_in, saves);
     }
     ++eager_shaped_;
   }
   const int64_t bound =
       graph_shape && (opt_.bucket_eager_decode || capped) ? bucket(chunks) - 1 : -1;
   const DeviceStep st = meta.build(chunks, rows, bound, model_.stream());
+  if (saves) spec_->rollback.flush(model_.stream());
   pass_forward(pass, st, mtp_in);
   return model_.hidden();
 }
@@ -308,8 +315,11 @@ StepOutput CudaRunner::forward(const StepBatch& b) {
       if (sc.rows[j] >= 0) scores.push_back({sc.rows[j], (*sc.ids)[j], sc.top});
   sampler_.stage(int(b.rows.size()), samples, scores);
 
-  // A verify may be rejected: what its positions overwrite is saved first (device copies).
+  // A verify may be rejected: what its positions overwrite is saved first (device copies,
+  // queued here and copied at the start of the step's pass: inside its graph, padded to the
+  // segments the shape may need at most).
   std::vector<int> saved(chunks.size(), -1);
+  size_t saves = 0;
   if (spec_) {
     spec_->rollback.reset();
     spec_->ints_used = 0;
@@ -318,12 +328,13 @@ StepOutput CudaRunner::forward(const StepBatch& b) {
         const ChunkRef& ch = chunks[size_t(b.sample_inputs[i])];
         saved[size_t(b.sample_inputs[i])] =
             spec_->rollback.save(cache_, *ch.cache, CacheSpan{0, L, ch.start, ch.n});
+        saves += size_t(rollback_span_bound(config(), 0, L, ch.n).segments);
       }
-    spec_->rollback.flush(stream);
+    if (saves) spec_->rollback.pad_saves(saves);
   }
 
   // With speculation, steps of verify shape are graphs too (the class comment).
-  main_hidden_ = run_pass(Pass::kTarget, meta_, chunks, b.rows, spec_ != nullptr);
+  main_hidden_ = run_pass(Pass::kTarget, meta_, chunks, b.rows, spec_ != nullptr, nullptr, saves);
   // The wanted logits rows (the first num_logit_rows) before the sampler patches rows in place,
   // then the samples, scores and non-finite flags.
   const int V = config().vocab_size;

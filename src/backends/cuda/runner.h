@@ -26,7 +26,9 @@
 // verify, the rerun of kept tokens, the MTP block's run over them, each chained draft step) is
 // captured like a decode step, keyed by (pass, tokens per sequence, logits rows, bucket) and
 // padded with one-token scratch rows to the captured batch sizes; the MTP passes read their
-// own metadata buffers and input rows, so a replay sees the step's. At most
+// own metadata buffers and input rows, so a replay sees the step's. A verify's graph begins
+// with the rollback's saves (the segment list's copy from pinned memory and the copy kernel,
+// padded to a count fixed by the shape); restores happen only after a rejection, outside. At most
 // kMaxShapedGraphs graphs of steps that are not plain decode steps are kept (mixed k and
 // acceptance make many shapes); a shape past that runs eagerly and is counted
 // (eager_shaped_steps()).
@@ -129,8 +131,10 @@ class CudaRunner final : public PagedRunner {
     std::vector<int> tokens;  // per sequence, padded rows included
     int rows = 0;             // logits rows
     int64_t end = 0;          // the context bucket's end
+    size_t saves = 0;         // the rollback's save segments the graph copies first (padded)
     bool operator<(const GraphKey& o) const {
-      return std::tie(pass, tokens, rows, end) < std::tie(o.pass, o.tokens, o.rows, o.end);
+      return std::tie(pass, tokens, rows, end, saves) <
+             std::tie(o.pass, o.tokens, o.rows, o.end, o.saves);
     }
   };
   struct Graph {
@@ -149,13 +153,16 @@ class CudaRunner final : public PagedRunner {
   // watches and the shape is graph-sized (`shaped`: chunks of at most kMaxDraftTokens + 1 tokens;
   // else decode steps only), padded with scratch rows to a captured batch size; else eager.
   // Returns the pass's output streams (the target's last-layer streams, the MTP block's).
+  // `saves` > 0: the rollback's queued saves, padded to that many segments (pad_saves), are
+  // copied first, inside the graph (a per-step part of the verify).
   const __nv_bfloat16* run_pass(Pass pass, StepBuffers& meta, const std::vector<ChunkRef>& chunks,
                                 const std::vector<int>& rows, bool shaped,
-                                const __nv_bfloat16* mtp_in = nullptr);
+                                const __nv_bfloat16* mtp_in = nullptr, size_t saves = 0);
   // The pass itself (kMtpRun: the MTP block without its head).
   void pass_forward(Pass pass, const DeviceStep& st, const __nv_bfloat16* mtp_in);
   const __nv_bfloat16* run_graph(Pass pass, StepBuffers& meta, const std::vector<ChunkRef>& chunks,
-                                 const std::vector<int>& rows, const __nv_bfloat16* mtp_in);
+                                 const std::vector<int>& rows, const __nv_bfloat16* mtp_in,
+                                 size_t saves);
   int64_t bucket(const std::vector<ChunkRef>& chunks) const;
   // The captured batch size a step of `chunks` (logits of `rows` rows) runs as (its size or a
   // padded size), or 0: eager.
