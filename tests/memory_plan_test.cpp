@@ -17,6 +17,7 @@
 #include "model/memory_plan.h"
 #include "model/model_config.h"
 #include "model/parallel_layout.h"
+#include "model/speculation.h"
 #include "model/tiny_checkpoint.h"
 #include "model/weights.h"
 #include "support/temp_dir.h"
@@ -162,7 +163,12 @@ TEST(MemoryPlan, CudaPlanKeepsTheBackendsStepGeometryAndAShrinkingPool) {
   EXPECT_EQ(p.step.logit_rows, p.step.tokens);  // tiny vocab: every row fits the logits budget
   ASSERT_EQ(p.pools.size(), 1u);
   EXPECT_TRUE(p.cache_shrinks);
-  EXPECT_EQ(p.pools[0].cache_min, cache_bytes(c, cache_fixed_part(c, 1, 64)));
+  // The device cache holds the MTP state beside the stores (one slot more: the padding rows').
+  const int64_t mtp_state = device_mtp_state_bytes(c, p.cache.max_seqs + 1);
+  EXPECT_EQ(mtp_state, c.n_mtp_layers > 0 ? (p.cache.max_seqs + 1) * c.hc_mult * c.dim * 2 : 0);
+  EXPECT_EQ(p.pools[0].cache, cache_bytes(c, p.cache) + mtp_state);
+  EXPECT_EQ(p.pools[0].cache_min, cache_bytes(c, cache_fixed_part(c, 1, 64)) + mtp_state);
+  EXPECT_EQ(p.pools[0].speculation, 0);  // no speculation asked
   EXPECT_LT(p.pools[0].cache_min, p.pools[0].cache);
   EXPECT_EQ(p.pools[0].reserve, kCudaReserveBytes);
   o.verify = true;
@@ -172,6 +178,47 @@ TEST(MemoryPlan, CudaPlanKeepsTheBackendsStepGeometryAndAShrinkingPool) {
   EXPECT_FALSE(v.cache_shrinks);
   EXPECT_EQ(v.pools[0].cache_min, v.pools[0].cache);
   EXPECT_EQ(v.pools[1].weights, plan_memory(c, q, MemoryPlanOptions{}).pools[0].weights);
+}
+
+// Speculative decoding on one GPU: the rollback's save area and the MTP steps' rows are in the
+// plan (and so in what the pool is sized against), as the runner allocates them; nothing on
+// the CPU backend's plan or with several ranks (neither speculates on the GPU).
+TEST(MemoryPlan, SpeculationIsCountedInTheCudaPool) {
+  const std::string data = std::string(DSV4_SOURCE_DIR) + "/tests/data/";
+  const ModelConfig c = load_model_config(data + "deepseek-v4-flash.config.json");
+  ASSERT_GT(c.n_mtp_layers, 0);
+  const QuantScheme q = QuantScheme::load(data, c);
+  MemoryPlanOptions o;
+  o.backend = PlanBackend::kCuda;
+  o.max_tokens = 65536;
+  o.max_sequences = 8;
+  const MemoryPlan plain = plan_memory(c, q, o);
+  o.speculative_tokens = 3;
+  const MemoryPlan spec = plan_memory(c, q, o);
+  const int64_t want = speculation_device_bytes(c, 8, spec.step.tokens, 65536, 64);
+  EXPECT_EQ(spec.pools[0].speculation, want);
+  EXPECT_EQ(spec.pools[0].planned() - plain.pools[0].planned(), want);
+  EXPECT_EQ(spec.pools[0].required() - plain.pools[0].required(), want);
+  // The save area: per sequence, k + 1 = 4 window entries in every block, at most two
+  // compressed entries (and indexer keys) per compressing block, the compressor states whole
+  // or by row; linear in the sequences.
+  const RollbackBound one = rollback_bound(c, 1, kMaxDraftTokens + 1, kMaxDraftTokens);
+  const RollbackBound eight = rollback_bound(c, 8, kMaxDraftTokens + 1, kMaxDraftTokens);
+  EXPECT_EQ(eight.bytes, 8 * one.bytes);
+  EXPECT_EQ(eight.segments, 8 * one.segments);
+  const int64_t entry = kv_layout(c).entry_bytes();
+  EXPECT_GE(one.bytes, int64_t(c.num_blocks()) * 4 * entry);
+  std::printf("  V4-Flash: rollback area %.2f MiB per sequence, speculation %.1f MiB at 8 x 64K\n",
+              double(one.bytes) / (1 << 20), double(want) / (1 << 20));
+  EXPECT_NE(describe_plan(spec).find("speculation"), std::string::npos);
+  EXPECT_EQ(describe_plan(plain).find("speculation"), std::string::npos);
+  // The CPU backend's plan and several ranks: no GPU speculation buffers.
+  MemoryPlanOptions cpu = o;
+  cpu.backend = PlanBackend::kCpu;
+  EXPECT_EQ(plan_memory(c, q, cpu).pools[0].speculation, 0);
+  MemoryPlanOptions two = o;
+  two.parallel = {2, 2, 1};
+  for (const MemoryPool& m : plan_memory(c, q, two).pools) EXPECT_EQ(m.speculation, 0);
 }
 
 TEST(MemoryPlan, RefusalNamesTheFigures) {

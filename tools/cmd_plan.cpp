@@ -59,6 +59,7 @@ int run(const Args& a) {
   o.max_step_tokens = static_cast<int>(a.integer("--max-step-tokens"));
   o.verify = a.has("--verify");
   o.exact_linears = a.has("--exact-linears");
+  o.speculative_tokens = static_cast<int>(a.integer("--speculative-tokens"));
   if (o.backend == PlanBackend::kCpu)
     DSV4_CHECK(!o.verify && !o.exact_linears,
                "--verify and --exact-linears apply to --backend cuda");
@@ -206,6 +207,7 @@ const Command& plan_command() {
                1 << 30},
               {"--verify", "", "cuda: the CPU ops' weights on the host as well"},
               {"--exact-linears", "", "cuda: the W8A16 path's activation buffers"},
+              speculative_flag(),
           },
       run};
   return c;

@@ -575,10 +575,14 @@ void run_shape(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
 // k = 1-3 drafts, 4K context, the shape's blocks plus the MTP block. The plain step: a runner
 // without speculation, greedy samples on the device, CUDA graphs (the engine's decode step).
 // The speculative step: a runner with speculation, every sequence bringing its last token and
-// k drafts (verify k, draft k): the target forward over k + 1 tokens per sequence (eager), the
+// k drafts (verify k, draft k): the target forward over k + 1 tokens per sequence, the
 // sampling of every verified row, the rollback saves, the MTP block's run and its k chained
 // drafts — with the drafts forced (SampleSpec forced_from / draft_override) either all right
-// (no rollback) or all wrong (restore + rerun of the kept token, the worst case).
+// (no rollback) or all wrong (restore + rerun of the kept token, the worst case). Both runners
+// run CUDA graphs as the engine does: the verify forward, the rerun, the MTP block's run and
+// each draft step replay graphs captured during the warm-up steps (the step's host work — the
+// rollback's segment lists, the sampler's staging, acceptance — stays outside them); the
+// count of replays per step is printed, so a step that fell back to eager shows.
 // Both steps are also EXTRAPOLATED to the full model: the measured step minus its measured
 // blocks plus the full layer mix at the per-layer times (what does not scale with layers —
 // head, MTP block, sampling, rollback, synchronisation — stays as measured). Tokens per second
@@ -709,6 +713,7 @@ void run_speculative(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
         }
         std::vector<int64_t> index(size_t(B), 0);
         std::vector<SampleSpec> sp(static_cast<size_t>(B));
+        const int64_t replays0 = spec.graph_replays(), eager0 = spec.eager_shaped_steps();
         Timed t = time_steps([&]() {
           std::vector<StepInput> in;
           for (int i = 0; i < B; ++i) {
@@ -734,6 +739,14 @@ void run_speculative(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
           for (int i = 0; i < B; ++i) index[size_t(i)] += 1 + int64_t(o.more[size_t(i)].size());
         });
         for (int id : seqs) spec.close_sequence(id);
+        // Per timed step (after warm-up): the verify, the MTP run and k drafts, plus the rerun
+        // when rejected, each one graph replay.
+        std::fprintf(stderr,
+                     "  b=%d k=%d %s: %lld graph replays over %d steps (%d warm-up), %lld shaped "
+                     "steps run eagerly\n",
+                     B, k, accept ? "accepted" : "rejected",
+                     (long long)(spec.graph_replays() - replays0), iters + 3, 3,
+                     (long long)(spec.eager_shaped_steps() - eager0));
         // Block times are of the step's last target forward: with every draft rejected that
         // is the rerun (one token per sequence), so the verify forward's own full-model
         // extrapolation is added from the all-accepted run (the same verify shapes).

@@ -25,6 +25,9 @@ struct RunnerOptions {
   bool verify = false;         // CUDA
   bool cuda_graphs = true;     // CUDA
   bool exact_linears = false;  // CUDA
+  // MTP drafts per step the engine will ask for (0: no speculation); the memory plan counts
+  // speculation's buffers (CUDA: the rollback's save area, the MTP steps' rows) when > 0.
+  int speculative_tokens = 0;
   // The parallel engine (model/parallel_layout.h); max_sequences and the cache are then per
   // data-parallel rank.
   int dp = 1, ep = 1, tp = 1;

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "kvcache/cache_layout.h"
 #include "model/cache_spec.h"
+#include "model/speculation.h"
 #include "model/weights.h"
 
 namespace dsv4 {
@@ -214,6 +215,7 @@ MemoryPlanOptions memory_plan_options(const RunnerOptions& o, PlanBackend backen
   m.verify = o.verify;
   m.exact_linears = o.exact_linears;
   m.snapshot_slots = o.snapshot_slots;
+  m.speculative_tokens = o.speculative_tokens;
   m.parallel = {o.dp, o.ep, o.tp};
   return m;
 }
@@ -291,8 +293,13 @@ MemoryPlan plan_memory(const ModelConfig& c, const QuantScheme& scheme,
                                         ? cat(", 1/", layout.config().tp, " of the attention heads")
                                         : std::string(),
                                     "; the checkpoint's formats, FP8 scales expanded");
-    gpu.cache = cache;
-    gpu.cache_min = cache_min;
+    // The MTP state beside the stores (DeviceCache: one slot more, the padding rows').
+    const int64_t mtp_state = device_mtp_state_bytes(c, p.cache.max_seqs + 1);
+    gpu.cache = cache + mtp_state;
+    gpu.cache_min = cache_min + mtp_state;
+    if (W == 1 && o.speculative_tokens > 0 && c.n_mtp_layers > 0)  // one rank speculates
+      gpu.speculation =
+          speculation_device_bytes(c, o.max_sequences, p.step.tokens, o.max_tokens, o.page_size);
     gpu.activations = cuda_activation_bytes(c, p.step, o.max_tokens, o.exact_linears) + exchange +
                       cuda_decode_exchange_bytes(c, o.max_sequences, p.step, layout);
     gpu.reserve = kCudaReserveBytes;
@@ -389,6 +396,8 @@ std::string describe_plan(const MemoryPlan& p) {
       if (m.cache_min != m.cache) line("  cache (min)", bytes(m.cache_min));
     }
     if (m.activations > 0) line("  activations", bytes(m.activations) + ", estimate");
+    if (m.speculation > 0)
+      line("  speculation", bytes(m.speculation) + ", rollback area and MTP steps' rows");
     line("  reserve", bytes(m.reserve));
     line("  total", bytes(m.cache_min != m.cache ? m.required() : m.planned()));
   }

@@ -4,7 +4,10 @@
 // verifying, for CUDA). `dsv4 plan` prints it; the backend factories consult it first and
 // refuse, with these figures, what cannot fit, instead of failing inside an allocation.
 //
-// The cache figures are cache_bytes() of plan_cache()'s pool: the bytes the caches allocate.
+// The cache figures are cache_bytes() of plan_cache()'s pool: the bytes the caches allocate
+// (CUDA, MTP models: plus the MTP state, device_mtp_state_bytes in model/speculation.h). With
+// speculative decoding the CUDA pool also holds speculation's buffers
+// (speculation_device_bytes).
 // Weights are counted from the weight inventory (weight_inventory()) in each backend's working
 // layout; activations are an estimate of the largest buffers of one step.
 //
@@ -41,7 +44,8 @@ struct MemoryPlanOptions {
   int max_step_tokens = 0;  // 0: the backend's default
   bool verify = false;      // CUDA: the CPU weights on the host as well
   bool exact_linears = false;
-  int snapshot_slots = 0;  // prefix-cache snapshot slots beside max_sequences (plan_cache)
+  int snapshot_slots = 0;      // prefix-cache snapshot slots beside max_sequences (plan_cache)
+  int speculative_tokens = 0;  // > 0: speculation's buffers are counted (RunnerOptions)
   // The parallel layout; max_sequences and the cache are per data-parallel rank.
   ParallelConfig parallel;
 };
@@ -74,12 +78,13 @@ struct MemoryPool {
   int64_t cache = 0;         // the cache pool as planned
   int64_t cache_min = 0;     // the smallest pool the engine opens with (see cache_shrinks)
   int64_t activations = 0;   // estimate for the largest step
+  int64_t speculation = 0;   // CUDA speculative decoding: rollback area, MTP steps' rows
   int64_t reserve = 0;       // left free for everything else
   std::string weights_note;  // how the weights are held ("fp32 (dequantised)", ...)
   int rank = -1;             // the parallel rank whose memory this is (-1: not parallel)
 
-  int64_t planned() const { return weights + cache + activations + reserve; }
-  int64_t required() const { return weights + cache_min + activations + reserve; }
+  int64_t planned() const { return weights + cache + activations + speculation + reserve; }
+  int64_t required() const { return weights + cache_min + activations + speculation + reserve; }
 };
 
 struct MemoryPlan {

@@ -3,8 +3,71 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "model/cache_spec.h"
 
 namespace dsv4 {
+
+// The window slots, at most one compressed entry and indexer key per `ratio` positions (plus
+// one), the states (for_each_span_store's stores).
+RollbackBound rollback_span_bound(const ModelConfig& m, int first, int last, int positions) {
+  RollbackBound s;
+  const int64_t kv = kv_layout(m).entry_bytes(), ix = index_layout(m).entry_bytes();
+  for (int b = first; b < last; ++b) {
+    const int r = m.ratio(b);
+    s.bytes += int64_t(positions) * kv;
+    s.segments += 2 * positions;
+    if (r > 0) {
+      const int64_t entries = positions / r + 1;
+      const CompressorStateLayout l = main_state_layout(m, b);
+      // for_each_span_store: a non-overlapping state's rows of the positions, else all of it.
+      const bool rows = l.coff() == 1 && positions < l.ratio;
+      s.bytes += entries * kv + (rows ? 2 * int64_t(positions) * l.width() * 4 : l.bytes());
+      s.segments += 2 * entries + (rows ? 2 * positions : 1);
+    }
+    if (r == 4) {
+      const int64_t entries = positions / 4 + 1;
+      s.bytes += entries * ix + CompressorStateLayout{4, index_layout(m).dim}.bytes();
+      s.segments += 2 * entries + 1;
+    }
+  }
+  s.bytes += 16 * s.segments;
+  return s;
+}
+
+RollbackBound rollback_bound(const ModelConfig& m, int seqs, int main_positions,
+                             int mtp_positions) {
+  DSV4_CHECK(seqs > 0 && main_positions > 0 && mtp_positions > 0, "cache rollback: bad capacity");
+  const RollbackBound a = rollback_span_bound(m, 0, m.n_layers, main_positions);
+  const RollbackBound b = rollback_span_bound(m, m.n_layers, m.num_blocks(), mtp_positions);
+  RollbackBound r;
+  r.bytes = (a.bytes + b.bytes + 512) * seqs;
+  r.segments = (a.segments + b.segments) * seqs * 2;  // saves and restores of every span
+  return r;
+}
+
+int64_t speculation_staged_ints(int seqs, int64_t step_tokens) {
+  return 4 * step_tokens + 8 * int64_t(seqs) * (kMaxDraftTokens + 2) + 64;
+}
+
+int64_t speculation_device_bytes(const ModelConfig& m, int seqs, int64_t step_tokens,
+                                 int64_t context, int page_size) {
+  const RollbackBound rb = rollback_bound(m, seqs, kMaxDraftTokens + 1, kMaxDraftTokens);
+  const int64_t row = int64_t(m.hc_mult) * m.dim * 2;
+  const int64_t segment = 24;  // glue::CopySegment: two addresses and a byte count
+  auto pages = [&](int64_t entries) {
+    return std::max<int64_t>(1, (entries + page_size - 1) / page_size);
+  };
+  // StepBuffers: 5 token arrays, 3 sequence arrays, the three block tables (16-byte padding).
+  const int64_t meta_ints =
+      5 * (step_tokens + 4) + 3 * (seqs + 5) +
+      seqs * (pages(m.window_size) + pages(context / 4) + pages(context / 128)) + 12;
+  return rb.bytes + rb.segments * segment + (step_tokens + seqs) * row +
+         4 * speculation_staged_ints(seqs, step_tokens) + 2 * 4 * meta_ints;
+}
+
+int64_t device_mtp_state_bytes(const ModelConfig& m, int slots) {
+  return m.n_mtp_layers > 0 ? int64_t(slots) * m.hc_mult * m.dim * 2 : 0;
+}
 
 std::vector<int> kept_tokens(const StepBatch& b, const StepOutput& out) {
   std::vector<int> kept(b.chunks.size());

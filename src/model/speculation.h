@@ -83,6 +83,33 @@ void for_each_span_store(Cache& c, const ModelConfig& m, const SequenceCache& s,
   }
 }
 
+// The save area a rollback needs (backends/cuda/cache_rollback.h), planned up front: upper
+// bounds of the bytes (each piece 16-byte aligned, each span 256-byte aligned) and of the copy
+// segments (saves and restores) for `seqs` sequences, each with one span of `main_positions`
+// positions over the decoder blocks and one of `mtp_positions` over the MTP block(s). The
+// memory plan counts the same figures.
+struct RollbackBound {
+  int64_t bytes = 0, segments = 0;
+};
+RollbackBound rollback_bound(const ModelConfig& m, int seqs, int main_positions, int mtp_positions);
+// One span of `positions` positions over blocks [first, last) (rollback_bound's parts).
+RollbackBound rollback_span_bound(const ModelConfig& m, int first, int last, int positions);
+
+// Device bytes of the CUDA runner's speculation buffers (backends/cuda/runner.cpp's Spec),
+// what the memory plan counts: the rollback's save area and copy segments (rollback_bound for
+// `seqs` sequences of kMaxDraftTokens + 1 positions and kMaxDraftTokens MTP positions), the MTP
+// steps' input rows [step_tokens, hc, dim] and the drafts' streams [seqs, hc, dim] (BF16), the
+// staged ids, and two step-metadata buffers for steps of `context` tokens in pages of
+// `page_size`.
+int64_t speculation_device_bytes(const ModelConfig& m, int seqs, int64_t step_tokens,
+                                 int64_t context, int page_size);
+// The ids the CUDA runner stages per step (Spec::ints): MTP row sources and the states'
+// update, twice (target and rerun), the drafts' gathers.
+int64_t speculation_staged_ints(int seqs, int64_t step_tokens);
+// Device bytes of the MTP state (DeviceCache::mtp_hidden: BF16 streams [hc, dim] per state
+// slot), 0 for a model without an MTP block.
+int64_t device_mtp_state_bytes(const ModelConfig& m, int slots);
+
 // The MTP rows a step runs for chunk `chunk` (positions [first, end), first >= 0): the
 // positions whose next token the step made known. Row p takes the token at p + 1 (tokens)
 // and the main model's streams at p: position chunk.start - 1 from the sequence's MTP state,

@@ -241,6 +241,7 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& o) {
   ro.verify = o.verify;
   ro.cuda_graphs = o.cuda_graphs;
   ro.exact_linears = o.exact_linears;
+  ro.speculative_tokens = o.speculative_tokens;
   ro.dp = o.dp;
   ro.ep = o.ep;
   ro.tp = o.tp;

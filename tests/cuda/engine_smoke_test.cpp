@@ -102,7 +102,8 @@ TEST_F(EngineSmoke, SmallCachePoolIsAnError) {
   const ModelConfig c = tiny_preset("flash");
   CacheConfig fixed = cache_capacity(c, 1, o.max_tokens, o.page_size);
   fixed.pages[1] = fixed.pages[2] = 0;
-  o.cache_bytes = DeviceCache::bytes_needed(c, fixed) + 1;  // window rings only
+  // The flag budgets the stores (cache_bytes); the device cache's MTP state comes on top.
+  o.cache_bytes = cache_bytes(c, fixed) + 1;  // window rings only
   std::unique_ptr<Engine> e = Engine::open(o);
   try {
     e->prompt_logits({0, 5, 6, 7, 8, 9}, 0);

@@ -18,7 +18,11 @@
 //    MTP ring and state) must then equal plain decoding's byte for byte (the kernels are
 //    deterministic run to run; this is what proves the rollback exact);
 //  - plain decode steps keep their CUDA graphs with speculation enabled: logits bit-identical
-//    to a runner without speculation, verify steps in between run eagerly.
+//    to a runner without speculation;
+//  - verify steps, the rerun of kept tokens and the MTP block's steps run as CUDA graphs: every
+//    returned logits row, sample, draft and every cache store equal an eager runner's (launches
+//    sized by the same bucketed bound) byte for byte, step after step, for full, partial and
+//    zero acceptance and mixed k in one batch.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -59,6 +63,9 @@ struct Preset {
   std::unique_ptr<CudaRunner> runner(bool spec, bool graphs = false) const {
     CudaRunnerOptions ro;
     ro.cuda_graphs = graphs;
+    return runner(spec, ro);
+  }
+  std::unique_ptr<CudaRunner> runner(bool spec, const CudaRunnerOptions& ro) const {
     auto r = std::make_unique<CudaRunner>(*stack->model,
                                           cache_capacity(stack->config, kSeqs, kMaxLen, 4), ro);
     if (spec) r->enable_speculation();
@@ -311,33 +318,41 @@ TEST_P(SpeculativeCuda, EqualsPlainDecoding) {
         plains[key] =
             plain_batch(*plain_r, {random_prompt(d.len, V, unsigned(d.len))}, {d.params}, N)[0];
     }
-  for (const auto& batch : batches) {
-    std::unique_ptr<CudaRunner> r = pr.runner(true);
-    std::vector<Spec> seqs;
-    for (const Def& d : batch) {
-      Spec s;
-      s.prompt = random_prompt(d.len, V, unsigned(d.len));
-      s.params = *d.params;
-      s.k = d.k;
-      s.perturbed = d.perturbed;
-      s.plain = &plains.at({d.len, d.params});
-      seqs.push_back(std::move(s));
+  // Eagerly, then as the engine runs it: CUDA graphs with the default batch sizes (steps of 3
+  // sequences, e.g. chained drafts of mixed k, padded to 4 with scratch rows).
+  int64_t padded = 0, shaped = 0;
+  for (bool graphs : {false, true})
+    for (const auto& batch : batches) {
+      std::unique_ptr<CudaRunner> r = pr.runner(true, graphs);
+      std::vector<Spec> seqs;
+      for (const Def& d : batch) {
+        Spec s;
+        s.prompt = random_prompt(d.len, V, unsigned(d.len));
+        s.params = *d.params;
+        s.k = d.k;
+        s.perturbed = d.perturbed;
+        s.plain = &plains.at({d.len, d.params});
+        seqs.push_back(std::move(s));
+      }
+      run_speculative(*r, seqs);
+      if (HasFatalFailure()) return;
+      padded += r->padded_steps();
+      shaped += r->shaped_graph_replays();
+      for (Spec& s : seqs) {
+        std::printf("  [%s%s] prompt %zu k %d: %lld verify steps, %lld/%lld drafts accepted\n",
+                    GetParam().c_str(), graphs ? ", graphs" : "", s.prompt.size(), s.k,
+                    (long long)s.steps, (long long)s.accepted, (long long)s.drafted);
+        expect_logits_close("prompt " + std::to_string(s.prompt.size()) + " k " +
+                                std::to_string(s.k) + " emitted rows vs plain",
+                            s.ours, s.theirs, V);
+      }
+      // Every page back when the sequences close (none leaked by a rollback).
+      for (Spec& s : seqs) r->close_sequence(s.seq);
+      const CacheUsage u = r->usage();
+      for (int k = 0; k < kNumPageKinds; ++k) EXPECT_EQ(u.pages_used[k], 0);
     }
-    run_speculative(*r, seqs);
-    if (HasFatalFailure()) return;
-    for (Spec& s : seqs) {
-      std::printf("  [%s] prompt %zu k %d: %lld verify steps, %lld/%lld drafts accepted\n",
-                  GetParam().c_str(), s.prompt.size(), s.k, (long long)s.steps,
-                  (long long)s.accepted, (long long)s.drafted);
-      expect_logits_close("prompt " + std::to_string(s.prompt.size()) + " k " +
-                              std::to_string(s.k) + " emitted rows vs plain",
-                          s.ours, s.theirs, V);
-    }
-    // Every page back when the sequences close (none leaked by a rollback).
-    for (Spec& s : seqs) r->close_sequence(s.seq);
-    const CacheUsage u = r->usage();
-    for (int k = 0; k < kNumPageKinds; ++k) EXPECT_EQ(u.pages_used[k], 0);
-  }
+  EXPECT_GT(padded, 0);  // padded graph steps ran
+  EXPECT_GT(shaped, 0);  // verify-shaped graphs replayed
 }
 
 // Every draft rejected, k = 1-3 batched: each step's rollback restores the saved bytes and
@@ -422,8 +437,8 @@ TEST_P(SpeculativeCuda, MtpDraftsKeepPlainOutput) {
 }
 
 // With speculation enabled, plain decode steps keep their CUDA graphs (bit-identical logits to
-// a runner without speculation); a verify step in between runs eagerly and later decode
-// steps replay again.
+// a runner without speculation); verify steps in between run as their own graphs and later
+// decode steps replay again.
 TEST_P(SpeculativeCuda, GraphsKeepServingPlainDecoding) {
   Preset& pr = preset();
   const int V = pr.V(), N = 10;
@@ -455,6 +470,103 @@ TEST_P(SpeculativeCuda, GraphsKeepServingPlainDecoding) {
   EXPECT_EQ(std::vector<int32_t>(after.out.begin(), after.out.end()),
             std::vector<int32_t>(plain.out.begin(), plain.out.begin() + 4));
   EXPECT_GT(r->graph_replays(), replays);
+}
+
+// Verify steps (s_q = k + 1), the reruns of kept tokens and the MTP block's run and chained
+// drafts as CUDA graphs against the same steps run eagerly with the graphs' launch bounds
+// (bucket_eager_decode): the same bits everywhere — every returned logits row (all rows of
+// every verify), samples, accepted tokens, drafts, and after every step every cache store of
+// every sequence (window rings, compressed entries, indexer keys, compressor states, the MTP
+// ring and state). Mixed k in one batch with full, partial and zero acceptance; prompts of
+// 117-126 tokens so drafts cross the 128-token window edge and 4-token CSA boundaries; the
+// captured batch sizes are the step sizes (no padding rows: a padded step has other GEMM
+// shapes than the eager one), and every shape recurs, so graphs replay many times.
+TEST_P(SpeculativeCuda, GraphVerifyStepsEqualEagerBytes) {
+  Preset& pr = preset();
+  const int V = pr.V(), N = 24;
+  SamplingParams greedy;
+  struct Def {
+    int len, k;
+    std::set<int> perturbed;
+  };
+  const std::vector<std::vector<Def>> batches = {
+      {{117, 3, {2, 7, 9, 13, 14, 20}}, {123, 2, all_outputs(N)}, {126, 1, {}}},
+      {{117, 3, {}}, {121, 3, {}}, {125, 3, {5, 6, 7, 8, 9, 10, 11, 12, 13}}},
+  };
+  std::unique_ptr<CudaRunner> plain_r = pr.runner(false);
+  CudaRunnerOptions eager_o, graph_o;
+  eager_o.cuda_graphs = false;
+  eager_o.bucket_eager_decode = true;
+  graph_o.cuda_graphs = true;
+  graph_o.graph_batch_sizes = {1, 2, 3};
+  for (const auto& batch : batches) {
+    std::vector<Plain> plains;
+    for (const Def& d : batch)
+      plains.push_back(
+          plain_batch(*plain_r, {random_prompt(d.len, V, unsigned(d.len) + 7)}, {&greedy}, N)[0]);
+    std::unique_ptr<CudaRunner> eager = pr.runner(true, eager_o);
+    std::unique_ptr<CudaRunner> graph = pr.runner(true, graph_o);
+    std::vector<Spec> se, sg;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      Spec s;
+      s.prompt = random_prompt(batch[i].len, V, unsigned(batch[i].len) + 7);
+      s.params = greedy;
+      s.k = batch[i].k;
+      s.perturbed = batch[i].perturbed;
+      s.plain = &plains[i];
+      se.push_back(s);
+      sg.push_back(s);
+    }
+    test::open_forced(*eager, se, V);
+    test::open_forced(*graph, sg, V);
+    int64_t accepted = 0, rejected = 0;
+    for (int step = 0;; ++step) {
+      test::SpecStep<Spec> ae = test::next_step(se, step == 0);
+      test::SpecStep<Spec> ag = test::next_step(sg, step == 0);
+      ASSERT_EQ(ae.ins.size(), ag.ins.size()) << "step " << step;
+      if (ae.ins.empty()) break;
+      const StepOutput oe = eager->step(ae.ins);
+      const StepOutput og = graph->step(ag.ins);
+      ASSERT_EQ(oe.logits.size(), og.logits.size()) << "step " << step;
+      ASSERT_EQ(std::memcmp(oe.logits.data(), og.logits.data(), oe.logits.size() * 4), 0)
+          << "step " << step << ": logits differ";
+      for (size_t i = 0; i < ae.ins.size(); ++i) {
+        ASSERT_TRUE(oe.errors[i].empty() && og.errors[i].empty()) << oe.errors[i] << og.errors[i];
+        ASSERT_EQ(oe.samples[i].id, og.samples[i].id) << "step " << step << " seq " << i;
+        std::vector<int32_t> me, mg;
+        for (const SampledToken& t : oe.more[i]) me.push_back(t.id);
+        for (const SampledToken& t : og.more[i]) mg.push_back(t.id);
+        ASSERT_EQ(me, mg) << "step " << step << " seq " << i;
+        ASSERT_EQ(oe.drafts[i], og.drafts[i]) << "step " << step << " seq " << i;
+        accepted += int64_t(me.size());
+        rejected += ae.ins[i].verify - int64_t(me.size());
+        for (std::vector<Spec>* v : {&se, &sg}) {
+          Spec& s = *(v == &se ? ae.who[i] : ag.who[i]);
+          s.out.push_back(oe.samples[i].id);
+          s.out.insert(s.out.end(), me.begin(), me.end());
+          s.drafts = oe.drafts[i];
+        }
+      }
+      for (size_t i = 0; i < se.size(); ++i) {
+        expect_same_cache(*eager, se[i].seq, *graph, sg[i].seq);
+        if (HasFatalFailure()) {
+          ADD_FAILURE() << "step " << step << " sequence " << i;
+          return;
+        }
+      }
+    }
+    std::printf(
+        "  [%s] graph vs eager: %lld drafts accepted, %lld rejected; %d graphs, %lld "
+        "replays (%lld of verify-shaped steps)\n",
+        GetParam().c_str(), (long long)accepted, (long long)rejected, graph->graphs_captured(),
+        (long long)graph->graph_replays(), (long long)graph->shaped_graph_replays());
+    EXPECT_GT(accepted, 0);
+    EXPECT_EQ(eager->graph_replays(), 0);
+    EXPECT_EQ(graph->eager_shaped_steps(), 0);
+    EXPECT_EQ(graph->padded_steps(), 0);
+    // Steps 3 and later replay: at least the verify of every step from the third on.
+    EXPECT_GE(graph->shaped_graph_replays(), 4);
+  }
 }
 
 // Refusals before anything runs: a verify whose drafts do not follow exactly one token.

@@ -15,6 +15,7 @@
 #include "io/checkpoint.h"
 #include "model/cache_spec.h"
 #include "model/memory_plan.h"
+#include "model/speculation.h"
 #include "model/weight_scan.h"
 #include "model/weights.h"
 #include "ops/cuda/common/cuda_check.h"
@@ -148,7 +149,10 @@ std::unique_ptr<Runner> open_cuda_runner(const RunnerOptions& o) {
     cc = plan_cache(config, o.max_sequences, o.max_tokens, o.page_size, 0, o.snapshot_slots);
     size_t free = 0, total = 0;
     DSV4_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-    const int64_t avail = int64_t(free) - kCudaReserveBytes;
+    // Speculation's buffers (allocated when the engine enables it) and the MTP state come out
+    // of the same memory (the plan's pool counts them).
+    const int64_t avail = int64_t(free) - kCudaReserveBytes - plan.pools.at(0).speculation -
+                          device_mtp_state_bytes(config, cc.max_seqs + 1);
     if (cache_bytes(config, cc) > avail) {
       cc = plan_cache(config, o.max_sequences, o.max_tokens, o.page_size, avail, o.snapshot_slots);
       std::fprintf(stderr,

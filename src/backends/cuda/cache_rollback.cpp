@@ -7,51 +7,11 @@
 
 namespace dsv4 {
 
-namespace {
-
-// Upper bounds of the bytes (each piece 16-byte aligned) and segments of a span of
-// `positions` positions over blocks [first, last): the window slots, at most one compressed
-// entry and indexer key per `ratio` positions (plus one), the states.
-struct SpanBound {
-  int64_t bytes = 0, segments = 0;
-};
-SpanBound span_bound(const ModelConfig& m, const DeviceCache& c, int first, int last,
-                     int positions) {
-  SpanBound s;
-  for (int b = first; b < last; ++b) {
-    const int r = m.ratio(b);
-    s.bytes += int64_t(positions) * c.kv_layout().entry_bytes();
-    s.segments += 2 * positions;
-    if (r > 0) {
-      const int64_t entries = positions / r + 1;
-      const CompressorStateLayout l = c.main_state_layout(b);
-      // for_each_span_store: a non-overlapping state's rows of the positions, else all of it.
-      const bool rows = l.coff() == 1 && positions < l.ratio;
-      s.bytes += entries * c.kv_layout().entry_bytes() +
-                 (rows ? 2 * int64_t(positions) * l.width() * 4 : l.bytes());
-      s.segments += 2 * entries + (rows ? 2 * positions : 1);
-    }
-    if (r == 4) {
-      const int64_t entries = positions / 4 + 1;
-      s.bytes += entries * c.index_layout().entry_bytes() + c.index_state_layout().bytes();
-      s.segments += 2 * entries + 1;
-    }
-  }
-  s.bytes += 16 * s.segments;
-  return s;
-}
-
-}  // namespace
-
-CacheRollback::CacheRollback(const ModelConfig& m, const DeviceCache& c, int seqs,
-                             int main_positions, int mtp_positions)
+CacheRollback::CacheRollback(const ModelConfig& m, int seqs, int main_positions, int mtp_positions)
     : model_(m) {
-  DSV4_CHECK(seqs > 0 && main_positions > 0 && mtp_positions > 0, "cache rollback: bad capacity");
-  const SpanBound a = span_bound(m, c, 0, m.n_layers, main_positions);
-  const SpanBound b = span_bound(m, c, m.n_layers, m.num_blocks(), mtp_positions);
-  area_ = cuda::DeviceBuffer<uint8_t>(size_t(a.bytes + b.bytes + 512) * size_t(seqs));
-  // Saves and restores of every span.
-  capacity_ = size_t(a.segments + b.segments) * size_t(seqs) * 2;
+  const RollbackBound bound = rollback_bound(m, seqs, main_positions, mtp_positions);
+  area_ = cuda::DeviceBuffer<uint8_t>(size_t(bound.bytes));
+  capacity_ = size_t(bound.segments);
   DSV4_CUDA_CHECK(cudaMallocHost(&host_, capacity_ * sizeof(glue::CopySegment)));
   device_ = cuda::DeviceBuffer<glue::CopySegment>(capacity_);
 }
@@ -110,6 +70,14 @@ void CacheRollback::launch(size_t from, cudaStream_t stream) {
                                   (count_ - from) * sizeof(glue::CopySegment),
                                   cudaMemcpyHostToDevice, stream));
   glue::copy_segments(device_.data() + from, int(count_ - from), stream);
+}
+
+void CacheRollback::pad_saves(size_t segments) {
+  DSV4_CHECK(flushed_ == 0 && count_ <= segments && segments <= capacity_,
+             "cache rollback: ", count_, " saves padded to ", segments, " (capacity ", capacity_,
+             ", ", flushed_, " flushed)");
+  while (count_ < segments) host_[count_++] = {nullptr, nullptr, 0};
+  save_first_ = count_;  // nothing merges into the padding
 }
 
 void CacheRollback::flush(cudaStream_t stream) {

@@ -22,9 +22,9 @@ namespace dsv4 {
 class CacheRollback {
  public:
   // Room for, per sequence, one span of `main_positions` positions over the decoder blocks and
-  // one of `mtp_positions` over the MTP block(s).
-  CacheRollback(const ModelConfig& model, const DeviceCache& cache, int seqs, int main_positions,
-                int mtp_positions);
+  // one of `mtp_positions` over the MTP block(s) (rollback_bound, model/speculation.h: the
+  // memory plan counts the same bytes).
+  CacheRollback(const ModelConfig& model, int seqs, int main_positions, int mtp_positions);
   ~CacheRollback();
   CacheRollback(const CacheRollback&) = delete;
   CacheRollback& operator=(const CacheRollback&) = delete;
@@ -36,6 +36,13 @@ class CacheRollback {
   int save(DeviceCache& cache, const SequenceCache& s, const CacheSpan& span);
   // Enqueues the queued saves on `stream`.
   void flush(cudaStream_t stream);
+  // A step's saves as part of a CUDA graph: the first saves since reset() padded with empty
+  // segments to `segments` (a graph's fixed launch; at least the queued count), so that
+  // flush() enqueues one copy of the segment list from a fixed pinned address and one kernel
+  // over a fixed count — what a capture records and a replay repeats with this step's list.
+  void pad_saves(size_t segments);
+  // The queued saves were enqueued by a graph replay (their flush() was captured earlier).
+  void flushed_by_graph() { flushed_ = count_; }
   // Enqueues the copy back of the saved spans `handles` on `stream`.
   void restore(const std::vector<int>& handles, cudaStream_t stream);
 

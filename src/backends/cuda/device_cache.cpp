@@ -1,6 +1,7 @@
 #include "backends/cuda/device_cache.h"
 
 #include "model/cache_spec.h"
+#include "model/speculation.h"
 
 #include <algorithm>
 
@@ -10,7 +11,7 @@
 
 namespace dsv4 {
 int64_t DeviceCache::bytes_needed(const ModelConfig& m, const CacheConfig& c) {
-  return cache_bytes(m, c);
+  return cache_bytes(m, c) + device_mtp_state_bytes(m, c.max_seqs);
 }
 
 namespace {
@@ -64,11 +65,11 @@ DeviceCache::DeviceCache(const ModelConfig& m, const CacheConfig& pool, int extr
     stores_[b].main_state = reinterpret_cast<float*>(take(s.main_state, r > 0));
     stores_[b].index_state = reinterpret_cast<float*>(take(s.index_state, r == 4));
   }
+  // The MTP state after the stores (zero-filled with them).
+  if (m.n_mtp_layers > 0) mtp_hidden_ = reinterpret_cast<__nv_bfloat16*>(p);
+  DSV4_CHECK(p + device_mtp_state_bytes(m, c.max_seqs) <= memory_.data() + bytes_,
+             "device cache: layout exceeds its allocation");
   slot_scratch_ = cuda::DeviceBuffer<int32_t>(size_t(c.max_seqs));
-  if (m.n_mtp_layers > 0) {
-    mtp_hidden_ = cuda::DeviceBuffer<__nv_bfloat16>(size_t(c.max_seqs) * m.hc_mult * m.dim);
-    mtp_hidden_.fill_bytes(0);
-  }
   for (int s = 0; s < c.max_seqs; ++s) reset_states(s, nullptr);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -137,7 +138,7 @@ float* DeviceCache::index_state(int block, int slot) const {
 }
 
 __nv_bfloat16* DeviceCache::mtp_hidden(int slot) const {
-  DSV4_CHECK(mtp_hidden_.size() > 0 && slot >= 0 && slot < slots_, "bad MTP state access");
+  DSV4_CHECK(mtp_hidden_ && slot >= 0 && slot < slots_, "bad MTP state access");
   return mtp_hidden_pool() + size_t(slot) * model_.hc_mult * model_.dim;
 }
 
@@ -163,7 +164,7 @@ void DeviceCache::reset_states(int slot, cudaStream_t stream) {
     if (r > 0) cuda::compressor_reset_states(main_states(b), d_slot, 1, r, model_.head_dim, stream);
     if (r == 4) cuda::compressor_reset_states(index_states(b), d_slot, 1, 4, ix_.dim, stream);
   }
-  if (mtp_hidden_.size() > 0)
+  if (mtp_hidden_)
     DSV4_CUDA_CHECK(
         cudaMemsetAsync(mtp_hidden(slot), 0, size_t(model_.hc_mult) * model_.dim * 2, stream));
 }
@@ -187,7 +188,7 @@ void DeviceCache::copy_sequence(const SequenceCache& from, const SequenceCache& 
       d2d(index_state(b, to.state_slot), index_state(b, from.state_slot),
           index_state_layout().bytes());
   }
-  if (mtp_hidden_.size() > 0)
+  if (mtp_hidden_)
     d2d(mtp_hidden(to.state_slot), mtp_hidden(from.state_slot),
         int64_t(model_.hc_mult) * model_.dim * 2);
 }

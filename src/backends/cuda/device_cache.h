@@ -30,7 +30,7 @@ class DeviceCache {
   DeviceCache(const ModelConfig& model, const CacheConfig& config, int extra_seqs = 0);
 
   // Device bytes a cache of this configuration takes (what the constructor allocates without
-  // extra sequences).
+  // extra sequences): the stores (cache_bytes) and the MTP state (device_mtp_state_bytes).
   static int64_t bytes_needed(const ModelConfig& model, const CacheConfig& config);
 
   const CacheConfig& config() const { return config_; }
@@ -69,7 +69,7 @@ class DeviceCache {
   // for the MTP block (HostCache::mtp_hidden's role; the device keeps the BF16 streams the
   // CUDA forward computed); MTP models only. Zero for a fresh sequence, copied with a fork.
   __nv_bfloat16* mtp_hidden(int slot) const;
-  __nv_bfloat16* mtp_hidden_pool() const { return const_cast<__nv_bfloat16*>(mtp_hidden_.data()); }
+  __nv_bfloat16* mtp_hidden_pool() const { return mtp_hidden_; }
 
   // Device base and size in bytes of block b's store `kind` (0 window, 1 compressed KV,
   // 2 indexer keys), e.g. to copy a whole store to the host at once.
@@ -106,7 +106,7 @@ class DeviceCache {
   int64_t bytes_ = 0;
   cuda::DeviceBuffer<uint8_t> memory_;
   cuda::DeviceBuffer<int32_t> slot_scratch_;
-  cuda::DeviceBuffer<__nv_bfloat16> mtp_hidden_;  // [slots, hc, dim]; MTP models only
+  __nv_bfloat16* mtp_hidden_ = nullptr;  // [slots, hc, dim] in memory_; MTP models only
   std::vector<Stores> stores_;
 };
 

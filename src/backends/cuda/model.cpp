@@ -901,7 +901,7 @@ void CudaModel::forward(const DeviceStep& st, DeviceCache& cache) {
 }
 
 void CudaModel::mtp_forward(int j, const DeviceStep& st, const bf16* main_streams,
-                            DeviceCache& cache) {
+                            DeviceCache& cache, bool logits) {
   const ModelConfig& c = cfg_;
   DSV4_CHECK(j >= 0 && j < c.n_mtp_layers, "MTP block ", j, " does not exist");
   const int b = c.n_layers + j, T = st.num_tokens, hc = c.hc_mult;
@@ -956,8 +956,9 @@ void CudaModel::mtp_forward(int j, const DeviceStep& st, const bf16* main_stream
   block_body(b, st, cache, false);
   // The step's logit rows, or every row when it names none.
   const bool rows = st.num_logit_rows > 0;
-  head(bw.mtp_hc_head, bw.mtp_norm, act_.streams[cur_], rows ? st.num_logit_rows : T,
-       rows ? st.logit_rows : nullptr, j);
+  if (logits)
+    head(bw.mtp_hc_head, bw.mtp_norm, act_.streams[cur_], rows ? st.num_logit_rows : T,
+         rows ? st.logit_rows : nullptr, j);
   end_step();
 }
 

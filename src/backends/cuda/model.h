@@ -115,8 +115,9 @@ class CudaModel {
   // MTP block j: from the decoder's last streams at the step's rows and the step's tokens,
   // logits into logits() (predicting two ahead) for the step's logit rows, or for every row
   // [T, vocab] when it names none. hidden() then holds the block's output streams.
+  // `logits` false: no head at all (the block's cache writes and output streams only).
   void mtp_forward(int j, const DeviceStep& st, const __nv_bfloat16* main_streams,
-                   DeviceCache& cache);
+                   DeviceCache& cache, bool logits = true);
 
   // Sub-layers alone, for layer-local tests (device BF16 in/out; rows in chunk order).
   // run_block: streams [T, hc, dim] in place. run_attention: x = attn_norm output [T, dim] ->

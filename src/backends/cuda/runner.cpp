@@ -46,26 +46,29 @@ CudaRunner::CudaRunner(CudaModel& model, const CacheConfig& cache, const CudaRun
 
 // Speculation's buffers, planned for the largest step when it is enabled.
 struct CudaRunner::Spec {
-  Spec(const CudaModel& m, DeviceCache& cache, int seqs, const StepLimits& limits)
-      : rollback(m.config(), cache, seqs, kMaxDraftTokens + 1, kMaxDraftTokens),
+  Spec(const CudaModel& m, int seqs, const StepLimits& limits)
+      : rollback(m.config(), seqs, kMaxDraftTokens + 1, kMaxDraftTokens),
         meta{StepBuffers(limits, m.config().window_size),
              StepBuffers(limits, m.config().window_size)},
         rows(size_t(limits.max_tokens) * m.config().hc_mult * m.config().dim),
         draft(size_t(seqs) * m.config().hc_mult * m.config().dim),
         ints(size_t(ints_capacity(limits))) {
     DSV4_CUDA_CHECK(cudaMallocHost(&host_ints, ints.size() * sizeof(int32_t)));
+    // A graph's padding rows read rows past the step's: finite from the start.
+    rows.fill_bytes(0);
+    draft.fill_bytes(0);
   }
   ~Spec() {
     if (host_ints) cudaFreeHost(host_ints);
   }
+  // The memory plan counts these buffers (speculation_device_bytes, model/speculation.h).
   static int64_t ints_capacity(const StepLimits& l) {
-    // Per step: MTP row sources and the states' update (twice: target and rerun), the drafts'
-    // gathers.
-    return 4 * int64_t(l.max_tokens) + 8 * int64_t(l.max_seqs) * (kMaxDraftTokens + 2) + 64;
+    return speculation_staged_ints(l.max_seqs, l.max_tokens);
   }
   CacheRollback rollback;
-  StepBuffers meta[2];  // the MTP steps' metadata, alternating (uploads stay in flight)
-  int next_meta = 0;
+  // The MTP steps' metadata: [0] the block's run over the step's positions, [1] the draft
+  // steps (a captured graph reads the buffer it was captured with).
+  StepBuffers meta[2];
   cuda::DeviceBuffer<__nv_bfloat16> rows;   // [max_tokens, hc, dim] MTP input streams
   cuda::DeviceBuffer<__nv_bfloat16> draft;  // [seqs, hc, dim] chained drafts' streams
   cuda::DeviceBuffer<int32_t> ints;
@@ -95,7 +98,7 @@ void CudaRunner::enable_speculation() {
   // are not ops it follows.
   DSV4_CHECK(!verify_, "speculative decoding is not offered in verify mode (--verify)");
   if (spec_) return;
-  spec_ = std::make_unique<Spec>(model_, cache_, limits().max_step_seqs, meta_.limits());
+  spec_ = std::make_unique<Spec>(model_, limits().max_step_seqs, meta_.limits());
 }
 
 const int32_t* CudaRunner::upload_ints(const std::vector<int32_t>& v) {
@@ -139,49 +142,121 @@ int64_t CudaRunner::bucket(const std::vector<ChunkRef>& chunks) const {
   return decode_bucket(chunks, model_.limits().max_context);
 }
 
-void CudaRunner::run_graph(const std::vector<ChunkRef>& chunks, const std::vector<int>& rows) {
+const __nv_bfloat16* CudaRunner::run_graph(Pass pass, StepBuffers& meta,
+                                           const std::vector<ChunkRef>& chunks,
+                                           const std::vector<int>& rows,
+                                           const __nv_bfloat16* mtp_in, size_t saves) {
   const int64_t end = bucket(chunks);
   const cudaStream_t stream = model_.stream();
-  const DeviceStep st = meta_.build(chunks, rows, end - 1, stream);
-  const std::pair<int, int64_t> key{int(chunks.size()), end};
+  const DeviceStep st = meta.build(chunks, rows, end - 1, stream);
+  GraphKey key;
+  key.pass = pass;
+  for (const ChunkRef& c : chunks) key.tokens.push_back(c.n);
+  key.rows = int(rows.size());
+  key.end = end;
+  key.saves = saves;
   if (auto it = graphs_.find(key); it != graphs_.end()) {
     DSV4_CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream));
+    if (saves) spec_->rollback.flushed_by_graph();
     ++replays_;
-    return;
+    if (*std::max_element(key.tokens.begin(), key.tokens.end()) > 1) ++shaped_replays_;
+    return it->second.hidden;
   }
+  auto run = [&] {
+    if (saves) spec_->rollback.flush(stream);
+    pass_forward(pass, st, mtp_in);
+  };
+  // Shapes seen once and never again (mixed acceptance) are forgotten now and then.
+  if (seen_.size() > size_t(16 * kMaxShapedGraphs)) seen_.clear();
   if (seen_[key]++ == 0) {
-    model_.forward(st, cache_);  // warm-up: kernels set their attributes outside the capture
-    main_hidden_ = model_.hidden();
-    return;
+    run();  // warm-up: kernels set their attributes outside the capture
+    return model_.hidden();
   }
   Graph g;
   DSV4_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   try {
-    model_.forward(st, cache_);
+    run();
   } catch (const std::exception& e) {
     cudaGraph_t broken = nullptr;
     cudaStreamEndCapture(stream, &broken);
     if (broken) cudaGraphDestroy(broken);
     cudaGetLastError();
-    throw Error(
-        cat("capturing the decode step of ", chunks.size(),
-            " sequences as a CUDA graph failed (run without CUDA graphs to bypass): ", e.what()));
+    throw Error(cat("capturing the ", pass == Pass::kTarget ? "target" : "MTP", " step of ",
+                    chunks.size(), " sequences as a CUDA graph failed (run without CUDA graphs to ",
+                    "bypass): ", e.what()));
   }
-  main_hidden_ = model_.hidden();  // a replay leaves its streams where the capture did
+  g.hidden = model_.hidden();  // a replay leaves its streams where the capture did
   DSV4_CUDA_CHECK(cudaStreamEndCapture(stream, &g.graph));
   DSV4_CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
   graphs_[key] = g;
+  if (*std::max_element(key.tokens.begin(), key.tokens.end()) > 1) ++shaped_graphs_;
   DSV4_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
+  return g.hidden;
 }
 
-int CudaRunner::graph_size(int n) const {
+void CudaRunner::pass_forward(Pass pass, const DeviceStep& st, const __nv_bfloat16* mtp_in) {
+  if (pass == Pass::kTarget)
+    model_.forward(st, cache_);
+  else  // the MTP block's run only writes its cache: its logits are never used
+    model_.mtp_forward(0, st, mtp_in, cache_, /*logits=*/pass == Pass::kMtpDraft);
+}
+
+int CudaRunner::graph_size(const std::vector<ChunkRef>& chunks, int rows) const {
+  const int n = int(chunks.size());
   const auto it = opt_.graph_batch_sizes.lower_bound(n);
   if (it == opt_.graph_batch_sizes.end()) return 0;
   if (*it == n) return n;
+  int tokens = 0;
+  for (const ChunkRef& c : chunks) tokens += c.n;
+  const int pad = *it - n;
   const CudaModelLimits& l = model_.limits();
-  const bool fits = *it <= limits().max_step_seqs && *it <= l.max_tokens &&
-                    *it <= (l.max_logit_rows > 0 ? l.max_logit_rows : l.max_tokens);
+  const bool fits = *it <= limits().max_step_seqs && tokens + pad <= l.max_tokens &&
+                    rows + pad <= (l.max_logit_rows > 0 ? l.max_logit_rows : l.max_tokens);
   return opt_.pad_to_graph_sizes && fits ? *it : 0;
+}
+
+const __nv_bfloat16* CudaRunner::run_pass(Pass pass, StepBuffers& meta,
+                                          const std::vector<ChunkRef>& chunks,
+                                          const std::vector<int>& rows, bool shaped,
+                                          const __nv_bfloat16* mtp_in, size_t saves) {
+  int most = 0;
+  for (const ChunkRef& c : chunks) most = std::max(most, c.n);
+  const bool graph_shape = most == 1 || (shaped && most <= kMaxDraftTokens + 1);
+  const int padded = graph_shape ? graph_size(chunks, int(rows.size())) : 0;
+  bool capped = false;  // a graph's shape past the cap: eager with the graphs' launch bound
+  if (opt_.cuda_graphs && !model_.observed() && padded > 0) {
+    // Dummy rows after the real ones (token 0 at position 0 of the scratch sequence), each with
+    // a logits row after the real rows: the graph's shapes, and the real rows come first.
+    static const int32_t kToken = 0;
+    std::vector<ChunkRef> all = chunks;
+    std::vector<int> all_rows = rows;
+    int tokens = 0;
+    for (const ChunkRef& c : chunks) tokens += c.n;
+    for (int i = int(chunks.size()); i < padded; ++i) {
+      all.push_back({&scratch_, 0, &kToken, 1});
+      all_rows.push_back(tokens++);
+    }
+    if (most > 1 && shaped_graphs_ >= kMaxShapedGraphs) {
+      GraphKey key;
+      key.pass = pass;
+      for (const ChunkRef& c : all) key.tokens.push_back(c.n);
+      key.rows = int(all_rows.size());
+      key.end = bucket(all);
+      key.saves = saves;
+      capped = !graphs_.count(key);
+    }
+    if (!capped) {
+      if (padded > int(chunks.size())) ++padded_;
+      return run_graph(pass, meta, all, all_rows, mtp_in, saves);
+    }
+    ++eager_shaped_;
+  }
+  const int64_t bound =
+      graph_shape && (opt_.bucket_eager_decode || capped) ? bucket(chunks) - 1 : -1;
+  const DeviceStep st = meta.build(chunks, rows, bound, model_.stream());
+  if (saves) spec_->rollback.flush(model_.stream());
+  pass_forward(pass, st, mtp_in);
+  return model_.hidden();
 }
 
 StepOutput CudaRunner::forward(const StepBatch& b) {
@@ -232,8 +307,11 @@ StepOutput CudaRunner::forward(const StepBatch& b) {
       if (sc.rows[j] >= 0) scores.push_back({sc.rows[j], (*sc.ids)[j], sc.top});
   sampler_.stage(int(b.rows.size()), samples, scores);
 
-  // A verify may be rejected: what its positions overwrite is saved first (device copies).
+  // A verify may be rejected: what its positions overwrite is saved first (device copies,
+  // queued here and copied at the start of the step's pass: inside its graph, padded to the
+  // segments the shape may need at most).
   std::vector<int> saved(chunks.size(), -1);
+  size_t saves = 0;
   if (spec_) {
     spec_->rollback.reset();
     spec_->ints_used = 0;
@@ -242,31 +320,13 @@ StepOutput CudaRunner::forward(const StepBatch& b) {
         const ChunkRef& ch = chunks[size_t(b.sample_inputs[i])];
         saved[size_t(b.sample_inputs[i])] =
             spec_->rollback.save(cache_, *ch.cache, CacheSpan{0, L, ch.start, ch.n});
+        saves += size_t(rollback_span_bound(config(), 0, L, ch.n).segments);
       }
-    spec_->rollback.flush(stream);
+    if (saves) spec_->rollback.pad_saves(saves);
   }
 
-  const int padded = b.decode_only ? graph_size(int(chunks.size())) : 0;
-  if (opt_.cuda_graphs && !model_.observed() && padded == int(chunks.size())) {
-    run_graph(chunks, b.rows);
-  } else if (opt_.cuda_graphs && !model_.observed() && padded > 0) {
-    // Dummy rows after the real ones (token 0 at position 0 of the scratch sequence), each with
-    // a logits row after the real rows: the graph's shapes, and the real rows come first.
-    static const int32_t kToken = 0;
-    std::vector<ChunkRef> all = chunks;
-    std::vector<int> rows = b.rows;
-    for (int i = int(chunks.size()); i < padded; ++i) {
-      all.push_back({&scratch_, 0, &kToken, 1});
-      rows.push_back(i);
-    }
-    run_graph(all, rows);
-    ++padded_;
-  } else {
-    const int64_t bound = b.decode_only && opt_.bucket_eager_decode ? bucket(chunks) - 1 : -1;
-    const DeviceStep st = meta_.build(chunks, b.rows, bound, stream);
-    model_.forward(st, cache_);
-    main_hidden_ = model_.hidden();
-  }
+  // With speculation, steps of verify shape are graphs too (the class comment).
+  main_hidden_ = run_pass(Pass::kTarget, meta_, chunks, b.rows, spec_ != nullptr, nullptr, saves);
   // The wanted logits rows (the first num_logit_rows) before the sampler patches rows in place,
   // then the samples, scores and non-finite flags.
   const int V = config().vocab_size;
@@ -367,11 +427,10 @@ StepOutput CudaRunner::forward(const StepBatch& b) {
   }
   if (!again.empty()) {
     spec_->rollback.restore(handles, stream);
-    const DeviceStep st = meta_.build(again, {0}, -1, stream);
-    model_.forward(st, cache_);
+    const __nv_bfloat16* streams = run_pass(Pass::kTarget, meta_, again, {0}, true);
     for (size_t r = 0; r < runs.size(); ++r)
       if (rerun[runs[r].chunk]) which.push_back(r);
-    move_mtp_rows(b, kept, runs, which, states, again_row0, model_.hidden());
+    move_mtp_rows(b, kept, runs, which, states, again_row0, streams);
   }
   mtp_after_step(b, kept, runs, out);
   // The speculation's staged ids and segment lists are reused by the next step.
@@ -426,17 +485,11 @@ void CudaRunner::mtp_after_step(const StepBatch& b, const std::vector<int>& kept
   const int64_t width = int64_t(c.hc_mult) * c.dim;
   const cudaStream_t stream = model_.stream();
   Spec& sp = *spec_;
-  auto next_meta = [&]() -> StepBuffers& {
-    StepBuffers& m = sp.meta[sp.next_meta];
-    sp.next_meta ^= 1;
-    return m;
-  };
   if (!runs.empty()) {
     std::vector<ChunkRef> cs;
     for (const MtpRun& r : runs) cs.push_back(r.chunk_ref());
-    // One logits row: the runs' logits are not used (the head skips the others).
-    const DeviceStep st = next_meta().build(cs, {0}, -1, stream);
-    model_.mtp_forward(0, st, sp.rows.data(), cache_);
+    // No head (Pass::kMtpRun): the runs' logits are not used.
+    run_pass(Pass::kMtpRun, sp.meta[0], cs, {0}, true, sp.rows.data());
   }
   finish_mtp(b, kept, out.errors);
 
@@ -457,6 +510,7 @@ void CudaRunner::mtp_after_step(const StepBatch& b, const std::vector<int>& kept
                   int(src.size()), sp.draft.data(), stream);
   std::vector<size_t> who;
   for (size_t k = 0; k < ds.size(); ++k) who.push_back(k);
+  const __nv_bfloat16* drafted = nullptr;  // the previous draft step's output streams
   for (int j = 0; j < most; ++j) {
     if (j > 0) {
       // The drafting sequences' previous MTP output streams, in order.
@@ -465,7 +519,7 @@ void CudaRunner::mtp_after_step(const StepBatch& b, const std::vector<int>& kept
       for (size_t r = 0; r < who.size(); ++r)
         if (ds[who[r]].count > j) next.push_back(who[r]), src.push_back(int32_t(r));
       who = std::move(next);
-      glue::move_rows(model_.hidden(), cache_.mtp_hidden_pool(), width, upload_ints(src), nullptr,
+      glue::move_rows(drafted, cache_.mtp_hidden_pool(), width, upload_ints(src), nullptr,
                       int(src.size()), sp.draft.data(), stream);
     }
     std::vector<ChunkRef> dc;
@@ -477,8 +531,7 @@ void CudaRunner::mtp_after_step(const StepBatch& b, const std::vector<int>& kept
       rows.push_back(int(r));
       greedy.push_back({int(r), &sp.greedy, 0, nullptr, -1});
     }
-    const DeviceStep st = next_meta().build(dc, rows, -1, stream);
-    model_.mtp_forward(0, st, sp.draft.data(), cache_);
+    drafted = run_pass(Pass::kMtpDraft, sp.meta[1], dc, rows, true, sp.draft.data());
     sampler_.stage(int(rows.size()), greedy, {});
     sampler_.launch(model_.logits(), stream);
     DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));
