@@ -6,6 +6,9 @@
 //   B = o_g  [T, in_g]       K-major (row stride num_heads*512), batch stride in_g
 //   D = z_g^T [o_lora, T]    column-major = z row-major [T, G*o_lora], batch stride o_lora
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <vector>
 
 #include "core/error.h"
 #include "ops/cuda/attn_output/wo_a_kernels.h"
@@ -61,25 +64,41 @@ using StrideAct = typename GemmKernel::StrideB;
 using StrideD = typename GemmKernel::StrideD;
 using StrideS = typename CollectiveMainloop::StrideScale;
 
-// CUTLASS's persistent scheduler may want a small workspace; kept for the process lifetime.
-void* workspace(size_t bytes) {
-  static void* ptr = nullptr;
-  static size_t size = 0;
-  if (bytes > size) {
-    if (ptr) DSV4_CUDA_CHECK(cudaFree(ptr));
-    DSV4_CUDA_CHECK(cudaMalloc(&ptr, bytes));
-    size = bytes;
+// CUTLASS's persistent scheduler may want a small workspace. One per device (ranks may run as
+// threads on several GPUs), grown under a lock and never freed while the process runs: a CUDA
+// graph captured with a smaller buffer keeps pointing at it, so a grown buffer is retired, not
+// freed. Growing during a capture is refused (cudaMalloc there would break the capture).
+void* workspace(size_t bytes, cudaStream_t stream) {
+  struct Buffer {
+    void* ptr = nullptr;
+    size_t size = 0;
+  };
+  static std::mutex mu;
+  static std::map<int, Buffer> buffers;
+  static std::vector<void*> retired;  // still referenced by captured graphs; kept alive
+  int dev = 0;
+  DSV4_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  Buffer& b = buffers[dev];
+  if (bytes > b.size) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    DSV4_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    DSV4_CHECK(capture == cudaStreamCaptureStatusNone, "wo_a: the CUTLASS workspace must grow to ",
+               bytes, " bytes (from ", b.size,
+               ") inside a CUDA graph capture; run this shape eagerly first");
+    if (b.ptr) retired.push_back(b.ptr);
+    DSV4_CUDA_CHECK(cudaMalloc(&b.ptr, bytes));
+    b.size = bytes;
   }
-  return ptr;
+  return b.ptr;
 }
 
+// The current device's SM count (asked each call: a cheap attribute read, and ranks on other
+// devices share this code).
 int sm_count() {
-  static int n = 0;
-  if (n == 0) {
-    int dev = 0;
-    DSV4_CUDA_CHECK(cudaGetDevice(&dev));
-    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-  }
+  int dev = 0, n = 0;
+  DSV4_CUDA_CHECK(cudaGetDevice(&dev));
+  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
   return n;
 }
 
@@ -105,7 +124,7 @@ void wo_a_tensor_core(const WoAArgs& a, cudaStream_t stream) {
   DSV4_CHECK(st == cutlass::Status::kSuccess, "wo_a (CUTLASS mixed-input GEMM) cannot run M=", M,
              " N=", N, " K=", K, " L=", L, ": ", cutlassGetStatusString(st));
   const size_t ws = Gemm::get_workspace_size(args);
-  st = gemm.initialize(args, ws ? workspace(ws) : nullptr, stream);
+  st = gemm.initialize(args, ws ? workspace(ws, stream) : nullptr, stream);
   DSV4_CHECK(st == cutlass::Status::kSuccess,
              "wo_a: CUTLASS initialize failed: ", cutlassGetStatusString(st));
   st = gemm.run(stream);
