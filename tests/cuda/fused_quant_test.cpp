@@ -228,6 +228,21 @@ struct ChainOut {
   std::vector<uint16_t> qr, kv, qr_n, q, qi;
 };
 
+// How two outputs differ: the count, how many of `got` are still poison (0xffff), the first.
+std::string differing(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want) {
+  if (got.size() != want.size()) return cat(" (sizes ", got.size(), " vs ", want.size(), ")");
+  int64_t n = 0, poisoned = 0, first = -1;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want[i]) {
+      ++n;
+      poisoned += got[i] == 0xffff;
+      if (first < 0) first = int64_t(i);
+    }
+  if (n == 0) return "";
+  return cat(" (", n, " of ", got.size(), " differ, ", poisoned, " still poison; first at ", first,
+             ": ", got[first], " vs ", want[first], ")");
+}
+
 struct Chain {
   static constexpr int kDim = 1024, kQl = 512, kKv = 256, kQ = 2048, kQi = 640;
   int m;
@@ -328,10 +343,14 @@ struct Chain {
     g.pdl = true;
     cuda::fp8_gemm_grouped(g, st);
   }
+  // fill_bytes is cudaMemset on the legacy default stream, which may still be running when it
+  // returns and is not ordered with the chain's cudaStreamNonBlocking stream: without the sync a
+  // late fill (the last ones: q, qi, codes1, scales1) lands after the chain has written them.
   void poison() {
     for (auto* b : {&qr, &kv, &qr_n, &q, &qi}) b->fill_bytes(0xff);
     codes1.fill_bytes(0xee);
     scales1.fill_bytes(0xff);
+    DSV4_CUDA_CHECK(cudaDeviceSynchronize());
   }
   ChainOut out() {
     DSV4_CUDA_CHECK(cudaDeviceSynchronize());
@@ -365,8 +384,10 @@ TEST_F(CudaFusedQuant, PdlChainInAGraphEqualsEager) {
       EXPECT_TRUE(g.qr == eager.qr && g.kv == eager.kv)
           << "m=" << m << " rep " << rep << ": wq_a/wkv";
       EXPECT_TRUE(g.qr_n == eager.qr_n) << "m=" << m << " rep " << rep << ": q_norm";
-      EXPECT_TRUE(g.q == eager.q && g.qi == eager.qi)
-          << "m=" << m << " rep " << rep << ": wq_b (+ q_norm_rope)";
+      EXPECT_TRUE(g.q == eager.q) << "m=" << m << " rep " << rep << ": wq_b + q_norm_rope (q)"
+                                  << differing(g.q, eager.q);
+      EXPECT_TRUE(g.qi == eager.qi)
+          << "m=" << m << " rep " << rep << ": indexer wq_b (qi)" << differing(g.qi, eager.qi);
     }
     // Nothing left poisoned: every output was written.
     for (const auto* v : {&eager.qr, &eager.kv, &eager.qr_n, &eager.q, &eager.qi}) {
