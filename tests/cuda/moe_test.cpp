@@ -39,6 +39,7 @@
 #include "ops/cuda/moe/fp4_pack.h"
 #include "ops/cuda/moe/moe.h"
 #include "ops/cuda/moe/moe_gemm.cuh"
+#include "ops/cuda/moe/moe_gemm_stream.cuh"
 #include "support/bf16_vectors.h"
 #include "support/host_tensors.h"
 #include "support/random_values.h"
@@ -568,6 +569,18 @@ void check_all_tiles(uint32_t seed) {
   }
   // Token tiles with every MMA width of the prefill tiles: 64 + 1 rows (N 64, 16); 128 + 50
   // (N 128, 64), 128 + 72 (N 128, 96); the down GEMM above 64 + 6 and 128 + 22 (N 16, 32).
+  // The stream (decode) GEMM's geometry: one 64-row block per item, KC 4, N 8 or 16 (N 16:
+  // two 8-row swizzle atoms of activations per k-block); its indexing is this kernel's with
+  // WGS = MT = 1 (moe_gemm_stream.cuh: the two consumers' K halves only add).
+  using Stream8 = cm::GemmTile<cm::StreamN8::BN, 1, 1, cm::StreamN8::KC, cm::StreamN8::STAGES, 4>;
+  using Stream16 =
+      cm::GemmTile<cm::StreamN16::BN, 1, 1, cm::StreamN16::KC, cm::StreamN16::STAGES, 4>;
+  static_assert(cm::gemm_stage_bytes<F, Stream16>() == cm::stream_stage_bytes<F, cm::StreamN16>());
+  static_assert(cm::gemm_stage_bytes<F, Stream8>() == cm::stream_stage_bytes<F, cm::StreamN8>());
+  for (int inter : {128, 384}) {
+    check_down<F, Stream16>(256, inter, 21, seed + inter + 5);
+    check_gate_up<F, Stream16>(256 + inter, 128, 19, seed + inter + 6);
+  }
   for (int dim : {256, 384}) {
     check_gate_up<F, cm::TileN8>(dim, 128, 11, seed + dim);
     check_gate_up<F, cm::TileN32>(dim, 128, 33, seed + dim + 1);
