@@ -40,19 +40,23 @@ using TileN128 = GemmTile<128, 2, 2, 2, 4, 1>;
 // ---- decode expert GEMM (moe_gemm_stream.cuh): the same W4A16 mainloop, warp-specialised ----
 // One persistent CTA per SM walks (token tile, 64-row block) items; a producer warp keeps a
 // STAGES-deep ring of KC k-blocks full across items (one bulk copy of the block's contiguous
-// packed weights per stage + cp.async of the tile's activation rows); two consumer
+// packed weights per stage + cp.async of the tile's activation rows); CONSUMERS consumer
 // warpgroups split every stage's K (one 128-wide block each: the down GEMM's FP8 activation
-// blocks) and add their partial sums once per item. 64-row items keep every SM busy from one
-// token (6 experts x 64 row blocks = 384 items on 132 SMs).
-template <int BN_, int STAGES_>
+// blocks) and add their partial sums once per item (into warpgroup 0, in warpgroup order).
+// 64-row items keep every SM busy from one token (6 experts x 64 row blocks = 384 items on 132
+// SMs). The dequantisation is the ALU work (~85 instructions per thread and 64x64 tile): two
+// warpgroups need ~2/3 issue efficiency for 4.8 TB/s; more consumers trade stages for issue
+// slots.
+template <int BN_, int STAGES_, int CONSUMERS_ = 2>
 struct StreamTile {
-  static constexpr int BN = BN_;  // tokens per tile (wgmma N)
-  static constexpr int KC = 4;    // k-blocks per stage: one 128-wide block per consumer
-  static constexpr int CONSUMERS = 2;
+  static constexpr int BN = BN_;                // tokens per tile (wgmma N)
+  static constexpr int CONSUMERS = CONSUMERS_;  // consumer warpgroups (1..4)
+  static constexpr int KC = 2 * CONSUMERS;      // k-blocks per stage: one 128 block each
   static constexpr int STAGES = STAGES_;
   static constexpr int THREADS = 128 * CONSUMERS + 32;  // + the producer warp
   static constexpr int BM = 64;                         // weight rows per item
-  static_assert(BN % 8 == 0 && BN <= 32 && STAGES >= 2, "stream tile");
+  static_assert(BN % 8 == 0 && BN <= 32 && STAGES >= 2 && CONSUMERS >= 1 && CONSUMERS <= 4,
+                "stream tile");
 };
 // ~110-160 KB of weights in flight per SM (HBM latency x per-SM share of 4.8 TB/s ~ 55 KB).
 using StreamN8 = StreamTile<8, 12>;

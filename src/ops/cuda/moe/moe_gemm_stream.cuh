@@ -10,11 +10,12 @@
 //    down GEMM's FP8 fake-quantisation of that block stays inside one warpgroup), dequantises
 //    the FP4 words in registers to BF16 A fragments (exact, fp4_pack.h) and issues m64nBNk16
 //    wgmmas with B from shared memory; each warp releases the stage on its empty barrier;
-//  * at the end of an item warpgroup 1 hands its fp32 partial sums to warpgroup 0 through
-//    shared memory (same fragment layout, one fp32 add each), which runs the epilogue of
+//  * at the end of an item the other warpgroups hand their fp32 partial sums to warpgroup 0
+//    through shared memory (same fragment layout, one fp32 add each), which runs the epilogue of
 //    moe_gemm.cuh: SwiGLU + routing weight (gate/up) or the BF16 projection (down).
 // Numerics: the products are those of moe_gemm.cuh (exact BF16 e2m1 x scale times the
-// FP8-fake-quantised activations); only the fp32 summation order differs (two partial sums).
+// FP8-fake-quantised activations); only the fp32 summation order differs (one partial sum per
+// consumer warpgroup).
 #pragma once
 
 #include "ops/cuda/moe/moe_gemm.cuh"
@@ -47,12 +48,14 @@ __global__ void __launch_bounds__(T::THREADS, 1) moe_gemm_stream_kernel(const Ge
   constexpr int STAGE = stream_stage_bytes<F, T>();
   constexpr int NACC = T::BN / 2;
   constexpr int CONSUMER_THREADS = 128 * T::CONSUMERS;
-  static_assert(T::CONSUMERS == 2 && T::KC == 2 * T::CONSUMERS, "one 128 block per consumer");
+  static_assert(T::KC == 2 * T::CONSUMERS, "one 128 block per consumer");
+  constexpr int kRedBarrier = 1 + T::CONSUMERS;  // named barriers 1..CONSUMERS: quantisation
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t full_bar[T::STAGES];
   __shared__ __align__(8) uint64_t empty_bar[T::STAGES];
-  __shared__ float red[2][128 * NACC];  // warpgroup 1's partial sums, by item parity
-  __shared__ int32_t s_row[T::BN];      // producer: activation row of each tile position
+  // The partial sums of warpgroups 1.. (by item parity; at least one slot for C = 1).
+  __shared__ float red[2][T::CONSUMERS > 1 ? T::CONSUMERS - 1 : 1][128 * NACC];
+  __shared__ int32_t s_row[T::BN];  // producer: activation row of each tile position
   uint8_t* smem = smem_raw + ((1024 - (sm90::smem_u32(smem_raw) & 1023)) & 1023);
 
   const int tid = threadIdx.x;
@@ -222,21 +225,27 @@ __global__ void __launch_bounds__(T::THREADS, 1) moe_gemm_stream_kernel(const Ge
       if (lane == 0) sm90::mbar_arrive(&empty_bar[s]);
     }
 
-    // Warpgroup 1's partial sums to warpgroup 0 (double-buffered by item parity: warpgroup 1
-    // rewrites a buffer only after passing the next item's barrier, which warpgroup 0 reaches
-    // after reading it).
-    float* rd = red[local & 1];
-    if (wg == 1) {
+    // The other warpgroups' partial sums to warpgroup 0 (double-buffered by item parity: a
+    // warpgroup rewrites a buffer only after passing the next item's barrier, which warpgroup
+    // 0 reaches after reading it).
+    if constexpr (T::CONSUMERS > 1) {
+      if (wg > 0) {
+        float* rd = red[local & 1][wg - 1];
 #pragma unroll
-      for (int i = 0; i < NACC; ++i) rd[i * 128 + t] = acc[i];
+        for (int i = 0; i < NACC; ++i) rd[i * 128 + t] = acc[i];
+      }
+      sm90::named_barrier_sync(kRedBarrier, CONSUMER_THREADS);
+      if (wg > 0) continue;
+#pragma unroll 1
+      for (int w = 0; w < T::CONSUMERS - 1; ++w) {
+        const float* rd = red[local & 1][w];
+#pragma unroll
+        for (int i = 0; i < NACC; ++i) acc[i] += rd[i * 128 + t];
+      }
     }
-    sm90::named_barrier_sync(3, CONSUMER_THREADS);
-    if (wg == 1) continue;
-#pragma unroll
-    for (int i = 0; i < NACC; ++i) acc[i] += rd[i * 128 + t];
 
-      // Epilogue (moe_gemm.cuh, one m-tile). Accumulator i: row 16*warp + lane/4 (+8 for
-      // i%4 >= 2) of the item's 64 rows, token column 8*(i/4) + 2*(lane%4) + i%2.
+    // Epilogue (moe_gemm.cuh, one m-tile). Accumulator i: row 16*warp + lane/4 (+8 for
+    // i%4 >= 2) of the item's 64 rows, token column 8*(i/4) + 2*(lane%4) + i%2.
 #pragma unroll
     for (int j = 0; j < T::BN / 8; ++j)
 #pragma unroll
