@@ -117,6 +117,11 @@ __global__ void __launch_bounds__(T::THREADS, 1) moe_gemm_stream_kernel(const Ge
         sm90::cp_async_mbar_arrive_noinc(&full_bar[s]);
       }
     }
+    // Tail: the warp leaves only once the consumers have released every stage, i.e. after all
+    // of its copies have landed and been read (none still in flight at its exit).
+#pragma unroll 1
+    for (int i = 0; i < T::STAGES; ++i, ++g)
+      sm90::mbar_wait(&empty_bar[g % T::STAGES], ((g / T::STAGES) & 1u) ^ 1u);
     return;
   }
 
