@@ -599,6 +599,44 @@ TEST(MoeGemmEmu, KernelIndexingIsExactNvfp4) {
   emu::check_all_tiles<ExpertFormat::kNvfp4>(200);
 }
 
+// The expert GEMM heuristic on the real geometries (host only: it reads the shape, not the
+// weights).
+TEST(MoeGemmChoice, RealShapes) {
+  auto shape = [](int E, int dim, int inter) {
+    cm::MoeDeviceWeights w;
+    w.n_experts = E, w.dim = dim, w.inter = inter;
+    return w;
+  };
+  const cm::MoeGemmPath ST = cm::MoeGemmPath::kStream, TL = cm::MoeGemmPath::kTiled;
+  const cm::MoeDeviceWeights flash = shape(256, 4096, 2048), pro = shape(384, 7168, 3072);
+  struct Want {
+    int m;
+    cm::MoeGemmPath path;
+    int tile_n;
+  };
+  // Decode (every expert holds at most m rows: tile 8 up to 8 tokens, 16 beyond) and batch 128
+  // (~3 rows per expert) stream; prefill groups take the tiled GEMM's wide tiles.
+  for (const Want& x :
+       {Want{1, ST, 8}, Want{2, ST, 8}, Want{8, ST, 8}, Want{9, ST, 16}, Want{16, ST, 16},
+        Want{128, ST, 16}, Want{512, TL, 32}, Want{4096, TL, 128}}) {
+    const cm::MoeGemmChoice c = cm::moe_gemm_choice(flash, x.m, 6);
+    EXPECT_EQ(c.path, x.path) << "flash m " << x.m;
+    EXPECT_EQ(c.tile_n, x.tile_n) << "flash m " << x.m;
+    EXPECT_EQ(cm::moe_default_tile_n(flash, x.m, 6), x.tile_n);
+  }
+  EXPECT_EQ(cm::moe_gemm_choice(pro, 128, 6).path, ST);
+  EXPECT_EQ(cm::moe_gemm_choice(pro, 4096, 6).path, TL);
+  // Forced paths: each path's own tiles, anything else an error (no fallback).
+  EXPECT_EQ(cm::moe_gemm_choice(flash, 4096, 6, ST).tile_n, 16);
+  EXPECT_EQ(cm::moe_gemm_choice(flash, 1, 6, TL).tile_n, 8);
+  EXPECT_EQ(cm::moe_gemm_choice(flash, 1, 6, TL, 128).tile_n, 128);
+  EXPECT_EQ(cm::moe_gemm_choice(flash, 1, 6, cm::MoeGemmPath::kAuto, 32).path, TL);
+  EXPECT_THROW(cm::moe_gemm_choice(flash, 1, 6, ST, 32), Error);
+  EXPECT_THROW(cm::moe_gemm_choice(flash, 1, 6, TL, 16), Error);
+  EXPECT_TRUE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, 128, 6)));
+  EXPECT_FALSE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, 4096, 6)));
+}
+
 // ---- GPU tests --------------------------------------------------------------------------------
 
 struct Spec {
