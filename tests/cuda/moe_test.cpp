@@ -614,26 +614,29 @@ TEST(MoeGemmChoice, RealShapes) {
     cm::MoeGemmPath path;
     int tile_n;
   };
-  // Decode (every expert holds at most m rows: tile 8 up to 8 tokens, 16 beyond) and batch 128
-  // (~3 rows per expert) stream; prefill groups take the tiled GEMM's wide tiles.
-  for (const Want& x :
-       {Want{1, ST, 8}, Want{2, ST, 8}, Want{8, ST, 8}, Want{9, ST, 16}, Want{16, ST, 16},
-        Want{128, ST, 16}, Want{512, TL, 32}, Want{4096, TL, 128}}) {
+  // The tiled GEMM at every M (measured faster than the 2-warpgroup stream GEMM,
+  // moe_heuristic.cpp); its tile by rows per expert.
+  for (const Want& x : {Want{1, TL, 8}, Want{2, TL, 8}, Want{8, TL, 8}, Want{16, TL, 8},
+                        Want{128, TL, 8}, Want{512, TL, 32}, Want{4096, TL, 128}}) {
     const cm::MoeGemmChoice c = cm::moe_gemm_choice(flash, x.m, 6);
     EXPECT_EQ(c.path, x.path) << "flash m " << x.m;
     EXPECT_EQ(c.tile_n, x.tile_n) << "flash m " << x.m;
     EXPECT_EQ(cm::moe_default_tile_n(flash, x.m, 6), x.tile_n);
   }
-  EXPECT_EQ(cm::moe_gemm_choice(pro, 128, 6).path, ST);
+  EXPECT_EQ(cm::moe_gemm_choice(pro, 128, 6).path, TL);
   EXPECT_EQ(cm::moe_gemm_choice(pro, 4096, 6).path, TL);
-  // Forced paths: each path's own tiles, anything else an error (no fallback).
+  // Forced paths: each path's own tiles (stream: 8 up to 8 tokens, else 16), anything else an
+  // error (no fallback).
+  EXPECT_EQ(cm::moe_gemm_choice(flash, 8, 6, ST).tile_n, 8);
+  EXPECT_EQ(cm::moe_gemm_choice(flash, 9, 6, ST).tile_n, 16);
   EXPECT_EQ(cm::moe_gemm_choice(flash, 4096, 6, ST).tile_n, 16);
   EXPECT_EQ(cm::moe_gemm_choice(flash, 1, 6, TL).tile_n, 8);
   EXPECT_EQ(cm::moe_gemm_choice(flash, 1, 6, TL, 128).tile_n, 128);
   EXPECT_EQ(cm::moe_gemm_choice(flash, 1, 6, cm::MoeGemmPath::kAuto, 32).path, TL);
   EXPECT_THROW(cm::moe_gemm_choice(flash, 1, 6, ST, 32), Error);
   EXPECT_THROW(cm::moe_gemm_choice(flash, 1, 6, TL, 16), Error);
-  EXPECT_TRUE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, 128, 6)));
+  EXPECT_TRUE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, 128, 6, ST)));
+  EXPECT_TRUE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, 128, 6)));  // tile 8
   EXPECT_FALSE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, 4096, 6)));
 }
 
@@ -1144,10 +1147,10 @@ TEST_F(MoeCudaSmoke, RejectsUnsupported) {
   EXPECT_THROW(cm::moe_gemm_choice(L->dev, 3, 4, TL, 16), Error);
   EXPECT_EQ(cm::moe_gemm_choice(L->dev, 3, 4, ST, 16).tile_n, 16);
   EXPECT_EQ(cm::moe_gemm_choice(L->dev, 3, 4, cm::MoeGemmPath::kAuto, 8).path, TL);
-  // The heuristic: decode groups stream (tile 8 up to 8 tokens, else 16), prefill tiles.
-  EXPECT_EQ(cm::moe_gemm_choice(L->dev, 3, 4).path, ST);
-  EXPECT_EQ(cm::moe_gemm_choice(L->dev, 3, 4).tile_n, 8);
-  EXPECT_EQ(cm::moe_gemm_choice(L->dev, 9, 4).tile_n, 16);
+  // The heuristic: the tiled GEMM (moe_heuristic.cpp); the stream GEMM's own tiles.
+  EXPECT_EQ(cm::moe_gemm_choice(L->dev, 3, 4).path, TL);
+  EXPECT_EQ(cm::moe_gemm_choice(L->dev, 3, 4, ST).tile_n, 8);
+  EXPECT_EQ(cm::moe_gemm_choice(L->dev, 9, 4, ST).tile_n, 16);
   EXPECT_EQ(cm::moe_gemm_choice(L->dev, 1000, 4).path, TL);
 }
 

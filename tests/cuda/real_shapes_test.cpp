@@ -556,10 +556,11 @@ std::vector<MoeSpec> moe_specs() {
       {"flash_mx_score_m512", 4096, 2048, 256, 6, MX, false, 512, 2},
       // V4-Pro: 384 experts, dim 7168, inter 3072, top-6.
       {"pro_nv_score_m128", 7168, 3072, 384, 6, NV, false, 128, 4},
-      // Decode M: the heuristic's stream GEMM (tile 8 / 16); M 128 on the tiled GEMM forced.
-      {"flash_nv_score_m1", 4096, 2048, 256, 6, NV, false, 1},
-      {"flash_mx_score_m16", 4096, 2048, 256, 6, MX, false, 16},
-      {"flash_nv_score_m128_tiled", 4096, 2048, 256, 6, NV, false, 128, 2, cm::MoeGemmPath::kTiled},
+      // Decode M and M 128 on the stream GEMM, forced (the heuristic picks the tiled one).
+      {"flash_nv_score_m1_stream", 4096, 2048, 256, 6, NV, false, 1, 1, cm::MoeGemmPath::kStream},
+      {"flash_mx_score_m16_stream", 4096, 2048, 256, 6, MX, false, 16, 1, cm::MoeGemmPath::kStream},
+      {"flash_nv_score_m128_stream", 4096, 2048, 256, 6, NV, false, 128, 2,
+       cm::MoeGemmPath::kStream},
   };
 }
 

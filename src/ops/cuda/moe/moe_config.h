@@ -58,9 +58,11 @@ struct StreamTile {
   static_assert(BN % 8 == 0 && BN <= 32 && STAGES >= 2 && CONSUMERS >= 1 && CONSUMERS <= 4,
                 "stream tile");
 };
-// ~110-160 KB of weights in flight per SM (HBM latency x per-SM share of 4.8 TB/s ~ 55 KB).
-using StreamN8 = StreamTile<8, 12>;
-using StreamN16 = StreamTile<16, 10>;
+// 4 consumer warpgroups: with 2 the H200 measured ~1.2-1.4 TB/s (each warpgroup latency-bound
+// on its dequantise -> wgmma -> wait chain), so more warpgroups per SM; ~110 KB of weights in
+// flight per SM (HBM latency x per-SM share of 4.8 TB/s ~ 55 KB).
+using StreamN8 = StreamTile<8, 6, 4>;
+using StreamN16 = StreamTile<16, 5, 4>;
 
 // ---- router logits (fp32 products of BF16 values, exact; summed in fp32 runs of
 // kRouterRun then in double, so the logit is within ~1 ulp of the CPU's exact sum) ----------

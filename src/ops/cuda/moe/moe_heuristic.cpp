@@ -63,10 +63,13 @@ MoeGemmChoice moe_gemm_choice(const MoeDeviceWeights& w, int m, int top_k, MoeGe
     if (tile_n != 0) {  // the contract of MoeArgs::tile_n before the stream path existed
       path = MoeGemmPath::kTiled;
     } else {
-      // Decode-sized groups (the tiled path's N = 8 tile) stream: a persistent CTA per SM and
-      // 64-row items fill every SM from one token; larger groups reuse each weight tile over
-      // more tokens on the tiled path's wide MMAs.
-      path = rows_per_expert(w, m, top_k) <= 8 ? MoeGemmPath::kStream : MoeGemmPath::kTiled;
+      // The tiled GEMM everywhere, as measured: H200, Flash NVFP4, gate/up + down, stream path
+      // with 2 consumer warpgroups vs tiled (us): M 1 71.9 vs 64.1, M 16 727.5 vs 674.8, M 128
+      // 2440 vs 2112 (both ~1.2-1.6 TB/s: each consumer warpgroup is latency-bound, so the
+      // rate follows the warpgroups per SM -- 2 there, 3 for the tiled N = 8 tile). The stream
+      // path now runs 4 consumer warpgroups; it becomes the decode choice here once moe_bench
+      // shows it faster (forced with MoeGemmPath::kStream until then).
+      path = MoeGemmPath::kTiled;
     }
   }
   c.path = path;
