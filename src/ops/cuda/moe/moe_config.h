@@ -58,9 +58,9 @@ struct StreamTile {
   static_assert(BN % 8 == 0 && BN <= 32 && STAGES >= 2 && CONSUMERS >= 1 && CONSUMERS <= 4,
                 "stream tile");
 };
-// 4 consumer warpgroups: with 2 the H200 measured ~1.2-1.4 TB/s (each warpgroup latency-bound
-// on its dequantise -> wgmma -> wait chain), so more warpgroups per SM; ~110 KB of weights in
-// flight per SM (HBM latency x per-SM share of 4.8 TB/s ~ 55 KB).
+// 4 consumer warpgroups: with 2 the H200 measured 1.2-1.9 TB/s (no faster than the tiled GEMM;
+// the dequantisation's issue rate is the suspect), so more warps per SM to fill issue slots;
+// ~110 KB of weights in flight per SM (HBM latency x per-SM share of 4.8 TB/s ~ 55 KB).
 using StreamN8 = StreamTile<8, 6, 4>;
 using StreamN16 = StreamTile<16, 5, 4>;
 

@@ -65,10 +65,11 @@ MoeGemmChoice moe_gemm_choice(const MoeDeviceWeights& w, int m, int top_k, MoeGe
     } else {
       // The tiled GEMM everywhere, as measured: H200, Flash NVFP4, gate/up + down, stream path
       // with 2 consumer warpgroups vs tiled (us): M 1 71.9 vs 64.1, M 16 727.5 vs 674.8, M 128
-      // 2440 vs 2112 (both ~1.2-1.6 TB/s: each consumer warpgroup is latency-bound, so the
-      // rate follows the warpgroups per SM -- 2 there, 3 for the tiled N = 8 tile). The stream
-      // path now runs 4 consumer warpgroups; it becomes the decode choice here once moe_bench
-      // shows it faster (forced with MoeGemmPath::kStream until then).
+      // 2440 vs 2112. Both saturate near 1.9 TB/s on gate/up from M 8 on, which points at the
+      // in-register FP4 -> BF16 dequantisation they share (~17 integer/BF16 operations per 8
+      // weights, several at half rate), not at the weight stream (not profiled). The stream
+      // path now runs 4 consumer warpgroups; it becomes the decode choice here only once
+      // moe_bench shows it faster (forced with MoeGemmPath::kStream until then).
       path = MoeGemmPath::kTiled;
     }
   }
