@@ -8,12 +8,16 @@
 // Lines (bench_util.h JSON): moe_layer_<fmt> (all stages), launch_floor (as many empty
 // kernels, for layers below the bandwidth-target sizes), moe_experts_<fmt> (gate/up GEMM +
 // act quant + down GEMM), moe_stage_<stage>_<fmt> (route_plan, gateup, quantact, down,
-// combine alone; route_plan's bytes are the gate weight). Effective bytes = the
+// combine alone; route_plan's bytes are the gate weight), then the two expert-GEMM paths side
+// by side on the same selections, each re-planned for its own token tile:
+// moe_experts_{stream,tiled}_<fmt>, moe_gemm_{gateup,down}_{stream,tiled}_<fmt> (TBps = the
+// selected experts' checkpoint bytes per second). Effective bytes = the
 // checkpoint bytes of the experts actually selected (4.25 bits/weight MXFP4, 4.5 NVFP4);
 // FLOPs = 2 * unique (token, expert) pairs * 3 * dim * inter; ceiling: BF16 tensor rate.
 //
 // Usage: moe_bench [filter ...]; a case runs when every filter names its config (flash, pro,
-// golden16, golden24), its format (mxfp4, nvfp4) or its token count (m1 ... m4096).
+// golden16, golden24), its format (mxfp4, nvfp4) or its token count (m1 ... m4096), or is
+// "decode" (token counts up to 128).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -159,7 +163,8 @@ struct Peer {  // cuBLAS BF16 weights of every expert, activations for the large
 bool wanted(const std::vector<std::string>& filters, const std::string& cfg, const std::string& fmt,
             int m) {
   for (const std::string& f : filters)
-    if (f != cfg && f != fmt && f != "m" + std::to_string(m)) return false;
+    if (f != cfg && f != fmt && f != "m" + std::to_string(m) && !(f == "decode" && m <= 128))
+      return false;
   return true;
 }
 
@@ -300,6 +305,35 @@ void run_config(const Config& c, ExpertFormat f, const std::vector<int>& ms,
     emit("moe_stage_down_" + fmt, time_stages(cm::kStageDown), bytes / 3, flops / 3, false);
     emit("moe_stage_combine_" + fmt, time_stages(cm::kStageCombine),
          2.0 * (pairs + 2.0 * m) * c.dim, 0, false);
+
+    // The expert GEMM paths side by side: each copy re-planned for the path's token tile
+    // (the tile list depends on it), then its GEMM stages timed. Up to 256 tokens (the stream
+    // path re-streams an expert's weights for every 16 of its rows).
+    for (cm::MoeGemmPath path : {cm::MoeGemmPath::kStream, cm::MoeGemmPath::kTiled}) {
+      if (m > 256) break;
+      const std::string pn = cm::moe_gemm_path_name(path);
+      const cm::MoeGemmChoice gc = cm::moe_gemm_choice(w, m, c.K, path);
+      for (auto& k : cp) {
+        k->args.gemm_path = path;
+        cm::moe_forward(w, k->args);
+      }
+      DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));
+      auto emit_path = [&](const std::string& kernel, unsigned stages, double b, double fl) {
+        bench::Result r;
+        r.kernel = kernel + "_" + pn + "_" + fmt;
+        r.shape = cat(shape, " path=", pn, " path_tile_n=", gc.tile_n);
+        r.us = time_stages(stages);
+        r.bytes = b;
+        r.flops = fl;
+        r.tensor_rate_tflops = bench::kBf16Tflops;
+        r.emit();
+      };
+      emit_path("moe_experts", cm::kStageGateUp | cm::kStageQuantAct | cm::kStageDown, bytes,
+                flops);
+      emit_path("moe_gemm_gateup", cm::kStageGateUp, bytes * 2 / 3, flops * 2 / 3);
+      emit_path("moe_gemm_down", cm::kStageDown, bytes / 3, flops / 3);
+    }
+    for (auto& k : cp) k->args.gemm_path = cm::MoeGemmPath::kAuto;
   }
 }
 
@@ -316,7 +350,7 @@ int main(int argc, char** argv) {
         {"golden16", 16, 4, 256, 128, 1.5f},
         {"golden24", 24, 6, 256, 128, 2.5f},
     };
-    const std::vector<int> ms = {1, 4, 16, 64, 256, 4096};
+    const std::vector<int> ms = {1, 2, 4, 8, 16, 64, 128, 256, 4096};
     // A blocking stream: bench_util's events on the legacy stream order against it, and the
     // MoE stages use programmatic dependent launch on it as the engine would.
     cudaStream_t stream;

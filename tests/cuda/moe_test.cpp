@@ -39,6 +39,7 @@
 #include "ops/cuda/moe/fp4_pack.h"
 #include "ops/cuda/moe/moe.h"
 #include "ops/cuda/moe/moe_gemm.cuh"
+#include "ops/cuda/moe/moe_gemm_stream.cuh"
 #include "support/bf16_vectors.h"
 #include "support/host_tensors.h"
 #include "support/random_values.h"
@@ -568,6 +569,18 @@ void check_all_tiles(uint32_t seed) {
   }
   // Token tiles with every MMA width of the prefill tiles: 64 + 1 rows (N 64, 16); 128 + 50
   // (N 128, 64), 128 + 72 (N 128, 96); the down GEMM above 64 + 6 and 128 + 22 (N 16, 32).
+  // The stream (decode) GEMM's geometry: one 64-row block per item, KC 4, N 8 or 16 (N 16:
+  // two 8-row swizzle atoms of activations per k-block); its indexing is this kernel's with
+  // WGS = MT = 1 (moe_gemm_stream.cuh: the two consumers' K halves only add).
+  using Stream8 = cm::GemmTile<cm::StreamN8::BN, 1, 1, cm::StreamN8::KC, cm::StreamN8::STAGES, 4>;
+  using Stream16 =
+      cm::GemmTile<cm::StreamN16::BN, 1, 1, cm::StreamN16::KC, cm::StreamN16::STAGES, 4>;
+  static_assert(cm::gemm_stage_bytes<F, Stream16>() == cm::stream_stage_bytes<F, cm::StreamN16>());
+  static_assert(cm::gemm_stage_bytes<F, Stream8>() == cm::stream_stage_bytes<F, cm::StreamN8>());
+  for (int inter : {128, 384}) {
+    check_down<F, Stream16>(256, inter, 21, seed + inter + 5);
+    check_gate_up<F, Stream16>(256 + inter, 128, 19, seed + inter + 6);
+  }
   for (int dim : {256, 384}) {
     check_gate_up<F, cm::TileN8>(dim, 128, 11, seed + dim);
     check_gate_up<F, cm::TileN32>(dim, 128, 33, seed + dim + 1);
@@ -586,6 +599,47 @@ TEST(MoeGemmEmu, KernelIndexingIsExactNvfp4) {
   emu::check_all_tiles<ExpertFormat::kNvfp4>(200);
 }
 
+// The expert GEMM heuristic on the real geometries (host only: it reads the shape, not the
+// weights).
+TEST(MoeGemmChoice, RealShapes) {
+  auto shape = [](int E, int dim, int inter) {
+    cm::MoeDeviceWeights w;
+    w.n_experts = E, w.dim = dim, w.inter = inter;
+    return w;
+  };
+  const cm::MoeGemmPath ST = cm::MoeGemmPath::kStream, TL = cm::MoeGemmPath::kTiled;
+  const cm::MoeDeviceWeights flash = shape(256, 4096, 2048), pro = shape(384, 7168, 3072);
+  struct Want {
+    int m;
+    cm::MoeGemmPath path;
+    int tile_n;
+  };
+  // The tiled GEMM at every M (measured faster than the 2-warpgroup stream GEMM,
+  // moe_heuristic.cpp); its tile by rows per expert.
+  for (const Want& x : {Want{1, TL, 8}, Want{2, TL, 8}, Want{8, TL, 8}, Want{16, TL, 8},
+                        Want{128, TL, 8}, Want{512, TL, 32}, Want{4096, TL, 128}}) {
+    const cm::MoeGemmChoice c = cm::moe_gemm_choice(flash, x.m, 6);
+    EXPECT_EQ(c.path, x.path) << "flash m " << x.m;
+    EXPECT_EQ(c.tile_n, x.tile_n) << "flash m " << x.m;
+    EXPECT_EQ(cm::moe_default_tile_n(flash, x.m, 6), x.tile_n);
+  }
+  EXPECT_EQ(cm::moe_gemm_choice(pro, 128, 6).path, TL);
+  EXPECT_EQ(cm::moe_gemm_choice(pro, 4096, 6).path, TL);
+  // Forced paths: each path's own tiles (stream: 8 up to 8 tokens, else 16), anything else an
+  // error (no fallback).
+  EXPECT_EQ(cm::moe_gemm_choice(flash, 8, 6, ST).tile_n, 8);
+  EXPECT_EQ(cm::moe_gemm_choice(flash, 9, 6, ST).tile_n, 16);
+  EXPECT_EQ(cm::moe_gemm_choice(flash, 4096, 6, ST).tile_n, 16);
+  EXPECT_EQ(cm::moe_gemm_choice(flash, 1, 6, TL).tile_n, 8);
+  EXPECT_EQ(cm::moe_gemm_choice(flash, 1, 6, TL, 128).tile_n, 128);
+  EXPECT_EQ(cm::moe_gemm_choice(flash, 1, 6, cm::MoeGemmPath::kAuto, 32).path, TL);
+  EXPECT_THROW(cm::moe_gemm_choice(flash, 1, 6, ST, 32), Error);
+  EXPECT_THROW(cm::moe_gemm_choice(flash, 1, 6, TL, 16), Error);
+  EXPECT_TRUE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, 128, 6, ST)));
+  EXPECT_TRUE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, 128, 6)));  // tile 8
+  EXPECT_FALSE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, 4096, 6)));
+}
+
 // ---- GPU tests --------------------------------------------------------------------------------
 
 struct Spec {
@@ -598,6 +652,7 @@ struct Spec {
   int tile_n = 0;       // 0: the heuristic
   bool direct = false;  // draw FP4 codes directly (large shapes)
   int mx_shift = 0;
+  cm::MoeGemmPath path = cm::MoeGemmPath::kAuto;  // expert GEMM path (kAuto: the heuristic)
   ScoreFunc score = ScoreFunc::kSqrtSoftplus;
 };
 
@@ -683,6 +738,7 @@ std::unique_ptr<Layer> make_layer(const Spec& s, uint32_t seed) {
 // What the GPU left in its output and workspace.
 struct GpuOut {
   int pairs = 0, tiles = 0, flags = 0, tile_n = 0;
+  cm::MoeGemmPath path = cm::MoeGemmPath::kAuto;
   std::vector<float> y, xq, act, actq, ye, wt, sorted_wt;
   std::vector<int32_t> sel, pair_pos, sorted_row, expert_first, tiles4;
 };
@@ -713,6 +769,7 @@ GpuOut run_gpu(const Layer& L, const std::vector<float>& x, const std::vector<in
   a.workspace = ws.data();
   a.workspace_bytes = bytes;
   a.tile_n = L.s.tile_n;
+  a.gemm_path = L.s.path;
   a.pdl = pdl;
   Stream st;
   a.stream = st.s;
@@ -721,7 +778,9 @@ GpuOut run_gpu(const Layer& L, const std::vector<float>& x, const std::vector<in
   DSV4_CUDA_CHECK(cudaStreamSynchronize(st.s));
   const cm::MoeWorkspace w = cm::carve_moe_workspace(L.dev, m, K, ws.data());
   GpuOut o;
-  o.tile_n = L.s.tile_n ? L.s.tile_n : cm::moe_default_tile_n(L.dev, m, K);
+  const cm::MoeGemmChoice gc = cm::moe_gemm_choice(L.dev, m, K, L.s.path, L.s.tile_n);
+  o.tile_n = gc.tile_n;
+  o.path = gc.path;
   const std::vector<int32_t> cnt = fetch(w.counters, 3);
   o.pairs = cnt[0], o.tiles = cnt[1], o.flags = cnt[2];
   const size_t P = size_t(std::clamp(o.pairs, 0, m * K));
@@ -838,8 +897,11 @@ void check_layer(const Spec& s, uint32_t seed) {
   cpu::expert_forward(L->cpu.shared, kLimit, x.data(), m, nullptr, shared.data());
 
   const GpuOut g = run_gpu(*L, x, tokens, shared);
-  std::printf("[%s] m %d, tile_n %d, unique pairs %d, tiles %d\n", s.name.c_str(), m, g.tile_n,
-              g.pairs, g.tiles);
+  std::printf("[%s] m %d, %s GEMM, tile_n %d, unique pairs %d, tiles %d\n", s.name.c_str(), m,
+              cm::moe_gemm_path_name(g.path), g.tile_n, g.pairs, g.tiles);
+  if (s.path != cm::MoeGemmPath::kAuto) {
+    EXPECT_EQ(g.path, s.path) << "forced GEMM path";
+  }
   EXPECT_EQ(g.flags, 0) << "device error flags";
 
   // Routing: CPU reference per row; GPU selections may differ only at near-ties.
@@ -1032,6 +1094,34 @@ std::vector<Spec> specs() {
   v.push_back({"flash_nv_m65_tile128", 4096, 2048, 16, 6, NV, false, 65, 1, 128, true});
   v.push_back({"pro_nv_m3", 7168, 3072, 8, 6, NV, false, 3, 0, 0, true});
   v.push_back({"pro_mx_hash_m4", 7168, 3072, 8, 6, MX, true, 4, 0, 0, true});
+
+  // The stream (decode) expert GEMM, forced: every decode M with the real expert counts and
+  // top-k (Flash 256, Pro 384, top-6; small dims so the CPU reference stays cheap); many items
+  // per CTA, so the persistent ring wraps across items many times.
+  const cm::MoeGemmPath ST = cm::MoeGemmPath::kStream, TL = cm::MoeGemmPath::kTiled;
+  for (int m : {1, 2, 7, 16}) {
+    const std::string ms = std::to_string(m);
+    v.push_back({"stream_e256_nv_m" + ms, 256, 128, 256, 6, NV, false, m, 0, 0, false, 0, ST});
+    v.push_back({"stream_e256_mx_m" + ms, 256, 128, 256, 6, MX, false, m, 0, 0, false, 0, ST});
+    v.push_back({"stream_e384_nv_m" + ms, 256, 128, 384, 6, NV, false, m, 0, 0, false, 0, ST});
+    v.push_back({"stream_e384_mx_m" + ms, 256, 128, 384, 6, MX, false, m, 0, 0, false, 0, ST});
+  }
+  v.push_back({"stream_e256_mx_hash_m7", 256, 128, 256, 6, MX, true, 7, 0, 0, false, 0, ST});
+  v.push_back({"stream_e256_nv_hash_m16", 256, 128, 256, 6, NV, true, 16, 0, 0, false, 0, ST});
+  // K of 3 x 128 (a last stage with one 128 block: warpgroup 1 idles there), 6 row blocks of
+  // gate/up; both tiles.
+  v.push_back({"stream_odd_nv_m7", 384, 384, 24, 6, NV, false, 7, 0, 0, false, 0, ST});
+  v.push_back({"stream_odd_mx_m16", 384, 384, 24, 6, MX, false, 16, 0, 0, false, 0, ST});
+  // Several tiles per expert (65 rows on expert 3): full and partial tiles of 8 and 16.
+  v.push_back({"stream8_mx_m65", 256, 128, 16, 4, MX, false, 65, 1, 8, false, 0, ST});
+  v.push_back({"stream16_nv_m65", 256, 128, 16, 4, NV, false, 65, 1, 16, false, 0, ST});
+  v.push_back({"stream_bigscale_mx_m17", 256, 128, 16, 4, MX, false, 17, 0, 0, false, 14, ST});
+  // Real dims (Flash, Pro) on the stream path, and the tiled path kept at decode M.
+  v.push_back({"stream_flash_mx_m2", 4096, 2048, 16, 6, MX, false, 2, 0, 0, true, 0, ST});
+  v.push_back({"stream_flash_nv_m16", 4096, 2048, 16, 6, NV, false, 16, 0, 0, true, 0, ST});
+  v.push_back({"stream_pro_nv_m7", 7168, 3072, 8, 6, NV, false, 7, 0, 0, true, 0, ST});
+  v.push_back({"tiled_flash_nv_m1", 4096, 2048, 16, 6, NV, false, 1, 0, 0, true, 0, TL});
+  v.push_back({"tiled_e256_mx_m16", 256, 128, 256, 6, MX, false, 16, 0, 0, false, 0, TL});
   return v;
 }
 
@@ -1070,6 +1160,31 @@ TEST_F(MoeCudaSmoke, RejectsUnsupported) {
   EXPECT_THROW(cm::moe_forward(L->dev, a), Error);  // top-k beyond the experts
   a.p.top_k = 4;
   EXPECT_THROW(cm::moe_forward(L->dev, a), Error);  // no workspace / pointers
+  // GEMM path and tile: a forced choice that does not fit is an error, not a fallback.
+  const cm::MoeGemmPath ST = cm::MoeGemmPath::kStream, TL = cm::MoeGemmPath::kTiled;
+  EXPECT_THROW(cm::moe_gemm_choice(L->dev, 3, 4, ST, 32), Error);
+  EXPECT_THROW(cm::moe_gemm_choice(L->dev, 3, 4, TL, 16), Error);
+  EXPECT_EQ(cm::moe_gemm_choice(L->dev, 3, 4, ST, 16).tile_n, 16);
+  EXPECT_EQ(cm::moe_gemm_choice(L->dev, 3, 4, cm::MoeGemmPath::kAuto, 8).path, TL);
+  // The heuristic: the tiled GEMM (moe_heuristic.cpp); the stream GEMM's own tiles.
+  EXPECT_EQ(cm::moe_gemm_choice(L->dev, 3, 4).path, TL);
+  EXPECT_EQ(cm::moe_gemm_choice(L->dev, 3, 4, ST).tile_n, 8);
+  EXPECT_EQ(cm::moe_gemm_choice(L->dev, 9, 4, ST).tile_n, 16);
+  EXPECT_EQ(cm::moe_gemm_choice(L->dev, 1000, 4).path, TL);
+}
+
+// The stream GEMM path too: the same output with and without programmatic dependent launch.
+TEST_F(MoeCudaSmoke, StreamSameOutputWithoutPdl) {
+  Spec s{"pdl_stream", 256, 128, 256, 6, MX, false, 7};
+  s.path = cm::MoeGemmPath::kStream;
+  auto L = make_layer(s, 18);
+  std::mt19937 rng(15);
+  const std::vector<float> x = gaussian(size_t(s.m) * s.dim, 1.0f, rng);
+  const std::vector<float> shared = gaussian(size_t(s.m) * s.dim, 0.1f, rng);
+  const std::vector<int32_t> tokens(s.m, 0);
+  const GpuOut a = run_gpu(*L, x, tokens, shared, true), b = run_gpu(*L, x, tokens, shared, false);
+  expect_bits_equal(a.y, b.y, "y with and without PDL");
+  expect_bits_equal(a.actq, b.actq, "actq with and without PDL");
 }
 
 }  // namespace

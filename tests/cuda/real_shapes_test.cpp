@@ -159,6 +159,7 @@ struct MoeSpec {
   int m;
   int bound_every = 1;  // the down GEMM's derived bound on experts e % bound_every == 0 (its CPU
                         // cost is ~30x the GEMM's; the tolerance check covers every expert)
+  cm::MoeGemmPath path = cm::MoeGemmPath::kAuto;  // expert GEMM path (kAuto: the heuristic)
 };
 std::ostream& operator<<(std::ostream& os, const MoeSpec& s) {
   return os << s.name;
@@ -312,13 +313,14 @@ GpuMoe run_gpu_moe(const MoeLayer& L, const MoeSpec& s, const std::vector<float>
   a.workspace = ws.data();
   a.workspace_bytes = bytes;
   a.stream = stream;
+  a.gemm_path = s.path;
   cm::moe_forward(L.dev, a);
   DSV4_CUDA_CHECK(cudaGetLastError());
   DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));
   DSV4_CUDA_CHECK(cudaStreamDestroy(stream));
   const cm::MoeWorkspace w = cm::carve_moe_workspace(L.dev, m, K, ws.data());
   GpuMoe o;
-  o.tile_n = cm::moe_default_tile_n(L.dev, m, K);
+  o.tile_n = cm::moe_gemm_choice(L.dev, m, K, s.path).tile_n;
   const std::vector<int32_t> cnt = fetch(w.counters, 3);
   o.pairs = cnt[0], o.tiles = cnt[1], o.flags = cnt[2];
   const size_t P = size_t(std::clamp(o.pairs, 0, m * K));
@@ -359,7 +361,8 @@ TEST_P(RealShapeMoe, StagesMatchCpu) {
   const std::vector<float> shared = gaussian(size_t(m) * dim, 0.05f, rng);
 
   const GpuMoe g = run_gpu_moe(*L, s, x, tokens, shared);
-  std::printf("[%s] m %d, tile_n %d, unique pairs %d, tiles %d\n", s.name.c_str(), m, g.tile_n,
+  std::printf("[%s] m %d, %s GEMM, tile_n %d, unique pairs %d, tiles %d\n", s.name.c_str(), m,
+              cm::moe_gemm_path_name(cm::moe_gemm_choice(L->dev, m, K, s.path).path), g.tile_n,
               g.pairs, g.tiles);
   EXPECT_EQ(g.flags, 0) << "device error flags";
 
@@ -553,6 +556,11 @@ std::vector<MoeSpec> moe_specs() {
       {"flash_mx_score_m512", 4096, 2048, 256, 6, MX, false, 512, 2},
       // V4-Pro: 384 experts, dim 7168, inter 3072, top-6.
       {"pro_nv_score_m128", 7168, 3072, 384, 6, NV, false, 128, 4},
+      // Decode M and M 128 on the stream GEMM, forced (the heuristic picks the tiled one).
+      {"flash_nv_score_m1_stream", 4096, 2048, 256, 6, NV, false, 1, 1, cm::MoeGemmPath::kStream},
+      {"flash_mx_score_m16_stream", 4096, 2048, 256, 6, MX, false, 16, 1, cm::MoeGemmPath::kStream},
+      {"flash_nv_score_m128_stream", 4096, 2048, 256, 6, NV, false, 128, 2,
+       cm::MoeGemmPath::kStream},
   };
 }
 

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/moe/moe_gemm.cuh"
+#include "ops/cuda/moe/moe_gemm_stream.cuh"
 #include "ops/cuda/moe/moe_kernels.h"
 
 namespace dsv4::cuda::moe {
@@ -107,10 +108,14 @@ bool moe_fuses_act_quant(int tile_n) {
   }
 }
 
-int moe_launch_count(const MoeDeviceWeights& w, int m, int top_k) {
-  const int tile_n = moe_default_tile_n(w, m, top_k);
-  return 1 + (route_plan_fused(m, w.n_experts) ? 1 : 2) + 1 +
-         (moe_fuses_act_quant(tile_n) ? 0 : 1) + 1 + 1;
+bool moe_fuses_act_quant(const MoeGemmChoice& c) {
+  return c.path == MoeGemmPath::kStream || moe_fuses_act_quant(c.tile_n);
+}
+
+int moe_launch_count(const MoeDeviceWeights& w, int m, int top_k, MoeGemmPath path) {
+  const MoeGemmChoice gc = moe_gemm_choice(w, m, top_k, path);
+  return 1 + (route_plan_fused(m, w.n_experts) ? 1 : 2) + 1 + (moe_fuses_act_quant(gc) ? 0 : 1) +
+         1 + 1;
 }
 
 double MoeDeviceWeights::expert_checkpoint_bytes() const {
@@ -233,23 +238,6 @@ MoeWorkspace carve_moe_workspace(const MoeDeviceWeights& w, int m, int top_k, vo
   return carve(w, m, top_k, static_cast<uint8_t*>(base), nullptr);
 }
 
-int moe_default_tile_n(const MoeDeviceWeights& w, int m, int top_k) {
-  // Expected rows per active expert decides the token tile; a tile whose weight-row block
-  // does not divide both projections is skipped for the next smaller one.
-  const long pairs = long(m) * top_k;
-  const long active = std::max<long>(1, std::min<long>(w.n_experts, pairs));
-  const long per = (pairs + active - 1) / active;
-  // The 128 tile narrows its MMA to the quarters a tile's rows need, so it also serves
-  // experts with 33..128 rows.
-  const int want = per <= 8 ? 8 : per <= 32 ? 32 : 128;
-  for (int t : {128, 64, 32, 8}) {
-    if (t > want) continue;
-    const int bm = gemm_tile_rows(t);
-    if ((2 * w.inter) % bm == 0 && w.dim % bm == 0) return t;
-  }
-  return 8;  // BM = 64 divides every validated shape
-}
-
 void moe_forward(const MoeDeviceWeights& w, const MoeArgs& a) {
   const MoeParams& p = a.p;
   DSV4_CHECK(a.m >= 0, "moe_forward: m = ", a.m);
@@ -266,10 +254,8 @@ void moe_forward(const MoeDeviceWeights& w, const MoeArgs& a) {
                  a.workspace_bytes >= moe_workspace_bytes(w, a.m, p.top_k),
              "moe_forward: workspace must be 256-byte aligned and hold moe_workspace_bytes() = ",
              moe_workspace_bytes(w, a.m, p.top_k), " bytes");
-  const int tile_n = a.tile_n ? a.tile_n : moe_default_tile_n(w, a.m, p.top_k);
-  const int bm = gemm_tile_rows(tile_n);
-  DSV4_CHECK(bm > 0 && (2 * w.inter) % bm == 0 && w.dim % bm == 0, "moe_forward: token tile ",
-             tile_n, " (weight rows ", bm, ") does not fit inter ", w.inter, " / dim ", w.dim);
+  const MoeGemmChoice gc = moe_gemm_choice(w, a.m, p.top_k, a.gemm_path, a.tile_n);
+  const int tile_n = gc.tile_n;
 
   const MoeWorkspace ws = carve_moe_workspace(w, a.m, p.top_k, a.workspace);
   const LaunchCtx c{a.stream, a.pdl};
@@ -285,10 +271,11 @@ void moe_forward(const MoeDeviceWeights& w, const MoeArgs& a) {
     if (a.stages & kStagePlan) launch_plan(c, w, a, ws, tile_n);
   }
   auto gemm = [&](const GemmArgs& g, bool gate_up) {
-    if (w.format == ExpertFormat::kMxfp4)
-      launch_moe_gemm_mxfp4(tile_n, gate_up, g, c);
+    const bool mx = w.format == ExpertFormat::kMxfp4;
+    if (gc.path == MoeGemmPath::kStream)
+      (mx ? launch_moe_gemm_stream_mxfp4 : launch_moe_gemm_stream_nvfp4)(tile_n, gate_up, g, c);
     else
-      launch_moe_gemm_nvfp4(tile_n, gate_up, g, c);
+      (mx ? launch_moe_gemm_mxfp4 : launch_moe_gemm_nvfp4)(tile_n, gate_up, g, c);
   };
   if (a.stages & kStageGateUp) {
     GemmArgs g;
@@ -308,7 +295,7 @@ void moe_forward(const MoeDeviceWeights& w, const MoeArgs& a) {
     gemm(g, true);
   }
   // Decode tiles quantise the activations inside the down GEMM (kStageDown does both).
-  const bool fused_quant = moe_fuses_act_quant(tile_n);
+  const bool fused_quant = moe_fuses_act_quant(gc);
   if ((a.stages & kStageQuantAct) && !fused_quant)
     launch_quant_rows(c, ws.act, ws.actq, pairs, w.inter, ws.counters);
   if (a.stages & kStageDown) {

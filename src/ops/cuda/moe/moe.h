@@ -67,6 +67,20 @@ enum MoeStage : unsigned {
   kStageAll = 0x3fu,
 };
 
+// Which grouped expert GEMM runs the gate/up and down stages (moe_heuristic.cpp chooses for
+// kAuto; an explicit choice that does not fit the shape is an error, never a fallback).
+enum class MoeGemmPath {
+  kAuto,
+  kStream,  // decode: warp-specialised, bulk-copy weight stream (moe_gemm_stream.cuh); tiles 8, 16
+  kTiled,   // moe_gemm.cuh; tiles 8, 32, 64, 128
+};
+const char* moe_gemm_path_name(MoeGemmPath p);
+
+struct MoeGemmChoice {
+  MoeGemmPath path = MoeGemmPath::kTiled;  // never kAuto
+  int tile_n = 8;
+};
+
 struct MoeArgs {
   const __nv_bfloat16* x = nullptr;       // [m, dim] (ffn_norm output)
   const int32_t* tokens = nullptr;        // [m] token ids, hash layers only (< vocab)
@@ -78,7 +92,11 @@ struct MoeArgs {
   size_t workspace_bytes = 0;
   cudaStream_t stream = nullptr;
   unsigned stages = kStageAll;
-  int tile_n = 0;   // expert GEMM token tile: 0 = heuristic, else 8, 32, 64 or 128
+  // Expert GEMM: path and token tile. kAuto with tile_n 0: the heuristic; kAuto with a tile:
+  // the tiled GEMM with that tile (8, 32, 64 or 128); kStream / kTiled with tile_n 0: that
+  // path's heuristic tile.
+  MoeGemmPath gemm_path = MoeGemmPath::kAuto;
+  int tile_n = 0;
   bool pdl = true;  // programmatic dependent launch between consecutive stages
 };
 
@@ -88,13 +106,21 @@ size_t moe_workspace_bytes(const MoeDeviceWeights& w, int m, int top_k);
 // stays on the device, the GEMMs are persistent over it).
 void moe_forward(const MoeDeviceWeights& w, const MoeArgs& a);
 
+// The expert GEMM (path, token tile) moe_forward runs for m rows with the requested path and
+// tile (MoeArgs::gemm_path, tile_n); throws dsv4::Error for a request that does not fit.
+// moe_heuristic.cpp.
+MoeGemmChoice moe_gemm_choice(const MoeDeviceWeights& w, int m, int top_k,
+                              MoeGemmPath path = MoeGemmPath::kAuto, int tile_n = 0);
 // The token tile the heuristic picks for m rows (tests and benchmarks report it).
 int moe_default_tile_n(const MoeDeviceWeights& w, int m, int top_k);
-// Whether the down GEMM of this token tile quantises its activations itself (decode tiles:
-// kStageQuantAct launches nothing, kStageDown does both and still fills MoeWorkspace::actq).
+// Whether the down GEMM of this choice quantises its activations itself (decode tiles and the
+// stream path: kStageQuantAct launches nothing, kStageDown does both and still fills
+// MoeWorkspace::actq). The int overload: the tiled path's tile.
+bool moe_fuses_act_quant(const MoeGemmChoice& c);
 bool moe_fuses_act_quant(int tile_n);
 // Kernel launches of a full moe_forward for m rows (benchmarks compare with the launch floor).
-int moe_launch_count(const MoeDeviceWeights& w, int m, int top_k);
+int moe_launch_count(const MoeDeviceWeights& w, int m, int top_k,
+                     MoeGemmPath path = MoeGemmPath::kAuto);
 
 // Named regions of the workspace; every stage's output stays there after moe_forward.
 struct MoeWorkspace {

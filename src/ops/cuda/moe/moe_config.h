@@ -37,6 +37,33 @@ using TileN32 = GemmTile<32, 1, 1, 2, 5, 4>;
 using TileN64 = GemmTile<64, 2, 2, 2, 4, 1>;
 using TileN128 = GemmTile<128, 2, 2, 2, 4, 1>;
 
+// ---- decode expert GEMM (moe_gemm_stream.cuh): the same W4A16 mainloop, warp-specialised ----
+// One persistent CTA per SM walks (token tile, 64-row block) items; a producer warp keeps a
+// STAGES-deep ring of KC k-blocks full across items (one bulk copy of the block's contiguous
+// packed weights per stage + cp.async of the tile's activation rows); CONSUMERS consumer
+// warpgroups split every stage's K (one 128-wide block each: the down GEMM's FP8 activation
+// blocks) and add their partial sums once per item (into warpgroup 0, in warpgroup order).
+// 64-row items keep every SM busy from one token (6 experts x 64 row blocks = 384 items on 132
+// SMs). The dequantisation is the ALU work (~85 instructions per thread and 64x64 tile): two
+// warpgroups need ~2/3 issue efficiency for 4.8 TB/s; more consumers trade stages for issue
+// slots.
+template <int BN_, int STAGES_, int CONSUMERS_ = 2>
+struct StreamTile {
+  static constexpr int BN = BN_;                // tokens per tile (wgmma N)
+  static constexpr int CONSUMERS = CONSUMERS_;  // consumer warpgroups (1..4)
+  static constexpr int KC = 2 * CONSUMERS;      // k-blocks per stage: one 128 block each
+  static constexpr int STAGES = STAGES_;
+  static constexpr int THREADS = 128 * CONSUMERS + 32;  // + the producer warp
+  static constexpr int BM = 64;                         // weight rows per item
+  static_assert(BN % 8 == 0 && BN <= 32 && STAGES >= 2 && CONSUMERS >= 1 && CONSUMERS <= 4,
+                "stream tile");
+};
+// 4 consumer warpgroups: with 2 the H200 measured 1.2-1.9 TB/s (no faster than the tiled GEMM;
+// the dequantisation's issue rate is the suspect), so more warps per SM to fill issue slots;
+// ~110 KB of weights in flight per SM (HBM latency x per-SM share of 4.8 TB/s ~ 55 KB).
+using StreamN8 = StreamTile<8, 6, 4>;
+using StreamN16 = StreamTile<16, 5, 4>;
+
 // ---- router logits (fp32 products of BF16 values, exact; summed in fp32 runs of
 // kRouterRun then in double, so the logit is within ~1 ulp of the CPU's exact sum) ----------
 constexpr int kRouterRun = 64;

@@ -46,4 +46,12 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// Makes `bar` (mbarrier.cuh) track this thread's cp.async copies issued so far: one arrival on it
+// when they have all landed. .noinc: that arrival is one of the barrier's expected arrivals (its
+// init count includes it).
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar))
+               : "memory");
+}
+
 }  // namespace dsv4::cuda::sm90

@@ -1,0 +1,97 @@
+// Which grouped expert GEMM (path, token tile) runs a MoE layer's batch: by shape only, apart
+// from the kernels (moe_gemm.cuh, moe_gemm_stream.cuh), so a benchmark or a test can force
+// either. Never a fallback: a forced choice that does not fit throws.
+#include <algorithm>
+
+#include "core/error.h"
+#include "ops/cuda/moe/moe.h"
+#include "ops/cuda/moe/moe_config.h"
+#include "ops/cuda/moe/moe_gemm.cuh"
+
+namespace dsv4::cuda::moe {
+namespace {
+
+// Mean rows per active expert (the tokens are spread over min(E, pairs) experts at most).
+long rows_per_expert(const MoeDeviceWeights& w, int m, int top_k) {
+  const long pairs = long(m) * top_k;
+  const long active = std::max<long>(1, std::min<long>(w.n_experts, pairs));
+  return (pairs + active - 1) / active;
+}
+
+bool tiled_fits(const MoeDeviceWeights& w, int tile_n) {
+  const int bm = gemm_tile_rows(tile_n);
+  return bm > 0 && (2 * w.inter) % bm == 0 && w.dim % bm == 0;
+}
+
+int tiled_tile(const MoeDeviceWeights& w, int m, int top_k) {
+  // Expected rows per active expert decide the token tile; a tile whose weight-row block
+  // does not divide both projections is skipped for the next smaller one. The 128 tile
+  // narrows its MMA to the quarters a tile's rows need, so it also serves 33..128 rows.
+  const long per = rows_per_expert(w, m, top_k);
+  const int want = per <= 8 ? 8 : per <= 32 ? 32 : 128;
+  for (int t : {128, 64, 32, 8})
+    if (t <= want && tiled_fits(w, t)) return t;
+  return 8;  // BM = 64 divides every validated shape
+}
+
+// A token takes an expert at most once, so an expert holds at most m rows: up to 16 tokens
+// every expert is one tile (one pass over its weights). Beyond, 16 keeps experts with a few
+// more rows than the mean in one pass; the tile's cost is shared memory, not bytes (only a
+// tile's real rows are loaded) nor ALU (the dequantisation is per weight, not per token).
+int stream_tile(int m) {
+  return m <= 8 ? 8 : 16;
+}
+
+}  // namespace
+
+const char* moe_gemm_path_name(MoeGemmPath p) {
+  switch (p) {
+    case MoeGemmPath::kAuto:
+      return "auto";
+    case MoeGemmPath::kStream:
+      return "stream";
+    case MoeGemmPath::kTiled:
+      return "tiled";
+  }
+  return "?";
+}
+
+MoeGemmChoice moe_gemm_choice(const MoeDeviceWeights& w, int m, int top_k, MoeGemmPath path,
+                              int tile_n) {
+  MoeGemmChoice c;
+  if (path == MoeGemmPath::kAuto) {
+    if (tile_n != 0) {  // the contract of MoeArgs::tile_n before the stream path existed
+      path = MoeGemmPath::kTiled;
+    } else {
+      // The tiled GEMM everywhere, as measured: H200, Flash NVFP4, gate/up + down, stream path
+      // with 2 consumer warpgroups vs tiled (us): M 1 71.9 vs 64.1, M 16 727.5 vs 674.8, M 128
+      // 2440 vs 2112. Both saturate near 1.9 TB/s on gate/up from M 8 on, which points at the
+      // in-register FP4 -> BF16 dequantisation they share (~17 integer/BF16 operations per 8
+      // weights, several at half rate), not at the weight stream (not profiled). The stream
+      // path now runs 4 consumer warpgroups; it becomes the decode choice here only once
+      // moe_bench shows it faster (forced with MoeGemmPath::kStream until then).
+      path = MoeGemmPath::kTiled;
+    }
+  }
+  c.path = path;
+  if (path == MoeGemmPath::kStream) {
+    c.tile_n = tile_n ? tile_n : stream_tile(m);
+    DSV4_CHECK(c.tile_n == 8 || c.tile_n == 16, "moe: stream expert GEMM token tile ", c.tile_n,
+               " (8 or 16 supported)");
+    // Items are 64-row blocks; K runs in 128-wide blocks (both validated at upload).
+    DSV4_CHECK((2 * w.inter) % 64 == 0 && w.dim % 64 == 0 && w.dim % 128 == 0 && w.inter % 128 == 0,
+               "moe: stream expert GEMM needs dim and inter multiples of 128 (", w.dim, ", ",
+               w.inter, ")");
+  } else {
+    c.tile_n = tile_n ? tile_n : tiled_tile(w, m, top_k);
+    DSV4_CHECK(tiled_fits(w, c.tile_n), "moe: token tile ", c.tile_n, " (weight rows ",
+               gemm_tile_rows(c.tile_n), ") does not fit inter ", w.inter, " / dim ", w.dim);
+  }
+  return c;
+}
+
+int moe_default_tile_n(const MoeDeviceWeights& w, int m, int top_k) {
+  return moe_gemm_choice(w, m, top_k).tile_n;
+}
+
+}  // namespace dsv4::cuda::moe
