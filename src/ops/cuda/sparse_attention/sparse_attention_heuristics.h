@@ -41,9 +41,9 @@ inline constexpr KernelRule kKernelTable[] = {
 // 64-key blocks each, units = tokens x head tiles):
 //   kLaunchUs + waves(units x s) x (kCtaFixedUs + bps x block_us(ht) + partial_write_us(ht))
 //   + (s > 1: kCombineLaunchUs + combine bytes / kHbmBytesPerUs)
-// where block_us(ht) = kBlockUsBase + kBlockUsPer16Heads x ht / 16 (a key block's gather,
-// decode and MMAs), partial_write_us = the CTA's O[512] + m + l partials (ht x 2064 bytes)
-// at its share (1 / SMs) of the HBM bandwidth, and the combine reads every partial once and
+// where block_us(ht) = base_us + per16_us x ht / 16 with the kernel's BlockCost (a key
+// block's gather, decode and MMAs), partial_write_us = the CTA's O[512] + m + l partials (ht x 2064
+// bytes) at its share (1 / SMs) of the HBM bandwidth, and the combine reads every partial once and
 // writes the BF16 output (tokens x heads x (s x 2064 + 1024) bytes).
 //
 // Fitted to the mma rows (measured / model, µs):
@@ -60,11 +60,18 @@ inline constexpr KernelRule kKernelTable[] = {
 //     partials; the Flash CSA s_q 2 b=256 (10 splits) 1183 against ~2 x 166 at 1 split
 //     (model 889 / 326).
 // tests/sparse_attention_plan_test.cpp holds the model within 25 % of each of these figures.
-// The same constants cost a forced wgmma plan (measured within 1-30 % of mma, see above).
 inline constexpr double kLaunchUs = 10.0;
 inline constexpr double kCtaFixedUs = 3.0;
-inline constexpr double kBlockUsBase = 2.2;
-inline constexpr double kBlockUsPer16Heads = 1.35;
+
+// block_us(ht) = base_us + per16_us x ht / 16, per kernel.
+struct BlockCost {
+  double base_us, per16_us;
+};
+inline constexpr BlockCost kMmaBlockCost{2.2, 1.35};
+// wgmma (64-head tiles only): the mma figures, as measured before its key gather was
+// pipelined (within 1-30 % of mma, see the kernel table); re-fit from the bench's
+// sparse_attention[wgmma] rows.
+inline constexpr BlockCost kWgmmaBlockCost{2.2, 1.35};
 inline constexpr double kCombineLaunchUs = 2.0;
 inline constexpr double kHbmBytesPerUs = 3.0e6;   // 3.0 TB/s
 inline constexpr double kPartialBytes = 516 * 4;  // O[512], m, l, pad (fp32), per (token, head)
