@@ -6,7 +6,7 @@
 //       128-byte-swizzled K tile. Its key lookups run as a pipeline over the blocks (top-k
 //       entries four blocks ahead, block-table pages three, an L2 prefetch of the entries two),
 //       so a block's decode waits for one L2 round trip, not for three dependent ones; the
-//       entries are read with 16-byte loads that skip L1 and are evicted first from L2;
+//       entries are read with 16-byte loads whose lines are evicted first from L2;
 //   WG0: S = Q K^T (wgmma 64x64x16, Q and K from smem), the block's online softmax exactly as
 //       cpu::sparse_attention (running max, P rounded to BF16 against it, sum of the unrounded
 //       exponentials), P to smem for WG1, and O[:, 0:256] += P V (wgmma 64x256x16, P from
@@ -98,9 +98,9 @@ __device__ __forceinline__ void produce_pass(uint8_t* tile, uint32_t peer_tile, 
   if (r0 == 6) {  // region 6 (NoPE 384-447) and region 7 (RoPE)
     uint4 w[4], rope[8];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) w[i] = sm90::ld_nc_na_16(src + 384 + 16 * i, pol);
+    for (int i = 0; i < 4; ++i) w[i] = sm90::ld_nc_16(src + 384 + 16 * i, pol);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) rope[i] = sm90::ld_nc_na_16(src + kNopeDim + 16 * i, pol);
+    for (int i = 0; i < 8; ++i) rope[i] = sm90::ld_nc_16(src + kNopeDim + 16 * i, pol);
     const uint32_t s2 = bf16x2_pow2(int((scales >> 48) & 0xff) - 7);  // scale of block 6
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -118,7 +118,7 @@ __device__ __forceinline__ void produce_pass(uint8_t* tile, uint32_t peer_tile, 
   } else {
     uint4 w[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = sm90::ld_nc_na_16(src + 64 * r0 + 16 * i, pol);
+    for (int i = 0; i < 8; ++i) w[i] = sm90::ld_nc_16(src + 64 * r0 + 16 * i, pol);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int blk = r0 + (i >> 2);  // 64-value scale block = region
@@ -242,7 +242,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
             kCluster == 2 ? sm90::map_to_rank(sm90::smem_u32(sm.k[b]), peer) : 0u;
         uint64_t scales = 0;  // byte j = UE8M0 of NoPE block j
         if (src0.data != nullptr) {
-          const uint2 sc = sm90::ld_nc_na_8(src0.scales, pol);
+          const uint2 sc = sm90::ld_nc_8(src0.scales, pol);
           scales = (uint64_t(sc.y) << 32) | sc.x;
         }
 #pragma unroll

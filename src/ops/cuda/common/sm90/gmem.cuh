@@ -1,7 +1,7 @@
 // Global-memory reads with cache hints, for data one kernel touches once (the sparse
-// attention's gathered keys): 16-byte non-coherent loads that skip L1 and leave their lines
-// first in line for eviction from L2, and L2 prefetches that start a gather's HBM traffic a
-// stage before its loads.
+// attention's gathered keys): 16-byte non-coherent loads whose lines are first in line for
+// eviction from L2, and L2 prefetches that start a gather's HBM traffic a stage before its
+// loads.
 #pragma once
 
 #include <cstdint>
@@ -15,17 +15,18 @@ __device__ __forceinline__ uint64_t l2_policy_evict_first() {
   return pol;
 }
 
-// 16 bytes, read-only for the kernel's lifetime, not allocated in L1, L2 policy `pol`.
-__device__ __forceinline__ uint4 ld_nc_na_16(const void* p, uint64_t pol) {
+// 16 bytes, read-only for the kernel's lifetime, L2 policy `pol`. Allocated in L1 on purpose:
+// a thread's two 16-byte loads of one 32-byte sector then cost one L2 request, not two.
+__device__ __forceinline__ uint4 ld_nc_16(const void* p, uint64_t pol) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
+  asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p), "l"(pol));
   return v;
 }
-__device__ __forceinline__ uint2 ld_nc_na_8(const void* p, uint64_t pol) {
+__device__ __forceinline__ uint2 ld_nc_8(const void* p, uint64_t pol) {
   uint2 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;\n"
+  asm volatile("ld.global.nc.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;\n"
                : "=r"(v.x), "=r"(v.y)
                : "l"(p), "l"(pol));
   return v;
