@@ -31,6 +31,7 @@
 #if defined(DSV4_HAVE_CUTLASS)
 
 #include "ops/cuda/common/sm90/bf16x2.cuh"
+#include "ops/cuda/common/sm90/cp_async.cuh"
 #include "ops/cuda/common/sm90/gmem.cuh"
 #include "ops/cuda/common/sm90/mbarrier.cuh"
 #include "ops/cuda/common/sm90/smem.cuh"
@@ -198,15 +199,15 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
   if (wgi == 2) {
     // ---------------------------------------------------------------- producer
     sm90::warpgroup_reg_dealloc<C::kRegsProducer>();
-    // Q tile: thread -> head row wt / 2, half of the dims.
+    // Q tile: thread -> head row wt / 2, half of the dims; cp.async, so the key lookups below
+    // start at once (waited for before the first K tile is handed over).
     {
       const int row = wt >> 1, half = wt & 1;
-      const uint4* src = reinterpret_cast<const uint4*>(
-          a.q + (int64_t(t) * a.n_heads + h0 + row) * kHeadDim + 256 * half);
-#pragma unroll 4
+      const __nv_bfloat16* src = a.q + (int64_t(t) * a.n_heads + h0 + row) * kHeadDim + 256 * half;
+#pragma unroll 8
       for (int i = 0; i < 32; ++i)
-        *reinterpret_cast<uint4*>(sm.q + sm90::sw128_bf16_offset(row, 256 * half + 8 * i)) =
-            __ldg(src + i);
+        sm90::cp_async_16(sm.q + sm90::sw128_bf16_offset(row, 256 * half + 8 * i), src + 8 * i);
+      sm90::cp_async_commit();
     }
     const uint64_t pol = sm90::l2_policy_evict_first();  // keys are read once per token
     const int part = wt % PS::kThreadsPerKey;
@@ -254,6 +255,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
           if constexpr (kCluster == 2)
             sm90::st_cluster_4(sm90::map_to_rank(sm90::smem_u32(&sm.valid[b][key]), peer), v);
         }
+        if (i == 0) sm90::cp_async_wait<0>();  // this thread's part of the Q tile
         if constexpr (kCluster == 2)
           sm90::fence_proxy_async_smem_cluster();
         else
