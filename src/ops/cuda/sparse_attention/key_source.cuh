@@ -34,40 +34,11 @@ __device__ __forceinline__ QueryInfo query_info(const AttnArgs& a, int t) {
   return q;
 }
 
-// Data (576 B) and scales (8 B) of key `slot`, or false for an invalid slot.
-__device__ __forceinline__ bool key_source(const AttnArgs& a, const QueryInfo& q, int slot,
-                                           const uint8_t*& data, const uint8_t*& scales) {
-  using namespace sparse_attn_cfg;
-  if (slot < a.window) {
-    const int j = max(0, q.p - a.window + 1) + slot;
-    if (j > q.p) return false;
-    if (a.staged_data != nullptr && j >= q.pos0) {
-      const int64_t e = q.tok0 + (j - q.pos0);
-      data = a.staged_data + e * kEntryData;
-      scales = a.staged_scales + e * kEntryScales;
-    } else {
-      const int64_t e = j % a.window;
-      data = entry_data(a.win, q.s, e);
-      scales = entry_scales(a.win, q.s, e);
-    }
-    return true;
-  }
-  const int c = slot - a.window;
-  if (c >= q.ncomp) return false;
-  int64_t idx = c;
-  if (a.ratio == 4) {
-    idx = __ldg(a.topk_idx + int64_t(q.t) * a.topk_stride + c);
-    if (idx < 0 || idx >= (q.p + 1) / 4) return false;
-  }
-  data = entry_data(a.comp, q.s, idx);
-  scales = entry_scales(a.comp, q.s, idx);
-  return true;
-}
-
-// ---- the same lookup in stages -------------------------------------------------------------
-// key_source's loads depend on each other (top-k entry -> page id -> entry bytes). A gather
-// that runs the stages for different blocks in one pass (the wgmma producer: top-k entries
-// four blocks ahead, pages three, L2 prefetch two) never waits on its own lookups.
+// ---- the lookup of a key slot, in stages ---------------------------------------------------
+// Its loads depend on each other (top-k entry -> page id -> entry bytes), so the kernels run
+// the stages for different key blocks in one pass (the wgmma producer: top-k entries four
+// blocks ahead, pages three, L2 prefetch two; the mma loader: pages one block ahead of the
+// copies, top-k entries two) and never wait on their own lookups.
 enum : int { kKeyInvalid = 0, kKeyStaged = 1, kKeyRing = 2, kKeyComp = 3 };
 struct KeyLoc {
   int kind = kKeyInvalid;
@@ -87,7 +58,8 @@ __device__ __forceinline__ int key_topk_entry(const AttnArgs& a, const QueryInfo
 }
 
 // Stage 2: the store and entry of `slot` (topk_entry from stage 1) and its page id (a load).
-// The same validity rules as key_source.
+// Invalid: window positions before 0, slots past the key list, CSA entries -1 or outside
+// [0, (p+1)/4).
 __device__ __forceinline__ KeyLoc key_locate(const AttnArgs& a, const QueryInfo& q, int slot,
                                              int topk_entry) {
   KeyLoc l;
