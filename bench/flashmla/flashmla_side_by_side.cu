@@ -13,7 +13,9 @@
 // -DDSV4_FLASHMLA_LIB (its sm90 sources compiled by scripts/flashmla/run.sh); one JSON line
 // per shape, ours as `us`, FlashMLA's as `peer_us`, and the relative L2 between the outputs.
 //
-// Usage: flashmla_side_by_side [--quick]
+// Usage: flashmla_side_by_side [--quick] [--kernel auto|mma|wgmma]
+//   --kernel: ours through the planner's choice (auto, the default) or that kernel forced, the
+//   planner choosing heads per CTA and splits around it (the shape names the plan).
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -38,6 +40,7 @@ using namespace dsv4::bench::sparse_attn;
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
+SparseAttnKernel g_kernel = SparseAttnKernel::kAuto;  // --kernel
 
 int round_up64(int v) {
   return (v + 63) / 64 * 64;
@@ -84,12 +87,14 @@ void run(const Shape& shape, const DeviceBuffer<uint8_t>& pool, std::mt19937& rn
 
   // Ours: the planner's choice.
   SparseAttnParams p = in.params(0);
+  p.kernel = g_kernel;
   DeviceBuffer<uint8_t> ws(sparse_attention_workspace_bytes(p));
   p.workspace = ws.data();
   p.workspace_bytes = ws.size();
   const SparseAttnPlan plan = sparse_attention_plan(p);
   auto ours = [&](int c) {
     SparseAttnParams pc = in.params(c);
+    pc.kernel = g_kernel;
     pc.workspace = ws.data();
     pc.workspace_bytes = ws.size();
     sparse_attention(pc, nullptr);
@@ -269,7 +274,27 @@ void run(const Shape& shape, const DeviceBuffer<uint8_t>& pool, std::mt19937& rn
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else if (std::strcmp(argv[i], "--kernel") == 0 && i + 1 < argc) {
+      const char* k = argv[++i];
+      if (std::strcmp(k, "auto") == 0) {
+        g_kernel = SparseAttnKernel::kAuto;
+      } else if (std::strcmp(k, "mma") == 0) {
+        g_kernel = SparseAttnKernel::kMma;
+      } else if (std::strcmp(k, "wgmma") == 0) {
+        g_kernel = SparseAttnKernel::kWgmma;
+      } else {
+        std::fprintf(stderr, "--kernel %s: expected auto, mma or wgmma\n", k);
+        return 2;
+      }
+    } else {
+      std::fprintf(stderr, "usage: %s [--quick] [--kernel auto|mma|wgmma]\n", argv[0]);
+      return 2;
+    }
+  }
   std::mt19937 rng(7);
   struct Row {
     const char* name;

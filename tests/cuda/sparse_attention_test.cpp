@@ -599,6 +599,58 @@ TEST_F(CudaSparseAttention, ManySplitsProDecode) {
   expect_ok(sc, 90, v);
 }
 
+// The wgmma kernel's CTA pairs (n_heads a multiple of 128: the two 64-head tiles of a token
+// run as a cluster, each CTA gathers and decodes half of every key block into both CTAs' K
+// tiles) beside its unpaired launch (192 heads: three tiles): 1-4 query tokens per sequence,
+// window + top-k with -1 and out-of-range slots, a sequence shorter than the window, a 16-slot
+// window whose blocks mix window and compressed keys, the ring alone, HCA past 1024 entries,
+// forced splits including empty ones; each against the CPU op.
+TEST_F(CudaSparseAttention, WgmmaHeadPairs) {
+  using K = cuda::SparseAttnKernel;
+  {
+    Scenario sc{"pairs: CSA 128 heads top-512, s_q 1-4"};
+    sc.heads = 128;
+    sc.ratio = 4;
+    sc.topk = 512;
+    sc.ntok = {1, 4, 3, 2};
+    sc.pos0 = {9000, 40, 3000, 127};
+    sc.invalid_every = 5;
+    sc.out_of_range = true;
+    expect_ok(sc, 100,
+              {{K::kWgmma, 0, 0}, {K::kWgmma, 0, 1}, {K::kWgmma, 0, 3}, {K::kWgmma, 0, 11}});
+  }
+  {
+    Scenario sc{"pairs: HCA 256 heads > 1024 entries"};
+    sc.heads = 256;
+    sc.ratio = 128;
+    sc.ntok = {1, 2};
+    sc.pos0 = {131200, 700};
+    sc.q_scale = 3.0f;
+    expect_ok(sc, 101, {{K::kWgmma, 0, 0}, {K::kWgmma, 0, 1}, {K::kWgmma, 0, 7}});
+  }
+  {
+    Scenario sc{"pairs: ring only, 128 heads"};
+    sc.heads = 128;
+    sc.ratio = 128;
+    sc.ntok = {1, 1, 1};
+    sc.pos0 = {1000, 0, 128};
+    sc.staged = false;
+    sc.win_page = 48;
+    expect_ok(sc, 102, {{K::kWgmma, 0, 0}, {K::kWgmma, 0, 2}});
+  }
+  for (int heads : {128, 192}) {
+    Scenario sc{"window 16 mixing window and compressed keys"};
+    sc.heads = heads;
+    sc.window = 16;
+    sc.ratio = 4;
+    sc.topk = 64;
+    sc.ntok = {4, 1};
+    sc.pos0 = {100, 7};
+    sc.win_page = 4;
+    expect_ok(sc, 103 + heads, {{K::kWgmma, 0, 0}, {K::kWgmma, 0, 2}});
+  }
+}
+
 // Host-side validation only: runs without a GPU.
 void expect_rejected(const cuda::SparseAttnParams& p, const std::string& what) {
   try {

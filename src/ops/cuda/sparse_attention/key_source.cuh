@@ -34,34 +34,76 @@ __device__ __forceinline__ QueryInfo query_info(const AttnArgs& a, int t) {
   return q;
 }
 
-// Data (576 B) and scales (8 B) of key `slot`, or false for an invalid slot.
-__device__ __forceinline__ bool key_source(const AttnArgs& a, const QueryInfo& q, int slot,
-                                           const uint8_t*& data, const uint8_t*& scales) {
-  using namespace sparse_attn_cfg;
+// ---- the lookup of a key slot, in stages ---------------------------------------------------
+// Its loads depend on each other (top-k entry -> page id -> entry bytes), so the kernels run
+// the stages for different key blocks in one pass (the wgmma producer: top-k entries four
+// blocks ahead, pages three, L2 prefetch two; the mma loader: pages one block ahead of the
+// copies, top-k entries two) and never wait on their own lookups.
+enum : int { kKeyInvalid = 0, kKeyStaged = 1, kKeyRing = 2, kKeyComp = 3 };
+struct KeyLoc {
+  int kind = kKeyInvalid;
+  int entry = 0;  // staged entry, ring slot or compressed entry
+  int page = 0;   // kKeyRing / kKeyComp: the page id (a load in flight until first used)
+};
+struct KeyAddr {
+  const uint8_t* data = nullptr;  // nullptr: invalid slot
+  const uint8_t* scales = nullptr;
+};
+
+// Stage 1: the top-k row's entry of a CSA slot (a load); 0 for every other slot.
+__device__ __forceinline__ int key_topk_entry(const AttnArgs& a, const QueryInfo& q, int slot) {
+  const int c = slot - a.window;
+  if (a.ratio != 4 || c < 0 || c >= q.ncomp) return 0;
+  return __ldg(a.topk_idx + int64_t(q.t) * a.topk_stride + c);
+}
+
+// Stage 2: the store and entry of `slot` (topk_entry from stage 1) and its page id (a load).
+// Invalid: window positions before 0, slots past the key list, CSA entries -1 or outside
+// [0, (p+1)/4).
+__device__ __forceinline__ KeyLoc key_locate(const AttnArgs& a, const QueryInfo& q, int slot,
+                                             int topk_entry) {
+  KeyLoc l;
   if (slot < a.window) {
     const int j = max(0, q.p - a.window + 1) + slot;
-    if (j > q.p) return false;
+    if (j > q.p) return l;
     if (a.staged_data != nullptr && j >= q.pos0) {
-      const int64_t e = q.tok0 + (j - q.pos0);
-      data = a.staged_data + e * kEntryData;
-      scales = a.staged_scales + e * kEntryScales;
-    } else {
-      const int64_t e = j % a.window;
-      data = entry_data(a.win, q.s, e);
-      scales = entry_scales(a.win, q.s, e);
+      l.kind = kKeyStaged;
+      l.entry = q.tok0 + (j - q.pos0);
+      return l;
     }
-    return true;
+    l.kind = kKeyRing;
+    l.entry = j % a.window;
+    l.page = __ldg(a.win.block_table + int64_t(q.s) * a.win.stride + l.entry / a.win.page_size);
+    return l;
   }
   const int c = slot - a.window;
-  if (c >= q.ncomp) return false;
-  int64_t idx = c;
+  if (c >= q.ncomp) return l;
+  int idx = c;
   if (a.ratio == 4) {
-    idx = __ldg(a.topk_idx + int64_t(q.t) * a.topk_stride + c);
-    if (idx < 0 || idx >= (q.p + 1) / 4) return false;
+    idx = topk_entry;
+    if (idx < 0 || idx >= (q.p + 1) / 4) return l;
   }
-  data = entry_data(a.comp, q.s, idx);
-  scales = entry_scales(a.comp, q.s, idx);
-  return true;
+  l.kind = kKeyComp;
+  l.entry = idx;
+  l.page = __ldg(a.comp.block_table + int64_t(q.s) * a.comp.stride + idx / a.comp.page_size);
+  return l;
+}
+
+// Stage 3: the addresses (no load); entry_data / entry_scales with the page already known.
+__device__ __forceinline__ KeyAddr key_address(const AttnArgs& a, const KeyLoc& l) {
+  using namespace sparse_attn_cfg;
+  KeyAddr r;
+  if (l.kind == kKeyStaged) {
+    r.data = a.staged_data + int64_t(l.entry) * kEntryData;
+    r.scales = a.staged_scales + int64_t(l.entry) * kEntryScales;
+  } else if (l.kind != kKeyInvalid) {
+    const PagedStoreView& v = l.kind == kKeyRing ? a.win : a.comp;
+    const uint8_t* base = v.pages + int64_t(l.page) * v.page_bytes;
+    const int e = l.entry % v.page_size;
+    r.data = base + int64_t(e) * kEntryData;
+    r.scales = base + int64_t(v.page_size) * kEntryData + int64_t(e) * kEntryScales;
+  }
+  return r;
 }
 
 }  // namespace dsv4::cuda::sparse_attn_detail

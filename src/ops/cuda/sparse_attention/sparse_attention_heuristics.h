@@ -26,10 +26,20 @@ inline constexpr KernelRule kKernelTable[] = {
     // s_q 1 / 2) and 17.82 / 19.01 µs (Flash HCA) against wgmma's (64-head tiles only) 31.26 /
     // 32.16 and 27.62 / 26.72 µs: mma 1.4-1.5x faster.
     {64, 1, 31, SparseAttnKernel::kMma},
+    // 128 heads (Pro), decode batches: wgmma with its CTA pairs (each key block gathered and
+    // decoded once per token, shared through DSMEM) against mma's 64-head tiles, same inputs
+    // (H200, 2026-12-02, sparse_attention_bench --quick): Pro CSA b=128 s_q 1 241.7 vs 272.5,
+    // s_q 2 470.3 vs 526.0 µs: wgmma 11 % faster. At b=2 mma wins (31.0 / 34.9 vs 36.0 /
+    // 37.3). Measured at 128 and 256 tokens; held up to 1024 (b=256 x s_q 4), where each CTA
+    // still streams its own keys from HBM. Prefill (keys L2-resident, thousands of tokens) is
+    // unmeasured at 128 heads and stays mma (at 64 heads mma 2253 vs wgmma 2431 µs).
+    {128, 128, 1024, SparseAttnKernel::kWgmma},
     // Batch 128, 64-head tiles on both: Flash CSA s_q 1 89.73 (mma) vs 90.02 (wgmma), s_q 2
     // 164.61 vs 166.98; Flash HCA s_q 1 44.42 vs 43.90, s_q 2 79.01 vs 85.70; Pro CSA (128
     // heads, same splits) s_q 1 788.96 vs 1027.90, s_q 2 1021.22 vs 1222.02; prefill s_q 4096
-    // 6713 vs 8600. wgmma wins one shape by 1 % and loses the rest by up to 30 %: mma.
+    // 6713 vs 8600. wgmma wins one shape by 1 % and loses the rest by up to 30 %: mma. Again
+    // after its gather was pipelined (2026-12-02): Flash CSA b=128 s_q 1 90.9 (mma) vs 97.2,
+    // s_q 2 164.6 vs 189.2; Flash HCA 47.0 vs 50.7, 83.1 vs 92.3: mma.
     {64, 32, 1 << 30, SparseAttnKernel::kMma},
     // Other head counts (4, 8, 16, 32, 48, ...): only the mma kernel runs them.
     {1, 1, 1 << 30, SparseAttnKernel::kMma},
@@ -41,9 +51,9 @@ inline constexpr KernelRule kKernelTable[] = {
 // 64-key blocks each, units = tokens x head tiles):
 //   kLaunchUs + waves(units x s) x (kCtaFixedUs + bps x block_us(ht) + partial_write_us(ht))
 //   + (s > 1: kCombineLaunchUs + combine bytes / kHbmBytesPerUs)
-// where block_us(ht) = kBlockUsBase + kBlockUsPer16Heads x ht / 16 (a key block's gather,
-// decode and MMAs), partial_write_us = the CTA's O[512] + m + l partials (ht x 2064 bytes)
-// at its share (1 / SMs) of the HBM bandwidth, and the combine reads every partial once and
+// where block_us(ht) = base_us + per16_us x ht / 16 with the kernel's BlockCost (a key
+// block's gather, decode and MMAs), partial_write_us = the CTA's O[512] + m + l partials (ht x 2064
+// bytes) at its share (1 / SMs) of the HBM bandwidth, and the combine reads every partial once and
 // writes the BF16 output (tokens x heads x (s x 2064 + 1024) bytes).
 //
 // Fitted to the mma rows (measured / model, µs):
@@ -60,11 +70,20 @@ inline constexpr KernelRule kKernelTable[] = {
 //     partials; the Flash CSA s_q 2 b=256 (10 splits) 1183 against ~2 x 166 at 1 split
 //     (model 889 / 326).
 // tests/sparse_attention_plan_test.cpp holds the model within 25 % of each of these figures.
-// The same constants cost a forced wgmma plan (measured within 1-30 % of mma, see above).
 inline constexpr double kLaunchUs = 10.0;
 inline constexpr double kCtaFixedUs = 3.0;
-inline constexpr double kBlockUsBase = 2.2;
-inline constexpr double kBlockUsPer16Heads = 1.35;
+
+// block_us(ht) = base_us + per16_us x ht / 16, per kernel.
+struct BlockCost {
+  double base_us, per16_us;
+};
+inline constexpr BlockCost kMmaBlockCost{2.2, 1.35};
+// wgmma (64-row tiles only, so block_us(64) = base_us), fitted to its rows of 2026-12-02
+// (one split, 1-4 waves; measured / model µs): unpaired (64 heads) Flash CSA b=128 s_q 1
+// 97.2 / 98.0, s_q 2 189.2 / 186.0 -> 8.5; CTA pairs (n_heads % 128 == 0) Pro CSA b=128
+// s_q 1 241.7 / 241.0, s_q 2 470.3 / 472.0 -> 6.25.
+inline constexpr BlockCost kWgmmaBlockCost{8.5, 0.0};
+inline constexpr BlockCost kWgmmaPairBlockCost{6.25, 0.0};
 inline constexpr double kCombineLaunchUs = 2.0;
 inline constexpr double kHbmBytesPerUs = 3.0e6;   // 3.0 TB/s
 inline constexpr double kPartialBytes = 516 * 4;  // O[512], m, l, pad (fp32), per (token, head)

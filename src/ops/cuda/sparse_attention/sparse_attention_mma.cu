@@ -86,34 +86,43 @@ __global__ void __launch_bounds__(MmaCfg<HT>::kThreads, 1)
       *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
   }
 
-  // Raw block loader: 4 threads per key, 9 x 16 B of data each; part 0 also the scales.
-  auto issue = [&](int blk, int stage) {
-    const int key = tid >> 2, part = tid & 3;
-    const int slot = blk * kKeyBlock + key;
-    const uint8_t* src = nullptr;
-    const uint8_t* srcs = nullptr;
-    const bool ok = slot < qi.nkeys && key_source(a, qi, slot, src, srcs);
-    uint8_t* dst = raw + (stage * kKeyBlock + key) * kRawRow;
+  // Raw block loader: 4 threads per key, 9 x 16 B of data each; part 0 also the scales. The
+  // key lookups run ahead of the copies (key_source.cuh's stages): when block n is issued its
+  // page is known, block n + 1's page and block n + 2's top-k entry are requested, so an issue
+  // never waits for a lookup (the first block's excepted).
+  const int ld_key = tid >> 2, ld_part = tid & 3;
+  auto slot_of = [&](int blk) { return blk * kKeyBlock + ld_key; };
+  int next_blk = blk_begin;  // the next block to issue
+  KeyLoc next_loc =
+      key_locate(a, qi, slot_of(blk_begin), key_topk_entry(a, qi, slot_of(blk_begin)));
+  int next_topk = blk_begin + 1 < blk_end ? key_topk_entry(a, qi, slot_of(blk_begin + 1)) : 0;
+  auto issue = [&](int stage) {
+    const KeyAddr src = key_address(a, next_loc);
+    const bool ok = src.data != nullptr;
+    uint8_t* dst = raw + (stage * kKeyBlock + ld_key) * kRawRow;
 #pragma unroll
     for (int i = 0; i < 9; ++i) {
-      const int off = 16 * (part * 9 + i);
+      const int off = 16 * (ld_part * 9 + i);
       if (ok)
-        sm90::cp_async_16(dst + off, src + off);
+        sm90::cp_async_16(dst + off, src.data + off);
       else
         *reinterpret_cast<uint4*>(dst + off) = make_uint4(0, 0, 0, 0);
     }
-    if (part == 0) {
+    if (ld_part == 0) {
       if (ok)
-        sm90::cp_async_8(dst + kEntryData, srcs);
+        sm90::cp_async_8(dst + kEntryData, src.scales);
       else
         *reinterpret_cast<uint2*>(dst + kEntryData) = make_uint2(0, 0);
-      valid[stage * kKeyBlock + key] = ok ? 1 : 0;
+      valid[stage * kKeyBlock + ld_key] = ok ? 1 : 0;
     }
+    ++next_blk;
+    if (next_blk < blk_end) next_loc = key_locate(a, qi, slot_of(next_blk), next_topk);
+    if (next_blk + 1 < blk_end) next_topk = key_topk_entry(a, qi, slot_of(next_blk + 1));
   };
 
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
-    if (blk_begin + st < blk_end) issue(blk_begin + st, st);
+    if (blk_begin + st < blk_end) issue(st);
     sm90::cp_async_commit();
   }
 
@@ -130,7 +139,7 @@ __global__ void __launch_bounds__(MmaCfg<HT>::kThreads, 1)
     const int stage = it % kStages;
     sm90::cp_async_wait<kStages - 2>();
     __syncthreads();  // raw[stage] landed; every warp is done with kb / s_s of the last block
-    if (blk + kStages - 1 < blk_end) issue(blk + kStages - 1, (it + kStages - 1) % kStages);
+    if (blk + kStages - 1 < blk_end) issue((it + kStages - 1) % kStages);
     sm90::cp_async_commit();
 
     // Decode: thread (key, part) converts 16-byte chunks part, part+4, ... of the NoPE bytes

@@ -24,11 +24,15 @@ int tile_rows(int n_heads, int ht) {
   return std::min(ht, std::max(16, int(ceil_div(n_heads, 16)) * 16));
 }
 
-double model_us(const SparseAttnShape& s, int ht, int splits, int bps) {
+double model_us(const SparseAttnShape& s, SparseAttnKernel kernel, int ht, int splits, int bps) {
   const int64_t units = int64_t(std::max(1, s.num_tokens)) * ceil_div(s.n_heads, ht);
   const int64_t waves = ceil_div(units * splits, std::max(1, s.sm_count));
   const int rows = tile_rows(s.n_heads, ht);
-  const double block_us = h::kBlockUsBase + h::kBlockUsPer16Heads * rows / 16.0;
+  // wgmma pairs the head tiles of a token (one gather per key block) when n_heads % 128 == 0.
+  const h::BlockCost& bc = kernel != SparseAttnKernel::kWgmma ? h::kMmaBlockCost
+                           : s.n_heads % 128 == 0             ? h::kWgmmaPairBlockCost
+                                                              : h::kWgmmaBlockCost;
+  const double block_us = bc.base_us + bc.per16_us * rows / 16.0;
   double cta_us = h::kCtaFixedUs + bps * block_us;
   double us = h::kLaunchUs;
   if (splits > 1) {
@@ -80,7 +84,7 @@ SparseAttnPlan plan_sparse_attention(const SparseAttnShape& s) {
       const int bps = int(ceil_div(nblk, clamped));
       const int eff = int(ceil_div(nblk, bps));
       if (s.num_splits == 0 && eff != splits) continue;  // the same split as a smaller count
-      const double us = model_us(s, ht, eff, bps);
+      const double us = model_us(s, plan.kernel, ht, eff, bps);
       if (!have || us < best - 1e-9) {
         have = true;
         best = us;
@@ -94,7 +98,7 @@ SparseAttnPlan plan_sparse_attention(const SparseAttnShape& s) {
 }
 
 double sparse_attention_model_us(const SparseAttnShape& s, const SparseAttnPlan& plan) {
-  return model_us(s, plan.heads_per_cta, plan.num_splits, plan.blocks_per_split);
+  return model_us(s, plan.kernel, plan.heads_per_cta, plan.num_splits, plan.blocks_per_split);
 }
 
 }  // namespace dsv4::cuda

@@ -2,14 +2,21 @@
 // V4-Pro 128): one CTA per (query token, 64 heads, key split), three warpgroups —
 //   WG2 (producer): gathers each 64-key block's 584-byte entries straight from global memory
 //       (window ring / staged batch entries / compressed store), decodes e4m3 x UE8M0 to BF16
-//       exactly with integer bit moves and one BF16 multiply per pair (no cvt instructions:
-//       the conversion cost that holds FlashMLA to ~25-30% of the ceilings at 64 heads), and
-//       writes the 128-byte-swizzled K tile; two K buffers in flight;
+//       exactly with integer bit moves and one BF16 multiply per pair, and writes the
+//       128-byte-swizzled K tile. Its key lookups run as a pipeline over the blocks (top-k
+//       entries four blocks ahead, block-table pages three, an L2 prefetch of the entries two),
+//       so a block's decode waits for one L2 round trip, not for three dependent ones; the
+//       entries are read with 16-byte loads whose lines are evicted first from L2;
 //   WG0: S = Q K^T (wgmma 64x64x16, Q and K from smem), the block's online softmax exactly as
 //       cpu::sparse_attention (running max, P rounded to BF16 against it, sum of the unrounded
 //       exponentials), P to smem for WG1, and O[:, 0:256] += P V (wgmma 64x256x16, P from
 //       registers, V = the same K tile read MN-major);
 //   WG1: O[:, 256:512] += P V (P from smem).
+// Two BF16 K tiles (64 KB each beside the 64 KB Q tile: a third does not fit in 227 KB) hand
+// off through mbarriers. With head tiles in pairs (n_heads a multiple of 128) the two CTAs of
+// a token's pair run as a cluster and split each block's gather and decode: each decodes 32
+// keys and writes the rows into both CTAs' K tiles (distributed shared memory), so every key
+// is read and decoded once per token instead of once per 64 heads.
 // Splits write unnormalised partials for sparse_attention_combine.cu; one split applies the
 // sink and writes BF16 directly.
 #include <cuda_bf16.h>
@@ -24,6 +31,9 @@
 #if defined(DSV4_HAVE_CUTLASS)
 
 #include "ops/cuda/common/sm90/bf16x2.cuh"
+#include "ops/cuda/common/sm90/cp_async.cuh"
+#include "ops/cuda/common/sm90/gmem.cuh"
+#include "ops/cuda/common/sm90/mbarrier.cuh"
 #include "ops/cuda/common/sm90/smem.cuh"
 #include "ops/cuda/common/sm90/sync.cuh"
 #include "ops/cuda/common/sm90/wgmma.cuh"
@@ -44,78 +54,91 @@ struct alignas(1024) WgSmem {
   uint8_t p[sm90::kSw128RegionBytes];
   float alpha[C::kHeads];
   float fin[C::kHeads];
-  uint8_t valid[C::kKBufs][kKeyBlock];
+  uint32_t valid[C::kKBufs][kKeyBlock];
+  uint64_t full[C::kKBufs];   // K tile b written (by both CTAs of a pair)
+  uint64_t empty[C::kKBufs];  // K tile b read by every consumer warp (of both CTAs of a pair)
 };
 
-// Named barrier ids.
-enum : int { kBarFull = 1, kBarEmpty = 3, kBarPReady = 5, kBarPFree = 6, kBarEpi = 7 };
-constexpr int kAll = C::kThreads, kPair = 256;
+// Named barrier ids (the P hand-off between the consumer warpgroups of one CTA).
+enum : int { kBarPReady = 5, kBarPFree = 6, kBarEpi = 7 };
+constexpr int kPair = 256;
 
-// Producer: one key row (half the 512 dims) of a block into the swizzled K tile.
-// Thread (key, half): half 0 converts NoPE dims 0-255, half 1 NoPE 256-447 and copies the
-// RoPE dims 448-511.
-__device__ __forceinline__ void produce_row(uint8_t* tile, int key, int half, const uint8_t* src,
-                                            const uint8_t* srcs) {
+// The producer's share of the K tile. kCluster = 1: 64 keys, 2 threads per key, four 64-dim
+// regions each. kCluster = 2 (a CTA pair over the same token, 64 heads each): 32 keys per CTA,
+// 4 threads per key, two regions each, every row written into both CTAs' tiles.
+template <int kCluster>
+struct ProducerSplit {
+  static constexpr int kThreadsPerKey = 2 * kCluster;
+  static constexpr int kKeysPerCta = kKeyBlock / kCluster;
+  static constexpr int kRegions = 8 / kThreadsPerKey;  // 64-dim regions per thread
+  static constexpr int kPasses = kRegions / 2;         // two regions per pass (8 x 16 B loads)
+  static_assert(C::kThreads / 3 == kKeysPerCta * kThreadsPerKey, "one warpgroup covers the share");
+};
+
+// Writes 16 bytes at tile offset `off` into this CTA's tile and, for a pair, the peer's.
+template <int kCluster>
+__device__ __forceinline__ void put16(uint8_t* tile, uint32_t peer_tile, uint32_t off, uint4 v) {
+  *reinterpret_cast<uint4*>(tile + off) = v;
+  if constexpr (kCluster == 2) sm90::st_cluster_16(peer_tile + off, v);
+}
+
+// One pass of the producer: regions r0, r0 + 1 of key row `key` (region 7 = the RoPE dims,
+// already BF16), decoded exactly from the entry at `src` (nullptr: an invalid slot, zeros).
+template <int kCluster>
+__device__ __forceinline__ void produce_pass(uint8_t* tile, uint32_t peer_tile, int key, int r0,
+                                             const uint8_t* src, uint64_t scales, uint64_t pol) {
   if (src == nullptr) {
 #pragma unroll
-    for (int r = 0; r < 4; ++r)
+    for (int r = 0; r < 2; ++r)
 #pragma unroll
       for (int ch = 0; ch < 8; ++ch)
-        *reinterpret_cast<uint4*>(tile +
-                                  sm90::sw128_bf16_offset(key, 64 * (4 * half + r) + 8 * ch)) =
-            make_uint4(0, 0, 0, 0);
+        put16<kCluster>(tile, peer_tile, sm90::sw128_bf16_offset(key, 64 * (r0 + r) + 8 * ch),
+                        make_uint4(0, 0, 0, 0));
     return;
   }
-  const uint2 sc = __ldg(reinterpret_cast<const uint2*>(srcs));
-  const uint64_t scales = (uint64_t(sc.y) << 32) | sc.x;  // byte b = UE8M0 of NoPE block b
-  // Two regions (64 dims each) per pass keep at most 8 x 16 B of loads in registers.
+  if (r0 == 6) {  // region 6 (NoPE 384-447) and region 7 (RoPE)
+    uint4 w[4], rope[8];
 #pragma unroll
-  for (int pass = 0; pass < 2; ++pass) {
-    const int r0 = 4 * half + 2 * pass;  // first region of the pass
-    if (r0 == 6) {  // region 6 (NoPE 384-447) and region 7 (RoPE, already BF16)
-      uint4 w[4], rope[8];
+    for (int i = 0; i < 4; ++i) w[i] = sm90::ld_nc_16(src + 384 + 16 * i, pol);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) w[i] = __ldg(reinterpret_cast<const uint4*>(src + 384 + 16 * i));
+    for (int i = 0; i < 8; ++i) rope[i] = sm90::ld_nc_16(src + kNopeDim + 16 * i, pol);
+    const uint32_t s2 = bf16x2_pow2(int((scales >> 48) & 0xff) - 7);  // scale of block 6
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
-        rope[i] = __ldg(reinterpret_cast<const uint4*>(src + kNopeDim + 16 * i));
-      const uint32_t s2 = bf16x2_pow2(int((scales >> 48) & 0xff) - 7);  // scale of block 6
+    for (int i = 0; i < 4; ++i) {
+      uint4 lo, hi;
+      e4m3x4_to_bf16x4(w[i].x, s2, lo.x, lo.y);
+      e4m3x4_to_bf16x4(w[i].y, s2, lo.z, lo.w);
+      e4m3x4_to_bf16x4(w[i].z, s2, hi.x, hi.y);
+      e4m3x4_to_bf16x4(w[i].w, s2, hi.z, hi.w);
+      put16<kCluster>(tile, peer_tile, sm90::sw128_bf16_offset(key, 384 + 16 * i), lo);
+      put16<kCluster>(tile, peer_tile, sm90::sw128_bf16_offset(key, 384 + 16 * i + 8), hi);
+    }
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        uint4 lo, hi;
-        e4m3x4_to_bf16x4(w[i].x, s2, lo.x, lo.y);
-        e4m3x4_to_bf16x4(w[i].y, s2, lo.z, lo.w);
-        e4m3x4_to_bf16x4(w[i].z, s2, hi.x, hi.y);
-        e4m3x4_to_bf16x4(w[i].w, s2, hi.z, hi.w);
-        *reinterpret_cast<uint4*>(tile + sm90::sw128_bf16_offset(key, 384 + 16 * i)) = lo;
-        *reinterpret_cast<uint4*>(tile + sm90::sw128_bf16_offset(key, 384 + 16 * i + 8)) = hi;
-      }
+    for (int i = 0; i < 8; ++i)
+      put16<kCluster>(tile, peer_tile, sm90::sw128_bf16_offset(key, kNopeDim + 8 * i), rope[i]);
+  } else {
+    uint4 w[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
-        *reinterpret_cast<uint4*>(tile + sm90::sw128_bf16_offset(key, kNopeDim + 8 * i)) = rope[i];
-    } else {
-      uint4 w[8];
+    for (int i = 0; i < 8; ++i) w[i] = sm90::ld_nc_16(src + 64 * r0 + 16 * i, pol);
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
-        w[i] = __ldg(reinterpret_cast<const uint4*>(src + 64 * r0 + 16 * i));
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int blk = r0 + (i >> 2);  // 64-value scale block = region
-        const uint32_t s2 = bf16x2_pow2(int((scales >> (8 * blk)) & 0xff) - 7);
-        const int d = 64 * r0 + 16 * i;
-        uint4 lo, hi;
-        e4m3x4_to_bf16x4(w[i].x, s2, lo.x, lo.y);
-        e4m3x4_to_bf16x4(w[i].y, s2, lo.z, lo.w);
-        e4m3x4_to_bf16x4(w[i].z, s2, hi.x, hi.y);
-        e4m3x4_to_bf16x4(w[i].w, s2, hi.z, hi.w);
-        *reinterpret_cast<uint4*>(tile + sm90::sw128_bf16_offset(key, d)) = lo;
-        *reinterpret_cast<uint4*>(tile + sm90::sw128_bf16_offset(key, d + 8)) = hi;
-      }
+    for (int i = 0; i < 8; ++i) {
+      const int blk = r0 + (i >> 2);  // 64-value scale block = region
+      const uint32_t s2 = bf16x2_pow2(int((scales >> (8 * blk)) & 0xff) - 7);
+      const int d = 64 * r0 + 16 * i;
+      uint4 lo, hi;
+      e4m3x4_to_bf16x4(w[i].x, s2, lo.x, lo.y);
+      e4m3x4_to_bf16x4(w[i].y, s2, lo.z, lo.w);
+      e4m3x4_to_bf16x4(w[i].z, s2, hi.x, hi.y);
+      e4m3x4_to_bf16x4(w[i].w, s2, hi.z, hi.w);
+      put16<kCluster>(tile, peer_tile, sm90::sw128_bf16_offset(key, d), lo);
+      put16<kCluster>(tile, peer_tile, sm90::sw128_bf16_offset(key, d + 8), hi);
     }
   }
 }
 
+template <int kCluster>
 __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const AttnArgs a) {
+  using PS = ProducerSplit<kCluster>;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   WgSmem& sm =
       *reinterpret_cast<WgSmem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -128,9 +151,9 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
   const int blk_begin = split * a.blocks_per_split;
   const int blk_end = min(nblk, blk_begin + a.blocks_per_split);
   const int nb = blk_end - blk_begin;
-  const int tid = threadIdx.x, wgi = tid / 128, wt = tid % 128;
+  const int tid = threadIdx.x, wgi = tid / 128, wt = tid % 128, lane = tid & 31;
 
-  if (nb <= 0) {  // an empty split: m = -inf marks it for the combine
+  if (nb <= 0) {  // an empty split (the same for both CTAs of a pair): m = -inf for the combine
     if (tid < C::kHeads) {
       float* part = a.partials +
                     ((int64_t(t) * a.n_heads + h0 + tid) * a.num_splits + split) * kPartialFloats;
@@ -140,213 +163,302 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
     return;
   }
 
+  // Pair geometry: the peer is the other head tile of the same token (head_tiles is even).
+  const uint32_t rank = kCluster == 2 ? sm90::cluster_ctarank() : 0u;
+  const uint32_t peer = rank ^ 1u;
+  if (tid == 0) {
+#pragma unroll
+    for (int b = 0; b < C::kKBufs; ++b) {
+      sm90::mbar_init(&sm.full[b], kCluster * 128);  // every producer thread of the pair
+      sm90::mbar_init(&sm.empty[b], kCluster * 8);   // every consumer warp of the pair
+    }
+    sm90::fence_barrier_init();
+  }
+  if constexpr (kCluster == 2)
+    sm90::cluster_sync();  // the peer's barriers are initialised before anyone arrives on them
+  else
+    __syncthreads();
+
+  // Barrier arrivals: this CTA's, and for a pair the peer's copy as well.
+  auto arrive_both = [&](uint64_t* bar) {
+    if constexpr (kCluster == 2) {
+      const uint32_t addr = sm90::smem_u32(bar);
+      sm90::mbar_arrive_cluster(sm90::map_to_rank(addr, rank));
+      sm90::mbar_arrive_cluster(sm90::map_to_rank(addr, peer));
+    } else {
+      sm90::mbar_arrive(bar);
+    }
+  };
+  auto wait = [&](uint64_t* bar, uint32_t parity) {
+    if constexpr (kCluster == 2)
+      sm90::mbar_wait_cluster(bar, parity);
+    else
+      sm90::mbar_wait(bar, parity);
+  };
+
   if (wgi == 2) {
     // ---------------------------------------------------------------- producer
     sm90::warpgroup_reg_dealloc<C::kRegsProducer>();
-    // Q tile: thread -> head row wt / 2, half of the dims.
+    // Q tile: thread -> head row wt / 2, half of the dims; cp.async, so the key lookups below
+    // start at once (waited for before the first K tile is handed over).
     {
       const int row = wt >> 1, half = wt & 1;
-      const uint4* src = reinterpret_cast<const uint4*>(
-          a.q + (int64_t(t) * a.n_heads + h0 + row) * kHeadDim + 256 * half);
-#pragma unroll 4
+      const __nv_bfloat16* src = a.q + (int64_t(t) * a.n_heads + h0 + row) * kHeadDim + 256 * half;
+#pragma unroll 8
       for (int i = 0; i < 32; ++i)
-        *reinterpret_cast<uint4*>(sm.q + sm90::sw128_bf16_offset(row, 256 * half + 8 * i)) =
-            __ldg(src + i);
+        sm90::cp_async_16(sm.q + sm90::sw128_bf16_offset(row, 256 * half + 8 * i), src + 8 * i);
+      sm90::cp_async_commit();
     }
-    const int key = wt >> 1, half = wt & 1;
-    for (int i = 0; i < nb; ++i) {
-      const int b = i & 1;
-      if (i >= C::kKBufs) sm90::named_barrier_sync(kBarEmpty + b, kAll);
-      const int slot = (blk_begin + i) * kKeyBlock + key;
-      const uint8_t* src = nullptr;
-      const uint8_t* srcs = nullptr;
-      if (!(slot < qi.nkeys && key_source(a, qi, slot, src, srcs))) src = nullptr;
-      produce_row(sm.k[b], key, half, src, srcs);
-      if (half == 0) sm.valid[b][key] = src != nullptr;
-      sm90::fence_proxy_async_smem();
-      sm90::named_barrier_arrive(kBarFull + b, kAll);
-    }
-    return;
-  }
-
-  const int w4 = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c = lane & 3;
-  const int r0 = 16 * w4 + g;  // this thread's rows r0, r0 + 8 (heads h0 + row)
-  const uint32_t q_addr = sm90::smem_u32(sm.q), p_addr = sm90::smem_u32(sm.p);
-  float o[128];
-#pragma unroll
-  for (int i = 0; i < 128; ++i) o[i] = 0.0f;
-
-  if (wgi == 0) {
-    // ---------------------------------------------------------------- S, softmax, P V (dims 0-255)
-    sm90::warpgroup_reg_alloc<C::kRegsWg0>();
-    float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.0f, 0.0f};
-    for (int i = 0; i < nb; ++i) {
-      const int b = i & 1;
-      const uint32_t k_addr = sm90::smem_u32(sm.k[b]);
-      sm90::named_barrier_sync(kBarFull + b, kAll);
-      float s[32];
-      sm90::warpgroup_fence_operands(s);
-      sm90::warpgroup_arrive();
-#pragma unroll
-      for (int ks = 0; ks < kHeadDim / 16; ++ks)
-        sm90::Bf16MmaSS<64>::wgmma(sm90::desc_region_kmajor(q_addr, ks),
-                                   sm90::desc_region_kmajor(k_addr, ks), s, ks > 0);
-      sm90::warpgroup_commit_batch();
-      sm90::warpgroup_wait<0>();
-      sm90::warpgroup_fence_operands(s);
-
-      // Scores of keys 8j + 2c + e, rows r0 (s[4j + e]) and r0 + 8 (s[4j + 2 + e]).
-      float bmax[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const bool v0 = sm.valid[b][8 * j + 2 * c] != 0, v1 = sm.valid[b][8 * j + 2 * c + 1] != 0;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          s[4 * j + 2 * r] = v0 ? s[4 * j + 2 * r] * a.scale_log2 : -INFINITY;
-          s[4 * j + 2 * r + 1] = v1 ? s[4 * j + 2 * r + 1] * a.scale_log2 : -INFINITY;
-          bmax[r] = fmaxf(bmax[r], fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+    const uint64_t pol = sm90::l2_policy_evict_first();  // keys are read once per token
+    const int part = wt % PS::kThreadsPerKey;
+    const int key = int(rank) * PS::kKeysPerCta + wt / PS::kThreadsPerKey;
+    const int reg0 = part * PS::kRegions;
+    // This thread's bytes of an entry: its regions, the RoPE tail with region 7.
+    const int pf_lo = 64 * reg0;
+    const int pf_hi = reg0 + PS::kRegions == 8 ? kEntryData : 64 * (reg0 + PS::kRegions);
+    auto slot_of = [&](int i) { return (blk_begin + i) * kKeyBlock + key; };
+    // The gather pipeline of this thread's key slot: iteration i loads the top-k entry of
+    // block i + 4, the page of block i + 3, prefetches block i + 2 into L2, and decodes block i
+    // (whose bytes were prefetched two iterations ago) once its K tile is free.
+    int topk3 = 0;       // block i + 3's top-k entry (loaded last iteration)
+    KeyLoc loc2;         // block i + 2's location and page (page loaded last iteration)
+    KeyAddr src1, src0;  // blocks i + 1 and i (prefetched)
+#pragma unroll 1
+    for (int i = -4; i < nb; ++i) {
+      const int topk4 = i + 4 < nb ? key_topk_entry(a, qi, slot_of(i + 4)) : 0;
+      KeyLoc loc3;
+      if (i + 3 >= 0 && i + 3 < nb) loc3 = key_locate(a, qi, slot_of(i + 3), topk3);
+      KeyAddr src2;
+      if (i + 2 >= 0 && i + 2 < nb) {
+        src2 = key_address(a, loc2);
+        if (src2.data != nullptr) {
+          sm90::prefetch_l2_bulk(src2.data + pf_lo, uint32_t(pf_hi - pf_lo));
+          if (part == 0) sm90::prefetch_l2(src2.scales);
         }
       }
-      float alpha[2], mm[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        bmax[r] = fmaxf(bmax[r], __shfl_xor_sync(0xffffffffu, bmax[r], 1));
-        bmax[r] = fmaxf(bmax[r], __shfl_xor_sync(0xffffffffu, bmax[r], 2));
-        const float m_new = fmaxf(m_r[r], bmax[r]);
-        alpha[r] = m_new == -INFINITY ? 1.0f : exp2f(m_r[r] - m_new);
-        m_r[r] = m_new;
-        mm[r] = m_new == -INFINITY ? 0.0f : m_new;
-      }
-      uint32_t pp[16];  // BF16 pairs: (tile j, row r) -> pp[2j + r]
-      float bsum[2] = {0.0f, 0.0f};
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float p0 = exp2f(s[4 * j + 2 * r] - mm[r]),
-                      p1 = exp2f(s[4 * j + 2 * r + 1] - mm[r]);
-          bsum[r] += p0 + p1;
-          pp[2 * j + r] = sm90::pack_bf16x2(p0, p1);
+      if (i >= 0) {
+        const int b = i & 1;
+        if (i >= C::kKBufs) wait(&sm.empty[b], ((i >> 1) + 1) & 1);  // block i - 2 consumed
+        const uint32_t peer_k =
+            kCluster == 2 ? sm90::map_to_rank(sm90::smem_u32(sm.k[b]), peer) : 0u;
+        uint64_t scales = 0;  // byte j = UE8M0 of NoPE block j
+        if (src0.data != nullptr) {
+          const uint2 sc = sm90::ld_nc_8(src0.scales, pol);
+          scales = (uint64_t(sc.y) << 32) | sc.x;
         }
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        bsum[r] += __shfl_xor_sync(0xffffffffu, bsum[r], 1);
-        bsum[r] += __shfl_xor_sync(0xffffffffu, bsum[r], 2);
-        l_r[r] = l_r[r] * alpha[r] + bsum[r];
+        for (int ps = 0; ps < PS::kPasses; ++ps)
+          produce_pass<kCluster>(sm.k[b], peer_k, key, reg0 + 2 * ps, src0.data, scales, pol);
+        if (part == 0) {
+          const uint32_t v = src0.data != nullptr ? 1u : 0u;
+          sm.valid[b][key] = v;
+          if constexpr (kCluster == 2)
+            sm90::st_cluster_4(sm90::map_to_rank(sm90::smem_u32(&sm.valid[b][key]), peer), v);
+        }
+        if (i == 0) sm90::cp_async_wait<0>();  // this thread's part of the Q tile
+        if constexpr (kCluster == 2)
+          sm90::fence_proxy_async_smem_cluster();
+        else
+          sm90::fence_proxy_async_smem();
+        arrive_both(&sm.full[b]);
       }
-      // Hand P and the rescale factors to WG1 once it is done with the previous block's.
-      sm90::named_barrier_sync(kBarPFree, kPair);
+      src0 = src1;
+      src1 = src2;
+      loc2 = loc3;
+      topk3 = topk4;
+    }
+  } else {
+    const int w4 = (tid >> 5) & 3, g = lane >> 2, c = lane & 3;
+    const int r0 = 16 * w4 + g;  // this thread's rows r0, r0 + 8 (heads h0 + row)
+    const uint32_t q_addr = sm90::smem_u32(sm.q), p_addr = sm90::smem_u32(sm.p);
+    // A consumer warp is done with K tile b: one arrival per warp (its wgmmas have completed).
+    auto release = [&](int b) {
+      __syncwarp();
+      if (lane == 0) arrive_both(&sm.empty[b]);
+    };
+    float o[128];
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+    for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+
+    if (wgi == 0) {
+      // ---------------------------------------------------------------- S, softmax, P V (0-255)
+      sm90::warpgroup_reg_alloc<C::kRegsWg0>();
+      float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.0f, 0.0f};
+      for (int i = 0; i < nb; ++i) {
+        const int b = i & 1;
+        const uint32_t k_addr = sm90::smem_u32(sm.k[b]);
+        wait(&sm.full[b], (i >> 1) & 1);
+        sm90::fence_proxy_async_smem();
+        float s[32];
+        sm90::warpgroup_fence_operands(s);
+        sm90::warpgroup_arrive();
+#pragma unroll
+        for (int ks = 0; ks < kHeadDim / 16; ++ks)
+          sm90::Bf16MmaSS<64>::wgmma(sm90::desc_region_kmajor(q_addr, ks),
+                                     sm90::desc_region_kmajor(k_addr, ks), s, ks > 0);
+        sm90::warpgroup_commit_batch();
+        sm90::warpgroup_wait<0>();
+        sm90::warpgroup_fence_operands(s);
+
+        // Scores of keys 8j + 2c + e, rows r0 (s[4j + e]) and r0 + 8 (s[4j + 2 + e]).
+        float bmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const bool v0 = sm.valid[b][8 * j + 2 * c] != 0, v1 = sm.valid[b][8 * j + 2 * c + 1] != 0;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            s[4 * j + 2 * r] = v0 ? s[4 * j + 2 * r] * a.scale_log2 : -INFINITY;
+            s[4 * j + 2 * r + 1] = v1 ? s[4 * j + 2 * r + 1] * a.scale_log2 : -INFINITY;
+            bmax[r] = fmaxf(bmax[r], fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+          }
+        }
+        float alpha[2], mm[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          bmax[r] = fmaxf(bmax[r], __shfl_xor_sync(0xffffffffu, bmax[r], 1));
+          bmax[r] = fmaxf(bmax[r], __shfl_xor_sync(0xffffffffu, bmax[r], 2));
+          const float m_new = fmaxf(m_r[r], bmax[r]);
+          alpha[r] = m_new == -INFINITY ? 1.0f : exp2f(m_r[r] - m_new);
+          m_r[r] = m_new;
+          mm[r] = m_new == -INFINITY ? 0.0f : m_new;
+        }
+        uint32_t pp[16];  // BF16 pairs: (tile j, row r) -> pp[2j + r]
+        float bsum[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const float p0 = exp2f(s[4 * j + 2 * r] - mm[r]),
+                        p1 = exp2f(s[4 * j + 2 * r + 1] - mm[r]);
+            bsum[r] += p0 + p1;
+            pp[2 * j + r] = sm90::pack_bf16x2(p0, p1);
+          }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          bsum[r] += __shfl_xor_sync(0xffffffffu, bsum[r], 1);
+          bsum[r] += __shfl_xor_sync(0xffffffffu, bsum[r], 2);
+          l_r[r] = l_r[r] * alpha[r] + bsum[r];
+        }
+        // Hand P and the rescale factors to WG1 once it is done with the previous block's.
+        sm90::named_barrier_sync(kBarPFree, kPair);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int row = r0 + 8 * r;
+            *reinterpret_cast<uint32_t*>(sm.p + row * 128 + ((j ^ (row & 7)) << 4) + 4 * c) =
+                pp[2 * j + r];
+          }
+        if (c == 0) {
+          sm.alpha[r0] = alpha[0];
+          sm.alpha[r0 + 8] = alpha[1];
+        }
+        sm90::fence_proxy_async_smem();
+        sm90::named_barrier_arrive(kBarPReady, kPair);
+
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          o[4 * j] *= alpha[0];
+          o[4 * j + 1] *= alpha[0];
+          o[4 * j + 2] *= alpha[1];
+          o[4 * j + 3] *= alpha[1];
+        }
+        sm90::warpgroup_fence_operands(o);
+        sm90::warpgroup_arrive();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          const uint32_t af[4] = {pp[4 * kk], pp[4 * kk + 1], pp[4 * kk + 2], pp[4 * kk + 3]};
+          sm90::Bf16MmaRS<256, sm90::Major::MN>::wgmma(af, sm90::desc_region_mnmajor(k_addr, 0, kk),
+                                                       o, true);
+        }
+        sm90::warpgroup_commit_batch();
+        sm90::warpgroup_wait<0>();
+        sm90::warpgroup_fence_operands(o);
+        if (i + C::kKBufs < nb) release(b);
+      }
+      // Per-row output factor for both consumer warpgroups.
+      if (c == 0) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int row = r0 + 8 * r;
-          *reinterpret_cast<uint32_t*>(sm.p + row * 128 + ((j ^ (row & 7)) << 4) + 4 * c) =
-              pp[2 * j + r];
+          float fin = 1.0f;
+          if (a.num_splits == 1) {
+            fin = 0.0f;  // no valid key: the reference's acc / inf = 0
+            if (m_r[r] != -INFINITY)
+              fin =
+                  1.0f / (l_r[r] + exp2f(__ldg(a.sink + h0 + row) * 1.4426950408889634f - m_r[r]));
+          } else {
+            float* part =
+                a.partials +
+                ((int64_t(t) * a.n_heads + h0 + row) * a.num_splits + split) * kPartialFloats;
+            part[kHeadDim] = m_r[r];
+            part[kHeadDim + 1] = l_r[r];
+          }
+          sm.fin[row] = fin;
         }
-      if (c == 0) {
-        sm.alpha[r0] = alpha[0];
-        sm.alpha[r0 + 8] = alpha[1];
       }
-      sm90::fence_proxy_async_smem();
-      sm90::named_barrier_arrive(kBarPReady, kPair);
-
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        o[4 * j] *= alpha[0];
-        o[4 * j + 1] *= alpha[0];
-        o[4 * j + 2] *= alpha[1];
-        o[4 * j + 3] *= alpha[1];
-      }
-      sm90::warpgroup_fence_operands(o);
-      sm90::warpgroup_arrive();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const uint32_t af[4] = {pp[4 * kk], pp[4 * kk + 1], pp[4 * kk + 2], pp[4 * kk + 3]};
-        sm90::Bf16MmaRS<256, sm90::Major::MN>::wgmma(af, sm90::desc_region_mnmajor(k_addr, 0, kk),
-                                                     o, true);
-      }
-      sm90::warpgroup_commit_batch();
-      sm90::warpgroup_wait<0>();
-      sm90::warpgroup_fence_operands(o);
-      if (i + C::kKBufs < nb) sm90::named_barrier_arrive(kBarEmpty + b, kAll);
-    }
-    // Per-row output factor for both consumer warpgroups.
-    if (c == 0) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = r0 + 8 * r;
-        float fin = 1.0f;
-        if (a.num_splits == 1) {
-          fin = 0.0f;  // no valid key: the reference's acc / inf = 0
-          if (m_r[r] != -INFINITY)
-            fin = 1.0f / (l_r[r] + exp2f(__ldg(a.sink + h0 + row) * 1.4426950408889634f - m_r[r]));
-        } else {
-          float* part = a.partials + ((int64_t(t) * a.n_heads + h0 + row) * a.num_splits + split) *
-                                         kPartialFloats;
-          part[kHeadDim] = m_r[r];
-          part[kHeadDim + 1] = l_r[r];
-        }
-        sm.fin[row] = fin;
-      }
-    }
-    __syncwarp();  // sm.fin of this warp's rows (written by lane c == 0 of each quad)
-    sm90::named_barrier_arrive(kBarEpi, kPair);
-  } else {
-    // ---------------------------------------------------------------- P V (dims 256-511)
-    // (keeps the launch allocation of C::kRegsWg1 registers)
-    sm90::named_barrier_arrive(kBarPFree, kPair);
-    for (int i = 0; i < nb; ++i) {
-      const int b = i & 1;
-      const uint32_t k_addr = sm90::smem_u32(sm.k[b]);
-      sm90::named_barrier_sync(kBarFull + b, kAll);
-      sm90::named_barrier_sync(kBarPReady, kPair);
-      const float al0 = sm.alpha[r0], al1 = sm.alpha[r0 + 8];
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        o[4 * j] *= al0;
-        o[4 * j + 1] *= al0;
-        o[4 * j + 2] *= al1;
-        o[4 * j + 3] *= al1;
-      }
-      sm90::warpgroup_fence_operands(o);
-      sm90::warpgroup_arrive();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        sm90::Bf16MmaSS<256, sm90::Major::MN>::wgmma(sm90::desc_region_kmajor(p_addr, kk),
-                                                     sm90::desc_region_mnmajor(k_addr, 4, kk), o,
-                                                     true);
-      sm90::warpgroup_commit_batch();
-      sm90::warpgroup_wait<0>();
-      sm90::warpgroup_fence_operands(o);
-      if (i + 1 < nb) sm90::named_barrier_arrive(kBarPFree, kPair);
-      if (i + C::kKBufs < nb) sm90::named_barrier_arrive(kBarEmpty + b, kAll);
-    }
-    sm90::named_barrier_sync(kBarEpi, kPair);
-  }
-
-  // Epilogue: rows r0, r0 + 8; this warpgroup's 256 dims, column 8j + 2c (+1).
-  const int d0 = 256 * wgi;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = r0 + 8 * r;
-    const float fin = sm.fin[row];
-    if (a.num_splits == 1) {
-      __nv_bfloat16* orow = a.out + (int64_t(t) * a.n_heads + h0 + row) * kHeadDim + d0 + 2 * c;
-#pragma unroll
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<uint32_t*>(orow + 8 * j) =
-            sm90::pack_bf16x2(o[4 * j + 2 * r] * fin, o[4 * j + 2 * r + 1] * fin);
+      __syncwarp();  // sm.fin of this warp's rows (written by lane c == 0 of each quad)
+      sm90::named_barrier_arrive(kBarEpi, kPair);
     } else {
-      float* part = a.partials +
-                    ((int64_t(t) * a.n_heads + h0 + row) * a.num_splits + split) * kPartialFloats +
-                    d0 + 2 * c;
+      // ---------------------------------------------------------------- P V (dims 256-511)
+      // (keeps the launch allocation of C::kRegsWg1 registers)
+      sm90::named_barrier_arrive(kBarPFree, kPair);
+      for (int i = 0; i < nb; ++i) {
+        const int b = i & 1;
+        const uint32_t k_addr = sm90::smem_u32(sm.k[b]);
+        wait(&sm.full[b], (i >> 1) & 1);
+        sm90::fence_proxy_async_smem();
+        sm90::named_barrier_sync(kBarPReady, kPair);
+        const float al0 = sm.alpha[r0], al1 = sm.alpha[r0 + 8];
 #pragma unroll
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<float2*>(part + 8 * j) =
-            make_float2(o[4 * j + 2 * r], o[4 * j + 2 * r + 1]);
+        for (int j = 0; j < 32; ++j) {
+          o[4 * j] *= al0;
+          o[4 * j + 1] *= al0;
+          o[4 * j + 2] *= al1;
+          o[4 * j + 3] *= al1;
+        }
+        sm90::warpgroup_fence_operands(o);
+        sm90::warpgroup_arrive();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          sm90::Bf16MmaSS<256, sm90::Major::MN>::wgmma(sm90::desc_region_kmajor(p_addr, kk),
+                                                       sm90::desc_region_mnmajor(k_addr, 4, kk), o,
+                                                       true);
+        sm90::warpgroup_commit_batch();
+        sm90::warpgroup_wait<0>();
+        sm90::warpgroup_fence_operands(o);
+        if (i + 1 < nb) sm90::named_barrier_arrive(kBarPFree, kPair);
+        if (i + C::kKBufs < nb) release(b);
+      }
+      sm90::named_barrier_sync(kBarEpi, kPair);
     }
-  }
+
+    // Epilogue: rows r0, r0 + 8; this warpgroup's 256 dims, column 8j + 2c (+1).
+    const int d0 = 256 * wgi;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = r0 + 8 * r;
+      const float fin = sm.fin[row];
+      if (a.num_splits == 1) {
+        __nv_bfloat16* orow = a.out + (int64_t(t) * a.n_heads + h0 + row) * kHeadDim + d0 + 2 * c;
+#pragma unroll
+        for (int j = 0; j < 32; ++j)
+          *reinterpret_cast<uint32_t*>(orow + 8 * j) =
+              sm90::pack_bf16x2(o[4 * j + 2 * r] * fin, o[4 * j + 2 * r + 1] * fin);
+      } else {
+        float* part =
+            a.partials +
+            ((int64_t(t) * a.n_heads + h0 + row) * a.num_splits + split) * kPartialFloats + d0 +
+            2 * c;
+#pragma unroll
+        for (int j = 0; j < 32; ++j)
+          *reinterpret_cast<float2*>(part + 8 * j) =
+              make_float2(o[4 * j + 2 * r], o[4 * j + 2 * r + 1]);
+      }
+    }
+  }  // consumers
+  // A CTA of a pair leaves only once its peer is done with its shared memory and barriers.
+  if constexpr (kCluster == 2) sm90::cluster_sync();
 }
 
 }  // namespace
@@ -355,16 +467,38 @@ size_t wgmma_smem_bytes() {
   return sizeof(WgSmem) + 1024;
 }
 
-void launch_wgmma(const AttnArgs& a, cudaStream_t stream) {
+namespace {
+template <int kCluster>
+void launch_wgmma_t(const AttnArgs& a, cudaStream_t stream) {
   const size_t smem = wgmma_smem_bytes();
   static std::atomic<uint64_t> attr{0};
   once_per_device(attr, [&] {
-    DSV4_CUDA_CHECK(cudaFuncSetAttribute(sparse_attn_wgmma_kernel,
+    DSV4_CUDA_CHECK(cudaFuncSetAttribute(sparse_attn_wgmma_kernel<kCluster>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   });
-  const dim3 grid(unsigned(int64_t(a.num_tokens) * a.head_tiles), unsigned(a.num_splits));
-  sparse_attn_wgmma_kernel<<<grid, C::kThreads, smem, stream>>>(a);
-  DSV4_CUDA_CHECK(cudaGetLastError());
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(int64_t(a.num_tokens) * a.head_tiles), unsigned(a.num_splits));
+  cfg.blockDim = dim3(C::kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attrs[1];
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = kCluster;
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  cfg.attrs = attrs;
+  cfg.numAttrs = kCluster > 1 ? 1 : 0;
+  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, sparse_attn_wgmma_kernel<kCluster>, a));
+}
+}  // namespace
+
+// Head tiles in pairs (n_heads a multiple of 128): CTA pairs of one token share each key
+// block's decode; otherwise every CTA decodes its whole block.
+void launch_wgmma(const AttnArgs& a, cudaStream_t stream) {
+  if (a.head_tiles % 2 == 0)
+    launch_wgmma_t<2>(a, stream);
+  else
+    launch_wgmma_t<1>(a, stream);
 }
 
 bool wgmma_available() {

@@ -1,6 +1,7 @@
 // Shared-memory addressing for the Hopper kernels: the 32-bit shared-window address that PTX
-// instructions take, the 128-byte swizzle that TMA writes and the wgmma descriptors read, and
-// the fence that hands shared-memory writes of ordinary instructions to the async proxy.
+// instructions take, the 128-byte swizzle that TMA writes and the wgmma descriptors read, the
+// fence that hands shared-memory writes of ordinary instructions to the async proxy, and the
+// shared memory of the other CTAs of a cluster.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +30,35 @@ __device__ __forceinline__ uint32_t sw128_bf16_offset(int row, int col) {
 // async proxy (wgmma operands, TMA); the readers still need a barrier after it.
 __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// The same, for shared memory of the cluster's CTAs (distributed shared memory) as well.
+__device__ __forceinline__ void fence_proxy_async_smem_cluster() {
+  asm volatile("fence.proxy.async.shared::cluster;\n" ::: "memory");
+}
+
+// ---- distributed shared memory (thread-block clusters) -------------------------------------
+// This CTA's rank in its cluster.
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// The shared::cluster address of the object at shared-window address `addr` in CTA `rank` of
+// the cluster (the CTAs run the same kernel, so the object sits at the same offset there).
+__device__ __forceinline__ uint32_t map_to_rank(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+// Stores to a shared::cluster address (map_to_rank).
+__device__ __forceinline__ void st_cluster_16(uint32_t addr, uint4 v) {
+  asm volatile("st.shared::cluster.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x),
+               "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+__device__ __forceinline__ void st_cluster_4(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
 }  // namespace dsv4::cuda::sm90
