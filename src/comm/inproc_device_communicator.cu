@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "comm/collective_aborted.h"
 #include "comm/inproc_communicator.h"
 #include "core/error.h"
 
@@ -203,7 +204,10 @@ class InProcDeviceCommunicator final : public DeviceCommunicator {
            cudaStream_t stream) {
     Table* t = shared_->table;
     const int n = size(), me = rank();
-    DSV4_CHECK(!shared_->aborted(), "in-process device collective aborted (a rank failed)");
+    // A consequence of another rank's failure, typed as such (comm/first_failure.h reports the
+    // cause, not this echo).
+    if (shared_->aborted())
+      throw CollectiveAborted("in-process device collective aborted (a rank failed)");
     DSV4_CHECK(!*reinterpret_cast<volatile int*>(&t->size_mismatch),
                "in-process device collective: an earlier collective failed (a rank expected "
                "other sizes than were sent to it)");
