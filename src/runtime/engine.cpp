@@ -176,7 +176,11 @@ std::unique_ptr<Runner> start_node(const RunnerFactory& factory, const RunnerOpt
       } catch (const PeerFailed& e) {
         failure = e.what();
       } catch (const Error& e) {
-        if (failure.empty()) failure = cat("a node failed to start: ", e.what());
+        // No report read (a node went away, or a slow node timed out the read): when this
+        // node's own failure was only a consequence, say what reading the others found too.
+        failure = failure.empty()
+                      ? cat("a node failed to start: ", e.what())
+                      : cat(failure, " (then, reading the other nodes: ", e.what(), ")");
       }
     }
     if (!failure.empty()) {
