@@ -17,6 +17,10 @@
 namespace dsv4 {
 namespace {
 
+// How long a node waits for the slowest to reach NCCL's setup (as the engine's start check,
+// runtime/engine.cpp: loading a checkpoint of hundreds of GB may take minutes).
+constexpr double kNodeStartWaitS = 1800;
+
 cpu::WeightShard shard_of(const ParallelLayout& L, int w) {
   cpu::WeightShard s;
   s.heads_lo = L.heads_lo(w);
@@ -68,7 +72,15 @@ ParallelCudaRunner::ParallelCudaRunner(const ModelConfig& config, const WeightsR
     for (int l = 0; l < local; ++l) devices_.push_back(l);
     // Node 0 makes the id; the others get it through the rendezvous.
     if (node.node_rank == 0) nccl_id = NcclCommunicator::unique_id();
-    if (nnodes() > 1) nccl_id = rendezvous()->broadcast(nccl_id);
+    if (nnodes() > 1) {
+      nccl_id = rendezvous()->broadcast(nccl_id);
+      // Every node confirms it got here before any rank enters ncclCommInitRank, which nothing
+      // interrupts: a node that failed before this point (its report reaches node 0 here as
+      // PeerFailed, and node 0's failure reaches the others) would otherwise leave the rest
+      // blocked in NCCL's bootstrap. Nodes may load at different speeds: the start check's wait.
+      rendezvous()->gather({}, kNodeStartWaitS);
+      rendezvous()->broadcast({}, kNodeStartWaitS);
+    }
 #else
     throw Error(
         "backend 'cuda': this build has no NCCL (python3 -m pip install nvidia-nccl-cu13, then "
