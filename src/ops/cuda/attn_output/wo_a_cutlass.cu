@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -64,22 +65,23 @@ using StrideAct = typename GemmKernel::StrideB;
 using StrideD = typename GemmKernel::StrideD;
 using StrideS = typename CollectiveMainloop::StrideScale;
 
-// CUTLASS's persistent scheduler may want a small workspace. One per device (ranks may run as
-// threads on several GPUs), grown under a lock and never freed while the process runs: a CUDA
-// graph captured with a smaller buffer keeps pointing at it, so a grown buffer is retired, not
-// freed. Growing during a capture is refused (cudaMalloc there would break the capture).
+// CUTLASS's persistent scheduler may want a small workspace. One per (device, stream): ranks run
+// as threads on one or several GPUs, each on its own stream, concurrently; grown under a lock and
+// never freed while the process runs: a CUDA graph captured with a smaller buffer keeps pointing at
+// it, so a grown buffer is retired, not freed. Growing during a capture is refused (cudaMalloc
+// there would break the capture).
 void* workspace(size_t bytes, cudaStream_t stream) {
   struct Buffer {
     void* ptr = nullptr;
     size_t size = 0;
   };
   static std::mutex mu;
-  static std::map<int, Buffer> buffers;
+  static std::map<std::pair<int, cudaStream_t>, Buffer> buffers;
   static std::vector<void*> retired;  // still referenced by captured graphs; kept alive
   int dev = 0;
   DSV4_CUDA_CHECK(cudaGetDevice(&dev));
   std::lock_guard<std::mutex> lock(mu);
-  Buffer& b = buffers[dev];
+  Buffer& b = buffers[{dev, stream}];
   if (bytes > b.size) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     DSV4_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
