@@ -103,16 +103,25 @@ TEST(Rendezvous, BadOptionsAreErrors) {
 }
 
 // Forks `processes - 1` children; process p runs body(p) (the parent p = 0). Returns whether
-// every process returned 0 (children by exit status).
+// every process returned 0 (children by exit status); a body that throws prints why and counts
+// as 2.
 template <typename F>
 bool in_processes(int processes, F body) {
+  auto run = [&](int p) {
+    try {
+      return body(p);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "process %d: %s\n", p, e.what());
+      return 2;
+    }
+  };
   std::vector<pid_t> kids;
   for (int p = 1; p < processes; ++p) {
     const pid_t pid = fork();
-    if (pid == 0) _exit(body(p));
+    if (pid == 0) _exit(run(p));
     kids.push_back(pid);
   }
-  bool ok = body(0) == 0;
+  bool ok = run(0) == 0;
   for (pid_t k : kids) {
     int status = 0;
     ok &= waitpid(k, &status, 0) == k && WIFEXITED(status) && WEXITSTATUS(status) == 0;
@@ -162,30 +171,24 @@ TEST(TcpCommunicator, RanksAsThreadsOfSeveralProcesses) {
   for (int processes : {2, 4}) {
     const int port = test_port(200 + processes);
     const bool ok = in_processes(processes, [&](int p) {
-      try {
-        Rendezvous rv(tcp_options(processes, p, port));
-        std::vector<std::unique_ptr<Communicator>> comms = make_tcp_communicators(rv, 4, 30);
-        if (int(comms.size()) != 4 / processes || comms[0]->rank() != p * (4 / processes))
-          return 20;
-        std::vector<int> rc(comms.size(), -1);
-        std::vector<std::thread> threads;
-        for (size_t l = 0; l < comms.size(); ++l)
-          threads.emplace_back([&, l] {
-            try {
-              rc[l] = tcp_rank_checks(*comms[l]);
-            } catch (const std::exception& e) {
-              std::fprintf(stderr, "rank %d: %s\n", comms[l]->rank(), e.what());
-              rc[l] = 1;
-            }
-          });
-        for (std::thread& t : threads) t.join();
-        for (int x : rc)
-          if (x) return x;
-        return 0;
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "process %d: %s\n", p, e.what());
-        return 2;
-      }
+      Rendezvous rv(tcp_options(processes, p, port));
+      std::vector<std::unique_ptr<Communicator>> comms = make_tcp_communicators(rv, 4, 30);
+      if (int(comms.size()) != 4 / processes || comms[0]->rank() != p * (4 / processes)) return 20;
+      std::vector<int> rc(comms.size(), -1);
+      std::vector<std::thread> threads;
+      for (size_t l = 0; l < comms.size(); ++l)
+        threads.emplace_back([&, l] {
+          try {
+            rc[l] = tcp_rank_checks(*comms[l]);
+          } catch (const std::exception& e) {
+            std::fprintf(stderr, "rank %d: %s\n", comms[l]->rank(), e.what());
+            rc[l] = 1;
+          }
+        });
+      for (std::thread& t : threads) t.join();
+      for (int x : rc)
+        if (x) return x;
+      return 0;
     });
     EXPECT_TRUE(ok) << processes << " processes";
   }
@@ -202,25 +205,20 @@ TEST(Rendezvous, BlobsLargerThanAPieceArriveWhole) {
     return b;
   };
   const bool ok = in_processes(3, [&](int p) {
-    try {
-      RendezvousOptions o = tcp_options(3, p, port);
-      o.max_piece_bytes = 1000;
-      Rendezvous rv(o);
-      for (size_t n : {size_t(10007), size_t(1000), size_t(2000), size_t(0), size_t(1)}) {
-        if (rv.broadcast(p == 0 ? blob(0, n) : std::vector<uint8_t>{}) != blob(0, n)) return 10;
-        const auto all = rv.all_gather(blob(p, n + size_t(p) * 999));
+    RendezvousOptions o = tcp_options(3, p, port);
+    o.max_piece_bytes = 1000;
+    Rendezvous rv(o);
+    for (size_t n : {size_t(10007), size_t(1000), size_t(2000), size_t(0), size_t(1)}) {
+      if (rv.broadcast(p == 0 ? blob(0, n) : std::vector<uint8_t>{}) != blob(0, n)) return 10;
+      const auto all = rv.all_gather(blob(p, n + size_t(p) * 999));
+      for (int k = 0; k < 3; ++k)
+        if (all[size_t(k)] != blob(k, n + size_t(k) * 999)) return 11;
+      const auto got = rv.gather(blob(p, n * size_t(p + 1)));
+      if (p == 0)
         for (int k = 0; k < 3; ++k)
-          if (all[size_t(k)] != blob(k, n + size_t(k) * 999)) return 11;
-        const auto got = rv.gather(blob(p, n * size_t(p + 1)));
-        if (p == 0)
-          for (int k = 0; k < 3; ++k)
-            if (got[size_t(k)] != blob(k, n * size_t(k + 1))) return 12;
-      }
-      return 0;
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "process %d: %s\n", p, e.what());
-      return 2;
+          if (got[size_t(k)] != blob(k, n * size_t(k + 1))) return 12;
     }
+    return 0;
   });
   EXPECT_TRUE(ok);
 }
@@ -231,34 +229,29 @@ TEST(Rendezvous, AFailureReportReachesThePeersNextRead) {
   const int port = test_port(600);
   const std::string why = "node 1 failed to start: no weights";
   const bool ok = in_processes(3, [&](int p) {
-    try {
-      Rendezvous rv(tcp_options(3, p, port));
-      if (p == 1) {
-        rv.fail(why);
-        try {
-          rv.broadcast({}, 10);  // rank 0's relay
-        } catch (const PeerFailed& e) {
-          return e.what() == why ? 0 : 22;
-        }
-        return 23;
-      }
+    Rendezvous rv(tcp_options(3, p, port));
+    if (p == 1) {
+      rv.fail(why);
       try {
-        if (p == 0) {
-          rv.gather({});
-        } else {
-          rv.gather({});
-          rv.broadcast({});
-        }
-        return 20;
+        rv.broadcast({}, 10);  // rank 0's relay
       } catch (const PeerFailed& e) {
-        if (e.what() != why) return 21;
+        return e.what() == why ? 0 : 22;
       }
-      if (p == 0) rv.fail(why, 10);
-      return 0;
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "process %d: %s\n", p, e.what());
-      return 2;
+      return 23;
     }
+    try {
+      if (p == 0) {
+        rv.gather({});
+      } else {
+        rv.gather({});
+        rv.broadcast({});
+      }
+      return 20;
+    } catch (const PeerFailed& e) {
+      if (e.what() != why) return 21;
+    }
+    if (p == 0) rv.fail(why, 10);
+    return 0;
   });
   EXPECT_TRUE(ok);
 }
@@ -270,33 +263,28 @@ TEST(Rendezvous, AFailureReportReachesThePeersNextRead) {
 TEST(TcpCommunicator, SetupNeedsNoListenQueue) {
   const int port = test_port(700);
   const bool ok = in_processes(2, [&](int p) {
-    try {
-      Rendezvous rv(tcp_options(2, p, port));
-      std::vector<std::unique_ptr<Communicator>> comms = make_tcp_communicators(rv, 8, 30, 2);
-      std::vector<int> rc(comms.size(), -1);
-      std::vector<std::thread> threads;
-      for (size_t l = 0; l < comms.size(); ++l)
-        threads.emplace_back([&, l] {
-          try {
-            const int32_t me = comms[l]->rank();
-            std::vector<int32_t> all(8);
-            comms[l]->all_gather(&me, sizeof(me), all.data());
-            rc[l] = 0;
-            for (int k = 0; k < 8; ++k)
-              if (all[size_t(k)] != k) rc[l] = 30;
-          } catch (const std::exception& e) {
-            std::fprintf(stderr, "rank %d: %s\n", comms[l]->rank(), e.what());
-            rc[l] = 1;
-          }
-        });
-      for (std::thread& t : threads) t.join();
-      for (int x : rc)
-        if (x) return x;
-      return 0;
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "process %d: %s\n", p, e.what());
-      return 2;
-    }
+    Rendezvous rv(tcp_options(2, p, port));
+    std::vector<std::unique_ptr<Communicator>> comms = make_tcp_communicators(rv, 8, 30, 2);
+    std::vector<int> rc(comms.size(), -1);
+    std::vector<std::thread> threads;
+    for (size_t l = 0; l < comms.size(); ++l)
+      threads.emplace_back([&, l] {
+        try {
+          const int32_t me = comms[l]->rank();
+          std::vector<int32_t> all(8);
+          comms[l]->all_gather(&me, sizeof(me), all.data());
+          rc[l] = 0;
+          for (int k = 0; k < 8; ++k)
+            if (all[size_t(k)] != k) rc[l] = 30;
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "rank %d: %s\n", comms[l]->rank(), e.what());
+          rc[l] = 1;
+        }
+      });
+    for (std::thread& t : threads) t.join();
+    for (int x : rc)
+      if (x) return x;
+    return 0;
   });
   EXPECT_TRUE(ok);
 }
@@ -304,27 +292,22 @@ TEST(TcpCommunicator, SetupNeedsNoListenQueue) {
 TEST(TcpCommunicator, AnAbortingRankFailsTheOthersCollective) {
   const int port = test_port(300);
   const bool ok = in_processes(2, [&](int p) {
-    try {
-      Rendezvous rv(tcp_options(2, p, port));
-      std::vector<std::unique_ptr<Communicator>> comms = make_tcp_communicators(rv, 2, 30);
-      if (p == 1) {
-        comms[0]->abort();  // rank 1 failed
-        std::this_thread::sleep_for(std::chrono::milliseconds(500));
-        return 0;
-      }
-      int32_t x = 0, all[2];
-      try {
-        comms[0]->all_gather(&x, sizeof(x), all);
-      } catch (const CollectiveAborted&) {  // the type, not the wording, says "a consequence"
-        return 0;
-      } catch (const Error&) {
-        return 3;
-      }
-      return 4;
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "process %d: %s\n", p, e.what());
-      return 2;
+    Rendezvous rv(tcp_options(2, p, port));
+    std::vector<std::unique_ptr<Communicator>> comms = make_tcp_communicators(rv, 2, 30);
+    if (p == 1) {
+      comms[0]->abort();  // rank 1 failed
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      return 0;
     }
+    int32_t x = 0, all[2];
+    try {
+      comms[0]->all_gather(&x, sizeof(x), all);
+    } catch (const CollectiveAborted&) {  // the type, not the wording, says "a consequence"
+      return 0;
+    } catch (const Error&) {
+      return 3;
+    }
+    return 4;
   });
   EXPECT_TRUE(ok);
 }
@@ -332,28 +315,23 @@ TEST(TcpCommunicator, AnAbortingRankFailsTheOthersCollective) {
 TEST(TcpCommunicator, ASilentPeerIsATimeoutNamingIt) {
   const int port = test_port(400);
   const bool ok = in_processes(2, [&](int p) {
-    try {
-      Rendezvous rv(tcp_options(2, p, port));
-      std::vector<std::unique_ptr<Communicator>> comms = make_tcp_communicators(rv, 2, 0.5);
-      if (p == 1) {
-        std::this_thread::sleep_for(std::chrono::seconds(3));  // never joins
-        return 0;
-      }
-      int32_t x = 0, all[2];
-      try {
-        comms[0]->all_gather(&x, sizeof(x), all);
-      } catch (const Error& e) {
-        const std::string m = e.what();
-        return m.find("timed out") != std::string::npos &&
-                       m.find("waiting for rank 1") != std::string::npos
-                   ? 0
-                   : 3;
-      }
-      return 4;
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "process %d: %s\n", p, e.what());
-      return 2;
+    Rendezvous rv(tcp_options(2, p, port));
+    std::vector<std::unique_ptr<Communicator>> comms = make_tcp_communicators(rv, 2, 0.5);
+    if (p == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(3));  // never joins
+      return 0;
     }
+    int32_t x = 0, all[2];
+    try {
+      comms[0]->all_gather(&x, sizeof(x), all);
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      return m.find("timed out") != std::string::npos &&
+                     m.find("waiting for rank 1") != std::string::npos
+                 ? 0
+                 : 3;
+    }
+    return 4;
   });
   EXPECT_TRUE(ok);
 }
