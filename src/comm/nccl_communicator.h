@@ -6,12 +6,26 @@
 // capturable into a CUDA graph (sizes are host-side and fixed at capture). NVLink multicast
 // (NVLS) is kept off: NCCL_NVLS_ENABLE=0 is set before the communicator is made, whatever the
 // environment says.
+//
+// Set-up never hangs: NCCL's blocking init cannot be interrupted (a rank that never joins, or a
+// node that fails after the others entered it, would leave every other rank waiting forever),
+// so the world communicator is made non-blocking (ncclConfig_t::blocking = 0,
+// ncclCommInitRankConfig) and its state is polled (ncclCommGetAsyncError) against a deadline and
+// a cancel signal (NcclSetup); on either, or on an NCCL error, the communicator is aborted
+// (ncclCommAbort) and the constructor throws, naming the cause. Splits of the world run the same
+// way (a split of a non-blocking communicator is non-blocking). The communicators the splits
+// make are blocking: NCCL launches every group of a non-blocking communicator from a new thread
+// of its own (group.cc), a cost on every eager collective; a step that waits for a failed peer
+// is ended by abort() instead (the control plane's watch, RankPool). Calls on the non-blocking
+// world that answer ncclInProgress (a collective, a group) are waited for before they return.
+// NCCL_COMM_BLOCKING, which would override both choices, is cleared from the environment.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -19,12 +33,27 @@
 
 namespace dsv4 {
 
+// How a communicator's set-up (the world's init, each split) is bounded.
+struct NcclSetup {
+  // Seconds a set-up may take before it is aborted (every rank of the world must have joined
+  // by then): an Error saying so. The ranks enter it together (on several nodes, after every
+  // node confirmed it got there), so this only has to cover NCCL's own work.
+  double timeout_s = 300;
+  // Polled (from the rank's thread, often) while a set-up is in flight: true aborts it and the
+  // set-up throws CollectiveAborted (another rank of this process failed, or the multi-node
+  // control plane saw another node fail: a consequence, the cause is reported elsewhere).
+  std::function<bool()> cancelled;
+};
+
 class NcclCommunicator final : public DeviceCommunicator {
  public:
   // A new unique id (on one rank; hand it to all, e.g. through Rendezvous::broadcast).
   static std::vector<uint8_t> unique_id();
-  // Every rank of the world calls this with the same id; `device` is this rank's GPU.
-  NcclCommunicator(const std::vector<uint8_t>& id, int world, int rank, int device);
+  // Every rank of the world calls this with the same id; `device` is this rank's GPU. Returns
+  // once every rank joined; throws (after aborting its communicator) when `setup` runs out or
+  // is cancelled, or NCCL fails.
+  NcclCommunicator(const std::vector<uint8_t>& id, int world, int rank, int device,
+                   const NcclSetup& setup = {});
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -42,10 +71,15 @@ class NcclCommunicator final : public DeviceCommunicator {
                     const std::vector<size_t>& send_bytes, void* recv,
                     const std::vector<size_t>& recv_offset, const std::vector<size_t>& recv_bytes,
                     cudaStream_t stream) override;
-  // ncclCommSplit (collective over this communicator's ranks).
+  // ncclCommSplit (collective over this communicator's ranks), bounded by this communicator's
+  // NcclSetup when it is the non-blocking world; a split of a split is a blocking call (the
+  // engine splits only the world). The new communicator is blocking.
   std::unique_ptr<DeviceCommunicator> split(int color, int key) override;
-  // ncclCommAbort: pending collectives of this communicator end.
+  // ncclCommAbort: pending collectives of this communicator end. Any thread, any number of
+  // times.
   void abort() override;
+  // Whether collectives on this communicator are non-blocking NCCL calls (the world: yes).
+  bool nonblocking() const;
 
  private:
   struct Impl;

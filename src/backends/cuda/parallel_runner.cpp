@@ -74,10 +74,13 @@ ParallelCudaRunner::ParallelCudaRunner(const ModelConfig& config, const WeightsR
     if (node.node_rank == 0) nccl_id = NcclCommunicator::unique_id();
     if (nnodes() > 1) {
       nccl_id = rendezvous()->broadcast(nccl_id);
-      // Every node confirms it got here before any rank enters ncclCommInitRank, which nothing
-      // interrupts: a node that failed before this point (its report reaches node 0 here as
-      // PeerFailed, and node 0's failure reaches the others) would otherwise leave the rest
-      // blocked in NCCL's bootstrap. Nodes may load at different speeds: the start check's wait.
+      // Every node confirms it got here before any rank starts NCCL's set-up: a node that failed
+      // before this point (its report reaches node 0 here as PeerFailed, and node 0's failure
+      // reaches the others) is reported as such, not as a set-up that timed out. One that fails
+      // after it: the set-up is non-blocking (NcclSetup), so the build's watch
+      // (ParallelRunnerBase) cancels it here and the start check reports the cause; one that
+      // stops answering: the set-up's deadline. Nodes may load at different speeds: the start
+      // check's wait.
       rendezvous()->gather({}, kNodeStartWaitS);
       rendezvous()->broadcast({}, kNodeStartWaitS);
     }
@@ -89,6 +92,8 @@ ParallelCudaRunner::ParallelCudaRunner(const ModelConfig& config, const WeightsR
   }
   start_ranks([this](int l) { DSV4_CUDA_CHECK(cudaSetDevice(devices_[size_t(l)])); },
               [this](int l) {
+                // Ranks still in NCCL's set-up have no communicator to abort: they poll this.
+                setup_cancelled_ = true;
                 // The other ranks may be waiting for this one in a collective (in-process:
                 // aborting the world ends its splits too; NCCL: each communicator is aborted
                 // itself).
@@ -106,7 +111,10 @@ ParallelCudaRunner::ParallelCudaRunner(const ModelConfig& config, const WeightsR
       r.device = std::make_unique<DeviceContext>(devices_[size_t(l)]);
 #ifdef DSV4_HAVE_NCCL
       if (!r.world) {
-        auto world = std::make_unique<NcclCommunicator>(nccl_id, W, w, devices_[size_t(l)]);
+        NcclSetup setup;
+        setup.timeout_s = opt_.nccl_setup_timeout_s;
+        setup.cancelled = [this] { return setup_cancelled_.load(); };
+        auto world = std::make_unique<NcclCommunicator>(nccl_id, W, w, devices_[size_t(l)], setup);
         std::lock_guard<std::mutex> lock(comms_mu_);
         r.world = std::move(world);
       }

@@ -33,6 +33,7 @@
 // MoE exchange. Verify mode is not offered.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -63,6 +64,10 @@ struct ParallelCudaOptions {
   std::set<int> graph_batch_sizes = {1, 2, 4, 8, 16, 32, 64, 128, 256};
   bool pad_to_graph_sizes = true;
   bool bucket_eager_decode = false;
+  // kNccl: how long each rank's NCCL set-up (the world's init, each split) may take before it
+  // fails naming the rank that waited (NcclSetup::timeout_s). The ranks enter it together (on
+  // several nodes after every node confirmed), so it only covers NCCL's own work.
+  double nccl_setup_timeout_s = 300;
 };
 
 class ParallelCudaRunner final : public ParallelRunnerBase {
@@ -131,6 +136,9 @@ class ParallelCudaRunner final : public ParallelRunnerBase {
   std::vector<Rank> ranks_;  // this node's, by local index
   // Guards the ranks' communicator pointers: a failing rank aborts the others' from its thread.
   std::mutex comms_mu_;
+  // Set when a rank failed or another node did (RankPool's failure hook): cancels the NCCL
+  // set-ups in flight (NcclSetup::cancelled), which abort() cannot reach (no communicator yet).
+  std::atomic<bool> setup_cancelled_{false};
   std::vector<int> devices_;  // per local rank
   // World shapes seen (the first runs eagerly): D, then each group's (rows, bucket).
   std::map<std::vector<int64_t>, int> seen_;
