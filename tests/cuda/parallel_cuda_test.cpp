@@ -23,12 +23,20 @@
 //    leaves 2) runs padded with zero queries (CudaBlockWeights::attn_heads);
 //  - decode steps as CUDA graphs with several ranks equal the same steps run eagerly, logits and
 //    cache stores byte for byte (DecodeGraphsEqualEagerStepsBitForBit);
-//  - verify mode, an unknown communicator and a tuple that does not divide are clear errors.
+//  - verify mode, an unknown communicator and a tuple that does not divide are clear errors;
+//  - a multi-node start over NCCL never hangs in NCCL's set-up: node 1 (a thread of this
+//    process following the start protocol over the rendezvous) confirms the start, then fails
+//    or goes silent; node 0's runner ends at once as a consequence (CollectiveAborted) or at
+//    its set-up deadline (NcclStartNeverHangs).
 #include <gtest/gtest.h>
 #include <filesystem>
 
 #include <cuda_runtime.h>
 
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -37,7 +45,9 @@
 
 #include "backends/cuda/backend.h"
 #include "backends/cuda/parallel_runner.h"
+#include "comm/collective_aborted.h"
 #include "comm/inproc_device_communicator.h"
+#include "comm/rendezvous.h"
 #include "core/error.h"
 #include "cuda/engine_test_support.h"
 #include "dsv4/engine.h"
@@ -503,6 +513,98 @@ TEST_F(ParallelCuda, OptionsItDoesNotOfferAreErrors) {
   EXPECT_THROW(Engine::open(o), Error);
   o = options(d.path(), {3, 2, 1});  // 2 does not divide 3
   EXPECT_THROW(Engine::open(o), Error);
+}
+
+// Node 1 of a two-node run over NCCL (world 2, a rank per node), played by a thread of this
+// process that follows the runner's start protocol over the rendezvous (NCCL's id from node 0,
+// then every node's confirmation, then node 0's) and then, instead of joining NCCL's set-up,
+// fails (a report, then its connection closes) or goes silent (connected, never joining). Node
+// 0's runner, whose rank is by then in NCCL's set-up (blocking NCCL would wait there forever):
+//  - failed: the build's watch sees the report and cancels the set-up; the runner throws
+//    CollectiveAborted (a consequence: the start check reports node 1's cause) within
+//    seconds, not at its 600 s deadline;
+//  - silent: the set-up fails at its 4 s deadline, an Error saying so.
+TEST_F(ParallelCuda, NcclStartNeverHangs) {
+  TempDir d;
+  write_tiny_checkpoint(tiny_preset("flash"), ExpertFormat::kNvfp4, 8, d.path(),
+                        tiny_init("flash"));
+  const ModelConfig config = load_model_config(d.path() + "/config.json");
+  const QuantScheme scheme = QuantScheme::load(d.path(), config);
+  Checkpoint ckpt(d.path());
+  const WeightsRef ref = bind_weights(ckpt, config, scheme);
+  CudaModelLimits lim;
+  lim.max_tokens = 64;
+  lim.max_seqs = 2;
+  lim.max_context = 128;
+  const CacheConfig cc = cache_capacity(config, 2, 128, 16);
+  for (const bool silent : {false, true}) {
+    const char* what = silent ? "node 1 silent" : "node 1 failed";
+    SCOPED_TRACE(what);
+    RendezvousOptions ro;
+    ro.master_port = 20000 + int((getpid() * 7 + (silent ? 1 : 0) * 131) % 20000);
+    ro.world = 2;
+    ro.timeout_s = 30;
+    ro.peer_noun = "node";
+    std::atomic<bool> node0_done{false};
+    std::thread node1([&] {
+      RendezvousOptions mine = ro;
+      mine.rank = 1;
+      try {
+        Rendezvous rv(mine);
+        rv.broadcast({});      // NCCL's id
+        rv.gather({}, 60);     // this node confirms
+        rv.broadcast({}, 60);  // node 0's go: its rank enters NCCL's set-up
+        std::this_thread::sleep_for(std::chrono::seconds(2));  // it is waiting there by now
+        if (!silent) {
+          rv.fail("node 1 failed to start: injected by the test");
+          return;  // the connection closes
+        }
+        while (!node0_done) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "node 1: " << e.what();
+      }
+    });
+    RendezvousOptions zero = ro;
+    zero.rank = 0;
+    NodePlacement node;
+    node.nnodes = 2;
+    node.node_rank = 0;
+    node.rendezvous = std::make_shared<Rendezvous>(zero);
+    ParallelCudaOptions po;
+    po.comm = CudaCommKind::kNccl;
+    po.nccl_setup_timeout_s = silent ? 4 : 600;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string error;
+    bool consequence = false, built = false, no_nccl = false;
+    try {
+      ParallelCudaRunner r(config, ref, ParallelConfig{1, 2, 1}, cc, lim, po, node);
+      built = true;
+    } catch (const CollectiveAborted& e) {
+      consequence = true;
+      error = e.what();
+    } catch (const Error& e) {
+      error = e.what();
+      no_nccl = error.find("no NCCL") != std::string::npos;
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    node0_done = true;
+    node1.join();
+    node.rendezvous.reset();
+    if (no_nccl) GTEST_SKIP() << error;
+    std::printf("  %s: node 0 ended after %.2f s: %s\n", what, seconds, error.c_str());
+    EXPECT_FALSE(built);
+    if (!silent) {
+      EXPECT_TRUE(consequence) << error;
+      EXPECT_NE(error.find("cancelled"), std::string::npos) << error;
+      EXPECT_LT(seconds, 2.0 + 30.0);
+    } else {
+      EXPECT_FALSE(consequence) << error;
+      EXPECT_NE(error.find("did not complete within 4 s"), std::string::npos) << error;
+      EXPECT_GE(seconds, 4.0);
+      EXPECT_LT(seconds, 4.0 + 30.0);
+    }
+  }
 }
 
 }  // namespace
