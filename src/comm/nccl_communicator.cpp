@@ -31,14 +31,18 @@ void check_cuda(cudaError_t e, const char* what) {
   DSV4_CHECK(e == cudaSuccess, "CUDA ", what, ": ", cudaGetErrorString(e));
 }
 
-// Before the first NCCL call of a communicator (NCCL reads its environment once, then keeps it).
+// Before the first NCCL call (NCCL reads its environment once, then keeps it). Once per process:
+// the ranks' threads make their communicators at the same time, and setenv races with getenv.
 void set_nccl_environment() {
-  // NVLink multicast can take a shared host's GPUs out of service: never on.
-  setenv("NCCL_NVLS_ENABLE", "0", 1);
-  setenv("NVSHMEM_DISABLE_NVLS", "1", 1);
-  // It overrides ncclConfig_t::blocking for every communicator: the set-up's deadline and
-  // cancel, and the wait for calls that answer ncclInProgress, rely on the modes chosen here.
-  unsetenv("NCCL_COMM_BLOCKING");
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // NVLink multicast can take a shared host's GPUs out of service: never on.
+    setenv("NCCL_NVLS_ENABLE", "0", 1);
+    setenv("NVSHMEM_DISABLE_NVLS", "1", 1);
+    // It overrides ncclConfig_t::blocking for every communicator: the set-up's deadline and
+    // cancel, and the wait for calls that answer ncclInProgress, rely on the modes chosen here.
+    unsetenv("NCCL_COMM_BLOCKING");
+  });
 }
 
 Clock::time_point deadline_after(double seconds) {

@@ -546,6 +546,7 @@ TEST_F(ParallelCuda, NcclStartNeverHangs) {
     ro.timeout_s = 30;
     ro.peer_noun = "node";
     std::atomic<bool> node0_done{false};
+    std::string node1_error;
     std::thread node1([&] {
       RendezvousOptions mine = ro;
       mine.rank = 1;
@@ -561,9 +562,18 @@ TEST_F(ParallelCuda, NcclStartNeverHangs) {
         }
         while (!node0_done) std::this_thread::sleep_for(std::chrono::milliseconds(20));
       } catch (const std::exception& e) {
-        ADD_FAILURE() << "node 1: " << e.what();
+        node1_error = e.what();
       }
     });
+    // Node 1 is joined whatever happens below (a thread left running would end the process).
+    struct Joined {
+      std::thread& t;
+      std::atomic<bool>& done;
+      ~Joined() {
+        done = true;
+        if (t.joinable()) t.join();
+      }
+    } joined{node1, node0_done};
     RendezvousOptions zero = ro;
     zero.rank = 0;
     NodePlacement node;
@@ -589,9 +599,10 @@ TEST_F(ParallelCuda, NcclStartNeverHangs) {
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     node0_done = true;
+    node.rendezvous.reset();  // a node 1 still reading sees the connection close
     node1.join();
-    node.rendezvous.reset();
     if (no_nccl) GTEST_SKIP() << error;
+    EXPECT_EQ(node1_error, "");
     std::printf("  %s: node 0 ended after %.2f s: %s\n", what, seconds, error.c_str());
     EXPECT_FALSE(built);
     if (!silent) {
