@@ -39,6 +39,13 @@ class DeviceCommunicator {
   // lazily loaded kernel may synchronise the whole context) from starting before every rank's
   // graph is launched. NCCL: nothing (one context per rank).
   virtual void launch_barrier() {}
+  // Once the caller's stream has completed the collectives enqueued on this communicator so far
+  // (a stream synchronised after a step): throws dsv4::Error if one of them failed in a way its
+  // call could not report, because it ran without the host (replayed from a CUDA graph). The
+  // in-process communicator: a receiver that expected other sizes than were sent to it (nothing
+  // was copied; the parallel runner checks after every step, so such a step fails instead of
+  // passing garbage on). NCCL: nothing to check here (its errors end in abort()).
+  virtual void check_completed() {}
   // A communicator of the ranks that pass the same `color`, ordered by (key, rank). Every rank
   // calls it (collective).
   virtual std::unique_ptr<DeviceCommunicator> split(int color, int key) = 0;

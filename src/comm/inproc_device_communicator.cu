@@ -180,6 +180,14 @@ class InProcDeviceCommunicator final : public DeviceCommunicator {
 
   void launch_barrier() override { host_->barrier(); }
 
+  void check_completed() override {
+    DSV4_CHECK(!*reinterpret_cast<volatile int*>(&shared_->table->size_mismatch),
+               "in-process device collective (rank ", rank(), " of ", size(),
+               "): a rank expected other sizes than were sent to it, nothing was copied (found "
+               "once the stream completed: a collective replayed from a CUDA graph runs without "
+               "the host)");
+  }
+
   std::unique_ptr<DeviceCommunicator> split(int color, int key) override {
     std::unique_ptr<Communicator> sub = host_->split(color, key);
     // The new group's first rank makes its table and shows the others a pointer to its handle

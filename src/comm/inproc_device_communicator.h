@@ -15,10 +15,12 @@
 // has published the same collective; a copy kernel reads each sender's part (its address from the
 // table, so a graph replays with whatever buffers the senders use); a last one-thread kernel marks
 // the rank's reads done and spins until every rank's are, so no send buffer is rewritten while
-// read. A receiver whose expected sizes differ from what was sent copies nothing and the next
-// collective's call throws; abort() releases every waiting kernel (their data are garbage; the
-// failing step throws on its rank). A spinning kernel holds one warp of one SM while it waits; the
-// ranks' other kernels never wait on one another, so they always find room to run.
+// read. A receiver whose expected sizes differ from what was sent copies nothing and sets the
+// communicator's mismatch flag, which check_completed() reports once the stream has completed
+// (the parallel runner checks after every step: a replayed graph's mismatch fails that step) and
+// every later collective's call refuses; abort() releases every waiting kernel (their data are
+// garbage; the failing step throws on its rank). A spinning kernel holds one warp of one SM while
+// it waits; the ranks' other kernels never wait on one another, so they always find room to run.
 #pragma once
 
 #include <memory>

@@ -23,6 +23,8 @@
 //    leaves 2) runs padded with zero queries (CudaBlockWeights::attn_heads);
 //  - decode steps as CUDA graphs with several ranks equal the same steps run eagerly, logits and
 //    cache stores byte for byte (DecodeGraphsEqualEagerStepsBitForBit);
+//  - a size mismatch inside a replayed graph's in-process collective fails when the stream
+//    completes (check_completed), not at some later collective;
 //  - verify mode, an unknown communicator and a tuple that does not divide are clear errors;
 //  - a multi-node start over NCCL never hangs in NCCL's set-up: node 1 (a thread of this
 //    process following the start protocol over the rendezvous) confirms the start, then fails
@@ -250,6 +252,66 @@ TEST_F(ParallelCuda, InProcessDeviceCollectivesMoveBytesExactly) {
   for (int r = 0; r < n; ++r) EXPECT_EQ(bad[size_t(r)], 0) << "rank " << r;
   EXPECT_EQ(sub_size, (std::vector<int>{2, 1, 2}));
   EXPECT_EQ(sub_rank, (std::vector<int>{1, 0, 0}));
+}
+
+// A collective replayed from a CUDA graph runs without the host, so a receiver that expects
+// other sizes than were sent cannot throw at the call: check_completed() reports it once the
+// stream completed (the parallel runner calls it after every step). Two ranks capture an
+// all-to-all(v) in which rank 0 expects 8 bytes from rank 1: first with rank 1 sending 8 (the
+// replay moves them, no false alarm), then sending 4 (the replay copies nothing, and
+// check_completed() throws on rank 0, before any later collective).
+TEST_F(ParallelCuda, InProcessGraphReplayWithMismatchedSizesFailsWhenItCompletes) {
+  for (const size_t sent : {size_t(8), size_t(4)}) {
+    SCOPED_TRACE(sent);
+    auto comms = make_inproc_device_communicators(2);
+    std::vector<std::string> error(2);
+    std::vector<std::vector<uint8_t>> got(2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r)
+      threads.emplace_back([&, r] {
+        DSV4_CUDA_CHECK(cudaSetDevice(0));
+        DeviceCommunicator& c = *comms[size_t(r)];
+        cudaStream_t s;
+        DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        cuda::DeviceBuffer<uint8_t> send(std::vector<uint8_t>(8, uint8_t(10 + r)));
+        cuda::DeviceBuffer<uint8_t> recv(std::vector<uint8_t>(8, 0xee));
+        // Only rank 1 sends, only to rank 0.
+        const std::vector<size_t> zero{0, 0};
+        const std::vector<size_t> sb = r == 1 ? std::vector<size_t>{sent, 0} : zero;
+        const std::vector<size_t> rb = r == 0 ? std::vector<size_t>{0, 8} : zero;
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        DSV4_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        c.all_to_all_v(send.data(), zero, sb, recv.data(), zero, rb, s);
+        DSV4_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+        DSV4_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        c.launch_barrier();
+        DSV4_CUDA_CHECK(cudaGraphLaunch(exec, s));
+        c.launch_barrier();
+        DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
+        try {
+          c.check_completed();
+        } catch (const Error& e) {
+          error[size_t(r)] = e.what();
+        }
+        got[size_t(r)] = recv.download();
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        DSV4_CUDA_CHECK(cudaStreamDestroy(s));
+      });
+    for (auto& t : threads) t.join();
+    if (sent == 8) {
+      EXPECT_EQ(error[0], "");
+      EXPECT_EQ(error[1], "");
+      EXPECT_EQ(got[0], std::vector<uint8_t>(8, 11));  // rank 1's bytes
+    } else {
+      EXPECT_NE(error[0].find("expected other sizes than were sent"), std::string::npos)
+          << error[0];
+      EXPECT_NE(error[0].find("rank 0 of 2"), std::string::npos) << error[0];
+      EXPECT_EQ(got[0], std::vector<uint8_t>(8, 0xee));  // nothing copied
+    }
+    EXPECT_EQ(got[1], std::vector<uint8_t>(8, 0xee));  // rank 1 receives nothing
+  }
 }
 
 TEST_F(ParallelCuda, EveryTupleWithinToleranceOfOneRankOnMakeTinyPresets) {

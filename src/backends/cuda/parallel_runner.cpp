@@ -292,6 +292,13 @@ void ParallelCudaRunner::run_graph(int l, const GraphKey& key,
   r.world->launch_barrier();
 }
 
+// A collective replayed from a graph ran without the host: what its call could not report
+// (the in-process communicator's size mismatch) fails the step here, once the stream completed.
+void ParallelCudaRunner::check_collectives(Rank& r) {
+  for (DeviceCommunicator* c : {r.tp.get(), r.group.get(), r.ep.get()})
+    if (c) c->check_completed();
+}
+
 void ParallelCudaRunner::local_forward(const std::vector<StepBatch>& batches,
                                        std::vector<GroupResult>& results) {
   const int V = config().vocab_size;
@@ -327,6 +334,7 @@ void ParallelCudaRunner::local_forward(const std::vector<StepBatch>& batches,
       else
         idle();
       DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));
+      check_collectives(r);
       return;
     }
     // A graph step: the batch padded with dummy rows of the scratch sequence (token 0 at
@@ -356,6 +364,7 @@ void ParallelCudaRunner::local_forward(const std::vector<StepBatch>& batches,
       DSV4_CUDA_CHECK(cudaMemcpyAsync(r.host_logits, r.model->logits(), n * sizeof(float),
                                       cudaMemcpyDeviceToHost, stream));
     DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));
+    check_collectives(r);
     if (leader) results[size_t(g)].logits.assign(r.host_logits, r.host_logits + n);
   });
 }

@@ -123,6 +123,9 @@ class ParallelCudaRunner final : public ParallelRunnerBase {
   // Rank l's part of a graph step: replays its graph, or captures and launches it.
   void run_graph(int l, const GraphKey& key, const std::function<void()>& forward);
   void destroy_graphs(Rank& r);
+  // After a step's stream completed: the failures its collectives could not report at the call
+  // (DeviceCommunicator::check_completed).
+  void check_collectives(Rank& r);
   void rank_reset_states(int local, int slot) override;
   void rank_copy_sequence(int local, const SequenceCache& from, const SequenceCache& to) override;
   void rank_copy_pages(int local, const std::vector<PageCopy>& copies) override;
