@@ -137,7 +137,11 @@ void within(double limit_s, const char* what, const std::function<void()>& body)
   std::promise<void> done;
   std::future<void> finished = done.get_future();
   std::thread t([&] {
-    body();
+    try {
+      body();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << what << ": " << e.what();
+    }
     done.set_value();
   });
   if (finished.wait_for(std::chrono::duration<double>(limit_s)) != std::future_status::ready) {
