@@ -135,7 +135,11 @@ struct NcclCommunicator::Impl {
       if (aborted) throw_aborted(what);
       r = enqueue();
     }
-    if (r == ncclInProgress) return wait(what, deadline);
+    // A non-blocking communicator's state is polled whatever the call returned: not every NCCL
+    // call passes on the ncclInProgress of the group it ran in (ncclCommSplit returns
+    // ncclSuccess while NCCL's thread still works; see split()). The first poll of a finished
+    // call answers at once.
+    if (nonblocking && (r == ncclSuccess || r == ncclInProgress)) return wait(what, deadline);
     if (r == ncclSuccess) return;
     if (aborted) throw_aborted(what);  // another thread's abort() ended the call
     throw Error(cat("NCCL ", what, " (", who(), "): ", nccl_error(r)));
@@ -147,31 +151,64 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<Impl> impl, int world, int ra
 
 std::unique_ptr<DeviceCommunicator> NcclCommunicator::split(int color, int key) {
   check_cuda(cudaSetDevice(impl_->device), "set device");
+  // NCCL writes the new communicator into child->comm, on its own thread for a non-blocking
+  // parent: `child` must outlive that thread (below).
   auto child = std::make_unique<Impl>();
   child->device = impl_->device;
   child->setup = impl_->setup;
   child->nonblocking = false;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 1;
-  const Clock::time_point deadline = deadline_after(impl_->setup.timeout_s);
-  try {
-    // A non-blocking parent's split runs on NCCL's thread: the parent's state says when it is
-    // done, and only then is child->comm written.
-    impl_->run(
-        "split", [&] { return ncclCommSplit(impl_->comm, color, key, &child->comm, &config); },
-        impl_->nonblocking ? &deadline : nullptr);
-  } catch (...) {
-    // The parent's abort joined NCCL's thread: a communicator it made is ours to abort.
-    if (child->comm) ncclCommAbort(child->comm);
-    throw;
+  if (!impl_->nonblocking) {
+    // A blocking parent: NCCL's split is done (or failed) when the call returns.
+    impl_->run("split",
+               [&] { return ncclCommSplit(impl_->comm, color, key, &child->comm, &config); });
+  } else {
+    // A non-blocking parent (NCCL 2.30 init.cc, ncclCommSplit): the split is queued as an async
+    // job of the parent and run by the group's own thread; the call returns ncclSuccess (the
+    // ncclInProgress of ncclGroupEndInternal is not passed on), with *newcomm still NULL. That
+    // thread writes *newcomm when the job ends, and only then sets the parent's state from
+    // ncclInProgress to the job's result. So the parent's state is polled whatever the call
+    // returned (NCCL's documented pattern: usage/communicators, "nonblocking communicator
+    // split"). Every way out of the wait either saw that state leave ncclInProgress or aborted
+    // the parent (ncclCommAbort joins NCCL's thread): NCCL never writes into a freed `child`.
+    const Clock::time_point deadline = deadline_after(impl_->setup.timeout_s);
+    ncclResult_t r;
+    {
+      std::lock_guard<std::mutex> lock(impl_->mu);
+      if (impl_->aborted) impl_->throw_aborted("split");
+      r = ncclCommSplit(impl_->comm, color, key, &child->comm, &config);
+      if (r != ncclSuccess && r != ncclInProgress) {
+        // Nothing can be assumed of the parent after a failed call: aborted (and any thread of
+        // NCCL's joined) before `child` goes.
+        const std::string why = nccl_error(r);
+        impl_->abort_locked();
+        if (child->comm) ncclCommAbort(child->comm);
+        throw Error(cat("NCCL split (", impl_->who(), "): ", why));
+      }
+    }
+    try {
+      impl_->wait("split", &deadline);
+    } catch (...) {
+      // The parent was aborted (wait() does, or saw another thread's abort done): NCCL's thread
+      // is joined, and a communicator it made is ours to abort (NCCL: abort the parent, then
+      // any new communicator returned).
+      if (child->comm) ncclCommAbort(child->comm);
+      throw;
+    }
   }
   DSV4_CHECK(child->comm, "NCCL split (", impl_->who(), "): no communicator made");
+  // The child's own state: a blocking communicator is set up, or failed, once made.
+  ncclResult_t state = ncclSuccess;
+  ncclResult_t e = ncclCommGetAsyncError(child->comm, &state);
+  if (e == ncclSuccess) e = state;
   int n = 0, r = 0;
-  ncclResult_t e = ncclCommCount(child->comm, &n);
+  if (e == ncclSuccess) e = ncclCommCount(child->comm, &n);
   if (e == ncclSuccess) e = ncclCommUserRank(child->comm, &r);
   if (e != ncclSuccess) {
+    const std::string why = nccl_error(e);
     ncclCommAbort(child->comm);
-    throw Error(cat("NCCL split (", impl_->who(), "): ", nccl_error(e)));
+    throw Error(cat("NCCL split (", impl_->who(), "): ", why));
   }
   child->world = n;
   child->rank = r;

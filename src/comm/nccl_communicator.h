@@ -13,7 +13,9 @@
 // ncclCommInitRankConfig) and its state is polled (ncclCommGetAsyncError) against a deadline and
 // a cancel signal (NcclSetup); on either, or on an NCCL error, the communicator is aborted
 // (ncclCommAbort) and the constructor throws, naming the cause. Splits of the world run the same
-// way (a split of a non-blocking communicator is non-blocking). The communicators the splits
+// way (a split of a non-blocking communicator is non-blocking; NCCL's ncclCommSplit returns
+// ncclSuccess while its thread still makes the new communicator, so the parent's state is polled
+// whatever a call on a non-blocking communicator returned). The communicators the splits
 // make are blocking: NCCL launches every group of a non-blocking communicator from a new thread
 // of its own (group.cc), a cost on every eager collective; a step that waits for a failed peer
 // is ended by abort() instead (the control plane's watch, RankPool). Calls on the non-blocking

@@ -11,6 +11,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -32,63 +33,80 @@
 namespace dsv4::test {
 namespace {
 
+// Runs body(r) for each rank r < n on a thread of its own. An exception in a rank's thread is
+// that rank's failure, reported (never std::terminate: the remaining tests still run).
+void on_each_rank(int n, const std::function<void(int)>& body) {
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (const std::exception& e) {
+        errors[size_t(r)] = e.what();
+      } catch (...) {
+        errors[size_t(r)] = "a non-standard exception";
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r)
+    EXPECT_TRUE(errors[size_t(r)].empty()) << "rank " << r << " threw: " << errors[size_t(r)];
+}
+
 TEST(Nccl, CollectivesAcrossTheVisibleGpus) {
   const int n = cuda::device_count();
   if (n == 0) GTEST_SKIP() << "no GPU: " << cuda::describe_device();
   const std::vector<uint8_t> id = NcclCommunicator::unique_id();
-  std::vector<std::thread> threads;
   std::vector<int> failures(size_t(n), 0);
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      DSV4_CUDA_CHECK(cudaSetDevice(r));
-      NcclCommunicator c(id, n, r, r);
-      cudaStream_t s;
-      DSV4_CUDA_CHECK(cudaStreamCreate(&s));
-      // all-gather: rank r contributes {r, r, r, r}.
-      cuda::DeviceBuffer<float> mine(std::vector<float>(4, float(r)));
-      cuda::DeviceBuffer<float> all(size_t(4 * n));
-      c.all_gather(mine.data(), all.data(), 16, s);
-      // all-to-all(v): rank r sends r + d + 1 floats of value 100 r + d to rank d.
-      std::vector<size_t> so, sb, ro, rb;
-      std::vector<float> send;
-      for (int d = 0; d < n; ++d) {
-        so.push_back(send.size() * 4);
-        sb.push_back(size_t(r + d + 1) * 4);
-        send.insert(send.end(), size_t(r + d + 1), float(100 * r + d));
-      }
-      size_t total = 0;
-      for (int src = 0; src < n; ++src) {
-        ro.push_back(total * 4);
-        rb.push_back(size_t(src + r + 1) * 4);
-        total += size_t(src + r + 1);
-      }
-      cuda::DeviceBuffer<float> dsend(send), drecv(total);
-      c.all_to_all_v(dsend.data(), so, sb, drecv.data(), ro, rb, s);
-      // all-reduce, captured in a graph and replayed twice.
-      cuda::DeviceBuffer<float> acc(std::vector<float>(8, 1.0f));
-      cudaGraph_t g;
-      cudaGraphExec_t ge;
-      DSV4_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-      c.all_reduce_sum_f32(acc.data(), 8, s);
-      DSV4_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-      DSV4_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-      DSV4_CUDA_CHECK(cudaGraphLaunch(ge, s));
-      DSV4_CUDA_CHECK(cudaGraphLaunch(ge, s));
-      DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
-      int bad = 0;
-      const std::vector<float> a = all.download();
-      for (int k = 0; k < 4 * n; ++k) bad += a[size_t(k)] != float(k / 4);
-      const std::vector<float> got = drecv.download();
-      size_t at = 0;
-      for (int src = 0; src < n; ++src)
-        for (int k = 0; k < src + r + 1; ++k) bad += got[at++] != float(100 * src + r);
-      for (float v : acc.download()) bad += v != float(n * n);  // 1 -> n -> n^2
-      failures[size_t(r)] = bad;
-      cudaGraphExecDestroy(ge);
-      cudaGraphDestroy(g);
-      cudaStreamDestroy(s);
-    });
-  for (auto& t : threads) t.join();
+  on_each_rank(n, [&](int r) {
+    DSV4_CUDA_CHECK(cudaSetDevice(r));
+    NcclCommunicator c(id, n, r, r);
+    cudaStream_t s;
+    DSV4_CUDA_CHECK(cudaStreamCreate(&s));
+    // all-gather: rank r contributes {r, r, r, r}.
+    cuda::DeviceBuffer<float> mine(std::vector<float>(4, float(r)));
+    cuda::DeviceBuffer<float> all(size_t(4 * n));
+    c.all_gather(mine.data(), all.data(), 16, s);
+    // all-to-all(v): rank r sends r + d + 1 floats of value 100 r + d to rank d.
+    std::vector<size_t> so, sb, ro, rb;
+    std::vector<float> send;
+    for (int d = 0; d < n; ++d) {
+      so.push_back(send.size() * 4);
+      sb.push_back(size_t(r + d + 1) * 4);
+      send.insert(send.end(), size_t(r + d + 1), float(100 * r + d));
+    }
+    size_t total = 0;
+    for (int src = 0; src < n; ++src) {
+      ro.push_back(total * 4);
+      rb.push_back(size_t(src + r + 1) * 4);
+      total += size_t(src + r + 1);
+    }
+    cuda::DeviceBuffer<float> dsend(send), drecv(total);
+    c.all_to_all_v(dsend.data(), so, sb, drecv.data(), ro, rb, s);
+    // all-reduce, captured in a graph and replayed twice.
+    cuda::DeviceBuffer<float> acc(std::vector<float>(8, 1.0f));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    DSV4_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    c.all_reduce_sum_f32(acc.data(), 8, s);
+    DSV4_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+    DSV4_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    DSV4_CUDA_CHECK(cudaGraphLaunch(ge, s));
+    DSV4_CUDA_CHECK(cudaGraphLaunch(ge, s));
+    DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
+    int bad = 0;
+    const std::vector<float> a = all.download();
+    for (int k = 0; k < 4 * n; ++k) bad += a[size_t(k)] != float(k / 4);
+    const std::vector<float> got = drecv.download();
+    size_t at = 0;
+    for (int src = 0; src < n; ++src)
+      for (int k = 0; k < src + r + 1; ++k) bad += got[at++] != float(100 * src + r);
+    for (float v : acc.download()) bad += v != float(n * n);  // 1 -> n -> n^2
+    failures[size_t(r)] = bad;
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(s);
+  });
   for (int r = 0; r < n; ++r) EXPECT_EQ(failures[size_t(r)], 0) << "rank " << r;
 }
 
@@ -98,31 +116,67 @@ TEST(Nccl, SplitThroughTheDeviceCommunicatorInterface) {
   const int n = cuda::device_count();
   if (n == 0) GTEST_SKIP() << "no GPU: " << cuda::describe_device();
   const std::vector<uint8_t> id = NcclCommunicator::unique_id();
-  std::vector<std::thread> threads;
   std::vector<int> failures(size_t(n), 0);
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
+  on_each_rank(n, [&](int r) {
+    DSV4_CUDA_CHECK(cudaSetDevice(r));
+    NcclCommunicator world(id, n, r, r);
+    DeviceCommunicator& c = world;
+    std::unique_ptr<DeviceCommunicator> part = c.split(r % 2, -r);
+    // The world is set up non-blocking, its splits are blocking (nccl_communicator.h).
+    const auto* nccl_part = dynamic_cast<const NcclCommunicator*>(part.get());
+    failures[size_t(r)] += !world.nonblocking() + (!nccl_part || nccl_part->nonblocking());
+    cudaStream_t s;
+    DSV4_CUDA_CHECK(cudaStreamCreate(&s));
+    cuda::DeviceBuffer<int> mine(std::vector<int>{r}), all(size_t(part->size()));
+    part->all_gather(mine.data(), all.data(), 4, s);
+    DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
+    std::vector<int> want;  // my parity, descending
+    for (int q = n - 1; q >= 0; --q)
+      if (q % 2 == r % 2) want.push_back(q);
+    failures[size_t(r)] += (all.download() != want) + (part->size() != int(want.size()));
+    part.reset();
+    cudaStreamDestroy(s);
+  });
+  for (int r = 0; r < n; ++r) EXPECT_EQ(failures[size_t(r)], 0) << "rank " << r;
+}
+
+// The engine's start (ParallelCudaRunner): three splits of the non-blocking world in a row,
+// repeated on a few worlds. A split of a non-blocking parent is finished by NCCL's own thread
+// after ncclCommSplit returned ncclSuccess: each must come back made (never "no communicator
+// made"), of the right size, and work (an all-gather of the ranks' ids, in key order).
+TEST(Nccl, EverySplitOfTheNonBlockingWorldIsMadeBeforeItReturns) {
+  const int n = cuda::device_count();
+  if (n == 0) GTEST_SKIP() << "no GPU: " << cuda::describe_device();
+  for (int round = 0; round < 4; ++round) {
+    SCOPED_TRACE(round);
+    const std::vector<uint8_t> id = NcclCommunicator::unique_id();
+    std::vector<int> failures(size_t(n), 0);
+    on_each_rank(n, [&](int r) {
       DSV4_CUDA_CHECK(cudaSetDevice(r));
       NcclCommunicator world(id, n, r, r);
-      DeviceCommunicator& c = world;
-      std::unique_ptr<DeviceCommunicator> part = c.split(r % 2, -r);
-      // The world is set up non-blocking, its splits are blocking (nccl_communicator.h).
-      const auto* nccl_part = dynamic_cast<const NcclCommunicator*>(part.get());
-      failures[size_t(r)] += !world.nonblocking() + (!nccl_part || nccl_part->nonblocking());
       cudaStream_t s;
       DSV4_CUDA_CHECK(cudaStreamCreate(&s));
-      cuda::DeviceBuffer<int> mine(std::vector<int>{r}), all(size_t(part->size()));
-      part->all_gather(mine.data(), all.data(), 4, s);
-      DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
-      std::vector<int> want;  // my parity, descending
-      for (int q = n - 1; q >= 0; --q)
-        if (q % 2 == r % 2) want.push_back(q);
-      failures[size_t(r)] += (all.download() != want) + (part->size() != int(want.size()));
-      part.reset();
+      // Everyone together, keyed by rank; then by parity; then everyone, keyed backwards.
+      const int colors[3] = {0, r % 2, 7};
+      const int keys[3] = {r, r, -r};
+      std::vector<std::unique_ptr<DeviceCommunicator>> parts;
+      for (int k = 0; k < 3; ++k) parts.push_back(world.split(colors[k], keys[k]));
+      for (int k = 0; k < 3; ++k) {
+        DeviceCommunicator& p = *parts[size_t(k)];
+        std::vector<int> want;
+        for (int q = 0; q < n; ++q)
+          if (colors[k] == (k == 1 ? q % 2 : colors[k])) want.push_back(q);
+        if (k == 2) std::reverse(want.begin(), want.end());
+        cuda::DeviceBuffer<int> mine(std::vector<int>{r}), all(size_t(p.size()));
+        p.all_gather(mine.data(), all.data(), 4, s);
+        DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
+        failures[size_t(r)] += (p.size() != int(want.size())) + (all.download() != want);
+      }
+      parts.clear();
       cudaStreamDestroy(s);
     });
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < n; ++r) EXPECT_EQ(failures[size_t(r)], 0) << "rank " << r;
+    for (int r = 0; r < n; ++r) EXPECT_EQ(failures[size_t(r)], 0) << "rank " << r;
+  }
 }
 
 using Clock = std::chrono::steady_clock;
@@ -141,6 +195,8 @@ void within(double limit_s, const char* what, const std::function<void()>& body)
       body();
     } catch (const std::exception& e) {
       ADD_FAILURE() << what << ": " << e.what();
+    } catch (...) {
+      ADD_FAILURE() << what << ": a non-standard exception";
     }
     done.set_value();
   });
@@ -169,7 +225,7 @@ SetupEnd set_up(const std::vector<uint8_t>& id, int world, int rank, int device,
   } catch (const CollectiveAborted& x) {
     e.kind = SetupEnd::kAborted;
     e.what = x.what();
-  } catch (const Error& x) {
+  } catch (const std::exception& x) {
     e.kind = SetupEnd::kError;
     e.what = x.what();
   }

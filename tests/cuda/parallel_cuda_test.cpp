@@ -41,8 +41,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "backends/cuda/backend.h"
@@ -192,63 +194,80 @@ class ParallelCuda : public ::testing::Test {
   }
 };
 
+// Runs body(r) for each rank r < n on a thread of its own. An exception in a rank's thread is
+// that rank's failure, reported (never std::terminate: the remaining tests still run).
+void on_each_rank(int n, const std::function<void(int)>& body) {
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (const std::exception& e) {
+        errors[size_t(r)] = e.what();
+      } catch (...) {
+        errors[size_t(r)] = "a non-standard exception";
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r)
+    EXPECT_TRUE(errors[size_t(r)].empty()) << "rank " << r << " threw: " << errors[size_t(r)];
+}
+
 TEST_F(ParallelCuda, InProcessDeviceCollectivesMoveBytesExactly) {
   const int n = 3;
   auto comms = make_inproc_device_communicators(n);
-  std::vector<std::thread> threads;
   std::vector<int> bad(n, 0);
   std::vector<int> sub_rank(n), sub_size(n);
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      DSV4_CUDA_CHECK(cudaSetDevice(0));
-      DeviceCommunicator& c = *comms[size_t(r)];
-      cudaStream_t s;
-      DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-      // all-gather of 1000 floats: rank r sends r * 1000 + k.
-      std::vector<float> mine(1000);
-      for (int k = 0; k < 1000; ++k) mine[size_t(k)] = float(r * 1000 + k);
-      cuda::DeviceBuffer<float> dmine(mine), all(size_t(1000 * n));
-      // The send buffer is rewritten right after: the collective must not let the stream run
-      // ahead of the other ranks' reads.
-      c.all_gather(dmine.data(), all.data(), 4000, s);
-      DSV4_CUDA_CHECK(cudaMemsetAsync(dmine.data(), 0xff, 4000, s));
-      // all-to-all(v): rank r sends (r + d) % 3 floats of value 100 r + d to rank d (zero
-      // sometimes: an idle pair still takes part).
-      std::vector<size_t> so, sb, ro, rb;
-      std::vector<float> send;
-      for (int d = 0; d < n; ++d) {
-        so.push_back(send.size() * 4);
-        sb.push_back(size_t((r + d) % 3) * 4);
-        send.insert(send.end(), size_t((r + d) % 3), float(100 * r + d));
-      }
-      size_t total = 0;
-      for (int src = 0; src < n; ++src) {
-        ro.push_back(total * 4);
-        rb.push_back(size_t((src + r) % 3) * 4);
-        total += size_t((src + r) % 3);
-      }
-      cuda::DeviceBuffer<float> dsend(send.empty() ? std::vector<float>{0} : send),
-          drecv(std::max<size_t>(1, total));
-      c.all_to_all_v(dsend.data(), so, sb, drecv.data(), ro, rb, s);
-      // split: {0, 2} ordered by key (2 first), {1}; an all-gather inside.
-      auto sub = c.split(r % 2, -r);
-      sub_rank[size_t(r)] = sub->rank();
-      sub_size[size_t(r)] = sub->size();
-      cuda::DeviceBuffer<int> one(std::vector<int>{r}), both(size_t(sub->size()));
-      sub->all_gather(one.data(), both.data(), 4, s);
-      DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
-      const std::vector<float> a = all.download();
-      for (int k = 0; k < 1000 * n; ++k) bad[size_t(r)] += a[size_t(k)] != float(k);
-      const std::vector<float> got = drecv.download();
-      size_t at = 0;
-      for (int src = 0; src < n; ++src)
-        for (int k = 0; k < (src + r) % 3; ++k) bad[size_t(r)] += got[at++] != float(100 * src + r);
-      const std::vector<int> b = both.download();
-      const std::vector<int> want_b = r == 1 ? std::vector<int>{1} : std::vector<int>{2, 0};
-      bad[size_t(r)] += b != want_b;
-      DSV4_CUDA_CHECK(cudaStreamDestroy(s));
-    });
-  for (auto& t : threads) t.join();
+  on_each_rank(n, [&](int r) {
+    DSV4_CUDA_CHECK(cudaSetDevice(0));
+    DeviceCommunicator& c = *comms[size_t(r)];
+    cudaStream_t s;
+    DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    // all-gather of 1000 floats: rank r sends r * 1000 + k.
+    std::vector<float> mine(1000);
+    for (int k = 0; k < 1000; ++k) mine[size_t(k)] = float(r * 1000 + k);
+    cuda::DeviceBuffer<float> dmine(mine), all(size_t(1000 * n));
+    // The send buffer is rewritten right after: the collective must not let the stream run
+    // ahead of the other ranks' reads.
+    c.all_gather(dmine.data(), all.data(), 4000, s);
+    DSV4_CUDA_CHECK(cudaMemsetAsync(dmine.data(), 0xff, 4000, s));
+    // all-to-all(v): rank r sends (r + d) % 3 floats of value 100 r + d to rank d (zero
+    // sometimes: an idle pair still takes part).
+    std::vector<size_t> so, sb, ro, rb;
+    std::vector<float> send;
+    for (int d = 0; d < n; ++d) {
+      so.push_back(send.size() * 4);
+      sb.push_back(size_t((r + d) % 3) * 4);
+      send.insert(send.end(), size_t((r + d) % 3), float(100 * r + d));
+    }
+    size_t total = 0;
+    for (int src = 0; src < n; ++src) {
+      ro.push_back(total * 4);
+      rb.push_back(size_t((src + r) % 3) * 4);
+      total += size_t((src + r) % 3);
+    }
+    cuda::DeviceBuffer<float> dsend(send.empty() ? std::vector<float>{0} : send),
+        drecv(std::max<size_t>(1, total));
+    c.all_to_all_v(dsend.data(), so, sb, drecv.data(), ro, rb, s);
+    // split: {0, 2} ordered by key (2 first), {1}; an all-gather inside.
+    auto sub = c.split(r % 2, -r);
+    sub_rank[size_t(r)] = sub->rank();
+    sub_size[size_t(r)] = sub->size();
+    cuda::DeviceBuffer<int> one(std::vector<int>{r}), both(size_t(sub->size()));
+    sub->all_gather(one.data(), both.data(), 4, s);
+    DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
+    const std::vector<float> a = all.download();
+    for (int k = 0; k < 1000 * n; ++k) bad[size_t(r)] += a[size_t(k)] != float(k);
+    const std::vector<float> got = drecv.download();
+    size_t at = 0;
+    for (int src = 0; src < n; ++src)
+      for (int k = 0; k < (src + r) % 3; ++k) bad[size_t(r)] += got[at++] != float(100 * src + r);
+    const std::vector<int> b = both.download();
+    const std::vector<int> want_b = r == 1 ? std::vector<int>{1} : std::vector<int>{2, 0};
+    bad[size_t(r)] += b != want_b;
+    DSV4_CUDA_CHECK(cudaStreamDestroy(s));
+  });
   for (int r = 0; r < n; ++r) EXPECT_EQ(bad[size_t(r)], 0) << "rank " << r;
   EXPECT_EQ(sub_size, (std::vector<int>{2, 1, 2}));
   EXPECT_EQ(sub_rank, (std::vector<int>{1, 0, 0}));
@@ -266,40 +285,37 @@ TEST_F(ParallelCuda, InProcessGraphReplayWithMismatchedSizesFailsWhenItCompletes
     auto comms = make_inproc_device_communicators(2);
     std::vector<std::string> error(2);
     std::vector<std::vector<uint8_t>> got(2);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < 2; ++r)
-      threads.emplace_back([&, r] {
-        DSV4_CUDA_CHECK(cudaSetDevice(0));
-        DeviceCommunicator& c = *comms[size_t(r)];
-        cudaStream_t s;
-        DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-        cuda::DeviceBuffer<uint8_t> send(std::vector<uint8_t>(8, uint8_t(10 + r)));
-        cuda::DeviceBuffer<uint8_t> recv(std::vector<uint8_t>(8, 0xee));
-        // Only rank 1 sends, only to rank 0.
-        const std::vector<size_t> zero{0, 0};
-        const std::vector<size_t> sb = r == 1 ? std::vector<size_t>{sent, 0} : zero;
-        const std::vector<size_t> rb = r == 0 ? std::vector<size_t>{0, 8} : zero;
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        DSV4_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        c.all_to_all_v(send.data(), zero, sb, recv.data(), zero, rb, s);
-        DSV4_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-        DSV4_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-        c.launch_barrier();
-        DSV4_CUDA_CHECK(cudaGraphLaunch(exec, s));
-        c.launch_barrier();
-        DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
-        try {
-          c.check_completed();
-        } catch (const Error& e) {
-          error[size_t(r)] = e.what();
-        }
-        got[size_t(r)] = recv.download();
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
-        DSV4_CUDA_CHECK(cudaStreamDestroy(s));
-      });
-    for (auto& t : threads) t.join();
+    on_each_rank(2, [&](int r) {
+      DSV4_CUDA_CHECK(cudaSetDevice(0));
+      DeviceCommunicator& c = *comms[size_t(r)];
+      cudaStream_t s;
+      DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      cuda::DeviceBuffer<uint8_t> send(std::vector<uint8_t>(8, uint8_t(10 + r)));
+      cuda::DeviceBuffer<uint8_t> recv(std::vector<uint8_t>(8, 0xee));
+      // Only rank 1 sends, only to rank 0.
+      const std::vector<size_t> zero{0, 0};
+      const std::vector<size_t> sb = r == 1 ? std::vector<size_t>{sent, 0} : zero;
+      const std::vector<size_t> rb = r == 0 ? std::vector<size_t>{0, 8} : zero;
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      DSV4_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      c.all_to_all_v(send.data(), zero, sb, recv.data(), zero, rb, s);
+      DSV4_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+      DSV4_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      c.launch_barrier();
+      DSV4_CUDA_CHECK(cudaGraphLaunch(exec, s));
+      c.launch_barrier();
+      DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
+      try {
+        c.check_completed();
+      } catch (const Error& e) {
+        error[size_t(r)] = e.what();
+      }
+      got[size_t(r)] = recv.download();
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      DSV4_CUDA_CHECK(cudaStreamDestroy(s));
+    });
     if (sent == 8) {
       EXPECT_EQ(error[0], "");
       EXPECT_EQ(error[1], "");
