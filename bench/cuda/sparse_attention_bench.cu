@@ -15,7 +15,8 @@
 // FLOPs = 2 * heads * (512 + 512) * keys summed over the query tokens, keys = window fill +
 // compressed entries. Bytes = every query's keys once (584 B) + q + out.
 //
-// Usage: sparse_attention_bench [--quick]
+// Usage: sparse_attention_bench [--quick] [--no-prefill]
+// (--quick: batches 2 and 128 only; --no-prefill: the decode shapes only)
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -35,10 +36,21 @@ namespace {
 void run(const Shape& sh, const DeviceBuffer<uint8_t>& pool, std::mt19937& rng) {
   Inputs in(sh, pool, rng);
   SparseAttnParams p = in.params(0);
-  // The planner's choice, and the wgmma kernel beside it where it runs the head count (the
-  // measurements behind the kernel table of sparse_attention_heuristics.h).
+  // The planner's choice, and beside it every kernel it does not pick for the head count:
+  // mma, wgmma (staged producer) and wgmma_direct (the previous producer, old vs new on the
+  // same inputs) — the measurements behind the kernel table of sparse_attention_heuristics.h.
   std::vector<SparseAttnKernel> kernels{SparseAttnKernel::kAuto};
-  if (in.H % 64 == 0) kernels.push_back(SparseAttnKernel::kWgmma);
+  {
+    SparseAttnParams pa = p;
+    const SparseAttnKernel chosen = sparse_attention_plan(pa).kernel;
+    std::vector<SparseAttnKernel> others{SparseAttnKernel::kMma};
+    if (in.H % 64 == 0) {
+      others.push_back(SparseAttnKernel::kWgmma);
+      others.push_back(SparseAttnKernel::kWgmmaDirect);
+    }
+    for (SparseAttnKernel k : others)
+      if (k != chosen) kernels.push_back(k);
+  }
   for (SparseAttnKernel k : kernels) {
     p.kernel = k;
     DeviceBuffer<uint8_t> ws(sparse_attention_workspace_bytes(p));
@@ -58,8 +70,9 @@ void run(const Shape& sh, const DeviceBuffer<uint8_t>& pool, std::mt19937& rng) 
     model_shape.max_key_blocks = plan.max_key_blocks;
     model_shape.sm_count = sm_count();
     bench::Result r;
-    r.kernel = plan.kernel == SparseAttnKernel::kWgmma ? "sparse_attention[wgmma]"
-                                                       : "sparse_attention[mma]";
+    r.kernel = plan.kernel == SparseAttnKernel::kWgmma         ? "sparse_attention[wgmma]"
+               : plan.kernel == SparseAttnKernel::kWgmmaDirect ? "sparse_attention[wgmma_direct]"
+                                                               : "sparse_attention[mma]";
     char shape[256];
     std::snprintf(shape, sizeof shape,
                   "%s h%d b=%d sq=%d ctx=%lld keys/q=%.0f [%s ht %d splits %d, model %.0f us]",
@@ -79,7 +92,17 @@ void run(const Shape& sh, const DeviceBuffer<uint8_t>& pool, std::mt19937& rng) 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false, prefill = true;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0)
+      quick = true;
+    else if (std::strcmp(argv[i], "--no-prefill") == 0)
+      prefill = false;
+    else {
+      std::fprintf(stderr, "usage: sparse_attention_bench [--quick] [--no-prefill]\n");
+      return 2;
+    }
+  }
   std::mt19937 rng(7);
   const char* fm = "FlashMLA H200 side by side (anchors.md)";
   // FlashMLA decode, s_k = 16384, from anchors.md's side-by-side table (0 = not measured).
@@ -117,6 +140,7 @@ int main(int argc, char** argv) {
   // Prefill: s_q 4096 at context 8192 with the window, FlashMLA side by side 634 µs (Flash,
   // 64 heads top-512) and 1947 µs (Pro, 128 heads top-1024); s_q 8192 at 16K unmatched.
   for (int sq : {4096, 8192}) {
+    if (!prefill) break;
     for (int pro = 0; pro < 2; ++pro) {
       const int heads = pro ? 128 : 64, topk = pro ? 1024 : 512;
       const int64_t ctx = sq == 4096 ? 8192 : 16384;

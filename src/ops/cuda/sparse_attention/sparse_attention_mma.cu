@@ -86,7 +86,10 @@ __global__ void __launch_bounds__(MmaCfg<HT>::kThreads, 1)
       *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
   }
 
-  // Raw block loader: 4 threads per key, 9 x 16 B of data each; part 0 also the scales. The
+  // Raw block loader: 4 threads per key, 9 x 16 B of data each, interleaved (thread part p
+  // copies chunks p, p + 4, ...), so each copy instruction of a warp reads 64 contiguous bytes
+  // of each of its 8 keys — two whole sectors, each requested once — rather than 16-byte
+  // pieces 144 bytes apart; part 0 also copies the scales. The
   // key lookups run ahead of the copies (key_source.cuh's stages): when block n is issued its
   // page is known, block n + 1's page and block n + 2's top-k entry are requested, so an issue
   // never waits for a lookup (the first block's excepted).
@@ -102,7 +105,7 @@ __global__ void __launch_bounds__(MmaCfg<HT>::kThreads, 1)
     uint8_t* dst = raw + (stage * kKeyBlock + ld_key) * kRawRow;
 #pragma unroll
     for (int i = 0; i < 9; ++i) {
-      const int off = 16 * (ld_part * 9 + i);
+      const int off = 16 * (ld_part + 4 * i);
       if (ok)
         sm90::cp_async_16(dst + off, src.data + off);
       else
