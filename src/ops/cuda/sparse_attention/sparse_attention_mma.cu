@@ -20,6 +20,7 @@
 #include "ops/cuda/common/per_device.h"
 #include "ops/cuda/common/sm90/bf16x2.cuh"
 #include "ops/cuda/common/sm90/cp_async.cuh"
+#include "ops/cuda/common/sm90/sync.cuh"
 #include "ops/cuda/common/sm90/warp_mma.cuh"
 #include "ops/cuda/sparse_attention/decode.cuh"
 #include "ops/cuda/sparse_attention/key_source.cuh"
@@ -54,6 +55,9 @@ __global__ void __launch_bounds__(MmaCfg<HT>::kThreads, 1)
   uint8_t* raw = reinterpret_cast<uint8_t*>(s_s + HT * kSRow);
   uint8_t* valid = raw + kStages * kKeyBlock * kRawRow;
 
+  // The combine (a programmatic dependent) may launch once every CTA has started; it still
+  // waits for this grid to complete before reading the partials.
+  sm90::griddep_launch_dependents();
   const int t = blockIdx.x / a.head_tiles;
   const int h0 = (blockIdx.x % a.head_tiles) * HT;
   const int split = blockIdx.y;

@@ -212,6 +212,9 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
   Smem& sm =
       *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
 
+  // The combine (a programmatic dependent) may launch once every CTA has started; it still
+  // waits for this grid to complete before reading the partials.
+  sm90::griddep_launch_dependents();
   const int t = blockIdx.x / a.head_tiles;
   const int h0 = (blockIdx.x % a.head_tiles) * C::kHeads;
   const int split = blockIdx.y;
