@@ -61,12 +61,19 @@ __global__ void __launch_bounds__(MmaCfg<HT>::kThreads, 1)
   const int t = blockIdx.x / a.head_tiles;
   const int h0 = (blockIdx.x % a.head_tiles) * HT;
   const int split = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // The top-k entries of this thread's key in the split's first two blocks, requested before
+  // the query's sequence and position (they need only t): at small batch, where a CTA gathers
+  // one or two blocks, that takes one round trip off the chain to the first key bytes.
+  const int ld_key = tid >> 2, ld_part = tid & 3;
+  const int first_slot = split * a.blocks_per_split * kKeyBlock + ld_key;
+  const int topk_first = key_topk_entry(a, t, first_slot);
+  const int topk_second = key_topk_entry(a, t, first_slot + kKeyBlock);
   const QueryInfo qi = query_info(a, t);
   const int nblk = (qi.nkeys + kKeyBlock - 1) / kKeyBlock;
   const int blk_begin = split * a.blocks_per_split;
   const int blk_end = min(nblk, blk_begin + a.blocks_per_split);
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int hg = warp / DG, dg = warp % DG;
 
@@ -97,12 +104,10 @@ __global__ void __launch_bounds__(MmaCfg<HT>::kThreads, 1)
   // key lookups run ahead of the copies (key_source.cuh's stages): when block n is issued its
   // page is known, block n + 1's page and block n + 2's top-k entry are requested, so an issue
   // never waits for a lookup (the first block's excepted).
-  const int ld_key = tid >> 2, ld_part = tid & 3;
   auto slot_of = [&](int blk) { return blk * kKeyBlock + ld_key; };
   int next_blk = blk_begin;  // the next block to issue
-  KeyLoc next_loc =
-      key_locate(a, qi, slot_of(blk_begin), key_topk_entry(a, qi, slot_of(blk_begin)));
-  int next_topk = blk_begin + 1 < blk_end ? key_topk_entry(a, qi, slot_of(blk_begin + 1)) : 0;
+  KeyLoc next_loc = key_locate(a, qi, slot_of(blk_begin), topk_first);
+  int next_topk = topk_second;
   auto issue = [&](int stage) {
     const KeyAddr src = key_address(a, next_loc);
     const bool ok = src.data != nullptr;

@@ -218,12 +218,24 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
   const int t = blockIdx.x / a.head_tiles;
   const int h0 = (blockIdx.x % a.head_tiles) * C::kHeads;
   const int split = blockIdx.y;
+  const int tid = threadIdx.x, wgi = tid / 128, wt = tid % 128, lane = tid & 31;
+  const int blk_begin = split * a.blocks_per_split;
+  // Pair geometry: the peer is the other head tile of the same token (head_tiles is even).
+  const uint32_t rank = kCluster == 2 ? sm90::cluster_ctarank() : 0u;
+  const uint32_t peer = rank ^ 1u;
+  // The staged producer's first top-k entries (blocks 0 .. R + 1 of the split; see below),
+  // requested before the query's sequence and position, which they do not need.
+  constexpr int kPrologue = L::kRawStages + 2;
+  int tk[kPrologue];
+#pragma unroll
+  for (int j = 0; j < kPrologue; ++j)
+    tk[j] = kStaged && wgi == 2 && wt < L::kRawKeys
+                ? key_topk_entry(a, t, (blk_begin + j) * kKeyBlock + int(rank) * L::kRawKeys + wt)
+                : 0;
   const QueryInfo qi = query_info(a, t);
   const int nblk = (qi.nkeys + kKeyBlock - 1) / kKeyBlock;
-  const int blk_begin = split * a.blocks_per_split;
   const int blk_end = min(nblk, blk_begin + a.blocks_per_split);
   const int nb = blk_end - blk_begin;
-  const int tid = threadIdx.x, wgi = tid / 128, wt = tid % 128, lane = tid & 31;
 
   if (nb <= 0) {  // an empty split (the same for both CTAs of a pair): m = -inf for the combine
     if (tid < C::kHeads) {
@@ -235,9 +247,6 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
     return;
   }
 
-  // Pair geometry: the peer is the other head tile of the same token (head_tiles is even).
-  const uint32_t rank = kCluster == 2 ? sm90::cluster_ctarank() : 0u;
-  const uint32_t peer = rank ^ 1u;
   if (tid == 0) {
 #pragma unroll
     for (int b = 0; b < kKBufs; ++b) {
@@ -310,15 +319,13 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
           sm90::mbar_arrive(bar);
         }
       };
-      // Prologue: the top-k entries of blocks 0 .. R + 1 at once, then their pages, then the
-      // copies of blocks 0 .. R - 1; block R's page and block R + 1's entry stay in flight.
+      // Prologue: the top-k entries of blocks 0 .. R + 1 (tk, loaded at the start), then their
+      // pages, then the copies of blocks 0 .. R - 1; block R's page and block R + 1's entry stay
+      // in flight.
       KeyLoc next_loc;
       int next_topk = 0;
       if (issuer) {
-        int tk[R + 2];
         KeyLoc lc[R + 1];
-#pragma unroll
-        for (int j = 0; j < R + 2; ++j) tk[j] = j < nb ? key_topk_entry(a, qi, slot_of(j)) : 0;
 #pragma unroll
         for (int j = 0; j < R + 1; ++j)
           if (j < nb) lc[j] = key_locate(a, qi, slot_of(j), tk[j]);
