@@ -15,9 +15,10 @@
 // FLOPs = 2 * heads * (512 + 512) * keys summed over the query tokens, keys = window fill +
 // compressed entries. Bytes = every query's keys once (584 B) + q + out.
 //
-// Usage: sparse_attention_bench [--quick] [--no-prefill]
-// (--quick: batches 2 and 128 only; --no-prefill: the decode shapes only)
+// Usage: sparse_attention_bench [--quick] [--no-prefill] [--batches 8,32,...]
+// (--quick: batches 2 and 128 only; --no-prefill: the decode shapes only; --batches: these)
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -48,6 +49,7 @@ void run(const Shape& sh, const DeviceBuffer<uint8_t>& pool, std::mt19937& rng) 
       others.push_back(SparseAttnKernel::kWgmma);
       others.push_back(SparseAttnKernel::kWgmmaDirect);
     }
+    if (in.H % 128 == 0) others.push_back(SparseAttnKernel::kWgmmaUnpaired);
     for (SparseAttnKernel k : others)
       if (k != chosen) kernels.push_back(k);
   }
@@ -72,7 +74,9 @@ void run(const Shape& sh, const DeviceBuffer<uint8_t>& pool, std::mt19937& rng) 
     bench::Result r;
     r.kernel = plan.kernel == SparseAttnKernel::kWgmma         ? "sparse_attention[wgmma]"
                : plan.kernel == SparseAttnKernel::kWgmmaDirect ? "sparse_attention[wgmma_direct]"
-                                                               : "sparse_attention[mma]";
+               : plan.kernel == SparseAttnKernel::kWgmmaUnpaired
+                   ? "sparse_attention[wgmma_unpaired]"
+                   : "sparse_attention[mma]";
     char shape[256];
     std::snprintf(shape, sizeof shape,
                   "%s h%d b=%d sq=%d ctx=%lld keys/q=%.0f [%s ht %d splits %d, model %.0f us]",
@@ -93,13 +97,28 @@ void run(const Shape& sh, const DeviceBuffer<uint8_t>& pool, std::mt19937& rng) 
 
 int main(int argc, char** argv) {
   bool quick = false, prefill = true;
+  std::vector<int> batches{1, 2, 32, 64, 128, 256};
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0)
+    if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
-    else if (std::strcmp(argv[i], "--no-prefill") == 0)
+      batches = {2, 128};
+    } else if (std::strcmp(argv[i], "--no-prefill") == 0) {
       prefill = false;
-    else {
-      std::fprintf(stderr, "usage: sparse_attention_bench [--quick] [--no-prefill]\n");
+    } else if (std::strcmp(argv[i], "--batches") == 0 && i + 1 < argc) {
+      batches.clear();
+      for (const char* c = argv[++i]; *c != 0;) {
+        char* end = nullptr;
+        const long b = std::strtol(c, &end, 10);
+        if (end == c || b < 1 || b > 4096) {
+          std::fprintf(stderr, "--batches: expected a list like 8,32,64\n");
+          return 2;
+        }
+        batches.push_back(int(b));
+        c = *end == ',' ? end + 1 : end;
+      }
+    } else {
+      std::fprintf(stderr,
+                   "usage: sparse_attention_bench [--quick] [--no-prefill] [--batches 8,32,...]\n");
       return 2;
     }
   }
@@ -123,10 +142,8 @@ int main(int argc, char** argv) {
   };
   const auto pool_host = encoded_pool(rng);
   DeviceBuffer<uint8_t> pool(pool_host);
-  const int batches[] = {1, 2, 32, 64, 128, 256};
   for (const Row& row : rows)
     for (int b : batches) {
-      if (quick && b != 2 && b != 128) continue;
       const double peer = b == 2     ? row.b2
                           : b == 64  ? row.b64
                           : b == 128 ? row.b128

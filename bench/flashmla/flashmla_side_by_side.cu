@@ -260,9 +260,10 @@ void run(const Shape& shape, const DeviceBuffer<uint8_t>& pool, std::mt19937& rn
   std::snprintf(name, sizeof name,
                 "%s h%d b=%d sq=%d keys/q=%.0f [ours %s ht %d splits %d; rel L2 %.1e, %lld NaN]",
                 sh.name.c_str(), H, b, sq, in.keys / T,
-                plan.kernel == SparseAttnKernel::kWgmma         ? "wgmma"
-                : plan.kernel == SparseAttnKernel::kWgmmaDirect ? "wgmma_direct"
-                                                                : "mma",
+                plan.kernel == SparseAttnKernel::kWgmma           ? "wgmma"
+                : plan.kernel == SparseAttnKernel::kWgmmaDirect   ? "wgmma_direct"
+                : plan.kernel == SparseAttnKernel::kWgmmaUnpaired ? "wgmma_unpaired"
+                                                                  : "mma",
                 plan.heads_per_cta, plan.num_splits, rel, (long long)nan);
   r.shape = name;
   r.us = us_ours;
@@ -290,12 +291,17 @@ int main(int argc, char** argv) {
         g_kernel = SparseAttnKernel::kWgmma;
       } else if (std::strcmp(k, "wgmma_direct") == 0) {
         g_kernel = SparseAttnKernel::kWgmmaDirect;
+      } else if (std::strcmp(k, "wgmma_unpaired") == 0) {
+        g_kernel = SparseAttnKernel::kWgmmaUnpaired;
       } else {
-        std::fprintf(stderr, "--kernel %s: expected auto, mma, wgmma or wgmma_direct\n", k);
+        std::fprintf(stderr,
+                     "--kernel %s: expected auto, mma, wgmma, wgmma_direct or wgmma_unpaired\n", k);
         return 2;
       }
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--kernel auto|mma|wgmma|wgmma_direct]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--quick] [--kernel auto|mma|wgmma|wgmma_direct|wgmma_unpaired]\n",
+                   argv[0]);
       return 2;
     }
   }

@@ -125,6 +125,8 @@ const char* kernel_name(cuda::SparseAttnKernel k) {
       return "wgmma";
     case cuda::SparseAttnKernel::kWgmmaDirect:
       return "wgmma_direct";
+    case cuda::SparseAttnKernel::kWgmmaUnpaired:
+      return "wgmma_unpaired";
     default:
       return "auto";
   }
@@ -582,7 +584,9 @@ TEST_F(CudaSparseAttention, WgmmaHeadPairs) {
         {K::kWgmma, 0, 3},
         {K::kWgmma, 0, 11},
         {K::kWgmmaDirect, 0, 0},
-        {K::kWgmmaDirect, 0, 3}}},
+        {K::kWgmmaDirect, 0, 3},
+        {K::kWgmmaUnpaired, 0, 0},
+        {K::kWgmmaUnpaired, 0, 3}}},
       {Scenario{"pairs: HCA 256 heads > 1024 entries"}
            .with_heads(256)
            .hca()

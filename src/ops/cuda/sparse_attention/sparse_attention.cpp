@@ -155,7 +155,8 @@ void sparse_attention(const SparseAttnParams& p, cudaStream_t stream) {
   DSV4_CHECK(int64_t(a.num_tokens) * a.head_tiles < (int64_t(1) << 31),
              "sparse_attention: too many (token, head tile) units");
   if (is_wgmma(plan.kernel))
-    sparse_attn_detail::launch_wgmma(a, plan.kernel == SparseAttnKernel::kWgmma, stream);
+    sparse_attn_detail::launch_wgmma(a, plan.kernel != SparseAttnKernel::kWgmmaDirect,
+                                     plan.kernel != SparseAttnKernel::kWgmmaUnpaired, stream);
   else
     sparse_attn_detail::launch_mma(a, plan.heads_per_cta, stream);
   if (plan.num_splits > 1) sparse_attn_detail::launch_combine(a, stream);

@@ -43,7 +43,8 @@ void launch_mma(const AttnArgs& a, int heads_per_cta, cudaStream_t stream);
 // staged: the producer copies raw entries into a shared-memory ring ahead of its decode (the
 // default); false: it loads them into registers (the previous kernel,
 // SparseAttnKernel::kWgmmaDirect).
-void launch_wgmma(const AttnArgs& a, bool staged, cudaStream_t stream);
+// pairs: CTA pairs where the head tiles pair up (n_heads % 128 == 0).
+void launch_wgmma(const AttnArgs& a, bool staged, bool pairs, cudaStream_t stream);
 bool wgmma_available();  // built with the CuTe sm_90a headers
 void launch_combine(const AttnArgs& a, cudaStream_t stream);
 

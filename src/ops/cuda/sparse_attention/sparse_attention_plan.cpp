@@ -29,12 +29,13 @@ double model_us(const SparseAttnShape& s, SparseAttnKernel kernel, int ht, int s
   const int64_t waves = ceil_div(units * splits, std::max(1, s.sm_count));
   const int rows = tile_rows(s.n_heads, ht);
   // wgmma pairs the head tiles of a token (one gather per key block) when n_heads % 128 == 0.
-  const bool pairs = s.n_heads % 128 == 0;
-  const h::BlockCost& bc = kernel == SparseAttnKernel::kWgmma
-                               ? (pairs ? h::kWgmmaPairBlockCost : h::kWgmmaBlockCost)
-                           : kernel == SparseAttnKernel::kWgmmaDirect
-                               ? (pairs ? h::kWgmmaDirectPairBlockCost : h::kWgmmaDirectBlockCost)
-                               : h::kMmaBlockCost;
+  const bool pairs = s.n_heads % 128 == 0 && kernel != SparseAttnKernel::kWgmmaUnpaired;
+  const h::BlockCost& bc =
+      kernel == SparseAttnKernel::kWgmma || kernel == SparseAttnKernel::kWgmmaUnpaired
+          ? (pairs ? h::kWgmmaPairBlockCost : h::kWgmmaBlockCost)
+      : kernel == SparseAttnKernel::kWgmmaDirect
+          ? (pairs ? h::kWgmmaDirectPairBlockCost : h::kWgmmaDirectBlockCost)
+          : h::kMmaBlockCost;
   const double block_us = bc.base_us + bc.per16_us * rows / 16.0;
   double cta_us = h::kCtaFixedUs + bps * block_us;
   double us = h::kLaunchUs;

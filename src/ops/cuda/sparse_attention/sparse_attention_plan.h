@@ -13,13 +13,16 @@ enum class SparseAttnKernel {
   kWgmma,  // Hopper wgmma kernel, warp-specialised (producer decodes FP8 while two warpgroups
            // run the MMAs): n_heads a multiple of 64; its producer stages the raw entries in
            // shared memory with asynchronous copies two blocks ahead of the decode
-  kWgmmaDirect,  // the same kernel with the previous producer (entries loaded into registers,
-                 // two BF16 K tiles): kept for the side-by-side benchmark, never chosen by kAuto
+  kWgmmaDirect,    // the same kernel with the previous producer (entries loaded into registers,
+                   // two BF16 K tiles): kept for the side-by-side benchmark, never chosen by kAuto
+  kWgmmaUnpaired,  // kWgmma without CTA pairs at n_heads % 128 == 0 (every 64-head CTA gathers
+                   // and decodes its whole key block): for the benchmark, never chosen by kAuto
 };
 
 // The wgmma kernel in either producer variant.
 constexpr bool is_wgmma(SparseAttnKernel k) {
-  return k == SparseAttnKernel::kWgmma || k == SparseAttnKernel::kWgmmaDirect;
+  return k == SparseAttnKernel::kWgmma || k == SparseAttnKernel::kWgmmaDirect ||
+         k == SparseAttnKernel::kWgmmaUnpaired;
 }
 
 // What a launch will do: kernel, heads per CTA, key splits (1 = no combine pass).

@@ -654,8 +654,8 @@ void launch_wgmma_t(const AttnArgs& a, cudaStream_t stream) {
 
 // Head tiles in pairs (n_heads a multiple of 128): CTA pairs of one token share each key
 // block's decode; otherwise every CTA decodes its whole block.
-void launch_wgmma(const AttnArgs& a, bool staged, cudaStream_t stream) {
-  const bool pairs = a.head_tiles % 2 == 0;
+void launch_wgmma(const AttnArgs& a, bool staged, bool pairs_allowed, cudaStream_t stream) {
+  const bool pairs = pairs_allowed && a.head_tiles % 2 == 0;
   if (staged) {
     if (pairs)
       launch_wgmma_t<2, true>(a, stream);
@@ -678,7 +678,7 @@ bool wgmma_available() {
 #else  // !DSV4_HAVE_CUTLASS
 
 namespace dsv4::cuda::sparse_attn_detail {
-void launch_wgmma(const AttnArgs&, bool, cudaStream_t) {
+void launch_wgmma(const AttnArgs&, bool, bool, cudaStream_t) {
   DSV4_CHECK(false, "sparse_attention: the wgmma kernel needs the CUTLASS/CuTe headers");
 }
 bool wgmma_available() {
