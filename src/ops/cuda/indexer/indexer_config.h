@@ -34,8 +34,11 @@ constexpr int kSortCap = 1024;  // = kIndexerMaxTopk, the bitonic sort width
 // more than kTopkMinSplit entries run the cluster path (indexer_topk.cu: kTopkCluster CTAs per
 // token, one contiguous chunk each, the selection merged in distributed shared memory). Forced
 // onto the segment path (IndexerTopkPath::kSegments) they cut rows into segments of about
-// sqrt(visible x k) entries (segment pass and merge of equal size). Both bounds are first
-// guesses, not yet measured (bench/cuda/indexer_bench.cu times batch 1-2 both ways).
+// sqrt(visible x k) entries (segment pass and merge of equal size). H200, 2026-12-02
+// (indexer_bench --topk, single-launch timer, µs, cluster vs segments): b=1 4K entries 17.95 vs
+// 17.98 (the segment path's one CTA), 16K 18.4 vs 25.8, 32K 21.1 vs 25.4, 32K top-1024 21.9 vs
+// 33.7; b=2 alike. The batch bound is unmeasured above 2 tokens; 8192 entries lies between
+// the measured 4K (a tie) and 16K.
 constexpr int kTopkSmallBatch = 16;
 constexpr int kTopkMinSplit = 8192;
 constexpr int kTopkCluster = 8;  // portable cluster size
