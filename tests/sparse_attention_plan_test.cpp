@@ -118,14 +118,16 @@ TEST(SparseAttentionPlan, FlashCsaBatch2OneBlockPerCta) {
 }
 
 // The example: Flash CSA s_q 2 at b=256 went from 1 split at b=128 (166 µs) to 10
-// (1183 µs). 512 tokens x 1 tile = 512 units: 1 split is 4 waves of 10 blocks,
-// 10 + 4 x (3 + 76) = 326 µs; 10 splits are 39 waves of one block plus 1 GB of partials.
+// (1183 µs). 512 tokens x 1 tile = 512 units (now the staged wgmma kernel's): 1 split is 4
+// waves of 10 blocks, 10 + 4 x (3 + 46) = 206 µs; 10 splits are 39 waves of one block plus
+// 1 GB of partials.
 TEST(SparseAttentionPlan, FlashCsaSq2Batch256KeepsOneSplit) {
   const SparseAttnShape s = shape_of(kShapes[0], 256, 2);
   const SparseAttnPlan p = cuda::plan_sparse_attention(s);
   EXPECT_EQ(p.num_splits, 1);
   EXPECT_EQ(p.heads_per_cta, 64);
-  EXPECT_NEAR(cuda::sparse_attention_model_us(s, p), 326.0, 0.5);
+  EXPECT_EQ(p.kernel, SparseAttnKernel::kWgmma);
+  EXPECT_NEAR(cuda::sparse_attention_model_us(s, p), 206.0, 0.5);
   SparseAttnShape forced = s;
   forced.num_splits = 10;
   const SparseAttnPlan p10 = cuda::plan_sparse_attention(forced);
@@ -182,23 +184,36 @@ TEST(SparseAttentionPlan, ModelMatchesTheMeasuredFigures) {
       {"Pro CSA b=128 s_q 2", 256, 128, 18, 64, 9, 1021.22},
       {"Flash CSA prefill s_q 4096", 4096, 64, 10, 64, 10, 6713.34},
   };
-  // wgmma (2026-12-02): unpaired at 64 heads, CTA pairs at 128.
-  const Point wgmma_points[] = {
-      {"wgmma Flash CSA b=128 s_q 1", 128, 64, 10, 64, 1, 97.22},
-      {"wgmma Flash CSA b=128 s_q 2", 256, 64, 10, 64, 1, 189.15},
-      {"wgmma Pro CSA b=128 s_q 1", 128, 128, 18, 64, 1, 241.7},
-      {"wgmma Pro CSA b=128 s_q 2", 256, 128, 18, 64, 1, 470.27},
+  // wgmma (2026-12-02): unpaired at 64 heads, CTA pairs at 128; the staged producer (13:07
+  // run) and the previous one (kWgmmaDirect, 09:40 run).
+  struct KernelPoint {
+    SparseAttnKernel kernel;
+    Point pt;
   };
-  for (const Point& pt : wgmma_points) {
+  const SparseAttnKernel kW = SparseAttnKernel::kWgmma, kD = SparseAttnKernel::kWgmmaDirect;
+  const KernelPoint wgmma_points[] = {
+      {kW, {"wgmma Flash CSA b=128 s_q 1", 128, 64, 10, 64, 1, 58.1}},
+      {kW, {"wgmma Flash CSA b=128 s_q 2", 256, 64, 10, 64, 1, 106.9}},
+      {kW, {"wgmma Flash HCA b=128 s_q 1", 128, 64, 4, 64, 1, 37.4}},
+      {kW, {"wgmma Flash HCA b=128 s_q 2", 256, 64, 4, 64, 1, 64.2}},
+      {kW, {"wgmma Pro CSA b=128 s_q 1", 128, 128, 18, 64, 1, 227.2}},
+      {kW, {"wgmma Pro CSA b=128 s_q 2", 256, 128, 18, 64, 1, 442.2}},
+      {kD, {"direct Flash CSA b=128 s_q 1", 128, 64, 10, 64, 1, 97.22}},
+      {kD, {"direct Flash CSA b=128 s_q 2", 256, 64, 10, 64, 1, 189.15}},
+      {kD, {"direct Pro CSA b=128 s_q 1", 128, 128, 18, 64, 1, 241.7}},
+      {kD, {"direct Pro CSA b=128 s_q 2", 256, 128, 18, 64, 1, 470.27}},
+  };
+  for (const KernelPoint& kp : wgmma_points) {
+    const Point& pt = kp.pt;
     SparseAttnShape s;
     s.num_tokens = pt.tokens;
     s.n_heads = pt.heads;
     s.max_key_blocks = pt.key_blocks;
     s.sm_count = kSms;
-    s.kernel = SparseAttnKernel::kWgmma;
+    s.kernel = kp.kernel;
     s.num_splits = pt.splits;
     const SparseAttnPlan p = cuda::plan_sparse_attention(s);
-    ASSERT_EQ(p.kernel, SparseAttnKernel::kWgmma) << pt.what;
+    ASSERT_EQ(p.kernel, kp.kernel) << pt.what;
     const double model = cuda::sparse_attention_model_us(s, p);
     EXPECT_LT(std::fabs(model / pt.measured_us - 1.0), 0.25)
         << pt.what << ": model " << model << " µs, measured " << pt.measured_us;
@@ -221,15 +236,14 @@ TEST(SparseAttentionPlan, ModelMatchesTheMeasuredFigures) {
   }
 }
 
-// The kernel follows the measured table: mma at 64 heads everywhere and at 128 heads below
-// 128 tokens; wgmma (CTA pairs) at 128 heads from 128 to 1024 decode tokens, where it was
-// measured 11 % faster; prefill mma.
+// The kernel follows the measured table: mma below 128 tokens; wgmma (staged producer; CTA
+// pairs at 128 heads) from 128 to 1024 decode tokens, where it was measured faster at 64 and
+// 128 heads; prefill mma.
 TEST(SparseAttentionPlan, KernelFollowsTheMeasuredTable) {
   for (const TableShape& t : kShapes)
     for (int b : {1, 2, 64, 128, 256}) {
       const SparseAttnPlan p = cuda::plan_sparse_attention(shape_of(t, b, 1));
-      const bool pairs = t.heads == 128 && b >= 128;
-      EXPECT_EQ(p.kernel, pairs ? SparseAttnKernel::kWgmma : SparseAttnKernel::kMma)
+      EXPECT_EQ(p.kernel, b >= 128 ? SparseAttnKernel::kWgmma : SparseAttnKernel::kMma)
           << describe(t, b, 1, p);
     }
   for (const TableShape& t : kShapes)

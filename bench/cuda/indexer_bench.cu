@@ -9,13 +9,15 @@
 // * heads * 128. The peer line for b=256 8K is DeepGEMM's published SM90 paged MQA logits on
 // H20 (a different chip: context only).
 //
-// Usage: indexer_bench [--quick]
+// Usage: indexer_bench [--quick] [--topk]
+// (--topk: only the top-k at batch 1-2, the cluster and the segment path side by side)
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -31,6 +33,25 @@ using namespace dsv4;
 using namespace dsv4::cuda;
 
 namespace {
+
+bool g_topk_only = false;  // --topk
+
+// Mean time per call of `n` calls enqueued back to back between two events.
+double back_to_back_us(const std::function<void()>& call, int n) {
+  for (int i = 0; i < 5; ++i) call();
+  cudaEvent_t a, b;
+  DSV4_CUDA_CHECK(cudaEventCreate(&a));
+  DSV4_CUDA_CHECK(cudaEventCreate(&b));
+  DSV4_CUDA_CHECK(cudaEventRecord(a));
+  for (int i = 0; i < n; ++i) call();
+  DSV4_CUDA_CHECK(cudaEventRecord(b));
+  DSV4_CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  DSV4_CUDA_CHECK(cudaEventDestroy(a));
+  DSV4_CUDA_CHECK(cudaEventDestroy(b));
+  return 1000.0 * ms / n;
+}
 
 __global__ void fill_bytes_hash(uint8_t* p, int64_t n, int64_t page_bytes, int page_size,
                                 uint32_t seed) {
@@ -137,6 +158,21 @@ void run(const Shape& sh, std::mt19937& rng) {
     r.peer_us = peer_us;
     r.emit();
   };
+  if (g_topk_only) {
+    indexer_logits(p, nullptr);  // real scores for the top-k
+    for (IndexerTopkPath path : {IndexerTopkPath::kCluster, IndexerTopkPath::kSegments}) {
+      p.topk_path = path;
+      const bool cl = path == IndexerTopkPath::kCluster;
+      const double us = bench::median_us([&](int) { indexer_topk(p, nullptr); });
+      emit(cl ? "indexer_topk[cluster]" : "indexer_topk[segments]", us, 0, vis_sum * 2, "", 0);
+      // The same launches back to back (200 between two events): the device time per call
+      // without the host's launch latency, which the single-launch timer above includes.
+      const double b2b = back_to_back_us([&] { indexer_topk(p, nullptr); }, 200);
+      emit(cl ? "indexer_topk[cluster, back to back]" : "indexer_topk[segments, back to back]", b2b,
+           0, vis_sum * 2, "", 0);
+    }
+    return;
+  }
   const double tq = bench::median_us([&](int) { indexer_query(p, nullptr); });
   emit("indexer_query", tq, 0, double(qn) * 4 + double(T) * kHeads * 4, "", 0);
   const double tl = bench::median_us([&](int i) {
@@ -147,6 +183,15 @@ void run(const Shape& sh, std::mt19937& rng) {
        sh.peer_logits_us > 0 ? "DeepGEMM SM90 paged MQA logits [pub, H20]" : "", sh.peer_logits_us);
   const double tk = bench::median_us([&](int) { indexer_topk(p, nullptr); });
   emit("indexer_topk", tk, 0, vis_sum * 2, "", 0);
+  if (T <= 16) {  // small batch: both paths forced beside kAuto's choice
+    for (IndexerTopkPath path : {IndexerTopkPath::kCluster, IndexerTopkPath::kSegments}) {
+      p.topk_path = path;
+      const double us = bench::median_us([&](int) { indexer_topk(p, nullptr); });
+      emit(path == IndexerTopkPath::kCluster ? "indexer_topk[cluster]" : "indexer_topk[segments]",
+           us, 0, vis_sum * 2, "", 0);
+    }
+    p.topk_path = IndexerTopkPath::kAuto;
+  }
   const double ta = bench::median_us([&](int i) {
     bind(i % copies);
     lightning_indexer(p, nullptr);
@@ -157,8 +202,27 @@ void run(const Shape& sh, std::mt19937& rng) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else if (std::strcmp(argv[i], "--topk") == 0) {
+      g_topk_only = true;
+    } else {
+      std::fprintf(stderr, "usage: indexer_bench [--quick] [--topk]\n");
+      return 2;
+    }
+  }
   std::mt19937 rng(11);
+  if (g_topk_only) {  // batch 1-2 decode top-k over 4K / 16K / 32K entries, both paths
+    for (int64_t ctx : {16384LL, 65536LL, 131072LL})
+      for (int sq : {1, 2})
+        for (int b : {1, 2}) {
+          run({"decode_flash", b, sq, ctx, 512, false, 0}, rng);
+          if (ctx == 131072 && sq == 1) run({"decode_pro", b, sq, ctx, 1024, false, 0}, rng);
+        }
+    return 0;
+  }
   for (int64_t ctx : {16384LL, 65536LL, 131072LL})
     for (int sq : {1, 2, 4})
       for (int b : {1, 2, 32, 64, 128, 256}) {

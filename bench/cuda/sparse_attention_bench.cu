@@ -15,8 +15,10 @@
 // FLOPs = 2 * heads * (512 + 512) * keys summed over the query tokens, keys = window fill +
 // compressed entries. Bytes = every query's keys once (584 B) + q + out.
 //
-// Usage: sparse_attention_bench [--quick]
+// Usage: sparse_attention_bench [--quick] [--no-prefill] [--batches 8,32,...]
+// (--quick: batches 2 and 128 only; --no-prefill: the decode shapes only; --batches: these)
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -35,10 +37,22 @@ namespace {
 void run(const Shape& sh, const DeviceBuffer<uint8_t>& pool, std::mt19937& rng) {
   Inputs in(sh, pool, rng);
   SparseAttnParams p = in.params(0);
-  // The planner's choice, and the wgmma kernel beside it where it runs the head count (the
-  // measurements behind the kernel table of sparse_attention_heuristics.h).
+  // The planner's choice, and beside it every kernel it does not pick for the head count:
+  // mma, wgmma (staged producer) and wgmma_direct (the previous producer, old vs new on the
+  // same inputs) — the measurements behind the kernel table of sparse_attention_heuristics.h.
   std::vector<SparseAttnKernel> kernels{SparseAttnKernel::kAuto};
-  if (in.H % 64 == 0) kernels.push_back(SparseAttnKernel::kWgmma);
+  {
+    SparseAttnParams pa = p;
+    const SparseAttnKernel chosen = sparse_attention_plan(pa).kernel;
+    std::vector<SparseAttnKernel> others{SparseAttnKernel::kMma};
+    if (in.H % 64 == 0) {
+      others.push_back(SparseAttnKernel::kWgmma);
+      others.push_back(SparseAttnKernel::kWgmmaDirect);
+    }
+    if (in.H % 128 == 0) others.push_back(SparseAttnKernel::kWgmmaUnpaired);
+    for (SparseAttnKernel k : others)
+      if (k != chosen) kernels.push_back(k);
+  }
   for (SparseAttnKernel k : kernels) {
     p.kernel = k;
     DeviceBuffer<uint8_t> ws(sparse_attention_workspace_bytes(p));
@@ -58,8 +72,11 @@ void run(const Shape& sh, const DeviceBuffer<uint8_t>& pool, std::mt19937& rng) 
     model_shape.max_key_blocks = plan.max_key_blocks;
     model_shape.sm_count = sm_count();
     bench::Result r;
-    r.kernel = plan.kernel == SparseAttnKernel::kWgmma ? "sparse_attention[wgmma]"
-                                                       : "sparse_attention[mma]";
+    r.kernel = plan.kernel == SparseAttnKernel::kWgmma         ? "sparse_attention[wgmma]"
+               : plan.kernel == SparseAttnKernel::kWgmmaDirect ? "sparse_attention[wgmma_direct]"
+               : plan.kernel == SparseAttnKernel::kWgmmaUnpaired
+                   ? "sparse_attention[wgmma_unpaired]"
+                   : "sparse_attention[mma]";
     char shape[256];
     std::snprintf(shape, sizeof shape,
                   "%s h%d b=%d sq=%d ctx=%lld keys/q=%.0f [%s ht %d splits %d, model %.0f us]",
@@ -73,13 +90,64 @@ void run(const Shape& sh, const DeviceBuffer<uint8_t>& pool, std::mt19937& rng) 
     r.peer = sh.peer;
     r.peer_us = sh.peer_us;
     r.emit();
+    if (sh.b <= 2 && k == SparseAttnKernel::kAuto && !sh.prefill) {
+      // The latency path: the same calls back to back (200 between two events, inputs rotated),
+      // the device time per call without the host's launch latency the timer above includes.
+      auto call = [&](int i) {
+        SparseAttnParams pi = in.params(i % in.copies);
+        pi.workspace = p.workspace;
+        pi.workspace_bytes = p.workspace_bytes;
+        sparse_attention(pi, nullptr);
+      };
+      for (int i = 0; i < 5; ++i) call(i);
+      cudaEvent_t ea, eb;
+      DSV4_CUDA_CHECK(cudaEventCreate(&ea));
+      DSV4_CUDA_CHECK(cudaEventCreate(&eb));
+      DSV4_CUDA_CHECK(cudaEventRecord(ea));
+      constexpr int kCalls = 200;
+      for (int i = 0; i < kCalls; ++i) call(i);
+      DSV4_CUDA_CHECK(cudaEventRecord(eb));
+      DSV4_CUDA_CHECK(cudaEventSynchronize(eb));
+      float ms = 0;
+      DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, ea, eb));
+      DSV4_CUDA_CHECK(cudaEventDestroy(ea));
+      DSV4_CUDA_CHECK(cudaEventDestroy(eb));
+      r.kernel += " back to back";
+      r.us = 1000.0 * ms / kCalls;
+      r.emit();
+    }
   }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false, prefill = true;
+  std::vector<int> batches{1, 2, 32, 64, 128, 256};
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+      batches = {2, 128};
+    } else if (std::strcmp(argv[i], "--no-prefill") == 0) {
+      prefill = false;
+    } else if (std::strcmp(argv[i], "--batches") == 0 && i + 1 < argc) {
+      batches.clear();
+      for (const char* c = argv[++i]; *c != 0;) {
+        char* end = nullptr;
+        const long b = std::strtol(c, &end, 10);
+        if (end == c || b < 1 || b > 4096) {
+          std::fprintf(stderr, "--batches: expected a list like 8,32,64\n");
+          return 2;
+        }
+        batches.push_back(int(b));
+        c = *end == ',' ? end + 1 : end;
+      }
+    } else {
+      std::fprintf(stderr,
+                   "usage: sparse_attention_bench [--quick] [--no-prefill] [--batches 8,32,...]\n");
+      return 2;
+    }
+  }
   std::mt19937 rng(7);
   const char* fm = "FlashMLA H200 side by side (anchors.md)";
   // FlashMLA decode, s_k = 16384, from anchors.md's side-by-side table (0 = not measured).
@@ -100,10 +168,8 @@ int main(int argc, char** argv) {
   };
   const auto pool_host = encoded_pool(rng);
   DeviceBuffer<uint8_t> pool(pool_host);
-  const int batches[] = {1, 2, 32, 64, 128, 256};
   for (const Row& row : rows)
     for (int b : batches) {
-      if (quick && b != 2 && b != 128) continue;
       const double peer = b == 2     ? row.b2
                           : b == 64  ? row.b64
                           : b == 128 ? row.b128
@@ -117,6 +183,7 @@ int main(int argc, char** argv) {
   // Prefill: s_q 4096 at context 8192 with the window, FlashMLA side by side 634 µs (Flash,
   // 64 heads top-512) and 1947 µs (Pro, 128 heads top-1024); s_q 8192 at 16K unmatched.
   for (int sq : {4096, 8192}) {
+    if (!prefill) break;
     for (int pro = 0; pro < 2; ++pro) {
       const int heads = pro ? 128 : 64, topk = pro ? 1024 : 512;
       const int64_t ctx = sq == 4096 ? 8192 : 16384;

@@ -260,8 +260,11 @@ void run(const Shape& shape, const DeviceBuffer<uint8_t>& pool, std::mt19937& rn
   std::snprintf(name, sizeof name,
                 "%s h%d b=%d sq=%d keys/q=%.0f [ours %s ht %d splits %d; rel L2 %.1e, %lld NaN]",
                 sh.name.c_str(), H, b, sq, in.keys / T,
-                plan.kernel == SparseAttnKernel::kWgmma ? "wgmma" : "mma", plan.heads_per_cta,
-                plan.num_splits, rel, (long long)nan);
+                plan.kernel == SparseAttnKernel::kWgmma           ? "wgmma"
+                : plan.kernel == SparseAttnKernel::kWgmmaDirect   ? "wgmma_direct"
+                : plan.kernel == SparseAttnKernel::kWgmmaUnpaired ? "wgmma_unpaired"
+                                                                  : "mma",
+                plan.heads_per_cta, plan.num_splits, rel, (long long)nan);
   r.shape = name;
   r.us = us_ours;
   r.flops = 2.0 * H * in.keys * 1024.0;
@@ -286,12 +289,19 @@ int main(int argc, char** argv) {
         g_kernel = SparseAttnKernel::kMma;
       } else if (std::strcmp(k, "wgmma") == 0) {
         g_kernel = SparseAttnKernel::kWgmma;
+      } else if (std::strcmp(k, "wgmma_direct") == 0) {
+        g_kernel = SparseAttnKernel::kWgmmaDirect;
+      } else if (std::strcmp(k, "wgmma_unpaired") == 0) {
+        g_kernel = SparseAttnKernel::kWgmmaUnpaired;
       } else {
-        std::fprintf(stderr, "--kernel %s: expected auto, mma or wgmma\n", k);
+        std::fprintf(stderr,
+                     "--kernel %s: expected auto, mma, wgmma, wgmma_direct or wgmma_unpaired\n", k);
         return 2;
       }
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--kernel auto|mma|wgmma]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--quick] [--kernel auto|mma|wgmma|wgmma_direct|wgmma_unpaired]\n",
+                   argv[0]);
       return 2;
     }
   }

@@ -335,8 +335,12 @@ TEST_F(CudaIndexer, TopkSizes) {
 }
 
 // Top-k alone on synthetic scores with many ties (few distinct BF16 values), one token per
-// row with vis[i] visible entries, against cpu::topk_desc exactly.
-void check_topk_rows(const std::vector<int>& vis, uint32_t seed) {
+// row with vis[i] visible entries, against cpu::topk_desc exactly, through `path`.
+void check_topk_rows(const std::vector<int>& vis, uint32_t seed,
+                     cuda::IndexerTopkPath path = cuda::IndexerTopkPath::kAuto) {
+  SCOPED_TRACE(path == cuda::IndexerTopkPath::kCluster    ? "cluster path"
+               : path == cuda::IndexerTopkPath::kSegments ? "segment path"
+                                                          : "auto path");
   std::mt19937 rng(seed);
   std::vector<int> ntok(vis.size(), 1), pos0;
   for (int v : vis) pos0.push_back(4 * v + v % 3);  // (p + 1) / 4 == v
@@ -366,6 +370,7 @@ void check_topk_rows(const std::vector<int>& vis, uint32_t seed) {
     p.scores = reinterpret_cast<__nv_bfloat16*>(d_sc.data());
     p.score_stride = stride;
     p.topk_idx = d_idx.data();
+    p.topk_path = path;
     DeviceBuffer<uint8_t> ws(cuda::indexer_workspace_bytes(p));
     p.workspace = ws.data();
     p.workspace_bytes = ws.size();
@@ -391,24 +396,31 @@ void check_topk_rows(const std::vector<int>& vis, uint32_t seed) {
 }
 
 // Rows from empty to the 256K maximum: longer than one 16384-entry segment, and exactly at
-// segment edges (9 tokens: a small batch, rows over 8192 entries split into sqrt(n k) segments).
+// segment edges (9 tokens: a small batch, so kAuto runs the cluster path: chunks of up to 32768
+// entries per CTA, rows shorter than the cluster); the same rows through the segment path
+// (rows over 8192 entries split into sqrt(n k) segments and merged).
 TEST_F(CudaIndexer, TopkTiesAndSegments) {
-  check_topk_rows({0, 1, 7, 1024, 1025, 16384, 16385, 40000, 262144}, 6);
+  const std::vector<int> vis{0, 1, 7, 1024, 1025, 16384, 16385, 40000, 262144};
+  check_topk_rows(vis, 6);
+  check_topk_rows(vis, 6, cuda::IndexerTopkPath::kSegments);
 }
 
-// One token over 32K entries (128K tokens of context, issue 17's batch-1 target): the row on
-// several CTAs, the merge over their unsorted candidates; and 2 tokens at 8193 / 65536.
+// One token over 32K entries (128K tokens of context, issue 17's batch-1 target) and 2 tokens
+// at 8193 / 65536: the cluster path (kAuto) and the segment path with its merge.
 TEST_F(CudaIndexer, TopkSmallBatchSplitsRows) {
-  check_topk_rows({32768}, 7);
-  check_topk_rows({8193, 65536}, 8);
+  for (auto path : {cuda::IndexerTopkPath::kAuto, cuda::IndexerTopkPath::kSegments}) {
+    check_topk_rows({32768}, 7, path);
+    check_topk_rows({8193, 65536}, 8, path);
+  }
 }
 
 // More than the small-batch bound (24 tokens): rows cut into 16384-entry segments only, some
-// longer than one, some exactly one, short ones.
+// longer than one, some exactly one, short ones; and the cluster path forced at that batch.
 TEST_F(CudaIndexer, TopkLargeBatchSegments) {
   std::vector<int> vis;
   for (int i = 0; i < 24; ++i) vis.push_back(i % 4 == 0 ? 40000 : (i % 4 == 1 ? 16384 : 100 * i));
   check_topk_rows(vis, 9);
+  check_topk_rows(vis, 9, cuda::IndexerTopkPath::kCluster);
 }
 
 // The whole indexer against the CPU pipeline from the same raw inputs: the CPU computes its

@@ -97,6 +97,24 @@ struct Scenario {
   bool out_of_range = false;  // ratio 4: one slot >= visible (skipped like -1)
   int heads_per_cta = 0, num_splits = 0;
   cuda::SparseAttnKernel kernel = cuda::SparseAttnKernel::kAuto;  // kAuto: every applicable kernel
+
+  // Setters for the case tables below (each returns the scenario).
+  Scenario& with_heads(int h) { return heads = h, *this; }
+  Scenario& with_window(int w) { return window = w, *this; }
+  Scenario& csa(int k) { return ratio = 4, topk = k, *this; }
+  Scenario& hca() { return ratio = 128, *this; }
+  Scenario& seqs(std::vector<int> n, std::vector<int> p0) {
+    ntok = std::move(n);
+    pos0 = std::move(p0);
+    return *this;
+  }
+  Scenario& ring_only() { return staged = false, *this; }
+  Scenario& pages(int win, int comp) { return win_page = win, comp_page = comp, *this; }
+  Scenario& scaled_q(float s) { return q_scale = s, *this; }
+  Scenario& every_nth_invalid(int n) { return invalid_every = n, *this; }
+  Scenario& every_slot_invalid() { return all_invalid = true, *this; }
+  Scenario& one_out_of_range() { return out_of_range = true, *this; }
+  Scenario& tile(int ht, int splits) { return heads_per_cta = ht, num_splits = splits, *this; }
 };
 
 const char* kernel_name(cuda::SparseAttnKernel k) {
@@ -105,6 +123,10 @@ const char* kernel_name(cuda::SparseAttnKernel k) {
       return "mma";
     case cuda::SparseAttnKernel::kWgmma:
       return "wgmma";
+    case cuda::SparseAttnKernel::kWgmmaDirect:
+      return "wgmma_direct";
+    case cuda::SparseAttnKernel::kWgmmaUnpaired:
+      return "wgmma_unpaired";
     default:
       return "auto";
   }
@@ -359,296 +381,238 @@ void expect_ok(const Scenario& sc, uint32_t seed, std::vector<Variant> variants 
   }
 }
 
+// A scenario, the seed of its inputs and the launches it is checked through (empty: every
+// kernel that runs its head count, expect_ok).
+struct Case {
+  Scenario sc;
+  uint32_t seed;
+  std::vector<Variant> variants = {};
+};
+void expect_cases(const std::vector<Case>& cases) {
+  for (const Case& c : cases) expect_ok(c.sc, c.seed, c.variants);
+}
+
+using K = cuda::SparseAttnKernel;
+
 TEST_F(CudaSparseAttention, Smoke) {
-  Scenario sc{"smoke SWA, partly filled window"};
-  sc.heads = 8;
-  sc.ntok = {1};
-  sc.pos0 = {5};
-  expect_ok(sc, 1);
+  expect_cases({
+      {Scenario{"smoke SWA, partly filled window"}.with_heads(8).seqs({1}, {5}), 1},
+      {Scenario{"smoke 64 heads (wgmma and mma)"}.with_heads(64).csa(16).seqs({1}, {300}), 9},
+  });
 }
 
-TEST_F(CudaSparseAttention, SmokeWgmma) {
-  Scenario sc{"smoke 64 heads (wgmma and mma)"};
-  sc.heads = 64;
-  sc.ratio = 4;
-  sc.topk = 16;
-  sc.ntok = {1};
-  sc.pos0 = {300};
-  expect_ok(sc, 9);
+TEST_F(CudaSparseAttention, DecodeShapes) {
+  expect_cases({
+      // Flash CSA shape: 64 heads, W 128, top-512; 1-4 query tokens per sequence (speculative
+      // decode), mixed lengths: shorter than the window, fewer visible entries than k, long.
+      {Scenario{"decode CSA 64 heads top-512"}.with_heads(64).csa(512).seqs({1, 2, 4, 3},
+                                                                            {9000, 40, 3000, 127}),
+       2},
+      {Scenario{"decode CSA 128 heads top-1024"}.with_heads(128).csa(1024).seqs({2, 2},
+                                                                                {6000, 5000}),
+       3},
+      // HCA: every visible compressed entry, positions crossing 128-boundaries in the batch.
+      {Scenario{"HCA"}.with_heads(16).hca().seqs({2, 1, 3}, {126, 2999, 8190}).pages(16, 2), 4},
+      // One decode token whose entry the caller already inserted into the ring (no staging);
+      // page boundaries inside the ring.
+      {Scenario{"ring only"}
+           .with_heads(32)
+           .hca()
+           .seqs({1, 1, 1}, {1000, 0, 128})
+           .ring_only()
+           .pages(48, 64),
+       50},
+      // A 16-slot window: softmax blocks mix window and compressed keys; the ring wraps often.
+      {Scenario{"window 16"}
+           .with_heads(8)
+           .with_window(16)
+           .csa(16)
+           .seqs({40, 1}, {100, 7})
+           .pages(4, 64),
+       60},
+  });
 }
 
-TEST_F(CudaSparseAttention, DecodeFlashCsa) {
-  // Flash CSA shape: 64 heads, W 128, top-512; 1-4 query tokens per sequence (speculative
-  // decode), mixed lengths: shorter than the window, fewer visible entries than k, long.
-  Scenario sc{"decode CSA 64 heads top-512"};
-  sc.heads = 64;
-  sc.ratio = 4;
-  sc.topk = 512;
-  sc.ntok = {1, 2, 4, 3};
-  sc.pos0 = {9000, 40, 3000, 127};
-  expect_ok(sc, 2);
-}
-
-TEST_F(CudaSparseAttention, DecodeProCsa) {
-  Scenario sc{"decode CSA 128 heads top-1024"};
-  sc.heads = 128;
-  sc.ratio = 4;
-  sc.topk = 1024;
-  sc.ntok = {2, 2};
-  sc.pos0 = {6000, 5000};
-  expect_ok(sc, 3);
-}
-
-TEST_F(CudaSparseAttention, HcaAllVisibleEntries) {
-  // HCA: every visible compressed entry, positions crossing 128-boundaries inside the batch.
-  Scenario sc{"HCA"};
-  sc.heads = 16;
-  sc.ratio = 128;
-  sc.ntok = {2, 1, 3};
-  sc.pos0 = {126, 2999, 8190};
-  sc.comp_page = 2;
-  expect_ok(sc, 4);
-}
-
-TEST_F(CudaSparseAttention, SwaPrefillChunks) {
-  // SWA-only prefill from position 0 (window partly filled, then sliding inside the chunk)
-  // and a chunk in the middle of a sequence (window = ring + staged chunk).
-  Scenario sc{"SWA prefill"};
-  sc.heads = 32;
-  sc.ntok = {200, 150, 1};
-  sc.pos0 = {0, 300, 0};
-  expect_ok(sc, 5);
-}
-
-TEST_F(CudaSparseAttention, CsaPrefillChunk) {
-  Scenario sc{"CSA prefill chunk"};
-  sc.heads = 16;
-  sc.ratio = 4;
-  sc.topk = 16;
-  sc.ntok = {97};
-  sc.pos0 = {2049};
-  sc.win_page = 64;
-  sc.comp_page = 16;
-  expect_ok(sc, 6);
+TEST_F(CudaSparseAttention, PrefillChunks) {
+  expect_cases({
+      // SWA-only prefill from position 0 (window partly filled, then sliding inside the chunk)
+      // and a chunk in the middle of a sequence (window = ring + staged chunk).
+      {Scenario{"SWA prefill"}.with_heads(32).seqs({200, 150, 1}, {0, 300, 0}), 5},
+      {Scenario{"CSA prefill chunk"}.with_heads(16).csa(16).seqs({97}, {2049}).pages(64, 16), 6},
+  });
 }
 
 TEST_F(CudaSparseAttention, HeadCounts) {
-  for (int h : {4, 8, 16, 32, 64, 128}) {
-    Scenario sc{"head count"};
-    sc.heads = h;
-    sc.ratio = 4;
-    sc.topk = 16;
-    sc.ntok = {1, 2};
-    sc.pos0 = {700, 129};
-    expect_ok(sc, 10 + h);
-  }
+  std::vector<Case> cases;
+  for (int h : {4, 8, 16, 32, 64, 128})
+    cases.push_back(
+        {Scenario{"head count"}.with_heads(h).csa(16).seqs({1, 2}, {700, 129}), uint32_t(10 + h)});
+  expect_cases(cases);
 }
 
 TEST_F(CudaSparseAttention, TopkSizes) {
-  for (int k : {8, 16, 512, 1024}) {
-    Scenario sc{"top-k size"};
-    sc.heads = 16;
-    sc.ratio = 4;
-    sc.topk = k;
-    sc.ntok = {1, 1};
-    sc.pos0 = {4 * k + 200, 4 * k / 2};  // enough and too few visible entries
-    expect_ok(sc, 20 + k);
-  }
+  std::vector<Case> cases;
+  for (int k : {8, 16, 512, 1024})  // enough and too few visible entries
+    cases.push_back(
+        {Scenario{"top-k size"}.with_heads(16).csa(k).seqs({1, 1}, {4 * k + 200, 4 * k / 2}),
+         uint32_t(20 + k)});
+  expect_cases(cases);
 }
 
 TEST_F(CudaSparseAttention, InvalidIndices) {
-  Scenario a{"every 3rd index -1, one out of range"};
-  a.heads = 64;
-  a.ratio = 4;
-  a.topk = 512;
-  a.ntok = {2};
-  a.pos0 = {5000};
-  a.invalid_every = 3;
-  a.out_of_range = true;
-  expect_ok(a, 30);
-  Scenario b{"all indices -1"};
-  b.heads = 16;
-  b.ratio = 4;
-  b.topk = 64;
-  b.ntok = {1, 1};
-  b.pos0 = {2000, 3};
-  b.all_invalid = true;
-  expect_ok(b, 31);
+  expect_cases({
+      {Scenario{"every 3rd index -1, one out of range"}
+           .with_heads(64)
+           .csa(512)
+           .seqs({2}, {5000})
+           .every_nth_invalid(3)
+           .one_out_of_range(),
+       30},
+      {Scenario{"all indices -1"}
+           .with_heads(16)
+           .csa(64)
+           .seqs({1, 1}, {2000, 3})
+           .every_slot_invalid(),
+       31},
+  });
 }
 
 TEST_F(CudaSparseAttention, SplitsAndHeadTiles) {
   // The same problems through every heads-per-CTA tile and several key splits (the combine
-  // pass), including splits that get no key block at all.
+  // pass), including splits that get no key block at all; a peakier softmax.
+  std::vector<Case> cases;
   for (int ht : {16, 32, 64})
-    for (int splits : {1, 2, 3, 11, 40}) {
-      Scenario sc{"forced tile/splits"};
-      sc.heads = 64;
-      sc.ratio = 4;
-      sc.topk = 512;
-      sc.ntok = {1, 2};
-      sc.pos0 = {4000, 300};
-      sc.heads_per_cta = ht;
-      sc.num_splits = splits;
-      sc.q_scale = 3.0f;  // peakier softmax
-      expect_ok(sc, 40);
-    }
-}
-
-TEST_F(CudaSparseAttention, RingOnlyDecode) {
-  // One decode token whose entry the caller already inserted into the ring (no staging);
-  // page boundaries inside the ring.
-  Scenario sc{"ring only"};
-  sc.heads = 32;
-  sc.ratio = 128;
-  sc.ntok = {1, 1, 1};
-  sc.pos0 = {1000, 0, 128};
-  sc.staged = false;
-  sc.win_page = 48;
-  expect_ok(sc, 50);
-}
-
-TEST_F(CudaSparseAttention, SmallWindow) {
-  // A 16-slot window: softmax blocks mix window and compressed keys; the ring wraps often.
-  Scenario sc{"window 16"};
-  sc.heads = 8;
-  sc.window = 16;
-  sc.ratio = 4;
-  sc.topk = 16;
-  sc.ntok = {40, 1};
-  sc.pos0 = {100, 7};
-  sc.win_page = 4;
-  expect_ok(sc, 60);
+    for (int splits : {1, 2, 3, 11, 40})
+      cases.push_back({Scenario{"forced tile/splits"}
+                           .with_heads(64)
+                           .csa(512)
+                           .seqs({1, 2}, {4000, 300})
+                           .tile(ht, splits)
+                           .scaled_q(3.0f),
+                       40});
+  expect_cases(cases);
 }
 
 // Issue 17, point 5: the shapes no test reached before.
 
 // HCA at the real head counts with more than 1024 compressed entries (positions past 131072):
 // key lists of 20 blocks beside a short sequence of 7 entries (empty trailing splits), through
-// the planner's choice, one whole-list split, and forced splits down to one block each.
+// the planner's choice, one whole-list split, and forced splits down to one block each; both
+// wgmma producers.
 TEST_F(CudaSparseAttention, HcaOver1024Entries) {
-  for (int heads : {64, 128}) {
-    Scenario sc{"HCA > 1024 entries"};
-    sc.heads = heads;
-    sc.ratio = 128;
-    sc.ntok = {1, 2, 1};
-    sc.pos0 = {131200, 140001, 1000};  // 1025, 1093-1094 and 7 entries
-    using K = cuda::SparseAttnKernel;
-    expect_ok(sc, 70 + heads,
-              {{K::kAuto, 0, 0},
-               {K::kMma, 0, 1},
-               {K::kMma, 64, 1},
-               {K::kMma, 16, 7},
-               {K::kMma, 32, 20},
-               {K::kWgmma, 0, 0},
-               {K::kWgmma, 0, 1},
-               {K::kWgmma, 0, 20}});
-  }
+  std::vector<Case> cases;
+  for (int heads : {64, 128})  // 1025, 1093-1094 and 7 entries
+    cases.push_back({Scenario{"HCA > 1024 entries"}.with_heads(heads).hca().seqs(
+                         {1, 2, 1}, {131200, 140001, 1000}),
+                     uint32_t(70 + heads),
+                     {{K::kAuto, 0, 0},
+                      {K::kMma, 0, 1},
+                      {K::kMma, 64, 1},
+                      {K::kMma, 16, 7},
+                      {K::kMma, 32, 20},
+                      {K::kWgmma, 0, 0},
+                      {K::kWgmma, 0, 1},
+                      {K::kWgmma, 0, 20},
+                      {K::kWgmmaDirect, 0, 0},
+                      {K::kWgmmaDirect, 0, 20}}});
+  expect_cases(cases);
 }
 
 // CSA prefill at the real shapes: 64 heads / top-512 and 128 heads / top-1024 with >= 128
 // query tokens per launch (a long chunk, and at 64 heads a second sequence with fewer visible
 // entries than k), staged window entries; the planner's choice (one split) and forced splits
 // (the combine over hundreds of tokens).
-TEST_F(CudaSparseAttention, CsaPrefillFlashShape) {
-  Scenario sc{"CSA prefill 64 heads top-512"};
-  sc.heads = 64;
-  sc.ratio = 4;
-  sc.topk = 512;
-  sc.ntok = {160, 130};
-  sc.pos0 = {6000, 300};
-  sc.win_page = 64;
-  using K = cuda::SparseAttnKernel;
-  expect_ok(sc, 80,
-            {{K::kAuto, 0, 0},
-             {K::kMma, 16, 0},
-             {K::kMma, 64, 10},
-             {K::kMma, 32, 3},
-             {K::kWgmma, 0, 0},
-             {K::kWgmma, 0, 4}});
-}
-
-TEST_F(CudaSparseAttention, CsaPrefillProShape) {
-  Scenario sc{"CSA prefill 128 heads top-1024"};
-  sc.heads = 128;
-  sc.ratio = 4;
-  sc.topk = 1024;
-  sc.ntok = {136};
-  sc.pos0 = {8000};
-  sc.win_page = 64;
-  sc.invalid_every = 97;  // a few -1 slots inside the rows
-  using K = cuda::SparseAttnKernel;
-  expect_ok(sc, 81, {{K::kAuto, 0, 0}, {K::kMma, 32, 0}, {K::kMma, 64, 18}, {K::kWgmma, 0, 0}});
+TEST_F(CudaSparseAttention, CsaPrefillRealShapes) {
+  expect_cases({
+      {Scenario{"CSA prefill 64 heads top-512"}
+           .with_heads(64)
+           .csa(512)
+           .seqs({160, 130}, {6000, 300})
+           .pages(64, 64),
+       80,
+       {{K::kAuto, 0, 0},
+        {K::kMma, 16, 0},
+        {K::kMma, 64, 10},
+        {K::kMma, 32, 3},
+        {K::kWgmma, 0, 0},
+        {K::kWgmma, 0, 4}}},
+      {Scenario{"CSA prefill 128 heads top-1024"}
+           .with_heads(128)
+           .csa(1024)
+           .seqs({136}, {8000})
+           .pages(64, 64)
+           .every_nth_invalid(97),  // a few -1 slots inside the rows
+       81,
+       {{K::kAuto, 0, 0}, {K::kMma, 32, 0}, {K::kMma, 64, 18}, {K::kWgmma, 0, 0}}},
+  });
 }
 
 // The many-split path at the Pro decode shape (18 key blocks): every tile with 2 .. 18 splits
 // and more splits than blocks, on a sequence with fewer visible entries than k beside a long
 // one (splits past its valid keys see only -1 slots).
 TEST_F(CudaSparseAttention, ManySplitsProDecode) {
-  Scenario sc{"many splits, 128 heads top-1024"};
-  sc.heads = 128;
-  sc.ratio = 4;
-  sc.topk = 1024;
-  sc.ntok = {2, 1};
-  sc.pos0 = {9000, 700};
-  sc.q_scale = 3.0f;
-  using K = cuda::SparseAttnKernel;
   std::vector<Variant> v{{K::kAuto, 0, 0}};
   for (int ht : {16, 32, 64})
     for (int splits : {2, 5, 9, 18, 64}) v.push_back({K::kMma, ht, splits});
   for (int splits : {3, 18}) v.push_back({K::kWgmma, 0, splits});
-  expect_ok(sc, 90, v);
+  expect_cases({{Scenario{"many splits, 128 heads top-1024"}
+                     .with_heads(128)
+                     .csa(1024)
+                     .seqs({2, 1}, {9000, 700})
+                     .scaled_q(3.0f),
+                 90, v}});
 }
 
 // The wgmma kernel's CTA pairs (n_heads a multiple of 128: the two 64-head tiles of a token
 // run as a cluster, each CTA gathers and decodes half of every key block into both CTAs' K
-// tiles) beside its unpaired launch (192 heads: three tiles): 1-4 query tokens per sequence,
-// window + top-k with -1 and out-of-range slots, a sequence shorter than the window, a 16-slot
-// window whose blocks mix window and compressed keys, the ring alone, HCA past 1024 entries,
-// forced splits including empty ones; each against the CPU op.
+// tiles) beside its unpaired launch (192 heads: three tiles), with both producers (staged:
+// the raw ring's stages wrap and blocks fewer than stages; direct): 1-4 query tokens per
+// sequence, window + top-k with -1 and out-of-range slots, a sequence shorter than the window,
+// a 16-slot window whose blocks mix window and compressed keys, the ring alone, HCA past 1024
+// entries, forced splits including empty ones; each against the CPU op.
 TEST_F(CudaSparseAttention, WgmmaHeadPairs) {
-  using K = cuda::SparseAttnKernel;
-  {
-    Scenario sc{"pairs: CSA 128 heads top-512, s_q 1-4"};
-    sc.heads = 128;
-    sc.ratio = 4;
-    sc.topk = 512;
-    sc.ntok = {1, 4, 3, 2};
-    sc.pos0 = {9000, 40, 3000, 127};
-    sc.invalid_every = 5;
-    sc.out_of_range = true;
-    expect_ok(sc, 100,
-              {{K::kWgmma, 0, 0}, {K::kWgmma, 0, 1}, {K::kWgmma, 0, 3}, {K::kWgmma, 0, 11}});
-  }
-  {
-    Scenario sc{"pairs: HCA 256 heads > 1024 entries"};
-    sc.heads = 256;
-    sc.ratio = 128;
-    sc.ntok = {1, 2};
-    sc.pos0 = {131200, 700};
-    sc.q_scale = 3.0f;
-    expect_ok(sc, 101, {{K::kWgmma, 0, 0}, {K::kWgmma, 0, 1}, {K::kWgmma, 0, 7}});
-  }
-  {
-    Scenario sc{"pairs: ring only, 128 heads"};
-    sc.heads = 128;
-    sc.ratio = 128;
-    sc.ntok = {1, 1, 1};
-    sc.pos0 = {1000, 0, 128};
-    sc.staged = false;
-    sc.win_page = 48;
-    expect_ok(sc, 102, {{K::kWgmma, 0, 0}, {K::kWgmma, 0, 2}});
-  }
-  for (int heads : {128, 192}) {
-    Scenario sc{"window 16 mixing window and compressed keys"};
-    sc.heads = heads;
-    sc.window = 16;
-    sc.ratio = 4;
-    sc.topk = 64;
-    sc.ntok = {4, 1};
-    sc.pos0 = {100, 7};
-    sc.win_page = 4;
-    expect_ok(sc, 103 + heads, {{K::kWgmma, 0, 0}, {K::kWgmma, 0, 2}});
-  }
+  std::vector<Case> cases = {
+      {Scenario{"pairs: CSA 128 heads top-512, s_q 1-4"}
+           .with_heads(128)
+           .csa(512)
+           .seqs({1, 4, 3, 2}, {9000, 40, 3000, 127})
+           .every_nth_invalid(5)
+           .one_out_of_range(),
+       100,
+       {{K::kWgmma, 0, 0},
+        {K::kWgmma, 0, 1},
+        {K::kWgmma, 0, 3},
+        {K::kWgmma, 0, 11},
+        {K::kWgmmaDirect, 0, 0},
+        {K::kWgmmaDirect, 0, 3},
+        {K::kWgmmaUnpaired, 0, 0},
+        {K::kWgmmaUnpaired, 0, 3}}},
+      {Scenario{"pairs: HCA 256 heads > 1024 entries"}
+           .with_heads(256)
+           .hca()
+           .seqs({1, 2}, {131200, 700})
+           .scaled_q(3.0f),
+       101,
+       {{K::kWgmma, 0, 0}, {K::kWgmma, 0, 1}, {K::kWgmma, 0, 7}, {K::kWgmmaDirect, 0, 7}}},
+      {Scenario{"pairs: ring only, 128 heads"}
+           .with_heads(128)
+           .hca()
+           .seqs({1, 1, 1}, {1000, 0, 128})
+           .ring_only()
+           .pages(48, 64),
+       102,
+       {{K::kWgmma, 0, 0}, {K::kWgmma, 0, 2}}},
+  };
+  for (int heads : {128, 192})
+    cases.push_back({Scenario{"window 16 mixing window and compressed keys"}
+                         .with_heads(heads)
+                         .with_window(16)
+                         .csa(64)
+                         .seqs({4, 1}, {100, 7})
+                         .pages(4, 64),
+                     uint32_t(103 + heads),
+                     {{K::kWgmma, 0, 0}, {K::kWgmma, 0, 2}, {K::kWgmmaDirect, 0, 2}}});
+  expect_cases(cases);
 }
 
 // Host-side validation only: runs without a GPU.

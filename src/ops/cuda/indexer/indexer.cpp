@@ -28,6 +28,17 @@ int topk_segment_len(const IndexerParams& p) {
   return static_cast<int>(std::clamp<int64_t>(len, 1024, kSegment));
 }
 
+bool topk_uses_cluster(const IndexerParams& p) {
+  switch (p.topk_path) {
+    case IndexerTopkPath::kCluster:
+      return true;
+    case IndexerTopkPath::kSegments:
+      return false;
+    default:
+      return p.batch.num_tokens <= kTopkSmallBatch && max_visible(p) > kTopkMinSplit;
+  }
+}
+
 int num_segments(const IndexerParams& p) {
   const int64_t len = topk_segment_len(p);
   return static_cast<int>((max_visible(p) + len - 1) / len);

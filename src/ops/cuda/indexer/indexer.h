@@ -35,6 +35,13 @@
 
 namespace dsv4::cuda {
 
+// How indexer_topk spreads a row over CTAs (an override for tests and benchmarks).
+enum class IndexerTopkPath {
+  kAuto,      // the cluster path for small batches with long rows, segments otherwise
+  kSegments,  // CTAs over segments of the row, a second launch merges their candidates
+  kCluster,   // one cluster of CTAs per token, the selection merged in distributed shared memory
+};
+
 struct IndexerParams {
   AttnBatch batch;
   int n_heads = 0;     // index_n_heads: 1..64
@@ -60,6 +67,8 @@ struct IndexerParams {
   // when that is 0.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+
+  IndexerTopkPath topk_path = IndexerTopkPath::kAuto;
 };
 
 // Largest visible-entry count per token the top-k accepts (1M tokens of context at ratio 4).

@@ -31,10 +31,16 @@ constexpr int kTopkThreads = 512;
 constexpr int kSegment = 16384;
 constexpr int kSortCap = 1024;  // = kIndexerMaxTopk, the bitonic sort width
 // Small batches (issue 17 point 3): launches of at most kTopkSmallBatch tokens whose rows hold
-// more than kTopkMinSplit entries cut them into segments of about sqrt(visible x k) entries
-// (segment pass and merge of equal size), so that one row runs on several CTAs. Both bounds are
-// first guesses, not yet measured (bench/cuda/indexer_bench.cu times batch 1-2).
+// more than kTopkMinSplit entries run the cluster path (indexer_topk.cu: kTopkCluster CTAs per
+// token, one contiguous chunk each, the selection merged in distributed shared memory). Forced
+// onto the segment path (IndexerTopkPath::kSegments) they cut rows into segments of about
+// sqrt(visible x k) entries (segment pass and merge of equal size). H200, 2026-12-02
+// (indexer_bench --topk, single-launch timer, µs, cluster vs segments): b=1 4K entries 17.95 vs
+// 17.98 (the segment path's one CTA), 16K 18.4 vs 25.8, 32K 21.1 vs 25.4, 32K top-1024 21.9 vs
+// 33.7; b=2 alike. The batch bound is unmeasured above 2 tokens; 8192 entries lies between
+// the measured 4K (a tie) and 16K.
 constexpr int kTopkSmallBatch = 16;
 constexpr int kTopkMinSplit = 8192;
+constexpr int kTopkCluster = 8;  // portable cluster size
 
 }  // namespace dsv4::cuda::indexer_cfg

@@ -15,5 +15,7 @@ void validate(const IndexerParams& p, Stage stage);
 int64_t max_visible(const IndexerParams& p);
 int topk_segment_len(const IndexerParams& p);
 int num_segments(const IndexerParams& p);
+// Whether indexer_topk runs the cluster path (one cluster of CTAs per token).
+bool topk_uses_cluster(const IndexerParams& p);
 
 }  // namespace dsv4::cuda::indexer_detail

@@ -50,11 +50,16 @@ struct KeyAddr {
   const uint8_t* scales = nullptr;
 };
 
-// Stage 1: the top-k row's entry of a CSA slot (a load); 0 for every other slot.
-__device__ __forceinline__ int key_topk_entry(const AttnArgs& a, const QueryInfo& q, int slot) {
+// Stage 1: the top-k row's entry of a CSA slot (a load); 0 for every other slot. It needs only
+// the batch token t (a CSA key list always holds `topk` compressed slots), so a kernel can
+// start it before its query's sequence and position are known.
+__device__ __forceinline__ int key_topk_entry(const AttnArgs& a, int t, int slot) {
   const int c = slot - a.window;
-  if (a.ratio != 4 || c < 0 || c >= q.ncomp) return 0;
-  return __ldg(a.topk_idx + int64_t(q.t) * a.topk_stride + c);
+  if (a.ratio != 4 || c < 0 || c >= a.topk) return 0;
+  return __ldg(a.topk_idx + int64_t(t) * a.topk_stride + c);
+}
+__device__ __forceinline__ int key_topk_entry(const AttnArgs& a, const QueryInfo& q, int slot) {
+  return key_topk_entry(a, q.t, slot);
 }
 
 // Stage 2: the store and entry of `slot` (topk_entry from stage 1) and its page id (a load).

@@ -66,7 +66,7 @@ void validate(const SparseAttnParams& p) {
   DSV4_CHECK(p.heads_per_cta <= std::max(16, (p.n_heads + 15) / 16 * 16),
              "sparse_attention: heads_per_cta ", p.heads_per_cta, " exceeds n_heads ", p.n_heads);
   DSV4_CHECK(p.num_splits >= 0, "sparse_attention: num_splits < 0");
-  if (p.kernel == SparseAttnKernel::kWgmma) {
+  if (is_wgmma(p.kernel)) {
     DSV4_CHECK(p.n_heads % 64 == 0,
                "sparse_attention: the wgmma kernel needs n_heads a multiple of 64 (got ", p.n_heads,
                ")");
@@ -154,8 +154,9 @@ void sparse_attention(const SparseAttnParams& p, cudaStream_t stream) {
   a.partials = static_cast<float*>(p.workspace);
   DSV4_CHECK(int64_t(a.num_tokens) * a.head_tiles < (int64_t(1) << 31),
              "sparse_attention: too many (token, head tile) units");
-  if (plan.kernel == SparseAttnKernel::kWgmma)
-    sparse_attn_detail::launch_wgmma(a, stream);
+  if (is_wgmma(plan.kernel))
+    sparse_attn_detail::launch_wgmma(a, plan.kernel != SparseAttnKernel::kWgmmaDirect,
+                                     plan.kernel != SparseAttnKernel::kWgmmaUnpaired, stream);
   else
     sparse_attn_detail::launch_mma(a, plan.heads_per_cta, stream);
   if (plan.num_splits > 1) sparse_attn_detail::launch_combine(a, stream);

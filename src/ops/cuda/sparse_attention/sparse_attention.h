@@ -69,7 +69,7 @@ struct SparseAttnParams {
 
   // Overrides of the heuristic (0 / kAuto = let it choose), for tests and benchmarks.
   SparseAttnKernel kernel = SparseAttnKernel::kAuto;
-  int heads_per_cta = 0;  // 16, 32 or 64 (kMma); 64 (kWgmma)
+  int heads_per_cta = 0;  // 16, 32 or 64 (kMma); 64 (kWgmma, kWgmmaDirect)
   int num_splits = 0;     // key-block splits per (token, head tile), combined afterwards
 };
 

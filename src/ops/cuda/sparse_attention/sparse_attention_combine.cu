@@ -1,12 +1,16 @@
 // Merges the split-KV partials of every (token, head): O = sum_s O_s 2^(m_s - M),
 // L = sum_s l_s 2^(m_s - M) + 2^(sink - M) (M = max_s m_s), out = bf16(O / L); empty splits
 // (m = -inf) contribute nothing; no valid key at all gives 0, as the reference's acc / inf.
+// Launched as a programmatic dependent of the attention kernel (whose CTAs let it launch as they
+// start): its launch overlaps the attention, and it waits for that grid's completion (and its
+// partials) in griddep_wait before reading anything.
 #include <cuda_bf16.h>
 
 #include <cmath>
 
 #include "ops/cuda/common/cuda_check.h"
 #include "ops/cuda/common/sm90/bf16x2.cuh"
+#include "ops/cuda/common/sm90/sync.cuh"
 #include "ops/cuda/sparse_attention/sparse_attention_config.h"
 #include "ops/cuda/sparse_attention/sparse_attention_internal.h"
 
@@ -16,6 +20,7 @@ namespace {
 using namespace sparse_attn_cfg;
 
 __global__ void __launch_bounds__(kCombineWarps * 32) sparse_attn_combine_kernel(const AttnArgs a) {
+  sm90::griddep_wait();  // the attention grid has completed: its partials are visible
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kCombineWarps + (threadIdx.x >> 5);
   if (row >= int64_t(a.num_tokens) * a.n_heads) return;
@@ -65,8 +70,16 @@ __global__ void __launch_bounds__(kCombineWarps * 32) sparse_attn_combine_kernel
 void launch_combine(const AttnArgs& a, cudaStream_t stream) {
   const int64_t rows = int64_t(a.num_tokens) * a.n_heads;
   const int64_t blocks = (rows + kCombineWarps - 1) / kCombineWarps;
-  sparse_attn_combine_kernel<<<unsigned(blocks), kCombineWarps * 32, 0, stream>>>(a);
-  DSV4_CUDA_CHECK(cudaGetLastError());
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(blocks));
+  cfg.blockDim = dim3(kCombineWarps * 32);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, sparse_attn_combine_kernel, a));
 }
 
 }  // namespace dsv4::cuda::sparse_attn_detail

@@ -32,11 +32,11 @@ struct MmaCfg {
 
 // wgmma kernel (n_heads a multiple of 64): a CTA owns 64 heads of one query token; three
 // warpgroups (WG0: S + softmax + P.V dims 0-255, WG1: P.V dims 256-511, WG2: producer) with
-// registers rebalanced by setmaxnreg (128 x (240 + 168 + 96) <= 64K).
+// registers rebalanced by setmaxnreg (128 x (240 + 168 + 96) <= 64K). The K tiles and the
+// producer's raw stages per variant: WgLayout in sparse_attention_wgmma.cu.
 struct WgmmaCfg {
   static constexpr int kHeads = 64;
   static constexpr int kThreads = 384;
-  static constexpr int kKBufs = 2;
   static constexpr int kTileBytes = 8 * 64 * 128;  // 64 rows x 512 BF16, eight swizzled regions
   static constexpr int kRegsWg0 = 240, kRegsWg1 = 168, kRegsProducer = 96;
 };

@@ -34,7 +34,17 @@ inline constexpr KernelRule kKernelTable[] = {
     // still streams its own keys from HBM. Prefill (keys L2-resident, thousands of tokens) is
     // unmeasured at 128 heads and stays mma (at 64 heads mma 2253 vs wgmma 2431 µs).
     {128, 128, 1024, SparseAttnKernel::kWgmma},
-    // Batch 128, 64-head tiles on both: Flash CSA s_q 1 89.73 (mma) vs 90.02 (wgmma), s_q 2
+    // 64 heads (Flash), 128-1024 decode tokens: the wgmma kernel with its staged producer (raw
+    // entries copied into shared memory two blocks ahead of the decode) against mma's 64-head
+    // tiles, same plan (one split) and inputs (H200, 2026-12-02 13:07, sparse_attention_bench
+    // --quick): b=128 Flash CSA s_q 1 58.1 vs 81.0 µs, s_q 2 106.9 vs 146.7; Flash HCA 37.4 vs
+    // 44.7, 64.2 vs 78.3; HCA <= 1024 entries 79.9 vs 122.2, 132.2 vs 197.3: wgmma 16-35 %
+    // faster (the previous producer: 96.6 / 189.1 / 50.5 / 92.0 / 148.3 / 246.1, slower than
+    // mma). At batch 2 mma stays faster (21.8 vs 28.1). Measured at 128 and 256 tokens, held
+    // up to 1024 like the 128-head row; 32-127 tokens unmeasured (mma, below); prefill mma.
+    {64, 128, 1024, SparseAttnKernel::kWgmma},
+    // Batch 128, 64-head tiles on both (before the staged producer): Flash CSA s_q 1 89.73 (mma)
+    // vs 90.02 (wgmma), s_q 2
     // 164.61 vs 166.98; Flash HCA s_q 1 44.42 vs 43.90, s_q 2 79.01 vs 85.70; Pro CSA (128
     // heads, same splits) s_q 1 788.96 vs 1027.90, s_q 2 1021.22 vs 1222.02; prefill s_q 4096
     // 6713 vs 8600. wgmma wins one shape by 1 % and loses the rest by up to 30 %: mma. Again
@@ -78,12 +88,17 @@ struct BlockCost {
   double base_us, per16_us;
 };
 inline constexpr BlockCost kMmaBlockCost{2.2, 1.35};
-// wgmma (64-row tiles only, so block_us(64) = base_us), fitted to its rows of 2026-12-02
-// (one split, 1-4 waves; measured / model µs): unpaired (64 heads) Flash CSA b=128 s_q 1
-// 97.2 / 98.0, s_q 2 189.2 / 186.0 -> 8.5; CTA pairs (n_heads % 128 == 0) Pro CSA b=128
-// s_q 1 241.7 / 241.0, s_q 2 470.3 / 472.0 -> 6.25.
-inline constexpr BlockCost kWgmmaBlockCost{8.5, 0.0};
-inline constexpr BlockCost kWgmmaPairBlockCost{6.25, 0.0};
+// wgmma (64-row tiles only, so block_us(64) = base_us), the staged producer, fitted to its
+// rows of 2026-12-02 13:07 (one split, 1-4 waves; measured / model µs): unpaired (64 heads)
+// Flash CSA b=128 s_q 1 58.1 / 59.0, s_q 2 106.9 / 108.0 (Flash HCA 37.4 / 31.4, 64.2 /
+// 52.8) -> 4.6; CTA pairs (n_heads % 128 == 0) Pro CSA b=128 s_q 1 227.2 / 228.4, s_q 2
+// 442.2 / 446.8 -> 5.9. The previous producer (kWgmmaDirect, fitted the same way to its rows
+// of 09:40: Flash CSA 97.2 / 98.0, 189.2 / 186.0; Pro CSA 241.7 / 241.0, 470.3 / 472.0): 8.5
+// and 6.25.
+inline constexpr BlockCost kWgmmaBlockCost{4.6, 0.0};
+inline constexpr BlockCost kWgmmaPairBlockCost{5.9, 0.0};
+inline constexpr BlockCost kWgmmaDirectBlockCost{8.5, 0.0};
+inline constexpr BlockCost kWgmmaDirectPairBlockCost{6.25, 0.0};
 inline constexpr double kCombineLaunchUs = 2.0;
 inline constexpr double kHbmBytesPerUs = 3.0e6;   // 3.0 TB/s
 inline constexpr double kPartialBytes = 516 * 4;  // O[512], m, l, pad (fp32), per (token, head)

@@ -40,7 +40,11 @@ struct AttnArgs {
 };
 
 void launch_mma(const AttnArgs& a, int heads_per_cta, cudaStream_t stream);
-void launch_wgmma(const AttnArgs& a, cudaStream_t stream);
+// staged: the producer copies raw entries into a shared-memory ring ahead of its decode (the
+// default); false: it loads them into registers (the previous kernel,
+// SparseAttnKernel::kWgmmaDirect).
+// pairs: CTA pairs where the head tiles pair up (n_heads % 128 == 0).
+void launch_wgmma(const AttnArgs& a, bool staged, bool pairs, cudaStream_t stream);
 bool wgmma_available();  // built with the CuTe sm_90a headers
 void launch_combine(const AttnArgs& a, cudaStream_t stream);
 

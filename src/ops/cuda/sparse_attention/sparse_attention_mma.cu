@@ -20,6 +20,7 @@
 #include "ops/cuda/common/per_device.h"
 #include "ops/cuda/common/sm90/bf16x2.cuh"
 #include "ops/cuda/common/sm90/cp_async.cuh"
+#include "ops/cuda/common/sm90/sync.cuh"
 #include "ops/cuda/common/sm90/warp_mma.cuh"
 #include "ops/cuda/sparse_attention/decode.cuh"
 #include "ops/cuda/sparse_attention/key_source.cuh"
@@ -54,15 +55,25 @@ __global__ void __launch_bounds__(MmaCfg<HT>::kThreads, 1)
   uint8_t* raw = reinterpret_cast<uint8_t*>(s_s + HT * kSRow);
   uint8_t* valid = raw + kStages * kKeyBlock * kRawRow;
 
+  // The combine (a programmatic dependent) may launch once every CTA has started; it still
+  // waits for this grid to complete before reading the partials.
+  sm90::griddep_launch_dependents();
   const int t = blockIdx.x / a.head_tiles;
   const int h0 = (blockIdx.x % a.head_tiles) * HT;
   const int split = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // The top-k entries of this thread's key in the split's first two blocks, requested before
+  // the query's sequence and position (they need only t): at small batch, where a CTA gathers
+  // one or two blocks, that takes one round trip off the chain to the first key bytes.
+  const int ld_key = tid >> 2, ld_part = tid & 3;
+  const int first_slot = split * a.blocks_per_split * kKeyBlock + ld_key;
+  const int topk_first = key_topk_entry(a, t, first_slot);
+  const int topk_second = key_topk_entry(a, t, first_slot + kKeyBlock);
   const QueryInfo qi = query_info(a, t);
   const int nblk = (qi.nkeys + kKeyBlock - 1) / kKeyBlock;
   const int blk_begin = split * a.blocks_per_split;
   const int blk_end = min(nblk, blk_begin + a.blocks_per_split);
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int hg = warp / DG, dg = warp % DG;
 
@@ -86,23 +97,24 @@ __global__ void __launch_bounds__(MmaCfg<HT>::kThreads, 1)
       *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
   }
 
-  // Raw block loader: 4 threads per key, 9 x 16 B of data each; part 0 also the scales. The
+  // Raw block loader: 4 threads per key, 9 x 16 B of data each, interleaved (thread part p
+  // copies chunks p, p + 4, ...), so each copy instruction of a warp reads 64 contiguous bytes
+  // of each of its 8 keys — two whole sectors, each requested once — rather than 16-byte
+  // pieces 144 bytes apart; part 0 also copies the scales. The
   // key lookups run ahead of the copies (key_source.cuh's stages): when block n is issued its
   // page is known, block n + 1's page and block n + 2's top-k entry are requested, so an issue
   // never waits for a lookup (the first block's excepted).
-  const int ld_key = tid >> 2, ld_part = tid & 3;
   auto slot_of = [&](int blk) { return blk * kKeyBlock + ld_key; };
   int next_blk = blk_begin;  // the next block to issue
-  KeyLoc next_loc =
-      key_locate(a, qi, slot_of(blk_begin), key_topk_entry(a, qi, slot_of(blk_begin)));
-  int next_topk = blk_begin + 1 < blk_end ? key_topk_entry(a, qi, slot_of(blk_begin + 1)) : 0;
+  KeyLoc next_loc = key_locate(a, qi, slot_of(blk_begin), topk_first);
+  int next_topk = topk_second;
   auto issue = [&](int stage) {
     const KeyAddr src = key_address(a, next_loc);
     const bool ok = src.data != nullptr;
     uint8_t* dst = raw + (stage * kKeyBlock + ld_key) * kRawRow;
 #pragma unroll
     for (int i = 0; i < 9; ++i) {
-      const int off = 16 * (ld_part * 9 + i);
+      const int off = 16 * (ld_part + 4 * i);
       if (ok)
         sm90::cp_async_16(dst + off, src.data + off);
       else

@@ -29,9 +29,13 @@ double model_us(const SparseAttnShape& s, SparseAttnKernel kernel, int ht, int s
   const int64_t waves = ceil_div(units * splits, std::max(1, s.sm_count));
   const int rows = tile_rows(s.n_heads, ht);
   // wgmma pairs the head tiles of a token (one gather per key block) when n_heads % 128 == 0.
-  const h::BlockCost& bc = kernel != SparseAttnKernel::kWgmma ? h::kMmaBlockCost
-                           : s.n_heads % 128 == 0             ? h::kWgmmaPairBlockCost
-                                                              : h::kWgmmaBlockCost;
+  const bool pairs = s.n_heads % 128 == 0 && kernel != SparseAttnKernel::kWgmmaUnpaired;
+  const h::BlockCost& bc =
+      kernel == SparseAttnKernel::kWgmma || kernel == SparseAttnKernel::kWgmmaUnpaired
+          ? (pairs ? h::kWgmmaPairBlockCost : h::kWgmmaBlockCost)
+      : kernel == SparseAttnKernel::kWgmmaDirect
+          ? (pairs ? h::kWgmmaDirectPairBlockCost : h::kWgmmaDirectBlockCost)
+          : h::kMmaBlockCost;
   const double block_us = bc.base_us + bc.per16_us * rows / 16.0;
   double cta_us = h::kCtaFixedUs + bps * block_us;
   double us = h::kLaunchUs;
@@ -68,7 +72,7 @@ SparseAttnPlan plan_sparse_attention(const SparseAttnShape& s) {
   std::vector<int> tiles;
   if (s.heads_per_cta != 0)
     tiles = {s.heads_per_cta};
-  else if (plan.kernel == SparseAttnKernel::kWgmma)
+  else if (is_wgmma(plan.kernel))
     tiles = {64};
   else  // largest first: ties go to the tile that decodes each key block for the most heads
     for (int ht : {64, 32, 16})

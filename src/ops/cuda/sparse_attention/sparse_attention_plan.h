@@ -11,8 +11,19 @@ enum class SparseAttnKernel {
   kMma,    // mma.sync m16n8k16 kernel: every head count (4, 8, 16, 32, 64, 128), tiles of 16-64
            // heads without padding past the next 16
   kWgmma,  // Hopper wgmma kernel, warp-specialised (producer decodes FP8 while two warpgroups
-           // run the MMAs): n_heads a multiple of 64
+           // run the MMAs): n_heads a multiple of 64; its producer stages the raw entries in
+           // shared memory with asynchronous copies two blocks ahead of the decode
+  kWgmmaDirect,    // the same kernel with the previous producer (entries loaded into registers,
+                   // two BF16 K tiles): kept for the side-by-side benchmark, never chosen by kAuto
+  kWgmmaUnpaired,  // kWgmma without CTA pairs at n_heads % 128 == 0 (every 64-head CTA gathers
+                   // and decodes its whole key block): for the benchmark, never chosen by kAuto
 };
+
+// The wgmma kernel in either producer variant.
+constexpr bool is_wgmma(SparseAttnKernel k) {
+  return k == SparseAttnKernel::kWgmma || k == SparseAttnKernel::kWgmmaDirect ||
+         k == SparseAttnKernel::kWgmmaUnpaired;
+}
 
 // What a launch will do: kernel, heads per CTA, key splits (1 = no combine pass).
 struct SparseAttnPlan {
@@ -34,7 +45,7 @@ struct SparseAttnShape {
   // Overrides (kAuto / 0: the planner chooses), for tests, benchmarks and the engine's
   // workspace cap; a forced value is kept and the others are chosen around it.
   SparseAttnKernel kernel = SparseAttnKernel::kAuto;
-  int heads_per_cta = 0;  // 16, 32 or 64 (kMma); 64 (kWgmma)
+  int heads_per_cta = 0;  // 16, 32 or 64 (kMma); 64 (kWgmma, kWgmmaDirect)
   int num_splits = 0;
 };
 

@@ -1,22 +1,32 @@
 // Sparse attention, Hopper kernel for head tiles of 64 (n_heads a multiple of 64: V4-Flash 64,
 // V4-Pro 128): one CTA per (query token, 64 heads, key split), three warpgroups —
-//   WG2 (producer): gathers each 64-key block's 584-byte entries straight from global memory
-//       (window ring / staged batch entries / compressed store), decodes e4m3 x UE8M0 to BF16
-//       exactly with integer bit moves and one BF16 multiply per pair, and writes the
-//       128-byte-swizzled K tile. Its key lookups run as a pipeline over the blocks (top-k
-//       entries four blocks ahead, block-table pages three, an L2 prefetch of the entries two),
-//       so a block's decode waits for one L2 round trip, not for three dependent ones; the
-//       entries are read with 16-byte loads whose lines are evicted first from L2;
+//   WG2 (producer): brings each 64-key block's 584-byte entries (window ring / staged batch
+//       entries / compressed store) on chip, decodes e4m3 x UE8M0 to BF16 exactly with integer
+//       bit moves and one BF16 multiply per pair, and writes the 128-byte-swizzled K tile;
 //   WG0: S = Q K^T (wgmma 64x64x16, Q and K from smem), the block's online softmax exactly as
 //       cpu::sparse_attention (running max, P rounded to BF16 against it, sum of the unrounded
 //       exponentials), P to smem for WG1, and O[:, 0:256] += P V (wgmma 64x256x16, P from
 //       registers, V = the same K tile read MN-major);
 //   WG1: O[:, 256:512] += P V (P from smem).
-// Two BF16 K tiles (64 KB each beside the 64 KB Q tile: a third does not fit in 227 KB) hand
-// off through mbarriers. With head tiles in pairs (n_heads a multiple of 128) the two CTAs of
-// a token's pair run as a cluster and split each block's gather and decode: each decodes 32
-// keys and writes the rows into both CTAs' K tiles (distributed shared memory), so every key
-// is read and decoded once per token instead of once per 64 heads.
+// Two producers (the template flag kStaged):
+//   staged (the default): the raw entries are copied asynchronously into a ring of raw FP8
+//       stages in shared memory — one thread per key issues a 576-byte bulk copy (the copy
+//       engine, no registers held) and an 8-byte cp.async of its scales, both completing on the
+//       stage's mbarrier — two blocks ahead of the decode (four stages of half blocks for a CTA
+//       pair), so the gather's HBM latency overlaps two blocks of MMAs. The decode then runs
+//       shared -> shared into one BF16 K tile (the raw ring takes the second tile's room: 64 KB
+//       Q + 64 KB K + 74 KB raw), conflict-free (a warp reads 32 consecutive raw rows of 592
+//       bytes and writes 32 swizzled rows). Its key lookups (top-k entry -> page id) run one
+//       issue ahead of the copies.
+//   direct (the previous kernel, kept for the side-by-side benchmark): each producer thread
+//       loads its share of the entries straight into registers (16-byte loads whose lines are
+//       evicted first from L2, an L2 bulk prefetch two blocks ahead, top-k entries four blocks
+//       ahead, pages three) into two BF16 K tiles; a block's decode waits for its loads.
+// Both hand the K tiles to the consumers through mbarriers. With head tiles in pairs (n_heads a
+// multiple of 128) the two CTAs of a token's pair run as a cluster and split each block's
+// gather and decode: each brings in and decodes 32 keys and writes the rows into both CTAs' K
+// tiles (distributed shared memory), so every key is read and decoded once per token instead
+// of once per 64 heads.
 // Splits write unnormalised partials for sparse_attention_combine.cu; one split applies the
 // sink and writes BF16 directly.
 #include <cuda_bf16.h>
@@ -36,6 +46,7 @@
 #include "ops/cuda/common/sm90/mbarrier.cuh"
 #include "ops/cuda/common/sm90/smem.cuh"
 #include "ops/cuda/common/sm90/sync.cuh"
+#include "ops/cuda/common/sm90/tma.cuh"
 #include "ops/cuda/common/sm90/wgmma.cuh"
 #include "ops/cuda/sparse_attention/decode.cuh"
 #include "ops/cuda/sparse_attention/key_source.cuh"
@@ -48,19 +59,39 @@ using namespace sparse_attn_cfg;
 using namespace detail;
 using C = WgmmaCfg;
 
-struct alignas(1024) WgSmem {
-  uint8_t q[C::kTileBytes];
-  uint8_t k[C::kKBufs][C::kTileBytes];
-  uint8_t p[sm90::kSw128RegionBytes];
-  float alpha[C::kHeads];
-  float fin[C::kHeads];
-  uint32_t valid[C::kKBufs][kKeyBlock];
-  uint64_t full[C::kKBufs];   // K tile b written (by both CTAs of a pair)
-  uint64_t empty[C::kKBufs];  // K tile b read by every consumer warp (of both CTAs of a pair)
+// Buffers of one producer variant (kCluster CTAs per token, staged or direct producer).
+template <int kCluster, bool kStaged>
+struct WgLayout {
+  static constexpr int kKBufs = kStaged ? 1 : 2;         // BF16 K tiles
+  static constexpr int kRawKeys = kKeyBlock / kCluster;  // this CTA's keys of a block
+  // Raw stages in flight: two blocks (a CTA pair's stages hold half blocks: four).
+  static constexpr int kRawStages = kStaged ? 2 * kCluster : 0;
+  static constexpr int kRawRow = kEntryData + 16;  // 576 data + 8 scales + pad: 592 B
+  static constexpr int kRawBytes = kRawStages * kRawKeys * kRawRow;
 };
 
-// Named barrier ids (the P hand-off between the consumer warpgroups of one CTA).
-enum : int { kBarPReady = 5, kBarPFree = 6, kBarEpi = 7 };
+template <int kCluster, bool kStaged>
+struct alignas(1024) WgSmem {
+  using L = WgLayout<kCluster, kStaged>;
+  uint8_t q[C::kTileBytes];
+  uint8_t k[L::kKBufs][C::kTileBytes];
+  uint8_t p[sm90::kSw128RegionBytes];
+  uint8_t raw[L::kRawBytes > 0 ? L::kRawBytes : 16];  // [stage][key][kRawRow]
+  float alpha[C::kHeads];
+  float fin[C::kHeads];
+  uint32_t valid[L::kKBufs][kKeyBlock];
+  uint32_t raw_valid[L::kRawStages > 0 ? L::kRawStages : 1][L::kRawKeys];
+  uint64_t full[L::kKBufs];   // K tile b written (by both CTAs of a pair)
+  uint64_t empty[L::kKBufs];  // K tile b read by every consumer warp (of both CTAs of a pair)
+  uint64_t raw_full[L::kRawStages > 0 ? L::kRawStages : 1];  // raw stage's copies landed
+};
+static_assert(sizeof(WgSmem<1, true>) + 1024 <= 227 * 1024, "staged layout fits");
+static_assert(sizeof(WgSmem<2, true>) + 1024 <= 227 * 1024, "staged pair layout fits");
+static_assert(sizeof(WgSmem<1, false>) + 1024 <= 227 * 1024, "direct layout fits");
+
+// Named barrier ids (the P hand-off between the consumer warpgroups of one CTA; the staged
+// producer's raw stage read by all of its threads).
+enum : int { kBarPReady = 5, kBarPFree = 6, kBarEpi = 7, kBarRawFree = 8 };
 constexpr int kPair = 256;
 
 // The producer's share of the K tile. kCluster = 1: 64 keys, 2 threads per key, four 64-dim
@@ -136,22 +167,75 @@ __device__ __forceinline__ void produce_pass(uint8_t* tile, uint32_t peer_tile, 
   }
 }
 
+// The staged producer's decode of region r (64 dims; region 7 = the RoPE dims, already BF16) of
+// key row `key` from its raw row in shared memory (`valid` false: zeros).
 template <int kCluster>
+__device__ __forceinline__ void decode_region(uint8_t* tile, uint32_t peer_tile, int key, int r,
+                                              const uint8_t* row, bool valid, uint64_t scales) {
+  if (!valid) {
+#pragma unroll
+    for (int ch = 0; ch < 8; ++ch)
+      put16<kCluster>(tile, peer_tile, sm90::sw128_bf16_offset(key, 64 * r + 8 * ch),
+                      make_uint4(0, 0, 0, 0));
+    return;
+  }
+  if (r == 7) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      put16<kCluster>(tile, peer_tile, sm90::sw128_bf16_offset(key, kNopeDim + 8 * i),
+                      *reinterpret_cast<const uint4*>(row + kNopeDim + 16 * i));
+    return;
+  }
+  uint4 w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) w[i] = *reinterpret_cast<const uint4*>(row + 64 * r + 16 * i);
+  const uint32_t s2 = bf16x2_pow2(int((scales >> (8 * r)) & 0xff) - 7);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    uint4 lo, hi;
+    e4m3x4_to_bf16x4(w[i].x, s2, lo.x, lo.y);
+    e4m3x4_to_bf16x4(w[i].y, s2, lo.z, lo.w);
+    e4m3x4_to_bf16x4(w[i].z, s2, hi.x, hi.y);
+    e4m3x4_to_bf16x4(w[i].w, s2, hi.z, hi.w);
+    put16<kCluster>(tile, peer_tile, sm90::sw128_bf16_offset(key, 64 * r + 16 * i), lo);
+    put16<kCluster>(tile, peer_tile, sm90::sw128_bf16_offset(key, 64 * r + 16 * i + 8), hi);
+  }
+}
+
+template <int kCluster, bool kStaged>
 __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const AttnArgs a) {
   using PS = ProducerSplit<kCluster>;
+  using L = WgLayout<kCluster, kStaged>;
+  using Smem = WgSmem<kCluster, kStaged>;
+  constexpr int kKBufs = L::kKBufs;
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  WgSmem& sm =
-      *reinterpret_cast<WgSmem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  Smem& sm =
+      *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
 
+  // The combine (a programmatic dependent) may launch once every CTA has started; it still
+  // waits for this grid to complete before reading the partials.
+  sm90::griddep_launch_dependents();
   const int t = blockIdx.x / a.head_tiles;
   const int h0 = (blockIdx.x % a.head_tiles) * C::kHeads;
   const int split = blockIdx.y;
+  const int tid = threadIdx.x, wgi = tid / 128, wt = tid % 128, lane = tid & 31;
+  const int blk_begin = split * a.blocks_per_split;
+  // Pair geometry: the peer is the other head tile of the same token (head_tiles is even).
+  const uint32_t rank = kCluster == 2 ? sm90::cluster_ctarank() : 0u;
+  const uint32_t peer = rank ^ 1u;
+  // The staged producer's first top-k entries (blocks 0 .. R + 1 of the split; see below),
+  // requested before the query's sequence and position, which they do not need.
+  constexpr int kPrologue = L::kRawStages + 2;
+  int tk[kPrologue];
+#pragma unroll
+  for (int j = 0; j < kPrologue; ++j)
+    tk[j] = kStaged && wgi == 2 && wt < L::kRawKeys
+                ? key_topk_entry(a, t, (blk_begin + j) * kKeyBlock + int(rank) * L::kRawKeys + wt)
+                : 0;
   const QueryInfo qi = query_info(a, t);
   const int nblk = (qi.nkeys + kKeyBlock - 1) / kKeyBlock;
-  const int blk_begin = split * a.blocks_per_split;
   const int blk_end = min(nblk, blk_begin + a.blocks_per_split);
   const int nb = blk_end - blk_begin;
-  const int tid = threadIdx.x, wgi = tid / 128, wt = tid % 128, lane = tid & 31;
 
   if (nb <= 0) {  // an empty split (the same for both CTAs of a pair): m = -inf for the combine
     if (tid < C::kHeads) {
@@ -163,15 +247,15 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
     return;
   }
 
-  // Pair geometry: the peer is the other head tile of the same token (head_tiles is even).
-  const uint32_t rank = kCluster == 2 ? sm90::cluster_ctarank() : 0u;
-  const uint32_t peer = rank ^ 1u;
   if (tid == 0) {
 #pragma unroll
-    for (int b = 0; b < C::kKBufs; ++b) {
+    for (int b = 0; b < kKBufs; ++b) {
       sm90::mbar_init(&sm.full[b], kCluster * 128);  // every producer thread of the pair
       sm90::mbar_init(&sm.empty[b], kCluster * 8);   // every consumer warp of the pair
     }
+#pragma unroll
+    for (int st = 0; st < L::kRawStages; ++st)  // two arrivals per key: copies issued, scales
+      sm90::mbar_init(&sm.raw_full[st], 2 * L::kRawKeys);
     sm90::fence_barrier_init();
   }
   if constexpr (kCluster == 2)
@@ -210,47 +294,68 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
       sm90::cp_async_commit();
     }
     const uint64_t pol = sm90::l2_policy_evict_first();  // keys are read once per token
-    const int part = wt % PS::kThreadsPerKey;
-    const int key = int(rank) * PS::kKeysPerCta + wt / PS::kThreadsPerKey;
-    const int reg0 = part * PS::kRegions;
-    // This thread's bytes of an entry: its regions, the RoPE tail with region 7.
-    const int pf_lo = 64 * reg0;
-    const int pf_hi = reg0 + PS::kRegions == 8 ? kEntryData : 64 * (reg0 + PS::kRegions);
-    auto slot_of = [&](int i) { return (blk_begin + i) * kKeyBlock + key; };
-    // The gather pipeline of this thread's key slot: iteration i loads the top-k entry of
-    // block i + 4, the page of block i + 3, prefetches block i + 2 into L2, and decodes block i
-    // (whose bytes were prefetched two iterations ago) once its K tile is free.
-    int topk3 = 0;       // block i + 3's top-k entry (loaded last iteration)
-    KeyLoc loc2;         // block i + 2's location and page (page loaded last iteration)
-    KeyAddr src1, src0;  // blocks i + 1 and i (prefetched)
-#pragma unroll 1
-    for (int i = -4; i < nb; ++i) {
-      const int topk4 = i + 4 < nb ? key_topk_entry(a, qi, slot_of(i + 4)) : 0;
-      KeyLoc loc3;
-      if (i + 3 >= 0 && i + 3 < nb) loc3 = key_locate(a, qi, slot_of(i + 3), topk3);
-      KeyAddr src2;
-      if (i + 2 >= 0 && i + 2 < nb) {
-        src2 = key_address(a, loc2);
-        if (src2.data != nullptr) {
-          sm90::prefetch_l2_bulk(src2.data + pf_lo, uint32_t(pf_hi - pf_lo));
-          if (part == 0) sm90::prefetch_l2(src2.scales);
+    if constexpr (kStaged) {
+      constexpr int R = L::kRawStages, kRawKeys = L::kRawKeys, kRawRow = L::kRawRow;
+      constexpr int kParts = 128 / kRawKeys;   // decode threads per key: 2, a pair's 4
+      constexpr int kRegionsPer = 8 / kParts;  // 64-dim regions per decode thread
+      // Copies: thread wt < kRawKeys issues key slot rank * kRawKeys + wt of every block: an
+      // expect_tx arrival and the 576 data bytes by the bulk copy engine, the 8 scale bytes by
+      // cp.async with its completion as the second arrival (an invalid slot: two plain ones).
+      const bool issuer = wt < kRawKeys;
+      auto slot_of = [&](int i) { return (blk_begin + i) * kKeyBlock + int(rank) * kRawKeys + wt; };
+      auto issue = [&](int blk, const KeyLoc& loc) {
+        const int st = blk % R;
+        uint8_t* dst = sm.raw + (st * kRawKeys + wt) * kRawRow;
+        uint64_t* bar = &sm.raw_full[st];
+        const KeyAddr src = key_address(a, loc);
+        sm.raw_valid[st][wt] = src.data != nullptr ? 1u : 0u;
+        if (src.data != nullptr) {
+          sm90::mbar_arrive_expect_tx(bar, kEntryData);
+          sm90::bulk_load(dst, src.data, kEntryData, bar, pol);
+          sm90::cp_async_8(dst + kEntryData, src.scales);
+          sm90::cp_async_mbar_arrive_noinc(bar);
+        } else {
+          sm90::mbar_arrive(bar);
+          sm90::mbar_arrive(bar);
         }
+      };
+      // Prologue: the top-k entries of blocks 0 .. R + 1 (tk, loaded at the start), then their
+      // pages, then the copies of blocks 0 .. R - 1; block R's page and block R + 1's entry stay
+      // in flight.
+      KeyLoc next_loc;
+      int next_topk = 0;
+      if (issuer) {
+        KeyLoc lc[R + 1];
+#pragma unroll
+        for (int j = 0; j < R + 1; ++j)
+          if (j < nb) lc[j] = key_locate(a, qi, slot_of(j), tk[j]);
+#pragma unroll
+        for (int j = 0; j < R; ++j)
+          if (j < nb) issue(j, lc[j]);
+        next_loc = lc[R];
+        next_topk = tk[R + 1];
       }
-      if (i >= 0) {
-        const int b = i & 1;
-        if (i >= C::kKBufs) wait(&sm.empty[b], ((i >> 1) + 1) & 1);  // block i - 2 consumed
+      // Decode: thread -> key row dkey of this CTA's share, regions kRegionsPer * dpart ..; a
+      // warp covers 32 consecutive rows of one part (conflict-free raw reads and tile writes).
+      const int dkey = wt % kRawKeys, dpart = wt / kRawKeys;
+      const int key = int(rank) * kRawKeys + dkey;
+#pragma unroll 1
+      for (int i = 0; i < nb; ++i) {
+        const int st = i % R, b = i % kKBufs;
+        sm90::mbar_wait(&sm.raw_full[st], uint32_t(i / R) & 1u);
+        if (i >= kKBufs) wait(&sm.empty[b], uint32_t(i / kKBufs + 1) & 1u);  // tile consumed
         const uint32_t peer_k =
             kCluster == 2 ? sm90::map_to_rank(sm90::smem_u32(sm.k[b]), peer) : 0u;
-        uint64_t scales = 0;  // byte j = UE8M0 of NoPE block j
-        if (src0.data != nullptr) {
-          const uint2 sc = sm90::ld_nc_8(src0.scales, pol);
-          scales = (uint64_t(sc.y) << 32) | sc.x;
-        }
-#pragma unroll
-        for (int ps = 0; ps < PS::kPasses; ++ps)
-          produce_pass<kCluster>(sm.k[b], peer_k, key, reg0 + 2 * ps, src0.data, scales, pol);
-        if (part == 0) {
-          const uint32_t v = src0.data != nullptr ? 1u : 0u;
+        const uint8_t* row = sm.raw + (st * kRawKeys + dkey) * kRawRow;
+        const bool valid = sm.raw_valid[st][dkey] != 0;
+        const uint2 sc = *reinterpret_cast<const uint2*>(row + kEntryData);
+        const uint64_t scales = (uint64_t(sc.y) << 32) | sc.x;  // byte j: UE8M0 of block j
+#pragma unroll 1  // one region's registers at a time (the producer runs on 96)
+        for (int r = 0; r < kRegionsPer; ++r)
+          decode_region<kCluster>(sm.k[b], peer_k, key, kRegionsPer * dpart + r, row, valid,
+                                  scales);
+        if (dpart == 0) {
+          const uint32_t v = valid ? 1u : 0u;
           sm.valid[b][key] = v;
           if constexpr (kCluster == 2)
             sm90::st_cluster_4(sm90::map_to_rank(sm90::smem_u32(&sm.valid[b][key]), peer), v);
@@ -261,11 +366,73 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
         else
           sm90::fence_proxy_async_smem();
         arrive_both(&sm.full[b]);
+        // Every producer thread is done with raw stage st: refill it with block i + R, and move
+        // the lookups one block on (block i + R + 1's page, block i + R + 2's entry).
+        sm90::named_barrier_sync(kBarRawFree, 128);
+        if (issuer && i + R < nb) {
+          issue(i + R, next_loc);
+          if (i + R + 1 < nb) next_loc = key_locate(a, qi, slot_of(i + R + 1), next_topk);
+          if (i + R + 2 < nb) next_topk = key_topk_entry(a, qi, slot_of(i + R + 2));
+        }
       }
-      src0 = src1;
-      src1 = src2;
-      loc2 = loc3;
-      topk3 = topk4;
+    } else {
+      const int part = wt % PS::kThreadsPerKey;
+      const int key = int(rank) * PS::kKeysPerCta + wt / PS::kThreadsPerKey;
+      const int reg0 = part * PS::kRegions;
+      // This thread's bytes of an entry: its regions, the RoPE tail with region 7.
+      const int pf_lo = 64 * reg0;
+      const int pf_hi = reg0 + PS::kRegions == 8 ? kEntryData : 64 * (reg0 + PS::kRegions);
+      auto slot_of = [&](int i) { return (blk_begin + i) * kKeyBlock + key; };
+      // The gather pipeline of this thread's key slot: iteration i loads the top-k entry of
+      // block i + 4, the page of block i + 3, prefetches block i + 2 into L2, and decodes block i
+      // (whose bytes were prefetched two iterations ago) once its K tile is free.
+      int topk3 = 0;       // block i + 3's top-k entry (loaded last iteration)
+      KeyLoc loc2;         // block i + 2's location and page (page loaded last iteration)
+      KeyAddr src1, src0;  // blocks i + 1 and i (prefetched)
+#pragma unroll 1
+      for (int i = -4; i < nb; ++i) {
+        const int topk4 = i + 4 < nb ? key_topk_entry(a, qi, slot_of(i + 4)) : 0;
+        KeyLoc loc3;
+        if (i + 3 >= 0 && i + 3 < nb) loc3 = key_locate(a, qi, slot_of(i + 3), topk3);
+        KeyAddr src2;
+        if (i + 2 >= 0 && i + 2 < nb) {
+          src2 = key_address(a, loc2);
+          if (src2.data != nullptr) {
+            sm90::prefetch_l2_bulk(src2.data + pf_lo, uint32_t(pf_hi - pf_lo));
+            if (part == 0) sm90::prefetch_l2(src2.scales);
+          }
+        }
+        if (i >= 0) {
+          const int b = i & 1;
+          if (i >= kKBufs) wait(&sm.empty[b], ((i >> 1) + 1) & 1);  // block i - 2 consumed
+          const uint32_t peer_k =
+              kCluster == 2 ? sm90::map_to_rank(sm90::smem_u32(sm.k[b]), peer) : 0u;
+          uint64_t scales = 0;  // byte j = UE8M0 of NoPE block j
+          if (src0.data != nullptr) {
+            const uint2 sc = sm90::ld_nc_8(src0.scales, pol);
+            scales = (uint64_t(sc.y) << 32) | sc.x;
+          }
+#pragma unroll
+          for (int ps = 0; ps < PS::kPasses; ++ps)
+            produce_pass<kCluster>(sm.k[b], peer_k, key, reg0 + 2 * ps, src0.data, scales, pol);
+          if (part == 0) {
+            const uint32_t v = src0.data != nullptr ? 1u : 0u;
+            sm.valid[b][key] = v;
+            if constexpr (kCluster == 2)
+              sm90::st_cluster_4(sm90::map_to_rank(sm90::smem_u32(&sm.valid[b][key]), peer), v);
+          }
+          if (i == 0) sm90::cp_async_wait<0>();  // this thread's part of the Q tile
+          if constexpr (kCluster == 2)
+            sm90::fence_proxy_async_smem_cluster();
+          else
+            sm90::fence_proxy_async_smem();
+          arrive_both(&sm.full[b]);
+        }
+        src0 = src1;
+        src1 = src2;
+        loc2 = loc3;
+        topk3 = topk4;
+      }
     }
   } else {
     const int w4 = (tid >> 5) & 3, g = lane >> 2, c = lane & 3;
@@ -285,9 +452,9 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
       sm90::warpgroup_reg_alloc<C::kRegsWg0>();
       float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.0f, 0.0f};
       for (int i = 0; i < nb; ++i) {
-        const int b = i & 1;
+        const int b = i % kKBufs;
         const uint32_t k_addr = sm90::smem_u32(sm.k[b]);
-        wait(&sm.full[b], (i >> 1) & 1);
+        wait(&sm.full[b], uint32_t(i / kKBufs) & 1u);
         sm90::fence_proxy_async_smem();
         float s[32];
         sm90::warpgroup_fence_operands(s);
@@ -374,7 +541,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
         sm90::warpgroup_commit_batch();
         sm90::warpgroup_wait<0>();
         sm90::warpgroup_fence_operands(o);
-        if (i + C::kKBufs < nb) release(b);
+        if (i + kKBufs < nb) release(b);
       }
       // Per-row output factor for both consumer warpgroups.
       if (c == 0) {
@@ -404,9 +571,9 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
       // (keeps the launch allocation of C::kRegsWg1 registers)
       sm90::named_barrier_arrive(kBarPFree, kPair);
       for (int i = 0; i < nb; ++i) {
-        const int b = i & 1;
+        const int b = i % kKBufs;
         const uint32_t k_addr = sm90::smem_u32(sm.k[b]);
-        wait(&sm.full[b], (i >> 1) & 1);
+        wait(&sm.full[b], uint32_t(i / kKBufs) & 1u);
         sm90::fence_proxy_async_smem();
         sm90::named_barrier_sync(kBarPReady, kPair);
         const float al0 = sm.alpha[r0], al1 = sm.alpha[r0 + 8];
@@ -428,7 +595,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
         sm90::warpgroup_wait<0>();
         sm90::warpgroup_fence_operands(o);
         if (i + 1 < nb) sm90::named_barrier_arrive(kBarPFree, kPair);
-        if (i + C::kKBufs < nb) release(b);
+        if (i + kKBufs < nb) release(b);
       }
       sm90::named_barrier_sync(kBarEpi, kPair);
     }
@@ -461,19 +628,12 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
   if constexpr (kCluster == 2) sm90::cluster_sync();
 }
 
-}  // namespace
-
-size_t wgmma_smem_bytes() {
-  return sizeof(WgSmem) + 1024;
-}
-
-namespace {
-template <int kCluster>
+template <int kCluster, bool kStaged>
 void launch_wgmma_t(const AttnArgs& a, cudaStream_t stream) {
-  const size_t smem = wgmma_smem_bytes();
+  const size_t smem = sizeof(WgSmem<kCluster, kStaged>) + 1024;
   static std::atomic<uint64_t> attr{0};
   once_per_device(attr, [&] {
-    DSV4_CUDA_CHECK(cudaFuncSetAttribute(sparse_attn_wgmma_kernel<kCluster>,
+    DSV4_CUDA_CHECK(cudaFuncSetAttribute(sparse_attn_wgmma_kernel<kCluster, kStaged>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   });
   cudaLaunchConfig_t cfg{};
@@ -488,17 +648,25 @@ void launch_wgmma_t(const AttnArgs& a, cudaStream_t stream) {
   attrs[0].val.clusterDim.z = 1;
   cfg.attrs = attrs;
   cfg.numAttrs = kCluster > 1 ? 1 : 0;
-  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, sparse_attn_wgmma_kernel<kCluster>, a));
+  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, sparse_attn_wgmma_kernel<kCluster, kStaged>, a));
 }
 }  // namespace
 
 // Head tiles in pairs (n_heads a multiple of 128): CTA pairs of one token share each key
 // block's decode; otherwise every CTA decodes its whole block.
-void launch_wgmma(const AttnArgs& a, cudaStream_t stream) {
-  if (a.head_tiles % 2 == 0)
-    launch_wgmma_t<2>(a, stream);
-  else
-    launch_wgmma_t<1>(a, stream);
+void launch_wgmma(const AttnArgs& a, bool staged, bool pairs_allowed, cudaStream_t stream) {
+  const bool pairs = pairs_allowed && a.head_tiles % 2 == 0;
+  if (staged) {
+    if (pairs)
+      launch_wgmma_t<2, true>(a, stream);
+    else
+      launch_wgmma_t<1, true>(a, stream);
+  } else {
+    if (pairs)
+      launch_wgmma_t<2, false>(a, stream);
+    else
+      launch_wgmma_t<1, false>(a, stream);
+  }
 }
 
 bool wgmma_available() {
@@ -510,10 +678,7 @@ bool wgmma_available() {
 #else  // !DSV4_HAVE_CUTLASS
 
 namespace dsv4::cuda::sparse_attn_detail {
-size_t wgmma_smem_bytes() {
-  return 0;
-}
-void launch_wgmma(const AttnArgs&, cudaStream_t) {
+void launch_wgmma(const AttnArgs&, bool, bool, cudaStream_t) {
   DSV4_CHECK(false, "sparse_attention: the wgmma kernel needs the CUTLASS/CuTe headers");
 }
 bool wgmma_available() {

@@ -60,5 +60,11 @@ __device__ __forceinline__ void st_cluster_16(uint32_t addr, uint4 v) {
 __device__ __forceinline__ void st_cluster_4(uint32_t addr, uint32_t v) {
   asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
+// A load from a shared::cluster address (map_to_rank).
+__device__ __forceinline__ uint32_t ld_cluster_4(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared::cluster.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
 
 }  // namespace dsv4::cuda::sm90
