@@ -5,6 +5,13 @@
 // streams; and the per-token kernel that serves the other widths (128 and 384 at decode and
 // prefill counts, 8 .. 16384 at the edges) under the same contract. hc_post_pre takes two routes
 // (the fused kernel for one m-tile per cluster tile, else hc_post then hc_pre); both are checked.
+// Decode batches (<= 128 tokens at widths a multiple of 32) take the split-K path (mhc_split.h)
+// by default; the Split* cases force it and the cluster kernel at the same real shapes (b 1, 2, 8,
+// 32, 128 at 4096 and 7168) and edge sizes, under the same contract, and check that it is
+// deterministic. Its projection sums the same exact products (BF16 x the 3 BF16 parts of fn) in
+// a shorter fp32 chain per CTA (at most 2 d-chunks: 12 MMA k-steps), the 4 warps in fp32 and the
+// CTAs in fp64: within the verify bound's model (mix_bound: one BF16-MMA chain over all 3n
+// products), so the tolerances below are unchanged.
 // hc_post's arithmetic is the CPU's operation for operation, so its streams must match bit for bit;
 // the collapsed y must meet the tolerance (relative L2 <= 4e-3, >= 99% within 1 BF16 ulp)
 // and post/comb (fp32, values of order 1) agree to 1e-4 absolute (fp32 summation-order noise is
@@ -14,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -27,6 +35,7 @@
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/mhc/mhc.h"
 #include "ops/cuda/mhc/mhc_config.h"
+#include "ops/cuda/mhc/mhc_split.h"
 #include "support/bf16_compare.h"
 #include "support/bf16_vectors.h"
 #include "support/random_values.h"
@@ -117,10 +126,17 @@ cuda::HcShape shape(int dim) {
   return s;
 }
 
+const char* path_name(cuda::HcPath path) {
+  return path == cuda::HcPath::kSplit     ? " [split]"
+         : path == cuda::HcPath::kCluster ? " [cluster]"
+                                          : "";
+}
+
 class CudaMhc : public test::GpuTest {};
 
 // hc_pre (+ optional fused norm) on the GPU vs CPU hc_pre (+ rms_norm).
-void check_pre(int dim, int tokens, bool norm, uint64_t seed) {
+void check_pre(int dim, int tokens, bool norm, uint64_t seed,
+               cuda::HcPath path = cuda::HcPath::kAuto) {
   Rng rng(seed);
   const Unit u = random_unit(rng, (2 + kHc) * kHc, dim, 3);
   const std::vector<float> streams = random_streams(rng, tokens, dim);
@@ -150,9 +166,11 @@ void check_pre(int dim, int tokens, bool norm, uint64_t seed) {
   p.y = bf16_ptr(dy);
   p.post = dpost.data();
   p.comb = dcomb.data();
+  p.path = path;
   cuda::hc_pre(p, nullptr);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
-  const std::string what = cat("hc_pre dim=", dim, " tokens=", tokens, norm ? " +norm" : "");
+  const std::string what =
+      cat("hc_pre dim=", dim, " tokens=", tokens, norm ? " +norm" : "", path_name(path));
   expect_bf16_close(from_bf16_bits(dy.download()), y, dim, what + " y");
   expect_f32_close(dpost.download(), post, 1e-4, what + " post");
   expect_f32_close(dcomb.download(), comb, 1e-4, what + " comb");
@@ -235,7 +253,8 @@ TEST_F(CudaMhc, PostBitExact) {
 }
 
 // Fused hc_post + hc_pre vs the CPU's two steps; streams bit-exact, y/post/comb within tolerance.
-void check_post_pre(int dim, int tokens, bool norm, bool in_place, uint64_t seed) {
+void check_post_pre(int dim, int tokens, bool norm, bool in_place, uint64_t seed,
+                    cuda::HcPath path = cuda::HcPath::kAuto) {
   Rng rng(seed);
   const Unit u = random_unit(rng, (2 + kHc) * kHc, dim, 3);
   const std::vector<float> res = random_streams(rng, tokens, dim);
@@ -280,10 +299,11 @@ void check_post_pre(int dim, int tokens, bool norm, bool in_place, uint64_t seed
   // In place: the new post/comb overwrite the old ones too.
   p.next_post = in_place ? dpost.data() : dnpost.data();
   p.next_comb = in_place ? dcomb.data() : dncomb.data();
+  p.path = path;
   cuda::hc_post_pre(p, nullptr);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
   const std::string what = cat("hc_post_pre dim=", dim, " tokens=", tokens, norm ? " +norm" : "",
-                               in_place ? " in place" : "");
+                               in_place ? " in place" : "", path_name(path));
   expect_bits_equal(in_place ? dres.download() : dout.download(), streams, kHc * dim,
                     what + " streams");
   expect_bf16_close(from_bf16_bits(dy.download()), y, dim, what + " y");
@@ -312,7 +332,8 @@ TEST_F(CudaMhc, PostPreRealShapes) {
 }
 
 // hc_head (+ the final norm) vs the CPU.
-void check_head(int dim, int tokens, bool norm, uint64_t seed) {
+void check_head(int dim, int tokens, bool norm, uint64_t seed,
+                cuda::HcPath path = cuda::HcPath::kAuto) {
   Rng rng(seed);
   const Unit u = random_unit(rng, kHc, dim, 1);
   const std::vector<float> streams = random_streams(rng, tokens, dim);
@@ -333,10 +354,12 @@ void check_head(int dim, int tokens, bool norm, uint64_t seed) {
   p.unit = du.params();
   if (norm) p.norm = {bf16_ptr(dnw), 1e-6f};
   p.y = bf16_ptr(dy);
+  p.path = path;
   cuda::hc_head(p, nullptr);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
-  expect_bf16_close(from_bf16_bits(dy.download()), y, dim,
-                    cat("hc_head dim=", dim, " tokens=", tokens, norm ? " +norm" : ""));
+  expect_bf16_close(
+      from_bf16_bits(dy.download()), y, dim,
+      cat("hc_head dim=", dim, " tokens=", tokens, norm ? " +norm" : "", path_name(path)));
 }
 
 TEST_F(CudaMhc, Head) {
@@ -406,6 +429,104 @@ TEST_F(CudaMhc, TokenPathOtherWidths) {
   }
 }
 
+// ---- the split-K decode path (mhc_split.h) -----------------------------------------------------
+// Decode batches at the real widths take it by default (kAuto); every shape is also forced onto
+// each path, so the split path and the cluster kernel meet the same contract at the same shapes.
+constexpr int kDecodeBatches[] = {1, 2, 8, 32, 128};
+
+TEST_F(CudaMhc, SplitPreRealShapes) {
+  uint64_t seed = 400;
+  for (int dim : {4096, 7168})
+    for (int tokens : kDecodeBatches) {
+      ASSERT_TRUE(cuda::mhc_cfg::uses_split_kernel(dim, tokens)) << dim << " " << tokens;
+      check_pre(dim, tokens, true, seed++, cuda::HcPath::kSplit);
+      check_pre(dim, tokens, false, seed++, cuda::HcPath::kSplit);
+      check_pre(dim, tokens, true, seed++, cuda::HcPath::kCluster);
+    }
+}
+
+// The engine's configuration (new streams to the other buffer, the next norm fused), in place with
+// post/comb aliased too, no norm, and the cluster kernel at the same shapes.
+TEST_F(CudaMhc, SplitPostPreRealShapes) {
+  uint64_t seed = 500;
+  for (int dim : {4096, 7168})
+    for (int tokens : kDecodeBatches) {
+      check_post_pre(dim, tokens, true, false, seed++, cuda::HcPath::kSplit);
+      check_post_pre(dim, tokens, true, true, seed++, cuda::HcPath::kSplit);
+      check_post_pre(dim, tokens, false, false, seed++, cuda::HcPath::kSplit);
+      check_post_pre(dim, tokens, true, false, seed++, cuda::HcPath::kCluster);
+    }
+}
+
+TEST_F(CudaMhc, SplitHeadRealShapes) {
+  uint64_t seed = 600;
+  for (int dim : {4096, 7168})
+    for (int tokens : kDecodeBatches) {
+      check_head(dim, tokens, true, seed++, cuda::HcPath::kSplit);
+      check_head(dim, tokens, false, seed++, cuda::HcPath::kSplit);
+    }
+}
+
+// Edge sizes: token counts that fill no tile (3, 17, 33, 65, 127 over tiles of 16, 32 and 64
+// rows) or exactly (16, 64); the smallest width (32: one d-chunk, one split), widths whose splits
+// are uneven (96, 1056), one the cluster kernel does not take (384, the per-token kernel's), and
+// the largest (8192: 256 d-chunks, 5 chunks of y per collapse thread).
+TEST_F(CudaMhc, SplitEdgeSizes) {
+  uint64_t seed = 700;
+  for (int tokens : {3, 16, 17, 33, 64, 65, 127}) {
+    check_pre(4096, tokens, true, seed++, cuda::HcPath::kSplit);
+    check_post_pre(7168, tokens, true, true, seed++, cuda::HcPath::kSplit);
+  }
+  for (int dim : {32, 96, 384, 1056, 8192})
+    for (int tokens : {1, 5, 40, 128}) {
+      check_pre(dim, tokens, tokens % 2 == 0, seed++, cuda::HcPath::kSplit);
+      check_post_pre(dim, tokens, true, tokens % 2 == 1, seed++, cuda::HcPath::kSplit);
+      check_head(dim, tokens, true, seed++, cuda::HcPath::kSplit);
+    }
+}
+
+// The split path's reductions are in a fixed order: the same inputs give the same bits, also
+// after a larger shape has used (and left its partials in) the shared workspace.
+TEST_F(CudaMhc, SplitDeterministic) {
+  Rng rng(800);
+  const int dim = 7168, tokens = 8;
+  const Unit u = random_unit(rng, (2 + kHc) * kHc, dim, 3);
+  const std::vector<float> streams = random_streams(rng, 128, dim);
+  std::vector<float> nw(dim);
+  for (auto& v : nw) v = round_bf16(float(rng.uniform(0.5, 1.5)));
+  const DevUnit du(u);
+  DeviceBuffer<uint16_t> ds(to_bf16_bits(streams)), dnw(to_bf16_bits(nw)), dy(size_t(128) * dim);
+  DeviceBuffer<float> dpost(size_t(128) * kHc), dcomb(size_t(128) * kHc * kHc);
+  auto run = [&](int t) {
+    dy.fill_bytes(0xff);
+    dpost.fill_bytes(0xff);
+    dcomb.fill_bytes(0xff);
+    cuda::HcPreParams p;
+    p.shape = shape(dim);
+    p.tokens = t;
+    p.streams = bf16_ptr(ds);
+    p.unit = du.params();
+    p.norm = {bf16_ptr(dnw), 1e-6f};
+    p.y = bf16_ptr(dy);
+    p.post = dpost.data();
+    p.comb = dcomb.data();
+    p.path = cuda::HcPath::kSplit;
+    cuda::hc_pre(p, nullptr);
+    DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+  };
+  run(tokens);
+  const std::vector<uint16_t> y0 = dy.download();
+  const std::vector<float> p0 = dpost.download(), c0 = dcomb.download();
+  run(128);
+  run(tokens);
+  const std::vector<uint16_t> y1 = dy.download();
+  const std::vector<float> p1 = dpost.download(), c1 = dcomb.download();
+  const size_t ny = size_t(tokens) * dim, np = size_t(tokens) * kHc, nc = np * kHc;
+  EXPECT_TRUE(std::equal(y0.begin(), y0.begin() + ny, y1.begin()));
+  EXPECT_EQ(0, std::memcmp(p0.data(), p1.data(), np * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(c0.data(), c1.data(), nc * sizeof(float)));
+}
+
 TEST_F(CudaMhc, EmptyIsNoOp) {
   cuda::HcPreParams p;
   p.shape = shape(4096);
@@ -439,6 +560,50 @@ TEST(MhcApi, PathPerWidth) {
     EXPECT_FALSE(uses_cluster_kernel(dim)) << dim;
   for (int dim : {8, 128, 384, 4096, 7168, 8192, 16384}) EXPECT_TRUE(supported_dim(dim)) << dim;
   for (int dim : {0, -128, 4, 100, 16384 + 8}) EXPECT_FALSE(supported_dim(dim)) << dim;
+}
+
+// Which token counts and widths take the split-K path, its grid, and what it refuses (host
+// arithmetic and checks that precede every CUDA call).
+TEST(MhcApi, SplitPathShapes) {
+  using namespace cuda::mhc_cfg;
+  for (int dim : {32, 384, 4096, 7168, 8192})
+    for (int tokens : {1, 64, 128}) EXPECT_TRUE(uses_split_kernel(dim, tokens)) << dim;
+  EXPECT_FALSE(uses_split_kernel(4096, 129));
+  EXPECT_FALSE(uses_split_kernel(4096, 0));
+  EXPECT_FALSE(uses_split_kernel(8192 + 32, 1));
+  EXPECT_FALSE(uses_split_kernel(136, 1));  // not a multiple of 32
+  // The grid covers every d-chunk and token once: each split owns >= 1 chunk, the last the rest.
+  for (int sms : {1, 78, 132})
+    for (int dim : {32, 96, 1056, 4096, 7168, 8192})
+      for (int tokens : {1, 16, 17, 33, 64, 65, 128}) {
+        const cuda::mhc_split::Geometry g = cuda::mhc_split::geometry(dim, tokens, sms);
+        const int chunks = dim / kSplitDimUnit;
+        EXPECT_GE(g.splits, 1);
+        EXPECT_GE(g.splits * g.chunks_per_split, chunks) << dim << " " << tokens << " " << sms;
+        EXPECT_LT((g.splits - 1) * g.chunks_per_split, chunks) << dim << " " << tokens;
+        EXPECT_GE(g.tiles * g.rows, tokens);
+        EXPECT_LT((g.tiles - 1) * g.rows, tokens);
+      }
+  // Flash and Pro at one token on an H200 (132 SMs): one d-chunk per CTA.
+  EXPECT_EQ(cuda::mhc_split::geometry(4096, 1, 132).splits, 128);
+  EXPECT_EQ(cuda::mhc_split::geometry(7168, 1, 132).splits, 224);
+  EXPECT_EQ(cuda::mhc_split::geometry(7168, 128, 132).rows, 64);
+  // Forcing the split path on a shape it does not take is refused before any launch.
+  auto* fake_bf16 = reinterpret_cast<__nv_bfloat16*>(uintptr_t(256));
+  auto* fake_f32 = reinterpret_cast<float*>(uintptr_t(512));
+  cuda::HcPreParams p;
+  p.shape = shape(4096);
+  p.tokens = 129;
+  p.streams = fake_bf16;
+  p.unit = {fake_f32, fake_f32, fake_f32};
+  p.y = fake_bf16;
+  p.post = fake_f32;
+  p.comb = fake_f32;
+  p.path = cuda::HcPath::kSplit;
+  EXPECT_THROW(cuda::hc_pre(p, nullptr), Error);
+  p.tokens = 1;
+  p.shape = shape(136);
+  EXPECT_THROW(cuda::hc_pre(p, nullptr), Error);
 }
 
 TEST(MhcApi, ValidatesInputs) {

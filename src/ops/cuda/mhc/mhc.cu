@@ -36,6 +36,7 @@
 #include "ops/cuda/common/sm90/warp_mma.cuh"
 #include "ops/cuda/mhc/mhc_config.h"
 #include "ops/cuda/mhc/mhc_math.cuh"
+#include "ops/cuda/mhc/mhc_split.h"
 #include "ops/cuda/mhc/mhc_token.h"
 
 namespace dsv4::cuda {
@@ -65,17 +66,10 @@ struct KParams {
   __nv_bfloat16* y = nullptr;
   float* post_out = nullptr;
   float* comb_out = nullptr;
+  HcPath path = HcPath::kAuto;
 };
 
 // ---- small device helpers --------------------------------------------------------------------
-// f == hi + mid + lo exactly (for normal f): each residual is exact by Sterbenz' lemma.
-__device__ __forceinline__ void split3(float f, float& hi, float& mid, float& lo) {
-  hi = __bfloat162float(__float2bfloat16_rn(f));
-  const float r1 = f - hi;
-  mid = __bfloat162float(__float2bfloat16_rn(r1));
-  lo = r1 - mid;  // <= 8 significant bits: exact in BF16
-}
-
 // cp.async.wait_group with a count known only after unrolling (the instruction takes an
 // immediate); counts past 5 wait for everything, which is merely conservative.
 __device__ __forceinline__ void cp_async_wait_at_most(int n) {
@@ -791,8 +785,46 @@ void dispatch_token(const KParams& kp, cudaStream_t stream) {
   mhc_token::launch(t, stream);
 }
 
+// Decode batches: the split-K path (mhc_split.h).
+template <Mode kMode>
+void dispatch_split(const KParams& kp, cudaStream_t stream) {
+  mhc_split::Params t;
+  t.kind = kMode == Mode::kPre       ? mhc_split::Kind::kPre
+           : kMode == Mode::kPostPre ? mhc_split::Kind::kPostPre
+                                     : mhc_split::Kind::kHead;
+  t.tokens = kp.tokens;
+  t.dim = kp.dim;
+  t.iters = kp.iters;
+  t.norm_eps = kp.norm_eps;
+  t.hc_eps = kp.hc_eps;
+  t.streams = kp.streams;
+  t.x_prev = kp.x_prev;
+  t.res = kp.res;
+  t.post_prev = kp.post_prev;
+  t.comb_prev = kp.comb_prev;
+  t.streams_out = kp.streams_out;
+  t.fn = kp.fn;
+  t.base = kp.base;
+  t.scale = kp.scale;
+  t.norm_w = kp.norm_w;
+  t.nrm_eps = kp.nrm_eps;
+  t.y = kp.y;
+  t.post = kp.post_out;
+  t.comb = kp.comb_out;
+  mhc_split::launch(t, stream);
+}
+
 template <Mode kMode>
 void dispatch(KParams kp, cudaStream_t stream) {
+  const bool takes_split = uses_split_kernel(kp.dim, kp.tokens);
+  DSV4_CHECK(kp.path != HcPath::kSplit || takes_split,
+             "mHC: the split-K path was asked for at dim ", kp.dim, ", ", kp.tokens,
+             " tokens; it takes widths that are a multiple of ", kSplitDimUnit, " up to ",
+             kSplitMaxDim, " and 1..", kSplitMaxTokens, " tokens");
+  if (takes_split && kp.path != HcPath::kCluster) {
+    dispatch_split<kMode>(kp, stream);
+    return;
+  }
   const int ds = slice_dims(kp.dim);
   if (ds == 0) {
     dispatch_token<kMode>(kp, stream);
@@ -845,6 +877,7 @@ void hc_pre(const HcPreParams& p, cudaStream_t stream) {
   kp.y = p.y;
   kp.post_out = p.post;
   kp.comb_out = p.comb;
+  kp.path = p.path;
   dispatch<Mode::kPre>(kp, stream);
 }
 
@@ -880,6 +913,7 @@ void hc_post_pre(const HcPostPreParams& p, cudaStream_t stream) {
   kp.y = p.y;
   kp.post_out = p.next_post;
   kp.comb_out = p.next_comb;
+  kp.path = p.path;
   dispatch<Mode::kPostPre>(kp, stream);
 }
 
@@ -893,6 +927,7 @@ void hc_head(const HcHeadParams& p, cudaStream_t stream) {
   fill_unit(kp, p.unit, p.norm, "hc_head");
   kp.streams = p.streams;
   kp.y = p.y;
+  kp.path = p.path;
   dispatch<Mode::kHead>(kp, stream);
 }
 

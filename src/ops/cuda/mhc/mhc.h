@@ -16,6 +16,10 @@
 //  * hc_head     : y = bf16(sum_j w_j h_j) with w_j = sigmoid(m_j scale + base_j) + eps
 //                  (optionally followed by the final RMSNorm).
 //
+// Decode batches (at most mhc_cfg::kSplitMaxTokens tokens, widths a multiple of 32 up to
+// kSplitMaxDim: Flash and Pro) run the split-K path (mhc_split.h): the projection spread over
+// ~128-224 CTAs, then one CTA per token for the gates, Sinkhorn and the collapse; two launches
+// chained by programmatic dependent launch, no cluster barrier. Otherwise (prefill),
 // hc_pre/hc_post_pre/hc_head run one kernel: a thread-block cluster of CS = dim/256 (or dim/512)
 // CTAs per tile of tokens, each CTA holding its 1/CS slice of all hc streams of the tile in
 // shared memory (read from HBM once). The (2+hc)*hc-wide projection runs on tensor cores with
@@ -36,6 +40,12 @@
 #include <cuda_runtime.h>
 
 namespace dsv4::cuda {
+
+// Which kernels run. kAuto: the split-K decode path (mhc_split.h) for decode batches at the
+// widths it takes (mhc_cfg::uses_split_kernel), else the cluster kernel (or the per-token kernel
+// at the widths the cluster kernel does not take). kCluster / kSplit force one (benchmarks and
+// tests compare them at one shape; kSplit on a shape the split path does not take is an Error).
+enum class HcPath { kAuto, kCluster, kSplit };
 
 struct HcShape {
   int hc = 4;
@@ -67,6 +77,7 @@ struct HcPreParams {
   __nv_bfloat16* y = nullptr;  // [tokens, dim]
   float* post = nullptr;       // [tokens, hc]
   float* comb = nullptr;       // [tokens, hc, hc]
+  HcPath path = HcPath::kAuto;
 };
 void hc_pre(const HcPreParams& p, cudaStream_t stream);
 
@@ -90,6 +101,7 @@ struct HcPostPreParams {
   __nv_bfloat16* y = nullptr;  // [tokens, dim]
   float* next_post = nullptr;  // [tokens, hc]
   float* next_comb = nullptr;  // [tokens, hc, hc]
+  HcPath path = HcPath::kAuto;
 };
 void hc_post_pre(const HcPostPreParams& p, cudaStream_t stream);
 
@@ -100,6 +112,7 @@ struct HcHeadParams {
   HcUnitParams unit;                       // fn [hc, hc*dim], base [hc], scale [1]
   FusedNorm norm;                          // the final norm (optional)
   __nv_bfloat16* y = nullptr;              // [tokens, dim]
+  HcPath path = HcPath::kAuto;
 };
 void hc_head(const HcHeadParams& p, cudaStream_t stream);
 

@@ -42,6 +42,34 @@ constexpr bool uses_cluster_kernel(int dim) {
   return slice_dims(dim) != 0;
 }
 
+// Split-K decode path (mhc_split.h): a d-chunk is 32 dims of all 4 streams (128 values of the
+// token's flattened streams); a projection CTA has one warp per stream and owns whole d-chunks;
+// token tiles of 16 x kSplitMaxMt rows; the finishing kernel has one CTA per token, whose
+// collapse threads (224: warp 0 runs Sinkhorn) hold at most kSplitMaxYChunks chunks of 8 dims
+// of y each. It serves decode batches (tokens <= kSplitMaxTokens) at widths that are a
+// multiple of 32 up to kSplitMaxDim (Flash 4096, Pro 7168); other shapes keep the kernels above.
+constexpr int kSplitDimUnit = 32;
+constexpr int kSplitMaxDim = 8192;
+constexpr int kSplitMaxTokens = 128;
+constexpr int kSplitMaxMt = 4;
+constexpr int kSplitProjThreads = kHc * 32;
+constexpr int kSplitFinishThreads = 256;
+constexpr int kSplitCollapseThreads = kSplitFinishThreads - 32;
+constexpr int kSplitMaxYChunks =
+    (kSplitMaxDim / 8 + kSplitCollapseThreads - 1) / kSplitCollapseThreads;
+constexpr int kSplitReduceParts = 8;  // the finisher sums the split partials in 8 fixed ranges
+static_assert(kSplitMaxYChunks == 5 && kSplitReduceParts * (kMixPre + 1) <= kSplitFinishThreads);
+constexpr bool split_supports_dim(int dim) {
+  return dim > 0 && dim % kSplitDimUnit == 0 && dim <= kSplitMaxDim;
+}
+constexpr bool uses_split_kernel(int dim, int tokens) {
+  return split_supports_dim(dim) && tokens >= 1 && tokens <= kSplitMaxTokens;
+}
+// Token rows per projection tile: 16, 32 or 64 (fn is re-read from L2 once per tile).
+constexpr int split_mtiles(int tokens) {
+  return tokens <= 16 ? 1 : tokens <= 32 ? 2 : kSplitMaxMt;
+}
+
 // Per-token kernel: threads per CTA (one per chunk of 8 of the token's 4*dim values, whole warps,
 // at most kTokenMaxThreads). A function of dim only, so the reduction order is fixed per width.
 constexpr int kTokenMaxThreads = 256;

@@ -39,6 +39,17 @@ __device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
   return v;
 }
 
+// f == hi + mid + lo exactly (for normal f): each residual is exact by Sterbenz' lemma, and the
+// last has at most 8 significant bits. With BF16 activations, every product of a part is exact in
+// the tensor core, so a projection over the three parts differs from fp32 x fp32 only in the
+// accumulation.
+__device__ __forceinline__ void split3(float f, float& hi, float& mid, float& lo) {
+  hi = __bfloat162float(__float2bfloat16_rn(f));
+  const float r1 = f - hi;
+  mid = __bfloat162float(__float2bfloat16_rn(r1));
+  lo = r1 - mid;  // <= 8 significant bits: exact in BF16
+}
+
 // Sinkhorn of one token's 4x4 matrix, exactly the CPU's order of operations (ops/cpu/mhc.cpp).
 __device__ __forceinline__ void sinkhorn4(float (&c)[16], int iters, float eps) {
 #pragma unroll
