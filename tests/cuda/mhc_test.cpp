@@ -485,6 +485,17 @@ TEST_F(CudaMhc, SplitEdgeSizes) {
     }
 }
 
+// Forced at prefill sizes (many tiles of 64 tokens; splits of many d-chunks, down to one split
+// per tile): the same contract, so the benchmark's comparison with the cluster kernel is sound.
+TEST_F(CudaMhc, SplitForcedPrefill) {
+  uint64_t seed = 750;
+  check_pre(4096, 1000, true, seed++, cuda::HcPath::kSplit);
+  check_pre(7168, 300, false, seed++, cuda::HcPath::kSplit);
+  check_post_pre(4096, 2048, true, false, seed++, cuda::HcPath::kSplit);
+  check_post_pre(7168, 700, true, true, seed++, cuda::HcPath::kSplit);
+  check_head(4096, 500, true, seed++, cuda::HcPath::kSplit);
+}
+
 // The split path's reductions are in a fixed order: the same inputs give the same bits, also
 // after a larger shape has used (and left its partials in) the shared workspace.
 TEST_F(CudaMhc, SplitDeterministic) {
@@ -588,7 +599,14 @@ TEST(MhcApi, SplitPathShapes) {
   EXPECT_EQ(cuda::mhc_split::geometry(4096, 1, 132).splits, 128);
   EXPECT_EQ(cuda::mhc_split::geometry(7168, 1, 132).splits, 224);
   EXPECT_EQ(cuda::mhc_split::geometry(7168, 128, 132).rows, 64);
-  // Forcing the split path on a shape it does not take is refused before any launch.
+  for (int tokens : {129, 1000, 8192}) {  // forced at prefill sizes: tiles of 64, >= 1 chunk each
+    const cuda::mhc_split::Geometry g = cuda::mhc_split::geometry(7168, tokens, 132);
+    EXPECT_EQ(g.rows, 64);
+    EXPECT_GE(g.splits * g.chunks_per_split, 224);
+    EXPECT_LT((g.splits - 1) * g.chunks_per_split, 224);
+    EXPECT_EQ(g.tiles, (tokens + 63) / 64);
+  }
+  // Forcing the split path on a width it does not take is refused before any launch.
   auto* fake_bf16 = reinterpret_cast<__nv_bfloat16*>(uintptr_t(256));
   auto* fake_f32 = reinterpret_cast<float*>(uintptr_t(512));
   cuda::HcPreParams p;
@@ -600,10 +618,11 @@ TEST(MhcApi, SplitPathShapes) {
   p.post = fake_f32;
   p.comb = fake_f32;
   p.path = cuda::HcPath::kSplit;
-  EXPECT_THROW(cuda::hc_pre(p, nullptr), Error);
   p.tokens = 1;
-  p.shape = shape(136);
-  EXPECT_THROW(cuda::hc_pre(p, nullptr), Error);
+  for (int dim : {136, 8192 + 32, 16384}) {
+    p.shape = shape(dim);
+    EXPECT_THROW(cuda::hc_pre(p, nullptr), Error) << dim;
+  }
 }
 
 TEST(MhcApi, ValidatesInputs) {

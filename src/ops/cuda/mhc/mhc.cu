@@ -816,12 +816,11 @@ void dispatch_split(const KParams& kp, cudaStream_t stream) {
 
 template <Mode kMode>
 void dispatch(KParams kp, cudaStream_t stream) {
-  const bool takes_split = uses_split_kernel(kp.dim, kp.tokens);
-  DSV4_CHECK(kp.path != HcPath::kSplit || takes_split,
-             "mHC: the split-K path was asked for at dim ", kp.dim, ", ", kp.tokens,
-             " tokens; it takes widths that are a multiple of ", kSplitDimUnit, " up to ",
-             kSplitMaxDim, " and 1..", kSplitMaxTokens, " tokens");
-  if (takes_split && kp.path != HcPath::kCluster) {
+  DSV4_CHECK(kp.path != HcPath::kSplit || split_supports_dim(kp.dim),
+             "mHC: the split-K path was asked for at dim ", kp.dim,
+             "; it takes widths that are a multiple of ", kSplitDimUnit, " up to ", kSplitMaxDim);
+  if (kp.path == HcPath::kSplit ||
+      (kp.path == HcPath::kAuto && uses_split_kernel(kp.dim, kp.tokens))) {
     dispatch_split<kMode>(kp, stream);
     return;
   }

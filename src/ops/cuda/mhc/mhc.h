@@ -44,7 +44,8 @@ namespace dsv4::cuda {
 // Which kernels run. kAuto: the split-K decode path (mhc_split.h) for decode batches at the
 // widths it takes (mhc_cfg::uses_split_kernel), else the cluster kernel (or the per-token kernel
 // at the widths the cluster kernel does not take). kCluster / kSplit force one (benchmarks and
-// tests compare them at one shape; kSplit on a shape the split path does not take is an Error).
+// tests compare them at one shape; kSplit takes any token count, and a width it does not take,
+// not a multiple of 32 or above mhc_cfg::kSplitMaxDim, is an Error).
 enum class HcPath { kAuto, kCluster, kSplit };
 
 struct HcShape {

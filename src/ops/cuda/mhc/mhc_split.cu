@@ -492,9 +492,10 @@ Geometry geometry(int dim, int tokens, int sm_count) {
 
 void launch(const Params& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
-  DSV4_CHECK(uses_split_kernel(p.dim, p.tokens), "mHC split path: dim ", p.dim, ", ", p.tokens,
-             " tokens is not a shape it takes");
+  DSV4_CHECK(split_supports_dim(p.dim), "mHC split path: dim ", p.dim, " is not a width it takes");
   const Geometry geo = geometry(p.dim, p.tokens, device_sm_count());
+  DSV4_CHECK(geo.tiles <= 65535, "mHC split path: ", p.tokens,
+             " tokens need more than 65535 tiles");
   const int mix = p.kind == Kind::kHead ? kMixHead : kMixPre;
   const size_t n_part = size_t(p.tokens) * geo.splits;
   const size_t mix_bytes = (n_part * mix * sizeof(float) + 15) / 16 * 16;

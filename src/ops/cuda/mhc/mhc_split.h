@@ -1,6 +1,7 @@
-// The split-K decode path of mHC (mhc_split.cu): hc_pre / hc_post_pre / hc_head for decode
-// batches (mhc_cfg::uses_split_kernel: at most kSplitMaxTokens tokens, widths a multiple of 32 up
-// to kSplitMaxDim). Internal to the mhc family: mhc.cu validates the parameters and picks the path.
+// The split-K decode path of mHC (mhc_split.cu): hc_pre / hc_post_pre / hc_head at widths a
+// multiple of 32 up to kSplitMaxDim, by default for decode batches (mhc_cfg::uses_split_kernel: at
+// most kSplitMaxTokens tokens), any token count when forced. Internal to the mhc family: mhc.cu
+// validates the parameters and picks the path.
 //
 // Two kernels, chained by programmatic dependent launch, no cluster and no grid-wide barrier:
 //  1. projection, grid (splits, token tiles): CTA s owns a contiguous range of d-chunks (32 dims of
