@@ -538,6 +538,80 @@ TEST_F(CudaMhc, SplitDeterministic) {
   EXPECT_EQ(0, std::memcmp(c0.data(), c1.data(), nc * sizeof(float)));
 }
 
+// The engine's decode graphs: an eager prefill-sized hc_pre (cluster kernel) on a fresh stream
+// reserves the split path's workspace, so a decode hc_post_pre captured next on that stream needs
+// no allocation; the graph's replay (two PDL-chained kernels) gives the eager call's bits.
+TEST_F(CudaMhc, SplitInsideGraphCapture) {
+  Rng rng(900);
+  const int dim = 4096, prefill = 300, tokens = 8;
+  const Unit u = random_unit(rng, (2 + kHc) * kHc, dim, 3);
+  const std::vector<float> big = random_streams(rng, prefill, dim);
+  const std::vector<float> res = random_streams(rng, tokens, dim);
+  const std::vector<float> x = random_bf16(rng, size_t(tokens) * dim, 1.0f);
+  std::vector<float> post(size_t(tokens) * kHc), comb(size_t(tokens) * kHc * kHc);
+  for (auto& v : post) v = float(rng.uniform(0.0, 2.0));
+  for (auto& v : comb) v = float(rng.uniform(0.0, 1.0));
+  std::vector<float> nw(dim);
+  for (auto& v : nw) v = round_bf16(float(rng.uniform(0.5, 1.5)));
+  const DevUnit du(u);
+  DeviceBuffer<uint16_t> dbig(to_bf16_bits(big)), dybig(size_t(prefill) * dim);
+  DeviceBuffer<float> dpbig(size_t(prefill) * kHc), dcbig(size_t(prefill) * kHc * kHc);
+  DeviceBuffer<uint16_t> dres(to_bf16_bits(res)), dx(to_bf16_bits(x)), dnw(to_bf16_bits(nw));
+  DeviceBuffer<uint16_t> dout(res.size()), dy(size_t(tokens) * dim);
+  DeviceBuffer<float> dpost(post), dcomb(comb), dnpost(post.size()), dncomb(comb.size());
+  cudaStream_t s;
+  DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads ran on the legacy stream
+  cuda::HcPreParams pre;
+  pre.shape = shape(dim);
+  pre.tokens = prefill;
+  pre.streams = bf16_ptr(dbig);
+  pre.unit = du.params();
+  pre.y = bf16_ptr(dybig);
+  pre.post = dpbig.data();
+  pre.comb = dcbig.data();
+  cuda::hc_pre(pre, s);  // eager, cluster kernel (300 tokens): reserves the workspace
+  cuda::HcPostPreParams p;
+  p.post.shape = shape(dim);
+  p.post.tokens = tokens;
+  p.post.x = bf16_ptr(dx);
+  p.post.res = bf16_ptr(dres);
+  p.post.post = dpost.data();
+  p.post.comb = dcomb.data();
+  p.post.out = bf16_ptr(dout);
+  p.unit = du.params();
+  p.norm = {bf16_ptr(dnw), 1e-6f};
+  p.y = bf16_ptr(dy);
+  p.next_post = dnpost.data();
+  p.next_comb = dncomb.data();
+  ASSERT_TRUE(cuda::mhc_cfg::uses_split_kernel(dim, tokens));
+  cuda::hc_post_pre(p, s);
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
+  const std::vector<uint16_t> out0 = dout.download(), y0 = dy.download();
+  const std::vector<float> p0 = dnpost.download(), c0 = dncomb.download();
+  dout.fill_bytes(0xff);
+  dy.fill_bytes(0xff);
+  dnpost.fill_bytes(0xff);
+  dncomb.fill_bytes(0xff);
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // the poison is in place before the replays
+  cudaGraph_t g;
+  cudaGraphExec_t e;
+  DSV4_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  cuda::hc_post_pre(p, s);
+  DSV4_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  DSV4_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+  for (int i = 0; i < 3; ++i) DSV4_CUDA_CHECK(cudaGraphLaunch(e, s));
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
+  EXPECT_TRUE(dout.download() == out0);
+  EXPECT_TRUE(dy.download() == y0);
+  const std::vector<float> p1 = dnpost.download(), c1 = dncomb.download();
+  EXPECT_EQ(0, std::memcmp(p0.data(), p1.data(), p0.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(c0.data(), c1.data(), c0.size() * sizeof(float)));
+  DSV4_CUDA_CHECK(cudaGraphExecDestroy(e));
+  DSV4_CUDA_CHECK(cudaGraphDestroy(g));
+  DSV4_CUDA_CHECK(cudaStreamDestroy(s));
+}
+
 TEST_F(CudaMhc, EmptyIsNoOp) {
   cuda::HcPreParams p;
   p.shape = shape(4096);

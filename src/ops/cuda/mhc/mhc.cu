@@ -819,6 +819,7 @@ void dispatch(KParams kp, cudaStream_t stream) {
   DSV4_CHECK(kp.path != HcPath::kSplit || split_supports_dim(kp.dim),
              "mHC: the split-K path was asked for at dim ", kp.dim,
              "; it takes widths that are a multiple of ", kSplitDimUnit, " up to ", kSplitMaxDim);
+  if (split_supports_dim(kp.dim)) mhc_split::reserve_workspace(stream);
   if (kp.path == HcPath::kSplit ||
       (kp.path == HcPath::kAuto && uses_split_kernel(kp.dim, kp.tokens))) {
     dispatch_split<kMode>(kp, stream);

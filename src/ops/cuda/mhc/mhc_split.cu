@@ -383,9 +383,12 @@ int device_sm_count() {
 
 // Partials workspace, one per (device, stream): ranks may run as threads on one GPU, each on its
 // own stream. Grown under a lock and never freed while the process runs (a CUDA graph captured
-// with a smaller buffer keeps pointing at it, so a grown buffer is retired, not freed); growing
-// inside a capture is refused (cudaMalloc there would break it): the engine and the benchmarks
-// run each shape eagerly before capturing it.
+// with a smaller buffer keeps pointing at it, so a grown buffer is retired, not freed). Growing
+// inside a capture is refused (cudaMalloc there would break it); the first allocation covers
+// every decode shape (kSplitMaxTokens tokens at the most splits), and every eager mHC call at a
+// width the split path takes reserves it (reserve_workspace), so a decode graph captured after
+// any eager step (a prefill, the runner's warm-up) finds it in place. `bytes` == 0: reserve only,
+// and only outside a capture.
 void* workspace(size_t bytes, cudaStream_t stream) {
   struct Buffer {
     void* ptr = nullptr;
@@ -397,19 +400,18 @@ void* workspace(size_t bytes, cudaStream_t stream) {
   const int dev = current_device();
   std::lock_guard<std::mutex> lock(mu);
   Buffer& b = buffers[{dev, stream}];
-  if (bytes > b.size) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    DSV4_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-    DSV4_CHECK(capture == cudaStreamCaptureStatusNone, "mHC: the split-K workspace must grow to ",
-               bytes, " bytes (from ", b.size,
-               ") inside a CUDA graph capture; run this shape eagerly first");
-    if (b.ptr) retired.push_back(b.ptr);
-    // The largest decode shape at once, so a batch that grows later needs no new buffer.
-    const size_t want = std::max(bytes, size_t(kSplitMaxTokens) * (kSplitMaxDim / kSplitDimUnit) *
-                                            (kMixPre * sizeof(float) + sizeof(double)));
-    DSV4_CUDA_CHECK(cudaMalloc(&b.ptr, want));
-    b.size = want;
-  }
+  if (b.ptr != nullptr && bytes <= b.size) return b.ptr;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  DSV4_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (bytes == 0 && capture != cudaStreamCaptureStatusNone) return b.ptr;
+  DSV4_CHECK(capture == cudaStreamCaptureStatusNone, "mHC: the split-K workspace must grow to ",
+             bytes, " bytes (from ", b.size,
+             ") inside a CUDA graph capture; run an mHC op on this stream eagerly first");
+  if (b.ptr) retired.push_back(b.ptr);
+  const size_t want = std::max(bytes, size_t(kSplitMaxTokens) * (kSplitMaxDim / kSplitDimUnit) *
+                                          (kMixPre * sizeof(float) + sizeof(double)));
+  DSV4_CUDA_CHECK(cudaMalloc(&b.ptr, want));
+  b.size = want;
   return b.ptr;
 }
 
@@ -477,6 +479,10 @@ void launch_kind(const Params& p, const Geometry& geo, float* part_mix, double* 
 }
 
 }  // namespace
+
+void reserve_workspace(cudaStream_t stream) {
+  workspace(0, stream);
+}
 
 Geometry geometry(int dim, int tokens, int sm_count) {
   Geometry g;

@@ -58,4 +58,9 @@ Geometry geometry(int dim, int tokens, int sm_count);
 // Launches both kernels on `stream`; the caller has validated p (mhc.cu).
 void launch(const Params& p, cudaStream_t stream);
 
+// Allocates `stream`'s partials workspace (sized for every decode shape) unless it exists or a
+// graph capture is under way on `stream`; mhc.cu calls it on every path at the widths the split
+// path takes, so decode graphs captured after any eager mHC op never need to allocate.
+void reserve_workspace(cudaStream_t stream);
+
 }  // namespace dsv4::cuda::mhc_split
