@@ -59,8 +59,12 @@ constexpr int kSplitFinishThreads = 256;
 constexpr int kSplitCollapseThreads = kSplitFinishThreads - 32;
 constexpr int kSplitMaxYChunks =
     (kSplitMaxDim / 8 + kSplitCollapseThreads - 1) / kSplitCollapseThreads;
-constexpr int kSplitReduceParts = 8;  // the finisher sums the split partials in 8 fixed ranges
-static_assert(kSplitMaxYChunks == 5 && kSplitReduceParts * (kMixPre + 1) <= kSplitFinishThreads);
+// The finisher sums the split partials in 10 fixed ranges (a thread per range and value).
+constexpr int kSplitReduceParts = 10;
+constexpr int kSplitMaxSplitsPerPart =
+    (kSplitMaxDim / kSplitDimUnit + kSplitReduceParts - 1) / kSplitReduceParts;
+static_assert(kSplitMaxYChunks == 5 && kSplitReduceParts * (kMixPre + 1) <= kSplitFinishThreads &&
+              kSplitMaxSplitsPerPart == 26);
 constexpr bool split_supports_dim(int dim) {
   return dim > 0 && dim % kSplitDimUnit == 0 && dim <= kSplitMaxDim;
 }

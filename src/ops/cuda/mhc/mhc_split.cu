@@ -263,19 +263,31 @@ __global__ void __launch_bounds__(kSplitFinishThreads) hc_split_finish_kernel(co
   sm90::griddep_wait();
   sm90::griddep_launch_dependents();
 
-  // Partials: value v (a mix, or the sum of squares at v == kMix) over 8 fixed ranges of splits,
-  // each summed in split order in fp64, then the ranges in order.
+  // Partials: value v (a mix, or the sum of squares at v == kMix) over kSplitReduceParts fixed
+  // ranges of splits, each summed in split order in fp64, then the ranges in order. Every load of
+  // a range is issued before the first addition (one L2 round trip, not one per few splits).
   if (tid < kSplitReduceParts * kV) {
+    constexpr int kMaxPer = kSplitMaxSplitsPerPart;
     const int v = tid % kV, part = tid / kV;
     const int s0 = part * p.splits / kSplitReduceParts;
     const int s1 = (part + 1) * p.splits / kSplitReduceParts;
     double acc = 0.0;
     if (v < kMix) {
-      const float* src = p.part_mix + t * p.splits * kMix + v;
-      for (int s = s0; s < s1; ++s) acc += double(src[int64_t(s) * kMix]);
+      const float* src = p.part_mix + (t * p.splits + s0) * kMix + v;
+      float vals[kMaxPer];
+#pragma unroll
+      for (int i = 0; i < kMaxPer; ++i) vals[i] = s0 + i < s1 ? src[i * kMix] : 0.0f;
+#pragma unroll
+      for (int i = 0; i < kMaxPer; ++i)
+        if (s0 + i < s1) acc += double(vals[i]);
     } else {
-      const double* src = p.part_ss + t * p.splits;
-      for (int s = s0; s < s1; ++s) acc += src[s];
+      const double* src = p.part_ss + t * p.splits + s0;
+      double vals[kMaxPer];
+#pragma unroll
+      for (int i = 0; i < kMaxPer; ++i) vals[i] = s0 + i < s1 ? src[i] : 0.0;
+#pragma unroll
+      for (int i = 0; i < kMaxPer; ++i)
+        if (s0 + i < s1) acc += vals[i];
     }
     red[part][v] = acc;
   }
@@ -313,14 +325,21 @@ __global__ void __launch_bounds__(kSplitFinishThreads) hc_split_finish_kernel(co
   const int ct = tid - kFirst, chunks = p.dim / 8;
   const __nv_bfloat16* X = p.streams + t * kHc * p.dim;
   const float w0 = pre_s[0], w1 = pre_s[1], w2 = pre_s[2], w3 = pre_s[3];
-  float yv[kMaxC][8];
+  // Every chunk's loads first (one L2/HBM round trip), then the arithmetic.
+  uint4 raw[kMaxC][kHc];
 #pragma unroll
   for (int i = 0; i < kMaxC; ++i) {
     const int c = ct + i * kCollapse;
-    if (c >= chunks) continue;
+#pragma unroll
+    for (int jj = 0; jj < kHc; ++jj)
+      raw[i][jj] = c < chunks ? ld16(X + int64_t(jj) * p.dim + c * 8) : make_uint4(0, 0, 0, 0);
+  }
+  float yv[kMaxC][8];
+#pragma unroll
+  for (int i = 0; i < kMaxC; ++i) {
     float xv[kHc][8];
 #pragma unroll
-    for (int jj = 0; jj < kHc; ++jj) unpack8(ld16(X + int64_t(jj) * p.dim + c * 8), xv[jj]);
+    for (int jj = 0; jj < kHc; ++jj) unpack8(raw[i][jj], xv[jj]);
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       float s = fmul(w0, xv[0][e]);

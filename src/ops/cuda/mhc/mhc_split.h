@@ -12,7 +12,7 @@
 //     stream order, and the CTA writes its partial mixes (fp32) and sum of squares (fp64) to a
 //     workspace. fn, the only large read at decode (1.5 MB Flash, 2.75 MB Pro), is spread over
 //     ~128-224 CTAs and fetched before the kernel waits on its predecessor.
-//  2. finish, one CTA per token: sums the splits' partials in a fixed order (8 ranges of splits,
+//  2. finish, one CTA per token: sums the splits' partials in a fixed order (10 ranges of splits,
 //     each in split order, in fp64; then the ranges in order), so the result does not depend on
 //     scheduling; computes the RMS factor and the gates (warp 0), runs Sinkhorn on 16 lanes of
 //     warp 0 while warps 1-7 collapse y = bf16(sum_j pre_j h_j) (and the fused RMSNorm).
