@@ -9,10 +9,12 @@
 //  * hc_post_pre : hc_post of one sub-layer fused with hc_pre of the next (vLLM's
 //                  mhc_fused_post_pre): each token's streams are read once, the new streams
 //                  written once, and the next sub-layer's input produced in the same pass.
-//                  Used while a cluster tile holds one m-tile (decode batches); for more
+//                  On the cluster path, used while a cluster tile holds one m-tile; for more
 //                  tokens the streaming hc_post followed by hc_pre is faster (the fused
 //                  kernel's hc_post runs on one CTA per SM in series with the rest of the
-//                  tile) and is what runs, with bit-identical results.
+//                  tile) and is what runs, with bit-identical results. On the split path
+//                  (decode), the projection kernel computes and writes the new streams of its
+//                  slice and the finishing kernel reads them back (from L2) for the collapse.
 //  * hc_head     : y = bf16(sum_j w_j h_j) with w_j = sigmoid(m_j scale + base_j) + eps
 //                  (optionally followed by the final RMSNorm).
 //
