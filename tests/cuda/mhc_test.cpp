@@ -5,7 +5,7 @@
 // streams; and the per-token kernel that serves the other widths (128 and 384 at decode and
 // prefill counts, 8 .. 16384 at the edges) under the same contract. hc_post_pre takes two routes
 // (the fused kernel for one m-tile per cluster tile, else hc_post then hc_pre); both are checked.
-// Decode batches (<= 128 tokens at widths a multiple of 32) take the split-K path (mhc_split.h)
+// Decode steps (<= 512 tokens at widths a multiple of 32) take the split-K path (mhc_split.h)
 // by default; the Split* cases force it and the cluster kernel at the same real shapes (b 1, 2, 8,
 // 32, 128 at 4096 and 7168) and edge sizes, under the same contract, and check that it is
 // deterministic. Its projection sums the same exact products (BF16 x the 3 BF16 parts of fn) in
@@ -467,6 +467,18 @@ TEST_F(CudaMhc, SplitHeadRealShapes) {
     }
 }
 
+// Decode steps with a speculative draft (b = 64 / 128 with 3 draft tokens: 256 / 512 rows) take the
+// split path by default too (many tiles of 64 tokens, several d-chunks per split).
+TEST_F(CudaMhc, SplitSpeculativeShapes) {
+  uint64_t seed = 650;
+  for (int dim : {4096, 7168})
+    for (int tokens : {256, 512}) {
+      ASSERT_TRUE(cuda::mhc_cfg::uses_split_kernel(dim, tokens));
+      check_pre(dim, tokens, true, seed++);
+      check_post_pre(dim, tokens, true, false, seed++);
+    }
+}
+
 // Edge sizes: token counts that fill no tile (3, 17, 33, 65, 127 over tiles of 16, 32 and 64
 // rows) or exactly (16, 64); the smallest width (32: one d-chunk, one split), widths whose splits
 // are uneven (96, 1056), one the cluster kernel does not take (384, the per-token kernel's), and
@@ -652,8 +664,9 @@ TEST(MhcApi, PathPerWidth) {
 TEST(MhcApi, SplitPathShapes) {
   using namespace cuda::mhc_cfg;
   for (int dim : {32, 384, 4096, 7168, 8192})
-    for (int tokens : {1, 64, 128}) EXPECT_TRUE(uses_split_kernel(dim, tokens)) << dim;
-  EXPECT_FALSE(uses_split_kernel(4096, 129));
+    for (int tokens : {1, 64, 128, 256}) EXPECT_TRUE(uses_split_kernel(dim, tokens)) << dim;
+  EXPECT_TRUE(uses_split_kernel(4096, 512));  // b = 128 with a 3-token draft
+  EXPECT_FALSE(uses_split_kernel(4096, 513));
   EXPECT_FALSE(uses_split_kernel(4096, 0));
   EXPECT_FALSE(uses_split_kernel(8192 + 32, 1));
   EXPECT_FALSE(uses_split_kernel(136, 1));  // not a multiple of 32
@@ -673,7 +686,7 @@ TEST(MhcApi, SplitPathShapes) {
   EXPECT_EQ(cuda::mhc_split::geometry(4096, 1, 132).splits, 128);
   EXPECT_EQ(cuda::mhc_split::geometry(7168, 1, 132).splits, 224);
   EXPECT_EQ(cuda::mhc_split::geometry(7168, 128, 132).rows, 64);
-  for (int tokens : {129, 1000, 8192}) {  // forced at prefill sizes: tiles of 64, >= 1 chunk each
+  for (int tokens : {513, 1000, 8192}) {  // forced at prefill sizes: tiles of 64, >= 1 chunk each
     const cuda::mhc_split::Geometry g = cuda::mhc_split::geometry(7168, tokens, 132);
     EXPECT_EQ(g.rows, 64);
     EXPECT_GE(g.splits * g.chunks_per_split, 224);
@@ -684,8 +697,6 @@ TEST(MhcApi, SplitPathShapes) {
   auto* fake_bf16 = reinterpret_cast<__nv_bfloat16*>(uintptr_t(256));
   auto* fake_f32 = reinterpret_cast<float*>(uintptr_t(512));
   cuda::HcPreParams p;
-  p.shape = shape(4096);
-  p.tokens = 129;
   p.streams = fake_bf16;
   p.unit = {fake_f32, fake_f32, fake_f32};
   p.y = fake_bf16;

@@ -46,13 +46,16 @@ constexpr bool uses_cluster_kernel(int dim) {
 // token's flattened streams); a projection CTA has one warp per stream and owns whole d-chunks;
 // token tiles of 16 x kSplitMaxMt rows; the finishing kernel has one CTA per token, whose
 // collapse threads (224: warp 0 runs Sinkhorn) hold at most kSplitMaxYChunks chunks of 8 dims
-// of y each. By default it serves decode batches (tokens <= kSplitMaxTokens) at widths that are a
+// of y each. By default it serves decode steps (tokens <= kSplitMaxTokens) at widths that are a
 // multiple of 32 up to kSplitMaxDim (Flash 4096, Pro 7168); other shapes keep the kernels above.
 // Forced (HcPath::kSplit) it takes any token count at those widths (benchmarks compare it with the
 // cluster kernel at prefill sizes to place the crossover).
 constexpr int kSplitDimUnit = 32;
 constexpr int kSplitMaxDim = 8192;
-constexpr int kSplitMaxTokens = 128;
+// Decode steps up to b = 128 with a speculative draft of up to 3 tokens (b x (1 + k) rows), and
+// short prefill chunks: at 128 tokens the cluster kernel takes ~40 us per call (H200), ten times
+// the split path's cost, and nothing in the split path grows worse than linearly with tokens.
+constexpr int kSplitMaxTokens = 512;
 constexpr int kSplitMaxMt = 4;
 constexpr int kSplitProjThreads = kHc * 32;
 constexpr int kSplitFinishThreads = 256;

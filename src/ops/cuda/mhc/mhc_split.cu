@@ -404,7 +404,8 @@ int device_sm_count() {
 // own stream. Grown under a lock and never freed while the process runs (a CUDA graph captured
 // with a smaller buffer keeps pointing at it, so a grown buffer is retired, not freed). Growing
 // inside a capture is refused (cudaMalloc there would break it); the first allocation covers
-// every decode shape (kSplitMaxTokens tokens at the most splits), and every eager mHC call at a
+// every shape kAuto sends here (kSplitMaxTokens tokens, at most 256 splits), and every eager mHC
+// call at a
 // width the split path takes reserves it (reserve_workspace), so a decode graph captured after
 // any eager step (a prefill, the runner's warm-up) finds it in place. `bytes` == 0: reserve only,
 // and only outside a capture.
