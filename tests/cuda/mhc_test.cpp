@@ -682,6 +682,14 @@ TEST(MhcApi, SplitPathShapes) {
         EXPECT_GE(g.tiles * g.rows, tokens);
         EXPECT_LT((g.tiles - 1) * g.rows, tokens);
       }
+  // The reserved workspace holds the partials of every shape kAuto sends to the split path.
+  for (int sms : {1, 78, 132, 148})
+    for (int dim = kSplitDimUnit; dim <= kSplitMaxDim; dim += kSplitDimUnit)
+      for (int tokens = 1; tokens <= kSplitMaxTokens; ++tokens) {
+        const cuda::mhc_split::Geometry g = cuda::mhc_split::geometry(dim, tokens, sms);
+        ASSERT_LE(size_t(tokens) * g.splits, cuda::mhc_split::reserved_partials(sms))
+            << dim << " " << tokens << " " << sms;
+      }
   // Flash and Pro at one token on an H200 (132 SMs): one d-chunk per CTA.
   EXPECT_EQ(cuda::mhc_split::geometry(4096, 1, 132).splits, 128);
   EXPECT_EQ(cuda::mhc_split::geometry(7168, 1, 132).splits, 224);

@@ -404,8 +404,7 @@ int device_sm_count() {
 // own stream. Grown under a lock and never freed while the process runs (a CUDA graph captured
 // with a smaller buffer keeps pointing at it, so a grown buffer is retired, not freed). Growing
 // inside a capture is refused (cudaMalloc there would break it); the first allocation covers
-// every shape kAuto sends here (kSplitMaxTokens tokens, at most 256 splits), and every eager mHC
-// call at a
+// every shape kAuto sends here (reserved_partials), and every eager mHC call at a
 // width the split path takes reserves it (reserve_workspace), so a decode graph captured after
 // any eager step (a prefill, the runner's warm-up) finds it in place. `bytes` == 0: reserve only,
 // and only outside a capture.
@@ -428,8 +427,8 @@ void* workspace(size_t bytes, cudaStream_t stream) {
              bytes, " bytes (from ", b.size,
              ") inside a CUDA graph capture; run an mHC op on this stream eagerly first");
   if (b.ptr) retired.push_back(b.ptr);
-  const size_t want = std::max(bytes, size_t(kSplitMaxTokens) * (kSplitMaxDim / kSplitDimUnit) *
-                                          (kMixPre * sizeof(float) + sizeof(double)));
+  const size_t want = std::max(
+      bytes, reserved_partials(device_sm_count()) * (kMixPre * sizeof(float) + sizeof(double)));
   DSV4_CUDA_CHECK(cudaMalloc(&b.ptr, want));
   b.size = want;
   return b.ptr;
@@ -499,6 +498,12 @@ void launch_kind(const Params& p, const Geometry& geo, float* part_mix, double* 
 }
 
 }  // namespace
+
+size_t reserved_partials(int sm_count) {
+  static_assert(kSplitMaxTokens > 32, "64-row tiles past 32 tokens");
+  const int max_tiles = (kSplitMaxTokens + 63) / 64;
+  return size_t(64) * (2 * size_t(sm_count) + max_tiles);
+}
 
 void reserve_workspace(cudaStream_t stream) {
   workspace(0, stream);
