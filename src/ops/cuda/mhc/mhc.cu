@@ -18,6 +18,7 @@
 // so hc_post's outputs and the collapse are bit-identical to the CPU for identical inputs.
 // Widths the cluster kernel does not take (mhc_cfg::slice_dims(dim) == 0) run mhc_token.cu's
 // per-token kernel instead (dispatch_token); the cluster path's code is the same either way.
+// Decode steps (mhc_cfg::uses_split_kernel) run mhc_split.cu's split-K path (dispatch_split).
 #include "ops/cuda/mhc/mhc.h"
 
 #include <cooperative_groups.h>
