@@ -513,9 +513,10 @@ Geometry geometry(int dim, int tokens, int sm_count) {
   Geometry g;
   g.rows = 16 * split_mtiles(tokens);
   g.tiles = (tokens + g.rows - 1) / g.rows;
-  // About two CTAs of 4 warps per SM over all tiles; every CTA gets at least one d-chunk.
+  // At most two CTAs of 4 warps per SM over all tiles (one wave: the projection CTAs of the
+  // largest tiles fit two per SM), every CTA at least one d-chunk.
   const int chunks = dim / kSplitDimUnit;
-  const int per_tile = std::max(1, (2 * sm_count + g.tiles - 1) / g.tiles);
+  const int per_tile = std::max(1, 2 * sm_count / g.tiles);
   g.chunks_per_split = (chunks + std::min(chunks, per_tile) - 1) / std::min(chunks, per_tile);
   g.splits = (chunks + g.chunks_per_split - 1) / g.chunks_per_split;
   return g;

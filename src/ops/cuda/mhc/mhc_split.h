@@ -57,7 +57,7 @@ Geometry geometry(int dim, int tokens, int sm_count);
 
 // Partials (token, split pairs) the workspace reserves: at least tokens x splits of every shape
 // kAuto sends to this path (tokens <= kSplitMaxTokens, any width it takes). splits <= the CTAs per
-// tile, ceil(2 sms / tiles), so tokens x splits <= rows x (2 sms + tiles) <= 64 (2 sms + 8).
+// tile, max(1, 2 sms / tiles), so tokens x splits <= max(rows x 2 sms, tokens) <= 64 (2 sms + 8).
 size_t reserved_partials(int sm_count);
 
 // Launches both kernels on `stream`; the caller has validated p (mhc.cu).
