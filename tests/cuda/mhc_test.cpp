@@ -19,10 +19,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/formats.h"
@@ -50,6 +52,20 @@ using test::from_bf16_bits;
 using test::random_bf16;
 using test::to_bf16_bits;
 constexpr int kHc = 4;
+
+// Runs f(t) for every token t on up to 16 host threads: the CPU references (one token at a
+// time, independent) dominate this test's time at the real widths.
+template <typename F>
+void parallel_for(int n, F f) {
+  const int workers = std::max(1, std::min({16, n, int(std::thread::hardware_concurrency())}));
+  std::atomic<int> next{0};
+  std::vector<std::thread> pool;
+  for (int w = 0; w < workers; ++w)
+    pool.emplace_back([&] {
+      for (int i = next++; i < n; i = next++) f(i);
+    });
+  for (std::thread& th : pool) th.join();
+}
 
 void expect_bits_equal(const std::vector<uint16_t>& got, const std::vector<float>& ref, int cols,
                        const std::string& what) {
@@ -146,9 +162,10 @@ void check_pre(int dim, int tokens, bool norm, uint64_t seed,
   const cpu::HcParams cp = cpu_params(u, dim);
   std::vector<float> y(size_t(tokens) * dim), post(size_t(tokens) * kHc),
       comb(size_t(tokens) * kHc * kHc);
-  for (int t = 0; t < tokens; ++t)
+  parallel_for(tokens, [&](int t) {
     cpu::hc_pre(cp, streams.data() + size_t(t) * kHc * dim, y.data() + size_t(t) * dim,
                 post.data() + size_t(t) * kHc, comb.data() + size_t(t) * kHc * kHc);
+  });
   if (norm) cpu::rms_norm(y.data(), tokens, dim, nw.data(), 1e-6f, y.data());
   // GPU
   const DevUnit du(u);
@@ -268,13 +285,13 @@ void check_post_pre(int dim, int tokens, bool norm, bool in_place, uint64_t seed
   std::vector<float> streams(res.size()), y(size_t(tokens) * dim), npost(post.size()),
       ncomb(comb.size());
   const cpu::HcParams cp = cpu_params(u, dim);
-  for (int t = 0; t < tokens; ++t) {
+  parallel_for(tokens, [&](int t) {
     cpu::hc_post(kHc, dim, x.data() + size_t(t) * dim, res.data() + size_t(t) * kHc * dim,
                  post.data() + size_t(t) * kHc, comb.data() + size_t(t) * kHc * kHc,
                  streams.data() + size_t(t) * kHc * dim);
     cpu::hc_pre(cp, streams.data() + size_t(t) * kHc * dim, y.data() + size_t(t) * dim,
                 npost.data() + size_t(t) * kHc, ncomb.data() + size_t(t) * kHc * kHc);
-  }
+  });
   if (norm) cpu::rms_norm(y.data(), tokens, dim, nw.data(), 1e-6f, y.data());
   // GPU
   const DevUnit du(u);
@@ -341,8 +358,9 @@ void check_head(int dim, int tokens, bool norm, uint64_t seed,
   for (auto& v : nw) v = round_bf16(float(rng.uniform(0.5, 1.5)));
   std::vector<float> y(size_t(tokens) * dim);
   const cpu::HcParams cp = cpu_params(u, dim);
-  for (int t = 0; t < tokens; ++t)
+  parallel_for(tokens, [&](int t) {
     cpu::hc_head(cp, streams.data() + size_t(t) * kHc * dim, y.data() + size_t(t) * dim);
+  });
   if (norm) cpu::rms_norm(y.data(), tokens, dim, nw.data(), 1e-6f, y.data());
   const DevUnit du(u);
   DeviceBuffer<uint16_t> ds(to_bf16_bits(streams)), dnw(to_bf16_bits(nw)), dy(size_t(tokens) * dim);
