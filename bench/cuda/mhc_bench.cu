@@ -6,13 +6,13 @@
 // pair, so peer/ours is ~1 there). Inputs are rotated through more memory than the L2 holds; every
 // op is replayed from a CUDA graph. --dims benchmarks other widths instead (e.g. 128, 384: the
 // per-token kernel of widths the cluster kernel does not take), or as well with --model.
-// Decode batches (mhc_cfg::uses_split_kernel) run hc_pre / hc_post_pre / hc_head on the split-K
-// path (what the engine runs) with the cluster kernel at the same shape as the peer ("cluster"),
-// each timed once per graph and as a chain of kChain calls in one graph (per call: the launch
-// latency of a lone graph amortised, consecutive calls overlapping by programmatic launch as in
-// the engine's step graph). fn is rotated with the streams (the engine reads each layer's fn
-// from HBM), so the decode roofline counts its bytes from HBM. Larger token counts time the split
-// path forced ("[split forced]") against the cluster kernel the engine runs there.
+// At the widths the split-K path takes (mhc_cfg::uses_split_kernel: Flash, Pro) hc_pre,
+// hc_post_pre and hc_head run on it (what the engine runs), with the cluster kernel at the same
+// shape as the peer ("cluster"), timed once per graph and, up to 512 tokens, as a chain of kChain
+// calls in one graph (per call: the launch latency of a lone graph amortised, consecutive calls
+// overlapping by programmatic launch as in the engine's step graph). fn is rotated with the
+// streams (the engine reads each layer's fn from HBM), so the decode roofline counts its bytes
+// from HBM.
 // Usage: mhc_bench [--model flash|pro|all] [--dims 128,384] [--tokens 1,8,4096] [--iters N]
 #include <cuda_bf16.h>
 
@@ -179,11 +179,10 @@ void bench_width(const char* model, int dim, int tokens, int iters) {
                           rms_norm(p, s);
                         }).median_us(iters);
 
-  // Decode batches: the split-K path against the cluster kernel at the same shape, one call per
-  // graph and kChain calls per graph (per call). Past decode batches (kAuto runs the cluster
-  // kernel there) the split path is forced, one call per graph, to place the crossover.
+  // The split-K path (what kAuto runs at these widths) against the cluster kernel at the same
+  // shape, one call per graph and, for decode steps, kChain calls per graph (per call).
   if (mhc_cfg::split_supports_dim(dim)) {
-    const bool decode = mhc_cfg::uses_split_kernel(dim, tokens);
+    const bool decode = tokens <= 512;
     using Op = std::function<void(int, cudaStream_t, HcPath)>;
     auto one = [&](const Op& op, HcPath path) {
       return bench::GraphSet(copies, [&](int c, cudaStream_t s) { op(c, s, path); })
@@ -210,8 +209,8 @@ void bench_width(const char* model, int dim, int tokens, int iters) {
                           {"hc_post_pre+norm", post_pre, pp_bytes},
                           {"hc_head+norm", head, head_bytes}};
     for (const Case& k : cases) {
-      emit(std::string(k.name) + (decode ? " [split]" : " [split forced]"), shape,
-           one(k.op, HcPath::kSplit), k.bytes, "cluster", one(k.op, HcPath::kCluster));
+      emit(std::string(k.name) + " [split]", shape, one(k.op, HcPath::kSplit), k.bytes, "cluster",
+           one(k.op, HcPath::kCluster));
       if (decode)
         emit(std::string(k.name) + " [split] x" + std::to_string(kChain) + " chain", shape,
              chain(k.op, HcPath::kSplit), k.bytes, "cluster chain", chain(k.op, HcPath::kCluster));

@@ -5,17 +5,18 @@
 // streams; and the per-token kernel that serves the other widths (128 and 384 at decode and
 // prefill counts, 8 .. 16384 at the edges) under the same contract. hc_post_pre takes two routes
 // (the fused kernel for one m-tile per cluster tile, else hc_post then hc_pre); both are checked.
-// Decode steps (<= 512 tokens at widths a multiple of 32) take the split-K path (mhc_split.h)
-// by default; the Split* cases force it and the cluster kernel at the same real shapes (b 1, 2, 8,
-// 32, 128 at 4096 and 7168) and edge sizes, under the same contract, and check that it is
-// deterministic. Its projection sums the same exact products (BF16 x the 3 BF16 parts of fn) in
-// a shorter fp32 chain per CTA (at most 2 d-chunks: 12 MMA k-steps), the 4 warps in fp32 and the
-// CTAs in fp64: within the verify bound's model (mix_bound: one BF16-MMA chain over all 3n
-// products), so the tolerances below are unchanged.
-// hc_post's arithmetic is the CPU's operation for operation, so its streams must match bit for bit;
-// the collapsed y must meet the tolerance (relative L2 <= 4e-3, >= 99% within 1 BF16 ulp)
-// and post/comb (fp32, values of order 1) agree to 1e-4 absolute (fp32 summation-order noise is
-// ~1e-6).
+// Widths that are a multiple of 32 (up to 8192) take the split-K path (mhc_split.h) at every
+// token count by default, so the older cases above run it at those widths; the Split* cases force
+// it and the cluster kernel at the same real shapes (b 1, 2, 8, 32, 128 at 4096 and 7168), edge
+// sizes and prefill sizes, under the same contract, and check that it is deterministic; the
+// TokenPath* cases force the per-token kernel, ClusterForcedPrefill the cluster kernel. Its
+// projection sums the same exact products (BF16 x the 3 BF16 parts of fn) in a shorter fp32 chain
+// per CTA (at most 2 d-chunks: 12 MMA k-steps), the 4 warps in fp32 and the CTAs in fp64: within
+// the verify bound's model (mix_bound: one BF16-MMA chain over all 3n products), so the tolerances
+// below are unchanged. hc_post's arithmetic is the CPU's operation for operation, so its streams
+// must match bit for bit; the collapsed y must meet the tolerance (relative L2 <= 4e-3, >=
+// 99% within 1 BF16 ulp) and post/comb (fp32, values of order 1) agree to 1e-4 absolute (fp32
+// summation-order noise is ~1e-6).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -392,13 +393,16 @@ TEST_F(CudaMhc, Head) {
 // The same contract as above. dim 128 is the custom-config test's width, 384 another multiple of
 // 128 that is not one of 256; decode batches (1-16 tokens) and prefill counts (300, 2048).
 constexpr int kOddWidths[] = {128, 384};
+// Widths that are a multiple of 32 take the split path by default; kCluster forces the kernels of
+// mhc.cu, which at these widths is the per-token kernel.
+constexpr cuda::HcPath kTokenPath = cuda::HcPath::kCluster;
 
 TEST_F(CudaMhc, TokenPathPreDecode) {
   uint64_t seed = 200;
   for (int dim : kOddWidths)
     for (int tokens : {1, 2, 5, 16}) {
-      check_pre(dim, tokens, false, seed++);
-      check_pre(dim, tokens, true, seed++);
+      check_pre(dim, tokens, false, seed++, kTokenPath);
+      check_pre(dim, tokens, true, seed++, kTokenPath);
     }
 }
 
@@ -406,8 +410,8 @@ TEST_F(CudaMhc, TokenPathPrePrefill) {
   uint64_t seed = 220;
   for (int dim : kOddWidths)
     for (int tokens : {300, 2048}) {
-      check_pre(dim, tokens, false, seed++);
-      check_pre(dim, tokens, true, seed++);
+      check_pre(dim, tokens, false, seed++, kTokenPath);
+      check_pre(dim, tokens, true, seed++, kTokenPath);
     }
 }
 
@@ -423,15 +427,17 @@ TEST_F(CudaMhc, TokenPathPostBitExact) {
 TEST_F(CudaMhc, TokenPathPostPre) {
   uint64_t seed = 260;
   for (int dim : kOddWidths)
-    for (int tokens : {1, 3, 16, 300, 2048}) check_post_pre(dim, tokens, true, true, seed++);
-  check_post_pre(128, 16, false, false, seed++);
-  check_post_pre(384, 300, false, false, seed++);
+    for (int tokens : {1, 3, 16, 300, 2048})
+      check_post_pre(dim, tokens, true, true, seed++, kTokenPath);
+  check_post_pre(128, 16, false, false, seed++, kTokenPath);
+  check_post_pre(384, 300, false, false, seed++, kTokenPath);
 }
 
 TEST_F(CudaMhc, TokenPathHead) {
   uint64_t seed = 280;
   for (int dim : kOddWidths)
-    for (int tokens : {1, 16, 300, 2048}) check_head(dim, tokens, tokens % 2 == 0, seed++);
+    for (int tokens : {1, 16, 300, 2048})
+      check_head(dim, tokens, tokens % 2 == 0, seed++, kTokenPath);
 }
 
 // The per-token kernel's other widths: the smallest (8: one warp, 4 chunks of streams, one of
@@ -441,9 +447,9 @@ TEST_F(CudaMhc, TokenPathOtherWidths) {
   uint64_t seed = 300;
   for (int dim : {8, 136, 4352, 16384}) {
     ASSERT_FALSE(cuda::mhc_cfg::uses_cluster_kernel(dim)) << dim;
-    check_pre(dim, 3, true, seed++);
-    check_post_pre(dim, 17, true, true, seed++);
-    check_head(dim, 2, true, seed++);
+    check_pre(dim, 3, true, seed++, kTokenPath);
+    check_post_pre(dim, 17, true, true, seed++, kTokenPath);
+    check_head(dim, 2, true, seed++, kTokenPath);
   }
 }
 
@@ -526,6 +532,16 @@ TEST_F(CudaMhc, SplitForcedPrefill) {
   check_head(4096, 500, true, seed++, cuda::HcPath::kSplit);
 }
 
+// The cluster kernel, which kAuto no longer runs at these widths, at prefill sizes (several
+// m-tiles per cluster tile; hc_post_pre as hc_post then hc_pre).
+TEST_F(CudaMhc, ClusterForcedPrefill) {
+  uint64_t seed = 780;
+  check_pre(4096, 8192, true, seed++, cuda::HcPath::kCluster);
+  check_post_pre(7168, 4096, true, true, seed++, cuda::HcPath::kCluster);
+  check_post_pre(4096, 2048, false, false, seed++, cuda::HcPath::kCluster);
+  check_head(7168, 1000, true, seed++, cuda::HcPath::kCluster);
+}
+
 // The split path's reductions are in a fixed order: the same inputs give the same bits, also
 // after a larger shape has used (and left its partials in) the shared workspace.
 TEST_F(CudaMhc, SplitDeterministic) {
@@ -568,9 +584,10 @@ TEST_F(CudaMhc, SplitDeterministic) {
   EXPECT_EQ(0, std::memcmp(c0.data(), c1.data(), nc * sizeof(float)));
 }
 
-// The engine's decode graphs: an eager prefill-sized hc_pre (cluster kernel) on a fresh stream
-// reserves the split path's workspace, so a decode hc_post_pre captured next on that stream needs
-// no allocation; the graph's replay (two PDL-chained kernels) gives the eager call's bits.
+// The engine's decode graphs: an eager mHC call on another path (the cluster kernel, forced) on a
+// fresh stream reserves the split path's workspace, so a decode hc_post_pre captured next on that
+// stream needs no allocation; the graph's replay (two PDL-chained kernels) gives the eager call's
+// bits.
 TEST_F(CudaMhc, SplitInsideGraphCapture) {
   Rng rng(900);
   const int dim = 4096, prefill = 300, tokens = 8;
@@ -600,7 +617,8 @@ TEST_F(CudaMhc, SplitInsideGraphCapture) {
   pre.y = bf16_ptr(dybig);
   pre.post = dpbig.data();
   pre.comb = dcbig.data();
-  cuda::hc_pre(pre, s);  // eager, cluster kernel (300 tokens): reserves the workspace
+  pre.path = cuda::HcPath::kCluster;
+  cuda::hc_pre(pre, s);  // eager, cluster kernel: reserves the split path's workspace
   cuda::HcPostPreParams p;
   p.post.shape = shape(dim);
   p.post.tokens = tokens;
@@ -683,8 +701,8 @@ TEST(MhcApi, SplitPathShapes) {
   using namespace cuda::mhc_cfg;
   for (int dim : {32, 384, 4096, 7168, 8192})
     for (int tokens : {1, 64, 128, 256}) EXPECT_TRUE(uses_split_kernel(dim, tokens)) << dim;
-  EXPECT_TRUE(uses_split_kernel(4096, 512));  // b = 128 with a 3-token draft
-  EXPECT_FALSE(uses_split_kernel(4096, 513));
+  EXPECT_TRUE(uses_split_kernel(4096, 512));   // b = 128 with a 3-token draft
+  EXPECT_TRUE(uses_split_kernel(7168, 8192));  // prefill
   EXPECT_FALSE(uses_split_kernel(4096, 0));
   EXPECT_FALSE(uses_split_kernel(8192 + 32, 1));
   EXPECT_FALSE(uses_split_kernel(136, 1));  // not a multiple of 32
@@ -700,10 +718,10 @@ TEST(MhcApi, SplitPathShapes) {
         EXPECT_GE(g.tiles * g.rows, tokens);
         EXPECT_LT((g.tiles - 1) * g.rows, tokens);
       }
-  // The reserved workspace holds the partials of every shape kAuto sends to the split path.
+  // The reserved workspace holds the partials of every shape of up to 64 (2 SMs + 8) tokens.
   for (int sms : {1, 78, 132, 148})
     for (int dim = kSplitDimUnit; dim <= kSplitMaxDim; dim += kSplitDimUnit)
-      for (int tokens = 1; tokens <= kSplitMaxTokens; ++tokens) {
+      for (int tokens = 1; size_t(tokens) <= cuda::mhc_split::reserved_partials(sms); ++tokens) {
         const cuda::mhc_split::Geometry g = cuda::mhc_split::geometry(dim, tokens, sms);
         ASSERT_LE(size_t(tokens) * g.splits, cuda::mhc_split::reserved_partials(sms))
             << dim << " " << tokens << " " << sms;

@@ -18,7 +18,8 @@
 // so hc_post's outputs and the collapse are bit-identical to the CPU for identical inputs.
 // Widths the cluster kernel does not take (mhc_cfg::slice_dims(dim) == 0) run mhc_token.cu's
 // per-token kernel instead (dispatch_token); the cluster path's code is the same either way.
-// Decode steps (mhc_cfg::uses_split_kernel) run mhc_split.cu's split-K path (dispatch_split).
+// Widths the split-K path takes (mhc_cfg::uses_split_kernel) run it (mhc_split.cu,
+// dispatch_split) unless HcPath::kCluster forces the kernels here.
 #include "ops/cuda/mhc/mhc.h"
 
 #include <cooperative_groups.h>
@@ -786,7 +787,7 @@ void dispatch_token(const KParams& kp, cudaStream_t stream) {
   mhc_token::launch(t, stream);
 }
 
-// Decode batches: the split-K path (mhc_split.h).
+// The split-K path (mhc_split.h).
 template <Mode kMode>
 void dispatch_split(const KParams& kp, cudaStream_t stream) {
   mhc_split::Params t;

@@ -13,15 +13,15 @@
 //                  tokens the streaming hc_post followed by hc_pre is faster (the fused
 //                  kernel's hc_post runs on one CTA per SM in series with the rest of the
 //                  tile) and is what runs, with bit-identical results. On the split path
-//                  (decode), the projection kernel computes and writes the new streams of its
+//                  the projection kernel computes and writes the new streams of its
 //                  slice and the finishing kernel reads them back (from L2) for the collapse.
 //  * hc_head     : y = bf16(sum_j w_j h_j) with w_j = sigmoid(m_j scale + base_j) + eps
 //                  (optionally followed by the final RMSNorm).
 //
-// Decode batches (at most mhc_cfg::kSplitMaxTokens tokens, widths a multiple of 32 up to
-// kSplitMaxDim: Flash and Pro) run the split-K path (mhc_split.h): the projection spread over
-// ~128-224 CTAs, then one CTA per token for the gates, Sinkhorn and the collapse; two launches
-// chained by programmatic dependent launch, no cluster barrier. Otherwise (prefill),
+// Widths that are a multiple of 32 up to mhc_cfg::kSplitMaxDim (Flash and Pro) run the split-K
+// path (mhc_split.h) at every token count: the projection spread over ~128-264 CTAs, then one CTA
+// per token for the gates, Sinkhorn and the collapse; two launches chained by programmatic
+// dependent launch, no cluster barrier. Forced (HcPath::kCluster), or at other widths,
 // hc_pre/hc_post_pre/hc_head run one kernel: a thread-block cluster of CS = dim/256 (or dim/512)
 // CTAs per tile of tokens, each CTA holding its 1/CS slice of all hc streams of the tile in
 // shared memory (read from HBM once). The (2+hc)*hc-wide projection runs on tensor cores with
@@ -43,9 +43,9 @@
 
 namespace dsv4::cuda {
 
-// Which kernels run. kAuto: the split-K decode path (mhc_split.h) for decode batches at the
-// widths it takes (mhc_cfg::uses_split_kernel), else the cluster kernel (or the per-token kernel
-// at the widths the cluster kernel does not take). kCluster / kSplit force one (benchmarks and
+// Which kernels run. kAuto: the split-K path (mhc_split.h) at the widths it takes
+// (mhc_cfg::uses_split_kernel), else the cluster kernel (or the per-token kernel at the widths the
+// cluster kernel does not take). kCluster / kSplit force one (benchmarks and
 // tests compare them at one shape; kSplit takes any token count, and a width it does not take,
 // not a multiple of 32 or above mhc_cfg::kSplitMaxDim, is an Error).
 enum class HcPath { kAuto, kCluster, kSplit };

@@ -500,9 +500,7 @@ void launch_kind(const Params& p, const Geometry& geo, float* part_mix, double* 
 }  // namespace
 
 size_t reserved_partials(int sm_count) {
-  static_assert(kSplitMaxTokens > 32, "64-row tiles past 32 tokens");
-  const int max_tiles = (kSplitMaxTokens + 63) / 64;
-  return size_t(64) * (2 * size_t(sm_count) + max_tiles);
+  return size_t(64) * (2 * size_t(sm_count) + 8);
 }
 
 void reserve_workspace(cudaStream_t stream) {

@@ -1,7 +1,6 @@
-// The split-K decode path of mHC (mhc_split.cu): hc_pre / hc_post_pre / hc_head at widths a
-// multiple of 32 up to kSplitMaxDim, by default for decode batches (mhc_cfg::uses_split_kernel: at
-// most kSplitMaxTokens tokens), any token count when forced. Internal to the mhc family: mhc.cu
-// validates the parameters and picks the path.
+// The split-K path of mHC (mhc_split.cu): hc_pre / hc_post_pre / hc_head at widths a multiple of
+// 32 up to kSplitMaxDim, any token count (mhc_cfg::uses_split_kernel). Internal to the mhc family:
+// mhc.cu validates the parameters and picks the path.
 //
 // Two kernels, chained by programmatic dependent launch, no cluster and no grid-wide barrier:
 //  1. projection, grid (splits, token tiles): CTA s owns a contiguous range of d-chunks (32 dims of
@@ -55,9 +54,10 @@ struct Geometry {
 };
 Geometry geometry(int dim, int tokens, int sm_count);
 
-// Partials (token, split pairs) the workspace reserves: at least tokens x splits of every shape
-// kAuto sends to this path (tokens <= kSplitMaxTokens, any width it takes). splits <= the CTAs per
-// tile, max(1, 2 sms / tiles), so tokens x splits <= max(rows x 2 sms, tokens) <= 64 (2 sms + 8).
+// Partials (token, split pairs) the workspace reserves: 64 (2 sms + 8), at least tokens x splits
+// of every shape of up to that many tokens (so every decode step and prefill chunk of up to ~17K
+// tokens on an H200, captured or not, finds its workspace in place): splits <= the CTAs per
+// tile, max(1, 2 sms / tiles), so tokens x splits <= max(rows x 2 sms, tokens), rows <= 64.
 size_t reserved_partials(int sm_count);
 
 // Launches both kernels on `stream`; the caller has validated p (mhc.cu).
