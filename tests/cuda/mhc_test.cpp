@@ -9,7 +9,10 @@
 // token count by default, so the older cases above run it at those widths; the Split* cases force
 // it and the cluster kernel at the same real shapes (b 1, 2, 8, 32, 128 at 4096 and 7168), edge
 // sizes and prefill sizes, under the same contract, and check that it is deterministic; the
-// TokenPath* cases force the per-token kernel, ClusterForcedPrefill the cluster kernel. Its
+// TokenPath* cases force the per-token kernel, ClusterForcedPrefill the cluster kernel. On the
+// split path hc_post_pre also takes two routes (hc_post fused into the projection up to 128 tokens,
+// else the streaming hc_post then the split hc_pre): SplitPostPreRealShapes / SplitEdgeSizes check
+// the first, SplitSpeculativeShapes / SplitForcedPrefill / PostPreRealShapes (8192) the second. Its
 // projection sums the same exact products (BF16 x the 3 BF16 parts of fn) in a shorter fp32 chain
 // per CTA (at most 2 d-chunks: 12 MMA k-steps), the 4 warps in fp32 and the CTAs in fp64: within
 // the verify bound's model (mix_bound: one BF16-MMA chain over all 3n products), so the tolerances

@@ -787,9 +787,26 @@ void dispatch_token(const KParams& kp, cudaStream_t stream) {
   mhc_token::launch(t, stream);
 }
 
-// The split-K path (mhc_split.h).
+// The split-K path (mhc_split.h). hc_post_pre past kSplitFusedPostMaxTokens: the streaming
+// hc_post, then the split hc_pre over the new streams (the same arithmetic, bit-identical).
 template <Mode kMode>
-void dispatch_split(const KParams& kp, cudaStream_t stream) {
+void dispatch_split(KParams kp, cudaStream_t stream) {
+  if constexpr (kMode == Mode::kPostPre) {
+    if (kp.tokens > kSplitFusedPostMaxTokens) {
+      HcPostParams q;
+      q.shape.dim = kp.dim;
+      q.tokens = kp.tokens;
+      q.x = kp.x_prev;
+      q.res = kp.res;
+      q.post = kp.post_prev;
+      q.comb = kp.comb_prev;
+      q.out = kp.streams_out;
+      launch_post(q, stream);
+      kp.streams = kp.streams_out;
+      dispatch_split<Mode::kPre>(kp, stream);
+      return;
+    }
+  }
   mhc_split::Params t;
   t.kind = kMode == Mode::kPre       ? mhc_split::Kind::kPre
            : kMode == Mode::kPostPre ? mhc_split::Kind::kPostPre

@@ -52,6 +52,11 @@ constexpr bool uses_cluster_kernel(int dim) {
 // 27.1 at 128, 325 vs 780 us at 8192); the cluster and per-token kernels serve the other widths
 // and HcPath::kCluster.
 constexpr int kSplitDimUnit = 32;
+// hc_post_pre on the split path fuses hc_post into the projection kernel up to this many tokens;
+// past it the streaming hc_post kernel then the split hc_pre are faster (H200: the fused
+// projection kernel's hc_post reads all 4 streams per warp with exposed latency; at 512 tokens,
+// Flash, fused 55 us vs split hc_pre 29 us + hc_post ~13 us; at 128 they tie, 26 vs 20 + 6).
+constexpr int kSplitFusedPostMaxTokens = 128;
 constexpr int kSplitMaxDim = 8192;
 constexpr int kSplitMaxMt = 4;
 constexpr int kSplitProjThreads = kHc * 32;
