@@ -116,6 +116,23 @@ __global__ void __launch_bounds__(kSplitProjThreads) hc_split_proj_kernel(const 
       for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
   }
 
+  // kPre / kHead: the streams of the next d-chunk are loaded while this one is projected (a long
+  // range per CTA at prefill would otherwise expose a memory latency per d-chunk).
+  auto load_a = [&](int dc, uint4(&a)[kMt][2]) {
+    const int d = dc * kSplitDimUnit + 8 * tq;
+#pragma unroll
+    for (int mt = 0; mt < kMt; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = mt * 16 + g + 8 * h;
+        a[mt][h] = row < rows ? ld16(p.streams + int64_t(t0 + row) * n + int64_t(j) * p.dim + d)
+                              : make_uint4(0, 0, 0, 0);
+      }
+  };
+  uint4 anext[kMt][2];
+  if constexpr (kKind != Kind::kPostPre)
+    if (dc0 < dc1) load_a(dc0, anext);
+
   for (int dc = dc0; dc < dc1; ++dc) {  // uniform over the CTA (barrier inside for kPostPre)
     float4 fnext[kNt][2];
     const bool more = dc + 1 < dc1;
@@ -124,13 +141,8 @@ __global__ void __launch_bounds__(kSplitProjThreads) hc_split_proj_kernel(const 
     uint4 a[kMt][2];
     if constexpr (kKind != Kind::kPostPre) {
 #pragma unroll
-      for (int mt = 0; mt < kMt; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = mt * 16 + g + 8 * h;
-          a[mt][h] = row < rows ? ld16(p.streams + int64_t(t0 + row) * n + int64_t(j) * p.dim + d)
-                                : make_uint4(0, 0, 0, 0);
-        }
+      for (int mt = 0; mt < kMt; ++mt) a[mt][0] = anext[mt][0], a[mt][1] = anext[mt][1];
+      if (more) load_a(dc + 1, anext);
     } else {
       // out_j = bf16(post_j x + sum_i comb[i][j] res_i), the CPU's operations in its order.
 #pragma unroll
