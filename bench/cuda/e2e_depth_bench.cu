@@ -537,7 +537,8 @@ std::string op_class(const bench::TracedOp& op) {
   const std::string& n = op.demangled;
   auto has = [&](const char* s) { return n.find(s) != std::string::npos; };
   if (!op.kernel) return "copy";
-  if (has("hc_cluster") || has("hc_post") || has("hc_pre") || has("mtp_combine")) return "mhc";
+  if (has("hc_cluster") || has("hc_split") || has("hc_post") || has("hc_pre") || has("mtp_combine"))
+    return "mhc";
   if (has("stream_gemm") || has("w8a16")) return "fp8_gemm";
   if (has("cutlass") && has("device_kernel")) return has("MixedInput") ? "wo_a" : "fp8_gemm";
   if (has("wo_a")) return "wo_a";

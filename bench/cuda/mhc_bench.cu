@@ -6,6 +6,13 @@
 // pair, so peer/ours is ~1 there). Inputs are rotated through more memory than the L2 holds; every
 // op is replayed from a CUDA graph. --dims benchmarks other widths instead (e.g. 128, 384: the
 // per-token kernel of widths the cluster kernel does not take), or as well with --model.
+// At the widths the split-K path takes (mhc_cfg::uses_split_kernel: Flash, Pro) hc_pre,
+// hc_post_pre and hc_head run on it (what the engine runs), with the cluster kernel at the same
+// shape as the peer ("cluster"), timed once per graph and, up to 512 tokens, as a chain of kChain
+// calls in one graph (per call: the launch latency of a lone graph amortised, consecutive calls
+// overlapping by programmatic launch as in the engine's step graph). fn is rotated with the
+// streams (the engine reads each layer's fn from HBM), so the decode roofline counts its bytes
+// from HBM.
 // Usage: mhc_bench [--model flash|pro|all] [--dims 128,384] [--tokens 1,8,4096] [--iters N]
 #include <cuda_bf16.h>
 
@@ -22,6 +29,7 @@
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/head/head.h"
 #include "ops/cuda/mhc/mhc.h"
+#include "ops/cuda/mhc/mhc_config.h"
 #include "ops/cuda/norm/norm.h"
 
 using namespace dsv4;
@@ -31,6 +39,7 @@ namespace {
 
 using test::bf16_ptr;
 constexpr int kHc = 4;
+constexpr int kChain = 8;  // calls per graph in the chained timing
 
 void emit(const std::string& kernel, const std::string& shape, double us, double bytes,
           const std::string& peer, double peer_us) {
@@ -49,20 +58,22 @@ void emit(const std::string& kernel, const std::string& shape, double us, double
 void bench_width(const char* model, int dim, int tokens, int iters) {
   const size_t sd = size_t(tokens) * kHc * dim, xd = size_t(tokens) * dim;
   const int mix = (2 + kHc) * kHc;
-  // Rotation: the streams dominate the bytes.
-  const int copies = bench::rotation_copies(sd * 2);
+  // Rotation: the streams and fn (at decode, fn is most of the bytes).
+  const size_t fn_elems = size_t(mix) * kHc * dim;
+  const int copies = bench::rotation_copies(sd * 2 + fn_elems * 4);
   std::vector<DeviceBuffer<uint16_t>> streams, out;
+  std::vector<DeviceBuffer<float>> fns;
   for (int c = 0; c < copies; ++c) {
     streams.emplace_back(sd);
     bench::fill_bf16_kernel<<<1024, 256>>>(bf16_ptr(streams.back()), sd, 7 + c, 1e-3f);
     out.emplace_back(sd);
+    fns.emplace_back(fn_elems);
+    bench::fill_f32_kernel<<<1024, 256>>>(fns.back().data(), fn_elems, 100 + c, -0.02f, 0.02f);
   }
   DeviceBuffer<uint16_t> x(xd), y(xd), nw(dim);
   bench::fill_bf16_kernel<<<1024, 256>>>(bf16_ptr(x), xd, 3, 1e-3f);
   bench::fill_bf16_kernel<<<64, 256>>>(bf16_ptr(nw), dim, 4, 1e-3f);
-  DeviceBuffer<float> fn(size_t(mix) * kHc * dim), base(mix), scale(3),
-      hfn(size_t(kHc) * kHc * dim);
-  bench::fill_f32_kernel<<<1024, 256>>>(fn.data(), fn.size(), 1, -0.02f, 0.02f);
+  DeviceBuffer<float> base(mix), scale(3), hfn(size_t(kHc) * kHc * dim);
   bench::fill_f32_kernel<<<1024, 256>>>(hfn.data(), hfn.size(), 2, -0.02f, 0.02f);
   bench::fill_f32_kernel<<<1, 32>>>(base.data(), mix, 3, -1.f, 1.f);
   bench::fill_f32_kernel<<<1, 32>>>(scale.data(), 3, 4, 0.5f, 1.5f);
@@ -74,23 +85,24 @@ void bench_width(const char* model, int dim, int tokens, int iters) {
 
   HcShape shp;
   shp.dim = dim;
-  const HcUnitParams unit{fn.data(), base.data(), scale.data()};
+  auto unit_of = [&](int c) { return HcUnitParams{fns[c].data(), base.data(), scale.data()}; };
   const HcUnitParams hunit{hfn.data(), base.data(), scale.data()};
   const std::string shape =
       std::string(model) + " dim=" + std::to_string(dim) + " tokens=" + std::to_string(tokens);
   const double b_streams = double(sd) * 2, b_x = double(xd) * 2;
-  const double b_pc = double(tokens) * 20 * 4, b_fn = double(fn.size()) * 4;
+  const double b_pc = double(tokens) * 20 * 4, b_fn = double(fn_elems) * 4;
 
-  auto pre = [&](int c, cudaStream_t s, bool norm) {
+  auto pre = [&](int c, cudaStream_t s, bool norm, HcPath path = HcPath::kAuto) {
     HcPreParams p;
     p.shape = shp;
     p.tokens = tokens;
     p.streams = bf16_ptr(streams[c]);
-    p.unit = unit;
+    p.unit = unit_of(c);
     if (norm) p.norm = {bf16_ptr(nw), 1e-6f};
     p.y = bf16_ptr(y);
     p.post = post2.data();
     p.comb = comb2.data();
+    p.path = path;
     hc_pre(p, s);
   };
   auto postp = [&](int c, cudaStream_t s) {
@@ -116,38 +128,46 @@ void bench_width(const char* model, int dim, int tokens, int iters) {
                              p.shape = shp;
                              p.tokens = tokens;
                              p.streams = bf16_ptr(out[c]);
-                             p.unit = unit;
+                             p.unit = unit_of(c);
                              p.norm = {bf16_ptr(nw), 1e-6f};
                              p.y = bf16_ptr(y);
                              p.post = post2.data();
                              p.comb = comb2.data();
                              hc_pre(p, s);
                            }).median_us(iters);
+  auto post_pre = [&](int c, cudaStream_t s, HcPath path) {
+    HcPostPreParams p;
+    p.post.shape = shp;
+    p.post.tokens = tokens;
+    p.post.x = bf16_ptr(x);
+    p.post.res = bf16_ptr(streams[c]);
+    p.post.post = post.data();
+    p.post.comb = comb.data();
+    p.post.out = bf16_ptr(out[c]);
+    p.unit = unit_of(c);
+    p.norm = {bf16_ptr(nw), 1e-6f};
+    p.y = bf16_ptr(y);
+    p.next_post = post2.data();
+    p.next_comb = comb2.data();
+    p.path = path;
+    hc_post_pre(p, s);
+  };
+  auto head = [&](int c, cudaStream_t s, HcPath path) {
+    HcHeadParams p;
+    p.shape = shp;
+    p.tokens = tokens;
+    p.streams = bf16_ptr(streams[c]);
+    p.unit = hunit;
+    p.norm = {bf16_ptr(nw), 1e-6f};
+    p.y = bf16_ptr(y);
+    p.path = path;
+    hc_head(p, s);
+  };
   const double t_fused = bench::GraphSet(copies, [&](int c, cudaStream_t s) {
-                           HcPostPreParams p;
-                           p.post.shape = shp;
-                           p.post.tokens = tokens;
-                           p.post.x = bf16_ptr(x);
-                           p.post.res = bf16_ptr(streams[c]);
-                           p.post.post = post.data();
-                           p.post.comb = comb.data();
-                           p.post.out = bf16_ptr(out[c]);
-                           p.unit = unit;
-                           p.norm = {bf16_ptr(nw), 1e-6f};
-                           p.y = bf16_ptr(y);
-                           p.next_post = post2.data();
-                           p.next_comb = comb2.data();
-                           hc_post_pre(p, s);
+                           post_pre(c, s, HcPath::kAuto);
                          }).median_us(iters);
   const double t_head = bench::GraphSet(copies, [&](int c, cudaStream_t s) {
-                          HcHeadParams p;
-                          p.shape = shp;
-                          p.tokens = tokens;
-                          p.streams = bf16_ptr(streams[c]);
-                          p.unit = hunit;
-                          p.norm = {bf16_ptr(nw), 1e-6f};
-                          p.y = bf16_ptr(y);
-                          hc_head(p, s);
+                          head(c, s, HcPath::kAuto);
                         }).median_us(iters);
   const double t_norm = bench::GraphSet(copies, [&](int c, cudaStream_t s) {
                           RmsNormParams p;
@@ -158,6 +178,44 @@ void bench_width(const char* model, int dim, int tokens, int iters) {
                           p.y = bf16_ptr(y);
                           rms_norm(p, s);
                         }).median_us(iters);
+
+  // The split-K path (what kAuto runs at these widths) against the cluster kernel at the same
+  // shape, one call per graph and, for decode steps, kChain calls per graph (per call).
+  if (mhc_cfg::split_supports_dim(dim)) {
+    const bool decode = tokens <= 512;
+    using Op = std::function<void(int, cudaStream_t, HcPath)>;
+    auto one = [&](const Op& op, HcPath path) {
+      return bench::GraphSet(copies, [&](int c, cudaStream_t s) { op(c, s, path); })
+          .median_us(iters);
+    };
+    auto chain = [&](const Op& op, HcPath path) {
+      return bench::GraphSet(copies,
+                             [&](int c, cudaStream_t s) {
+                               for (int i = 0; i < kChain; ++i) op((c + i) % copies, s, path);
+                             })
+                 .median_us(iters) /
+             kChain;
+    };
+    const Op pre_op = [&](int c, cudaStream_t s, HcPath path) { pre(c, s, true, path); };
+    const double pre_bytes = b_streams + b_fn + b_x + b_pc + dim * 2.0;
+    const double pp_bytes = 2 * b_streams + 2 * b_x + 2 * b_pc + b_fn + dim * 2.0;
+    const double head_bytes = b_streams + b_x + double(hfn.size()) * 4 + dim * 2.0;
+    struct Case {
+      const char* name;
+      Op op;
+      double bytes;
+    };
+    const Case cases[] = {{"hc_pre+norm", pre_op, pre_bytes},
+                          {"hc_post_pre+norm", post_pre, pp_bytes},
+                          {"hc_head+norm", head, head_bytes}};
+    for (const Case& k : cases) {
+      emit(std::string(k.name) + " [split]", shape, one(k.op, HcPath::kSplit), k.bytes, "cluster",
+           one(k.op, HcPath::kCluster));
+      if (decode)
+        emit(std::string(k.name) + " [split] x" + std::to_string(kChain) + " chain", shape,
+             chain(k.op, HcPath::kSplit), k.bytes, "cluster chain", chain(k.op, HcPath::kCluster));
+    }
+  }
 
   emit("hc_pre", shape, t_pre, b_streams + b_fn + b_x + b_pc, "", 0);
   emit("hc_pre+norm", shape, t_pre_norm, b_streams + b_fn + b_x + b_pc + dim * 2.0, "", 0);

@@ -5,16 +5,30 @@
 // streams; and the per-token kernel that serves the other widths (128 and 384 at decode and
 // prefill counts, 8 .. 16384 at the edges) under the same contract. hc_post_pre takes two routes
 // (the fused kernel for one m-tile per cluster tile, else hc_post then hc_pre); both are checked.
-// hc_post's arithmetic is the CPU's operation for operation, so its streams must match bit for bit;
-// the collapsed y must meet the tolerance (relative L2 <= 4e-3, >= 99% within 1 BF16 ulp)
-// and post/comb (fp32, values of order 1) agree to 1e-4 absolute (fp32 summation-order noise is
-// ~1e-6).
+// Widths that are a multiple of 32 (up to 8192) take the split-K path (mhc_split.h) at every
+// token count by default, so the older cases above run it at those widths; the Split* cases force
+// it and the cluster kernel at the same real shapes (b 1, 2, 8, 32, 128 at 4096 and 7168), edge
+// sizes and prefill sizes, under the same contract, and check that it is deterministic; the
+// TokenPath* cases force the per-token kernel, ClusterForcedPrefill the cluster kernel. On the
+// split path hc_post_pre also takes two routes (hc_post fused into the projection up to 128 tokens,
+// else the streaming hc_post then the split hc_pre): SplitPostPreRealShapes / SplitEdgeSizes check
+// the first, SplitSpeculativeShapes / SplitForcedPrefill / PostPreRealShapes (8192) the second. Its
+// projection sums the same exact products (BF16 x the 3 BF16 parts of fn) in a shorter fp32 chain
+// per CTA (at most 2 d-chunks: 12 MMA k-steps), the 4 warps in fp32 and the CTAs in fp64: within
+// the verify bound's model (mix_bound: one BF16-MMA chain over all 3n products), so the tolerances
+// below are unchanged. hc_post's arithmetic is the CPU's operation for operation, so its streams
+// must match bit for bit; the collapsed y must meet the tolerance (relative L2 <= 4e-3, >=
+// 99% within 1 BF16 ulp) and post/comb (fp32, values of order 1) agree to 1e-4 absolute (fp32
+// summation-order noise is ~1e-6).
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/formats.h"
@@ -27,6 +41,7 @@
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/mhc/mhc.h"
 #include "ops/cuda/mhc/mhc_config.h"
+#include "ops/cuda/mhc/mhc_split.h"
 #include "support/bf16_compare.h"
 #include "support/bf16_vectors.h"
 #include "support/random_values.h"
@@ -41,6 +56,20 @@ using test::from_bf16_bits;
 using test::random_bf16;
 using test::to_bf16_bits;
 constexpr int kHc = 4;
+
+// Runs f(t) for every token t on up to 16 host threads: the CPU references (one token at a
+// time, independent) dominate this test's time at the real widths.
+template <typename F>
+void parallel_for(int n, F f) {
+  const int workers = std::max(1, std::min({16, n, int(std::thread::hardware_concurrency())}));
+  std::atomic<int> next{0};
+  std::vector<std::thread> pool;
+  for (int w = 0; w < workers; ++w)
+    pool.emplace_back([&] {
+      for (int i = next++; i < n; i = next++) f(i);
+    });
+  for (std::thread& th : pool) th.join();
+}
 
 void expect_bits_equal(const std::vector<uint16_t>& got, const std::vector<float>& ref, int cols,
                        const std::string& what) {
@@ -117,10 +146,17 @@ cuda::HcShape shape(int dim) {
   return s;
 }
 
+const char* path_name(cuda::HcPath path) {
+  return path == cuda::HcPath::kSplit     ? " [split]"
+         : path == cuda::HcPath::kCluster ? " [cluster]"
+                                          : "";
+}
+
 class CudaMhc : public test::GpuTest {};
 
 // hc_pre (+ optional fused norm) on the GPU vs CPU hc_pre (+ rms_norm).
-void check_pre(int dim, int tokens, bool norm, uint64_t seed) {
+void check_pre(int dim, int tokens, bool norm, uint64_t seed,
+               cuda::HcPath path = cuda::HcPath::kAuto) {
   Rng rng(seed);
   const Unit u = random_unit(rng, (2 + kHc) * kHc, dim, 3);
   const std::vector<float> streams = random_streams(rng, tokens, dim);
@@ -130,9 +166,10 @@ void check_pre(int dim, int tokens, bool norm, uint64_t seed) {
   const cpu::HcParams cp = cpu_params(u, dim);
   std::vector<float> y(size_t(tokens) * dim), post(size_t(tokens) * kHc),
       comb(size_t(tokens) * kHc * kHc);
-  for (int t = 0; t < tokens; ++t)
+  parallel_for(tokens, [&](int t) {
     cpu::hc_pre(cp, streams.data() + size_t(t) * kHc * dim, y.data() + size_t(t) * dim,
                 post.data() + size_t(t) * kHc, comb.data() + size_t(t) * kHc * kHc);
+  });
   if (norm) cpu::rms_norm(y.data(), tokens, dim, nw.data(), 1e-6f, y.data());
   // GPU
   const DevUnit du(u);
@@ -150,9 +187,11 @@ void check_pre(int dim, int tokens, bool norm, uint64_t seed) {
   p.y = bf16_ptr(dy);
   p.post = dpost.data();
   p.comb = dcomb.data();
+  p.path = path;
   cuda::hc_pre(p, nullptr);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
-  const std::string what = cat("hc_pre dim=", dim, " tokens=", tokens, norm ? " +norm" : "");
+  const std::string what =
+      cat("hc_pre dim=", dim, " tokens=", tokens, norm ? " +norm" : "", path_name(path));
   expect_bf16_close(from_bf16_bits(dy.download()), y, dim, what + " y");
   expect_f32_close(dpost.download(), post, 1e-4, what + " post");
   expect_f32_close(dcomb.download(), comb, 1e-4, what + " comb");
@@ -235,7 +274,8 @@ TEST_F(CudaMhc, PostBitExact) {
 }
 
 // Fused hc_post + hc_pre vs the CPU's two steps; streams bit-exact, y/post/comb within tolerance.
-void check_post_pre(int dim, int tokens, bool norm, bool in_place, uint64_t seed) {
+void check_post_pre(int dim, int tokens, bool norm, bool in_place, uint64_t seed,
+                    cuda::HcPath path = cuda::HcPath::kAuto) {
   Rng rng(seed);
   const Unit u = random_unit(rng, (2 + kHc) * kHc, dim, 3);
   const std::vector<float> res = random_streams(rng, tokens, dim);
@@ -249,13 +289,13 @@ void check_post_pre(int dim, int tokens, bool norm, bool in_place, uint64_t seed
   std::vector<float> streams(res.size()), y(size_t(tokens) * dim), npost(post.size()),
       ncomb(comb.size());
   const cpu::HcParams cp = cpu_params(u, dim);
-  for (int t = 0; t < tokens; ++t) {
+  parallel_for(tokens, [&](int t) {
     cpu::hc_post(kHc, dim, x.data() + size_t(t) * dim, res.data() + size_t(t) * kHc * dim,
                  post.data() + size_t(t) * kHc, comb.data() + size_t(t) * kHc * kHc,
                  streams.data() + size_t(t) * kHc * dim);
     cpu::hc_pre(cp, streams.data() + size_t(t) * kHc * dim, y.data() + size_t(t) * dim,
                 npost.data() + size_t(t) * kHc, ncomb.data() + size_t(t) * kHc * kHc);
-  }
+  });
   if (norm) cpu::rms_norm(y.data(), tokens, dim, nw.data(), 1e-6f, y.data());
   // GPU
   const DevUnit du(u);
@@ -280,10 +320,11 @@ void check_post_pre(int dim, int tokens, bool norm, bool in_place, uint64_t seed
   // In place: the new post/comb overwrite the old ones too.
   p.next_post = in_place ? dpost.data() : dnpost.data();
   p.next_comb = in_place ? dcomb.data() : dncomb.data();
+  p.path = path;
   cuda::hc_post_pre(p, nullptr);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
   const std::string what = cat("hc_post_pre dim=", dim, " tokens=", tokens, norm ? " +norm" : "",
-                               in_place ? " in place" : "");
+                               in_place ? " in place" : "", path_name(path));
   expect_bits_equal(in_place ? dres.download() : dout.download(), streams, kHc * dim,
                     what + " streams");
   expect_bf16_close(from_bf16_bits(dy.download()), y, dim, what + " y");
@@ -312,7 +353,8 @@ TEST_F(CudaMhc, PostPreRealShapes) {
 }
 
 // hc_head (+ the final norm) vs the CPU.
-void check_head(int dim, int tokens, bool norm, uint64_t seed) {
+void check_head(int dim, int tokens, bool norm, uint64_t seed,
+                cuda::HcPath path = cuda::HcPath::kAuto) {
   Rng rng(seed);
   const Unit u = random_unit(rng, kHc, dim, 1);
   const std::vector<float> streams = random_streams(rng, tokens, dim);
@@ -320,8 +362,9 @@ void check_head(int dim, int tokens, bool norm, uint64_t seed) {
   for (auto& v : nw) v = round_bf16(float(rng.uniform(0.5, 1.5)));
   std::vector<float> y(size_t(tokens) * dim);
   const cpu::HcParams cp = cpu_params(u, dim);
-  for (int t = 0; t < tokens; ++t)
+  parallel_for(tokens, [&](int t) {
     cpu::hc_head(cp, streams.data() + size_t(t) * kHc * dim, y.data() + size_t(t) * dim);
+  });
   if (norm) cpu::rms_norm(y.data(), tokens, dim, nw.data(), 1e-6f, y.data());
   const DevUnit du(u);
   DeviceBuffer<uint16_t> ds(to_bf16_bits(streams)), dnw(to_bf16_bits(nw)), dy(size_t(tokens) * dim);
@@ -333,10 +376,12 @@ void check_head(int dim, int tokens, bool norm, uint64_t seed) {
   p.unit = du.params();
   if (norm) p.norm = {bf16_ptr(dnw), 1e-6f};
   p.y = bf16_ptr(dy);
+  p.path = path;
   cuda::hc_head(p, nullptr);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
-  expect_bf16_close(from_bf16_bits(dy.download()), y, dim,
-                    cat("hc_head dim=", dim, " tokens=", tokens, norm ? " +norm" : ""));
+  expect_bf16_close(
+      from_bf16_bits(dy.download()), y, dim,
+      cat("hc_head dim=", dim, " tokens=", tokens, norm ? " +norm" : "", path_name(path)));
 }
 
 TEST_F(CudaMhc, Head) {
@@ -351,13 +396,16 @@ TEST_F(CudaMhc, Head) {
 // The same contract as above. dim 128 is the custom-config test's width, 384 another multiple of
 // 128 that is not one of 256; decode batches (1-16 tokens) and prefill counts (300, 2048).
 constexpr int kOddWidths[] = {128, 384};
+// Widths that are a multiple of 32 take the split path by default; kCluster forces the kernels of
+// mhc.cu, which at these widths is the per-token kernel.
+constexpr cuda::HcPath kTokenPath = cuda::HcPath::kCluster;
 
 TEST_F(CudaMhc, TokenPathPreDecode) {
   uint64_t seed = 200;
   for (int dim : kOddWidths)
     for (int tokens : {1, 2, 5, 16}) {
-      check_pre(dim, tokens, false, seed++);
-      check_pre(dim, tokens, true, seed++);
+      check_pre(dim, tokens, false, seed++, kTokenPath);
+      check_pre(dim, tokens, true, seed++, kTokenPath);
     }
 }
 
@@ -365,8 +413,8 @@ TEST_F(CudaMhc, TokenPathPrePrefill) {
   uint64_t seed = 220;
   for (int dim : kOddWidths)
     for (int tokens : {300, 2048}) {
-      check_pre(dim, tokens, false, seed++);
-      check_pre(dim, tokens, true, seed++);
+      check_pre(dim, tokens, false, seed++, kTokenPath);
+      check_pre(dim, tokens, true, seed++, kTokenPath);
     }
 }
 
@@ -382,15 +430,17 @@ TEST_F(CudaMhc, TokenPathPostBitExact) {
 TEST_F(CudaMhc, TokenPathPostPre) {
   uint64_t seed = 260;
   for (int dim : kOddWidths)
-    for (int tokens : {1, 3, 16, 300, 2048}) check_post_pre(dim, tokens, true, true, seed++);
-  check_post_pre(128, 16, false, false, seed++);
-  check_post_pre(384, 300, false, false, seed++);
+    for (int tokens : {1, 3, 16, 300, 2048})
+      check_post_pre(dim, tokens, true, true, seed++, kTokenPath);
+  check_post_pre(128, 16, false, false, seed++, kTokenPath);
+  check_post_pre(384, 300, false, false, seed++, kTokenPath);
 }
 
 TEST_F(CudaMhc, TokenPathHead) {
   uint64_t seed = 280;
   for (int dim : kOddWidths)
-    for (int tokens : {1, 16, 300, 2048}) check_head(dim, tokens, tokens % 2 == 0, seed++);
+    for (int tokens : {1, 16, 300, 2048})
+      check_head(dim, tokens, tokens % 2 == 0, seed++, kTokenPath);
 }
 
 // The per-token kernel's other widths: the smallest (8: one warp, 4 chunks of streams, one of
@@ -400,10 +450,217 @@ TEST_F(CudaMhc, TokenPathOtherWidths) {
   uint64_t seed = 300;
   for (int dim : {8, 136, 4352, 16384}) {
     ASSERT_FALSE(cuda::mhc_cfg::uses_cluster_kernel(dim)) << dim;
-    check_pre(dim, 3, true, seed++);
-    check_post_pre(dim, 17, true, true, seed++);
-    check_head(dim, 2, true, seed++);
+    check_pre(dim, 3, true, seed++, kTokenPath);
+    check_post_pre(dim, 17, true, true, seed++, kTokenPath);
+    check_head(dim, 2, true, seed++, kTokenPath);
   }
+}
+
+// ---- the split-K decode path (mhc_split.h) -----------------------------------------------------
+// Decode batches at the real widths take it by default (kAuto); every shape is also forced onto
+// each path, so the split path and the cluster kernel meet the same contract at the same shapes.
+constexpr int kDecodeBatches[] = {1, 2, 8, 32, 128};
+
+TEST_F(CudaMhc, SplitPreRealShapes) {
+  uint64_t seed = 400;
+  for (int dim : {4096, 7168})
+    for (int tokens : kDecodeBatches) {
+      ASSERT_TRUE(cuda::mhc_cfg::uses_split_kernel(dim, tokens)) << dim << " " << tokens;
+      check_pre(dim, tokens, true, seed++, cuda::HcPath::kSplit);
+      check_pre(dim, tokens, false, seed++, cuda::HcPath::kSplit);
+      check_pre(dim, tokens, true, seed++, cuda::HcPath::kCluster);
+    }
+}
+
+// The engine's configuration (new streams to the other buffer, the next norm fused), in place with
+// post/comb aliased too, no norm, and the cluster kernel at the same shapes.
+TEST_F(CudaMhc, SplitPostPreRealShapes) {
+  uint64_t seed = 500;
+  for (int dim : {4096, 7168})
+    for (int tokens : kDecodeBatches) {
+      check_post_pre(dim, tokens, true, false, seed++, cuda::HcPath::kSplit);
+      check_post_pre(dim, tokens, true, true, seed++, cuda::HcPath::kSplit);
+      check_post_pre(dim, tokens, false, false, seed++, cuda::HcPath::kSplit);
+      check_post_pre(dim, tokens, true, false, seed++, cuda::HcPath::kCluster);
+    }
+}
+
+TEST_F(CudaMhc, SplitHeadRealShapes) {
+  uint64_t seed = 600;
+  for (int dim : {4096, 7168})
+    for (int tokens : kDecodeBatches) {
+      check_head(dim, tokens, true, seed++, cuda::HcPath::kSplit);
+      check_head(dim, tokens, false, seed++, cuda::HcPath::kSplit);
+    }
+}
+
+// Decode steps with a speculative draft (b = 64 / 128 with 3 draft tokens: 256 / 512 rows) take the
+// split path by default too (many tiles of 64 tokens, several d-chunks per split).
+TEST_F(CudaMhc, SplitSpeculativeShapes) {
+  uint64_t seed = 650;
+  for (int dim : {4096, 7168})
+    for (int tokens : {256, 512}) {
+      ASSERT_TRUE(cuda::mhc_cfg::uses_split_kernel(dim, tokens));
+      check_pre(dim, tokens, true, seed++);
+      check_post_pre(dim, tokens, true, false, seed++);
+    }
+}
+
+// Edge sizes: token counts that fill no tile (3, 17, 33, 65, 127 over tiles of 16, 32 and 64
+// rows) or exactly (16, 64); the smallest width (32: one d-chunk, one split), widths whose splits
+// are uneven (96, 1056), one the cluster kernel does not take (384, the per-token kernel's), and
+// the largest (8192: 256 d-chunks, 5 chunks of y per collapse thread).
+TEST_F(CudaMhc, SplitEdgeSizes) {
+  uint64_t seed = 700;
+  for (int tokens : {3, 16, 17, 33, 64, 65, 127}) {
+    check_pre(4096, tokens, true, seed++, cuda::HcPath::kSplit);
+    check_post_pre(7168, tokens, true, true, seed++, cuda::HcPath::kSplit);
+  }
+  for (int dim : {32, 96, 384, 1056, 8192})
+    for (int tokens : {1, 5, 40, 128}) {
+      check_pre(dim, tokens, tokens % 2 == 0, seed++, cuda::HcPath::kSplit);
+      check_post_pre(dim, tokens, true, tokens % 2 == 1, seed++, cuda::HcPath::kSplit);
+      check_head(dim, tokens, true, seed++, cuda::HcPath::kSplit);
+    }
+}
+
+// Forced at prefill sizes (many tiles of 64 tokens; splits of many d-chunks, down to one split
+// per tile): the same contract, so the benchmark's comparison with the cluster kernel is sound.
+TEST_F(CudaMhc, SplitForcedPrefill) {
+  uint64_t seed = 750;
+  check_pre(4096, 1000, true, seed++, cuda::HcPath::kSplit);
+  check_pre(7168, 300, false, seed++, cuda::HcPath::kSplit);
+  check_post_pre(4096, 2048, true, false, seed++, cuda::HcPath::kSplit);
+  check_post_pre(7168, 700, true, true, seed++, cuda::HcPath::kSplit);
+  check_head(4096, 500, true, seed++, cuda::HcPath::kSplit);
+}
+
+// The cluster kernel, which kAuto no longer runs at these widths, at prefill sizes (several
+// m-tiles per cluster tile; hc_post_pre as hc_post then hc_pre).
+TEST_F(CudaMhc, ClusterForcedPrefill) {
+  uint64_t seed = 780;
+  check_pre(4096, 8192, true, seed++, cuda::HcPath::kCluster);
+  check_post_pre(7168, 4096, true, true, seed++, cuda::HcPath::kCluster);
+  check_post_pre(4096, 2048, false, false, seed++, cuda::HcPath::kCluster);
+  check_head(7168, 1000, true, seed++, cuda::HcPath::kCluster);
+}
+
+// The split path's reductions are in a fixed order: the same inputs give the same bits, also
+// after a larger shape has used (and left its partials in) the shared workspace.
+TEST_F(CudaMhc, SplitDeterministic) {
+  Rng rng(800);
+  const int dim = 7168, tokens = 8;
+  const Unit u = random_unit(rng, (2 + kHc) * kHc, dim, 3);
+  const std::vector<float> streams = random_streams(rng, 128, dim);
+  std::vector<float> nw(dim);
+  for (auto& v : nw) v = round_bf16(float(rng.uniform(0.5, 1.5)));
+  const DevUnit du(u);
+  DeviceBuffer<uint16_t> ds(to_bf16_bits(streams)), dnw(to_bf16_bits(nw)), dy(size_t(128) * dim);
+  DeviceBuffer<float> dpost(size_t(128) * kHc), dcomb(size_t(128) * kHc * kHc);
+  auto run = [&](int t) {
+    dy.fill_bytes(0xff);
+    dpost.fill_bytes(0xff);
+    dcomb.fill_bytes(0xff);
+    cuda::HcPreParams p;
+    p.shape = shape(dim);
+    p.tokens = t;
+    p.streams = bf16_ptr(ds);
+    p.unit = du.params();
+    p.norm = {bf16_ptr(dnw), 1e-6f};
+    p.y = bf16_ptr(dy);
+    p.post = dpost.data();
+    p.comb = dcomb.data();
+    p.path = cuda::HcPath::kSplit;
+    cuda::hc_pre(p, nullptr);
+    DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+  };
+  run(tokens);
+  const std::vector<uint16_t> y0 = dy.download();
+  const std::vector<float> p0 = dpost.download(), c0 = dcomb.download();
+  run(128);
+  run(tokens);
+  const std::vector<uint16_t> y1 = dy.download();
+  const std::vector<float> p1 = dpost.download(), c1 = dcomb.download();
+  const size_t ny = size_t(tokens) * dim, np = size_t(tokens) * kHc, nc = np * kHc;
+  EXPECT_TRUE(std::equal(y0.begin(), y0.begin() + ny, y1.begin()));
+  EXPECT_EQ(0, std::memcmp(p0.data(), p1.data(), np * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(c0.data(), c1.data(), nc * sizeof(float)));
+}
+
+// The engine's decode graphs: an eager mHC call on another path (the cluster kernel, forced) on a
+// fresh stream reserves the split path's workspace, so a decode hc_post_pre captured next on that
+// stream needs no allocation; the graph's replay (two PDL-chained kernels) gives the eager call's
+// bits.
+TEST_F(CudaMhc, SplitInsideGraphCapture) {
+  Rng rng(900);
+  const int dim = 4096, prefill = 300, tokens = 8;
+  const Unit u = random_unit(rng, (2 + kHc) * kHc, dim, 3);
+  const std::vector<float> big = random_streams(rng, prefill, dim);
+  const std::vector<float> res = random_streams(rng, tokens, dim);
+  const std::vector<float> x = random_bf16(rng, size_t(tokens) * dim, 1.0f);
+  std::vector<float> post(size_t(tokens) * kHc), comb(size_t(tokens) * kHc * kHc);
+  for (auto& v : post) v = float(rng.uniform(0.0, 2.0));
+  for (auto& v : comb) v = float(rng.uniform(0.0, 1.0));
+  std::vector<float> nw(dim);
+  for (auto& v : nw) v = round_bf16(float(rng.uniform(0.5, 1.5)));
+  const DevUnit du(u);
+  DeviceBuffer<uint16_t> dbig(to_bf16_bits(big)), dybig(size_t(prefill) * dim);
+  DeviceBuffer<float> dpbig(size_t(prefill) * kHc), dcbig(size_t(prefill) * kHc * kHc);
+  DeviceBuffer<uint16_t> dres(to_bf16_bits(res)), dx(to_bf16_bits(x)), dnw(to_bf16_bits(nw));
+  DeviceBuffer<uint16_t> dout(res.size()), dy(size_t(tokens) * dim);
+  DeviceBuffer<float> dpost(post), dcomb(comb), dnpost(post.size()), dncomb(comb.size());
+  cudaStream_t s;
+  DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads ran on the legacy stream
+  cuda::HcPreParams pre;
+  pre.shape = shape(dim);
+  pre.tokens = prefill;
+  pre.streams = bf16_ptr(dbig);
+  pre.unit = du.params();
+  pre.y = bf16_ptr(dybig);
+  pre.post = dpbig.data();
+  pre.comb = dcbig.data();
+  pre.path = cuda::HcPath::kCluster;
+  cuda::hc_pre(pre, s);  // eager, cluster kernel: reserves the split path's workspace
+  cuda::HcPostPreParams p;
+  p.post.shape = shape(dim);
+  p.post.tokens = tokens;
+  p.post.x = bf16_ptr(dx);
+  p.post.res = bf16_ptr(dres);
+  p.post.post = dpost.data();
+  p.post.comb = dcomb.data();
+  p.post.out = bf16_ptr(dout);
+  p.unit = du.params();
+  p.norm = {bf16_ptr(dnw), 1e-6f};
+  p.y = bf16_ptr(dy);
+  p.next_post = dnpost.data();
+  p.next_comb = dncomb.data();
+  ASSERT_TRUE(cuda::mhc_cfg::uses_split_kernel(dim, tokens));
+  cuda::hc_post_pre(p, s);
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
+  const std::vector<uint16_t> out0 = dout.download(), y0 = dy.download();
+  const std::vector<float> p0 = dnpost.download(), c0 = dncomb.download();
+  dout.fill_bytes(0xff);
+  dy.fill_bytes(0xff);
+  dnpost.fill_bytes(0xff);
+  dncomb.fill_bytes(0xff);
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // the poison is in place before the replays
+  cudaGraph_t g;
+  cudaGraphExec_t e;
+  DSV4_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  cuda::hc_post_pre(p, s);
+  DSV4_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  DSV4_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+  for (int i = 0; i < 3; ++i) DSV4_CUDA_CHECK(cudaGraphLaunch(e, s));
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
+  EXPECT_TRUE(dout.download() == out0);
+  EXPECT_TRUE(dy.download() == y0);
+  const std::vector<float> p1 = dnpost.download(), c1 = dncomb.download();
+  EXPECT_EQ(0, std::memcmp(p0.data(), p1.data(), p0.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(c0.data(), c1.data(), c0.size() * sizeof(float)));
+  DSV4_CUDA_CHECK(cudaGraphExecDestroy(e));
+  DSV4_CUDA_CHECK(cudaGraphDestroy(g));
+  DSV4_CUDA_CHECK(cudaStreamDestroy(s));
 }
 
 TEST_F(CudaMhc, EmptyIsNoOp) {
@@ -439,6 +696,65 @@ TEST(MhcApi, PathPerWidth) {
     EXPECT_FALSE(uses_cluster_kernel(dim)) << dim;
   for (int dim : {8, 128, 384, 4096, 7168, 8192, 16384}) EXPECT_TRUE(supported_dim(dim)) << dim;
   for (int dim : {0, -128, 4, 100, 16384 + 8}) EXPECT_FALSE(supported_dim(dim)) << dim;
+}
+
+// Which token counts and widths take the split-K path, its grid, and what it refuses (host
+// arithmetic and checks that precede every CUDA call).
+TEST(MhcApi, SplitPathShapes) {
+  using namespace cuda::mhc_cfg;
+  for (int dim : {32, 384, 4096, 7168, 8192})
+    for (int tokens : {1, 64, 128, 256}) EXPECT_TRUE(uses_split_kernel(dim, tokens)) << dim;
+  EXPECT_TRUE(uses_split_kernel(4096, 512));   // b = 128 with a 3-token draft
+  EXPECT_TRUE(uses_split_kernel(7168, 8192));  // prefill
+  EXPECT_FALSE(uses_split_kernel(4096, 0));
+  EXPECT_FALSE(uses_split_kernel(8192 + 32, 1));
+  EXPECT_FALSE(uses_split_kernel(136, 1));  // not a multiple of 32
+  // The grid covers every d-chunk and token once: each split owns >= 1 chunk, the last the rest.
+  for (int sms : {1, 78, 132})
+    for (int dim : {32, 96, 1056, 4096, 7168, 8192})
+      for (int tokens : {1, 16, 17, 33, 64, 65, 128}) {
+        const cuda::mhc_split::Geometry g = cuda::mhc_split::geometry(dim, tokens, sms);
+        const int chunks = dim / kSplitDimUnit;
+        EXPECT_GE(g.splits, 1);
+        EXPECT_GE(g.splits * g.chunks_per_split, chunks) << dim << " " << tokens << " " << sms;
+        EXPECT_LT((g.splits - 1) * g.chunks_per_split, chunks) << dim << " " << tokens;
+        EXPECT_GE(g.tiles * g.rows, tokens);
+        EXPECT_LT((g.tiles - 1) * g.rows, tokens);
+      }
+  // The reserved workspace holds the partials of every shape of up to 64 (2 SMs + 8) tokens.
+  for (int sms : {1, 78, 132, 148})
+    for (int dim = kSplitDimUnit; dim <= kSplitMaxDim; dim += kSplitDimUnit)
+      for (int tokens = 1; size_t(tokens) <= cuda::mhc_split::reserved_partials(sms); ++tokens) {
+        const cuda::mhc_split::Geometry g = cuda::mhc_split::geometry(dim, tokens, sms);
+        ASSERT_LE(size_t(tokens) * g.splits, cuda::mhc_split::reserved_partials(sms))
+            << dim << " " << tokens << " " << sms;
+      }
+  // Flash and Pro at one token on an H200 (132 SMs): one d-chunk per CTA.
+  EXPECT_EQ(cuda::mhc_split::geometry(4096, 1, 132).splits, 128);
+  EXPECT_EQ(cuda::mhc_split::geometry(7168, 1, 132).splits, 224);
+  EXPECT_EQ(cuda::mhc_split::geometry(7168, 128, 132).rows, 64);
+  for (int tokens : {513, 1000, 8192}) {  // forced at prefill sizes: tiles of 64, >= 1 chunk each
+    const cuda::mhc_split::Geometry g = cuda::mhc_split::geometry(7168, tokens, 132);
+    EXPECT_EQ(g.rows, 64);
+    EXPECT_GE(g.splits * g.chunks_per_split, 224);
+    EXPECT_LT((g.splits - 1) * g.chunks_per_split, 224);
+    EXPECT_EQ(g.tiles, (tokens + 63) / 64);
+  }
+  // Forcing the split path on a width it does not take is refused before any launch.
+  auto* fake_bf16 = reinterpret_cast<__nv_bfloat16*>(uintptr_t(256));
+  auto* fake_f32 = reinterpret_cast<float*>(uintptr_t(512));
+  cuda::HcPreParams p;
+  p.streams = fake_bf16;
+  p.unit = {fake_f32, fake_f32, fake_f32};
+  p.y = fake_bf16;
+  p.post = fake_f32;
+  p.comb = fake_f32;
+  p.path = cuda::HcPath::kSplit;
+  p.tokens = 1;
+  for (int dim : {136, 8192 + 32, 16384}) {
+    p.shape = shape(dim);
+    EXPECT_THROW(cuda::hc_pre(p, nullptr), Error) << dim;
+  }
 }
 
 TEST(MhcApi, ValidatesInputs) {

@@ -113,7 +113,11 @@ void rms_norm_interval(const Iv* x, int n, const float* w, float eps, Iv* y) {
 }
 
 // Bound of one mHC mix m = (X . f) * rs: the GPU splits fp32 operands into three BF16 parts
-// (exact) and sums the 3n products by BF16 MMA; rs within (n / 2 + 8) fp32 roundings.
+// (exact) and sums the 3n products by BF16 MMA; rs within (n / 2 + 8) fp32 roundings. The split-K
+// decode path (ops/cuda/mhc/mhc_split.h) sums the same products in chains of 6 MMA k-steps per 32
+// dims of one stream in a CTA's range (at most 3 dim / 16 steps, a quarter of the one chain's
+// 3n / 16), adds a CTA's 4 chains in fp32 and the CTAs in fp64: the chains' bounds add up to at
+// most (18 * 3n / 64 + 2) 2^-23 sum|x f|, plus 3 fp32 additions, inside this one-chain bound.
 double mix_bound(const cpu::HcParams& p, const float* X, int row, double m, double rs) {
   const int n = p.hc * p.dim;
   const float* f = p.fn + size_t(row) * n;

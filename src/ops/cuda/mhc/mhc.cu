@@ -18,6 +18,8 @@
 // so hc_post's outputs and the collapse are bit-identical to the CPU for identical inputs.
 // Widths the cluster kernel does not take (mhc_cfg::slice_dims(dim) == 0) run mhc_token.cu's
 // per-token kernel instead (dispatch_token); the cluster path's code is the same either way.
+// Widths the split-K path takes (mhc_cfg::uses_split_kernel) run it (mhc_split.cu,
+// dispatch_split) unless HcPath::kCluster forces the kernels here.
 #include "ops/cuda/mhc/mhc.h"
 
 #include <cooperative_groups.h>
@@ -36,6 +38,7 @@
 #include "ops/cuda/common/sm90/warp_mma.cuh"
 #include "ops/cuda/mhc/mhc_config.h"
 #include "ops/cuda/mhc/mhc_math.cuh"
+#include "ops/cuda/mhc/mhc_split.h"
 #include "ops/cuda/mhc/mhc_token.h"
 
 namespace dsv4::cuda {
@@ -65,17 +68,10 @@ struct KParams {
   __nv_bfloat16* y = nullptr;
   float* post_out = nullptr;
   float* comb_out = nullptr;
+  HcPath path = HcPath::kAuto;
 };
 
 // ---- small device helpers --------------------------------------------------------------------
-// f == hi + mid + lo exactly (for normal f): each residual is exact by Sterbenz' lemma.
-__device__ __forceinline__ void split3(float f, float& hi, float& mid, float& lo) {
-  hi = __bfloat162float(__float2bfloat16_rn(f));
-  const float r1 = f - hi;
-  mid = __bfloat162float(__float2bfloat16_rn(r1));
-  lo = r1 - mid;  // <= 8 significant bits: exact in BF16
-}
-
 // cp.async.wait_group with a count known only after unrolling (the instruction takes an
 // immediate); counts past 5 wait for everything, which is merely conservative.
 __device__ __forceinline__ void cp_async_wait_at_most(int n) {
@@ -791,8 +787,63 @@ void dispatch_token(const KParams& kp, cudaStream_t stream) {
   mhc_token::launch(t, stream);
 }
 
+// The split-K path (mhc_split.h). hc_post_pre past kSplitFusedPostMaxTokens: the streaming
+// hc_post, then the split hc_pre over the new streams (the same arithmetic, bit-identical).
+template <Mode kMode>
+void dispatch_split(KParams kp, cudaStream_t stream) {
+  if constexpr (kMode == Mode::kPostPre) {
+    if (kp.tokens > kSplitFusedPostMaxTokens) {
+      HcPostParams q;
+      q.shape.dim = kp.dim;
+      q.tokens = kp.tokens;
+      q.x = kp.x_prev;
+      q.res = kp.res;
+      q.post = kp.post_prev;
+      q.comb = kp.comb_prev;
+      q.out = kp.streams_out;
+      launch_post(q, stream);
+      kp.streams = kp.streams_out;
+      dispatch_split<Mode::kPre>(kp, stream);
+      return;
+    }
+  }
+  mhc_split::Params t;
+  t.kind = kMode == Mode::kPre       ? mhc_split::Kind::kPre
+           : kMode == Mode::kPostPre ? mhc_split::Kind::kPostPre
+                                     : mhc_split::Kind::kHead;
+  t.tokens = kp.tokens;
+  t.dim = kp.dim;
+  t.iters = kp.iters;
+  t.norm_eps = kp.norm_eps;
+  t.hc_eps = kp.hc_eps;
+  t.streams = kp.streams;
+  t.x_prev = kp.x_prev;
+  t.res = kp.res;
+  t.post_prev = kp.post_prev;
+  t.comb_prev = kp.comb_prev;
+  t.streams_out = kp.streams_out;
+  t.fn = kp.fn;
+  t.base = kp.base;
+  t.scale = kp.scale;
+  t.norm_w = kp.norm_w;
+  t.nrm_eps = kp.nrm_eps;
+  t.y = kp.y;
+  t.post = kp.post_out;
+  t.comb = kp.comb_out;
+  mhc_split::launch(t, stream);
+}
+
 template <Mode kMode>
 void dispatch(KParams kp, cudaStream_t stream) {
+  DSV4_CHECK(kp.path != HcPath::kSplit || split_supports_dim(kp.dim),
+             "mHC: the split-K path was asked for at dim ", kp.dim,
+             "; it takes widths that are a multiple of ", kSplitDimUnit, " up to ", kSplitMaxDim);
+  if (split_supports_dim(kp.dim)) mhc_split::reserve_workspace(stream);
+  if (kp.path == HcPath::kSplit ||
+      (kp.path == HcPath::kAuto && uses_split_kernel(kp.dim, kp.tokens))) {
+    dispatch_split<kMode>(kp, stream);
+    return;
+  }
   const int ds = slice_dims(kp.dim);
   if (ds == 0) {
     dispatch_token<kMode>(kp, stream);
@@ -845,6 +896,7 @@ void hc_pre(const HcPreParams& p, cudaStream_t stream) {
   kp.y = p.y;
   kp.post_out = p.post;
   kp.comb_out = p.comb;
+  kp.path = p.path;
   dispatch<Mode::kPre>(kp, stream);
 }
 
@@ -880,6 +932,7 @@ void hc_post_pre(const HcPostPreParams& p, cudaStream_t stream) {
   kp.y = p.y;
   kp.post_out = p.next_post;
   kp.comb_out = p.next_comb;
+  kp.path = p.path;
   dispatch<Mode::kPostPre>(kp, stream);
 }
 
@@ -893,6 +946,7 @@ void hc_head(const HcHeadParams& p, cudaStream_t stream) {
   fill_unit(kp, p.unit, p.norm, "hc_head");
   kp.streams = p.streams;
   kp.y = p.y;
+  kp.path = p.path;
   dispatch<Mode::kHead>(kp, stream);
 }
 

@@ -9,13 +9,19 @@
 //  * hc_post_pre : hc_post of one sub-layer fused with hc_pre of the next (vLLM's
 //                  mhc_fused_post_pre): each token's streams are read once, the new streams
 //                  written once, and the next sub-layer's input produced in the same pass.
-//                  Used while a cluster tile holds one m-tile (decode batches); for more
+//                  On the cluster path, used while a cluster tile holds one m-tile; for more
 //                  tokens the streaming hc_post followed by hc_pre is faster (the fused
 //                  kernel's hc_post runs on one CTA per SM in series with the rest of the
-//                  tile) and is what runs, with bit-identical results.
+//                  tile) and is what runs, with bit-identical results. On the split path
+//                  the projection kernel computes and writes the new streams of its
+//                  slice and the finishing kernel reads them back (from L2) for the collapse.
 //  * hc_head     : y = bf16(sum_j w_j h_j) with w_j = sigmoid(m_j scale + base_j) + eps
 //                  (optionally followed by the final RMSNorm).
 //
+// Widths that are a multiple of 32 up to mhc_cfg::kSplitMaxDim (Flash and Pro) run the split-K
+// path (mhc_split.h) at every token count: the projection spread over ~128-264 CTAs, then one CTA
+// per token for the gates, Sinkhorn and the collapse; two launches chained by programmatic
+// dependent launch, no cluster barrier. Forced (HcPath::kCluster), or at other widths,
 // hc_pre/hc_post_pre/hc_head run one kernel: a thread-block cluster of CS = dim/256 (or dim/512)
 // CTAs per tile of tokens, each CTA holding its 1/CS slice of all hc streams of the tile in
 // shared memory (read from HBM once). The (2+hc)*hc-wide projection runs on tensor cores with
@@ -36,6 +42,13 @@
 #include <cuda_runtime.h>
 
 namespace dsv4::cuda {
+
+// Which kernels run. kAuto: the split-K path (mhc_split.h) at the widths it takes
+// (mhc_cfg::uses_split_kernel), else the cluster kernel (or the per-token kernel at the widths the
+// cluster kernel does not take). kCluster / kSplit force one (benchmarks and
+// tests compare them at one shape; kSplit takes any token count, and a width it does not take,
+// not a multiple of 32 or above mhc_cfg::kSplitMaxDim, is an Error).
+enum class HcPath { kAuto, kCluster, kSplit };
 
 struct HcShape {
   int hc = 4;
@@ -67,6 +80,7 @@ struct HcPreParams {
   __nv_bfloat16* y = nullptr;  // [tokens, dim]
   float* post = nullptr;       // [tokens, hc]
   float* comb = nullptr;       // [tokens, hc, hc]
+  HcPath path = HcPath::kAuto;
 };
 void hc_pre(const HcPreParams& p, cudaStream_t stream);
 
@@ -90,6 +104,7 @@ struct HcPostPreParams {
   __nv_bfloat16* y = nullptr;  // [tokens, dim]
   float* next_post = nullptr;  // [tokens, hc]
   float* next_comb = nullptr;  // [tokens, hc, hc]
+  HcPath path = HcPath::kAuto;
 };
 void hc_post_pre(const HcPostPreParams& p, cudaStream_t stream);
 
@@ -100,6 +115,7 @@ struct HcHeadParams {
   HcUnitParams unit;                       // fn [hc, hc*dim], base [hc], scale [1]
   FusedNorm norm;                          // the final norm (optional)
   __nv_bfloat16* y = nullptr;              // [tokens, dim]
+  HcPath path = HcPath::kAuto;
 };
 void hc_head(const HcHeadParams& p, cudaStream_t stream);
 

@@ -42,6 +42,45 @@ constexpr bool uses_cluster_kernel(int dim) {
   return slice_dims(dim) != 0;
 }
 
+// Split-K path (mhc_split.h): a d-chunk is 32 dims of all 4 streams (128 values of the token's
+// flattened streams); a projection CTA has one warp per stream and owns whole d-chunks; token
+// tiles of 16 x kSplitMaxMt rows; the finishing kernel has one CTA per token, whose collapse
+// threads (224: warp 0 runs Sinkhorn) hold at most kSplitMaxYChunks chunks of 8 dims of y each.
+// kAuto runs it at every token count at the widths it takes (a multiple of 32 up to kSplitMaxDim:
+// Flash 4096, Pro 7168): measured on the H200 it beats the cluster kernel at every count from 1 to
+// 8192 (hc_pre + norm, Flash: 10.6 vs 15.4 us per call at 1 token in a chain of calls, 16.8 vs
+// 27.1 at 128, 325 vs 780 us at 8192); the cluster and per-token kernels serve the other widths
+// and HcPath::kCluster.
+constexpr int kSplitDimUnit = 32;
+// hc_post_pre on the split path fuses hc_post into the projection kernel up to this many tokens;
+// past it the streaming hc_post kernel then the split hc_pre are faster (H200: the fused
+// projection kernel's hc_post reads all 4 streams per warp with exposed latency; at 512 tokens,
+// Flash, fused 55 us vs split hc_pre 29 us + hc_post ~13 us; at 128 they tie, 26 vs 20 + 6).
+constexpr int kSplitFusedPostMaxTokens = 128;
+constexpr int kSplitMaxDim = 8192;
+constexpr int kSplitMaxMt = 4;
+constexpr int kSplitProjThreads = kHc * 32;
+constexpr int kSplitFinishThreads = 256;
+constexpr int kSplitCollapseThreads = kSplitFinishThreads - 32;
+constexpr int kSplitMaxYChunks =
+    (kSplitMaxDim / 8 + kSplitCollapseThreads - 1) / kSplitCollapseThreads;
+// The finisher sums the split partials in 10 fixed ranges (a thread per range and value).
+constexpr int kSplitReduceParts = 10;
+constexpr int kSplitMaxSplitsPerPart =
+    (kSplitMaxDim / kSplitDimUnit + kSplitReduceParts - 1) / kSplitReduceParts;
+static_assert(kSplitMaxYChunks == 5 && kSplitReduceParts * (kMixPre + 1) <= kSplitFinishThreads &&
+              kSplitMaxSplitsPerPart == 26);
+constexpr bool split_supports_dim(int dim) {
+  return dim > 0 && dim % kSplitDimUnit == 0 && dim <= kSplitMaxDim;
+}
+constexpr bool uses_split_kernel(int dim, int tokens) {
+  return split_supports_dim(dim) && tokens >= 1;
+}
+// Token rows per projection tile: 16, 32 or 64 (fn is re-read from L2 once per tile).
+constexpr int split_mtiles(int tokens) {
+  return tokens <= 16 ? 1 : tokens <= 32 ? 2 : kSplitMaxMt;
+}
+
 // Per-token kernel: threads per CTA (one per chunk of 8 of the token's 4*dim values, whole warps,
 // at most kTokenMaxThreads). A function of dim only, so the reduction order is fixed per width.
 constexpr int kTokenMaxThreads = 256;

@@ -39,6 +39,17 @@ __device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
   return v;
 }
 
+// f == hi + mid + lo exactly (for normal f): each residual is exact by Sterbenz' lemma, and the
+// last has at most 8 significant bits. With BF16 activations, every product of a part is exact in
+// the tensor core, so a projection over the three parts differs from fp32 x fp32 only in the
+// accumulation.
+__device__ __forceinline__ void split3(float f, float& hi, float& mid, float& lo) {
+  hi = __bfloat162float(__float2bfloat16_rn(f));
+  const float r1 = f - hi;
+  mid = __bfloat162float(__float2bfloat16_rn(r1));
+  lo = r1 - mid;  // <= 8 significant bits: exact in BF16
+}
+
 // Sinkhorn of one token's 4x4 matrix, exactly the CPU's order of operations (ops/cpu/mhc.cpp).
 __device__ __forceinline__ void sinkhorn4(float (&c)[16], int iters, float eps) {
 #pragma unroll
@@ -85,8 +96,11 @@ __device__ __forceinline__ void sinkhorn4(float (&c)[16], int iters, float eps) 
 }
 
 // sinkhorn4 on 16 lanes of a half-warp: lane 4j + k (of lanes & 15) holds c[j][k] and gets the
-// result. Each row / column sum is gathered by shuffles and added in index order from 0, exactly
-// as sinkhorn4 adds, so the result is bit-identical. Every lane of the warp must call it.
+// result. Each row / column sum is gathered by shuffles and added in index order, exactly as
+// sinkhorn4 adds, so the result is bit-identical. The sums start from their first term rather
+// than from 0 + it (one dependent addition less per normalisation on this latency-bound chain):
+// 0 + x == x for every x but -0, and no term here is -0 (exp results and their quotients by
+// positive sums are >= +0, NaN stays NaN). Every lane of the warp must call it.
 __device__ __forceinline__ float sinkhorn4_lanes(float c, int iters, float eps) {
   const int lane = threadIdx.x & 31, base = lane & 16, j = (lane & 15) >> 2, k = lane & 3;
   auto row_at = [&](float v, int kk) { return __shfl_sync(0xffffffffu, v, base + j * 4 + kk); };
@@ -95,20 +109,20 @@ __device__ __forceinline__ float sinkhorn4_lanes(float c, int iters, float eps) 
 #pragma unroll
   for (int kk = 1; kk < 4; ++kk) mx = fmaxf(mx, row_at(c, kk));
   c = expf(c - mx);
-  float sum = 0.0f;
+  float sum = row_at(c, 0);
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) sum = fadd(sum, row_at(c, kk));
+  for (int kk = 1; kk < 4; ++kk) sum = fadd(sum, row_at(c, kk));
   c = fadd(__fdiv_rn(c, sum), eps);
   auto col_norm = [&] {
-    float s = 0.0f;
+    float s = col_at(c, 0);
 #pragma unroll
-    for (int jj = 0; jj < 4; ++jj) s = fadd(s, col_at(c, jj));
+    for (int jj = 1; jj < 4; ++jj) s = fadd(s, col_at(c, jj));
     c = __fdiv_rn(c, fadd(s, eps));
   };
   auto row_norm = [&] {
-    float s = 0.0f;
+    float s = row_at(c, 0);
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) s = fadd(s, row_at(c, kk));
+    for (int kk = 1; kk < 4; ++kk) s = fadd(s, row_at(c, kk));
     c = __fdiv_rn(c, fadd(s, eps));
   };
   col_norm();
