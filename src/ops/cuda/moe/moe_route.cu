@@ -93,12 +93,11 @@ __device__ __forceinline__ void quant_rows_share(const RouterArgs& a, int r0, in
   }
 }
 
-__device__ __forceinline__ void router_prologue(const RouterArgs& a, int r0, int rows) {
+__device__ __forceinline__ void router_prologue(const RouterArgs& a) {
   sm90::griddep_wait();
   sm90::griddep_launch_dependents();
   if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0)
     a.counters[2] = 0;  // error flags of this forward (selection / plan set them)
-  quant_rows_share(a, r0, rows);
 }
 
 // Decode (RT rows x TE experts per CTA): every thread sums its 8-wide K chunks t, t + 256, ...
@@ -107,11 +106,10 @@ __device__ __forceinline__ void router_prologue(const RouterArgs& a, int r0, int
 template <int RT, int TE, int U>
 __global__ void __launch_bounds__(256) router_gemv_kernel(const RouterArgs a) {
   constexpr int N = RT * TE, P = N < 16 ? N : 16;  // outputs; reduced P at a time
-  __shared__ double s_red[P * 256];
   __shared__ double s_sum[N];
   const int tid = threadIdx.x, e0 = blockIdx.x * TE, r0 = blockIdx.y * RT;
   const int rows = min(RT, a.m - r0);
-  router_prologue(a, r0, rows);
+  router_prologue(a);
   const int nchunk = a.dim / 8;
   const uint4* xg = reinterpret_cast<const uint4*>(a.x);
   const uint4* gg = reinterpret_cast<const uint4*>(a.gate);
@@ -153,20 +151,43 @@ __global__ void __launch_bounds__(256) router_gemv_kernel(const RouterArgs a) {
           for (int j = 0; j < TE; ++j) acc[i * TE + j] = fma(xd[i], gd[j], acc[i * TE + j]);
       }
   }
+  quant_rows_share(a, r0, rows);  // x is in L2 (and partly L1) now
+  if constexpr (N <= 8) {
+    // A butterfly per output in each warp (every lane ends with the same bits: a + b = b + a),
+    // then the 8 warps in order.
+    __shared__ double s_warp[8][N];
 #pragma unroll
-  for (int base = 0; base < N; base += P) {
+    for (int o = 0; o < N; ++o)
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) acc[o] += __shfl_xor_sync(0xffffffffu, acc[o], off);
+    if (tid % 32 == 0)
+#pragma unroll
+      for (int o = 0; o < N; ++o) s_warp[tid / 32][o] = acc[o];
     __syncthreads();
+    if (tid < N) {
+      double sum = s_warp[0][tid];
 #pragma unroll
-    for (int v = 0; v < P; ++v) s_red[v * 256 + tid] = acc[base + v];
-    for (int half = 128; half > 0; half >>= 1) {
-      __syncthreads();
-      for (int i = tid; i < P * half; i += 256) {
-        const int v = i / half, t = i % half;
-        s_red[v * 256 + t] += s_red[v * 256 + t + half];
-      }
+      for (int w = 1; w < 8; ++w) sum += s_warp[w][tid];
+      s_sum[tid] = sum;
     }
-    __syncthreads();
-    if (tid < P) s_sum[base + tid] = s_red[tid * 256];
+  } else {
+    // P outputs at a time: the 256 partial sums of each in a fixed binary tree.
+    __shared__ double s_red[P * 256];
+#pragma unroll
+    for (int base = 0; base < N; base += P) {
+      __syncthreads();
+#pragma unroll
+      for (int v = 0; v < P; ++v) s_red[v * 256 + tid] = acc[base + v];
+      for (int half = 128; half > 0; half >>= 1) {
+        __syncthreads();
+        for (int i = tid; i < P * half; i += 256) {
+          const int v = i / half, t = i % half;
+          s_red[v * 256 + t] += s_red[v * 256 + t + half];
+        }
+      }
+      __syncthreads();
+      if (tid < P) s_sum[base + tid] = s_red[tid * 256];
+    }
   }
   __syncthreads();
   if (tid < N) {  // the scores of all outputs in parallel (fp64 exp / log1p: long latency)
@@ -177,9 +198,9 @@ __global__ void __launch_bounds__(256) router_gemv_kernel(const RouterArgs a) {
 
 // fp64 tensor-core MMA (m8n8k4, exact products, fp64 sums): D[8 rows][8 experts] += A B.
 __device__ __forceinline__ void dmma_8x8x4(double& c0, double& c1, double a, double b) {
-  asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
-               : "+d"(c0), "+d"(c1)
-               : "d"(a), "d"(b));
+  asm("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
+      : "+d"(c0), "+d"(c1)
+      : "d"(a), "d"(b));
 }
 
 // 8 rows x 8 NT experts per CTA on fp64 tensor cores; K split over the kRouterCluster CTAs of a
@@ -198,7 +219,7 @@ __global__ void __cluster_dims__(1, 1, kRouterCluster) __launch_bounds__(256)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int e0 = blockIdx.x * 8 * NT, r0 = blockIdx.y * 8;
   const int rows = min(8, a.m - r0);
-  router_prologue(a, r0, rows);
+  router_prologue(a);
   const int kspan = a.dim / CS, kbeg = blockIdx.z * kspan, nkb = kspan / 32;
   const bool row_ok = g < rows;
   const uint16_t* xrow = reinterpret_cast<const uint16_t*>(a.x) + size_t(r0 + g) * a.dim + kbeg;
@@ -234,6 +255,7 @@ __global__ void __cluster_dims__(1, 1, kRouterCluster) __launch_bounds__(256)
         }
       }
   }
+  quant_rows_share(a, r0, rows);
   // Output o = row * 8 NT + expert column; lane holds rows g, columns 8 j + 2 t + {0, 1}.
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
@@ -271,7 +293,7 @@ __global__ void __launch_bounds__(256) router_tiled_kernel(const RouterArgs a) {
   __shared__ __align__(16) double ws[KC][TE];
   const int tid = threadIdx.x, ty = tid / (TE / RE), tx = tid % (TE / RE);
   const int e0 = blockIdx.x * TE, m0 = blockIdx.y * TM;
-  router_prologue(a, m0, min(TM, a.m - m0));
+  router_prologue(a);
   double acc[RT][RE];
 #pragma unroll
   for (int i = 0; i < RT; ++i)
@@ -334,6 +356,7 @@ __global__ void __launch_bounds__(256) router_tiled_kernel(const RouterArgs a) {
         for (int j = 0; j < RE; ++j) acc[i][j] = fma(av[i], bv[j], acc[i][j]);
     }
   }
+  quant_rows_share(a, m0, min(TM, a.m - m0));
 #pragma unroll
   for (int i = 0; i < RT; ++i)
 #pragma unroll
@@ -361,8 +384,8 @@ struct SelectArgs {
 // cpu::moe_route): tid2eid, or K rounds of a warp argmax (ties to the lower expert index: the
 // CPU's partial_sort order); weights = score / sum * route_scale with the sum in selection
 // order. Writes sel / wt of the row to global memory and to sel_out / wt_out (K each).
-__device__ void select_row(const SelectArgs& a, int r, int lane, const float* b, int32_t* sel_out,
-                           float* wt_out) {
+__device__ __forceinline__ void select_row(const SelectArgs& a, int r, int lane, const float* b,
+                                           int32_t* sel_out, float* wt_out) {
   const int E = a.n_experts, K = a.top_k;
   int chosen = 0;  // lane i < K: the i-th selected expert
   if (a.tid2eid) {
