@@ -56,10 +56,9 @@ __device__ __forceinline__ void store_logit(const RouterArgs& a, int r, int e, d
   a.scores[size_t(r) * a.n_experts + e] = route_score(lg, a.sigmoid);
 }
 
-// FP8 fake-quantisation of one 128-block of a row by one warp: lane owns 4 values.
-__device__ __forceinline__ void quant_block_warp(const __nv_bfloat16* in, __nv_bfloat16* out,
-                                                 int lane) {
-  const uint2 raw = *reinterpret_cast<const uint2*>(in + 4 * lane);
+// FP8 fake-quantisation of one 128-block of a row by one warp from the lane's 4 values
+// (raw: BF16 pairs of in[4 lane .. 4 lane + 4)).
+__device__ __forceinline__ void quant_block_warp_raw(uint2 raw, __nv_bfloat16* out, int lane) {
   float v[4] = {num::bf16_lo(raw.x & 0xffffu), num::bf16_lo(raw.x >> 16),
                 num::bf16_lo(raw.y & 0xffffu), num::bf16_lo(raw.y >> 16)};
   float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
@@ -76,6 +75,11 @@ __device__ __forceinline__ void quant_block_warp(const __nv_bfloat16* in, __nv_b
   *reinterpret_cast<uint2*>(out + 4 * lane) = w;
 }
 
+__device__ __forceinline__ void quant_block_warp(const __nv_bfloat16* in, __nv_bfloat16* out,
+                                                 int lane) {
+  quant_block_warp_raw(*reinterpret_cast<const uint2*>(in + 4 * lane), out, lane);
+}
+
 // FP8 fake-quantisation of one row (cols % 128 == 0) by one warp.
 __device__ __forceinline__ void quant_row_warp(const __nv_bfloat16* in, __nv_bfloat16* out,
                                                int cols, int lane) {
@@ -85,11 +89,25 @@ __device__ __forceinline__ void quant_row_warp(const __nv_bfloat16* in, __nv_bfl
 // The x quantisation of rows [r0, r0 + rows): its (row, 128-block) items spread over the warps
 // of the CTAs that share this row tile (blockIdx.x, blockIdx.z), so every CTA does a little.
 __device__ __forceinline__ void quant_rows_share(const RouterArgs& a, int r0, int rows) {
+  constexpr int B = 4;  // items whose loads are in flight together
   const int nb = a.dim / kActBlock, warps = blockDim.x / 32, lane = threadIdx.x % 32;
-  const int cta = blockIdx.z * gridDim.x + blockIdx.x, ctas = gridDim.z * gridDim.x;
-  for (int i = cta * warps + threadIdx.x / 32; i < rows * nb; i += ctas * warps) {
-    const size_t off = size_t(r0 + i / nb) * a.dim + size_t(i % nb) * kActBlock;
-    quant_block_warp(a.x + off, a.xq + off, lane);
+  const int cta = blockIdx.z * gridDim.x + blockIdx.x, stride = gridDim.z * gridDim.x * warps;
+  const int items = rows * nb;
+  for (int i0 = cta * warps + threadIdx.x / 32; i0 < items; i0 += B * stride) {
+    uint2 raw[B];
+#pragma unroll
+    for (int q = 0; q < B; ++q) {
+      const int i = i0 + q * stride;
+      const size_t off = size_t(r0 + i / nb) * a.dim + size_t(i % nb) * kActBlock;
+      raw[q] = i < items ? *reinterpret_cast<const uint2*>(a.x + off + 4 * lane) : make_uint2(0, 0);
+    }
+#pragma unroll
+    for (int q = 0; q < B; ++q) {
+      const int i = i0 + q * stride;
+      if (i < items)  // warp-uniform
+        quant_block_warp_raw(raw[q],
+                             a.xq + size_t(r0 + i / nb) * a.dim + size_t(i % nb) * kActBlock, lane);
+    }
   }
 }
 
