@@ -221,65 +221,81 @@ __device__ __forceinline__ void dmma_8x8x4(double& c0, double& c1, double a, dou
       : "d"(a), "d"(b));
 }
 
-// 8 rows x 8 NT experts per CTA on fp64 tensor cores; K split over the kRouterCluster CTAs of a
-// cluster (blockIdx.z) and over the 8 warps of each. A warp multiplies 32-wide k-blocks: lane
-// (g = lane / 4, t = lane % 4) loads 8 consecutive k of x row g and of expert 8 j + g, and step
-// s of the block feeds k = 8 t + s as the MMA's k index t (any bijection of k works: both
-// operands use the same one). Partial sums: warps added in warp order in shared memory, then
-// the cluster's CTAs in rank order through distributed shared memory, each CTA finishing
-// 1/kRouterCluster of the outputs (logit, score).
-template <int NT>
+// 8 MT rows x 8 NT experts per CTA on fp64 tensor cores; K split over the kRouterCluster CTAs
+// of a cluster (blockIdx.z) and over the 8 warps of each. A warp multiplies 32-wide k-blocks:
+// lane (g = lane / 4, t = lane % 4) loads 8 consecutive k of x rows 8 i + g and of experts
+// 8 j + g, and step s of the block feeds k = 8 t + s as the MMA's k index t (any bijection of k
+// works: both operands use the same one). Each BF16 value is converted to fp64 once per warp
+// and used by NT (x) or MT (gate) MMAs. Partial sums: warps added in warp order in shared
+// memory, then the cluster's CTAs in rank order through distributed shared memory, each CTA
+// finishing 1/kRouterCluster of the outputs (logit, score).
+template <int MT, int NT>
 __global__ void __cluster_dims__(1, 1, kRouterCluster) __launch_bounds__(256)
     router_mma_kernel(const RouterArgs a) {
-  constexpr int N = 64 * NT, U = 12 / (1 + NT) > 0 ? 12 / (1 + NT) : 1, CS = kRouterCluster;
+  constexpr int TM = 8 * MT, TE = 8 * NT, N = TM * TE, CS = kRouterCluster;
+  constexpr int U = 12 / (MT + NT) > 0 ? 12 / (MT + NT) : 1;  // k-blocks' loads in flight
   __shared__ double s_red[8][N];
   __shared__ double s_cta[N];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int e0 = blockIdx.x * 8 * NT, r0 = blockIdx.y * 8;
-  const int rows = min(8, a.m - r0);
+  const int e0 = blockIdx.x * TE, r0 = blockIdx.y * TM;
+  const int rows = min(TM, a.m - r0);
   router_prologue(a);
   const int kspan = a.dim / CS, kbeg = blockIdx.z * kspan, nkb = kspan / 32;
-  const bool row_ok = g < rows;
-  const uint16_t* xrow = reinterpret_cast<const uint16_t*>(a.x) + size_t(r0 + g) * a.dim + kbeg;
-  double c[NT][2];
+  double c[MT][NT][2];
 #pragma unroll
-  for (int j = 0; j < NT; ++j) c[j][0] = c[j][1] = 0.0;
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) c[i][j][0] = c[i][j][1] = 0.0;
   for (int kb0 = warp; kb0 < nkb; kb0 += 8 * U) {
-    uint4 xv[U], gv[U][NT];
+    uint4 xv[U][MT], gv[U][NT];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int kb = kb0 + 8 * u, k = 32 * kb + 8 * t;
-      xv[u] =
-          kb < nkb && row_ok ? *reinterpret_cast<const uint4*>(xrow + k) : make_uint4(0, 0, 0, 0);
+      const int kb = kb0 + 8 * u, k = kbeg + 32 * kb + 8 * t;
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        const int r = 8 * i + g;
+        xv[u][i] = kb < nkb && r < rows
+                       ? *reinterpret_cast<const uint4*>(a.x + size_t(r0 + r) * a.dim + k)
+                       : make_uint4(0, 0, 0, 0);
+      }
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         const int e = e0 + 8 * j + g;
-        gv[u][j] =
-            kb < nkb && e < a.n_experts
-                ? __ldg(reinterpret_cast<const uint4*>(a.gate + size_t(e) * a.dim + kbeg + k))
-                : make_uint4(0, 0, 0, 0);
+        gv[u][j] = kb < nkb && e < a.n_experts
+                       ? __ldg(reinterpret_cast<const uint4*>(a.gate + size_t(e) * a.dim + k))
+                       : make_uint4(0, 0, 0, 0);
       }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int h = 0; h < 8; ++h) {
-        const uint32_t xw = (&xv[u].x)[h / 2];
-        const double av = bf16_double(h % 2 ? xw >> 16 : xw & 0xffffu);
+        double av[MT], bv[NT];
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+          const uint32_t w = (&xv[u][i].x)[h / 2];
+          av[i] = bf16_double(h % 2 ? w >> 16 : w & 0xffffu);
+        }
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-          const uint32_t gw = (&gv[u][j].x)[h / 2];
-          dmma_8x8x4(c[j][0], c[j][1], av, bf16_double(h % 2 ? gw >> 16 : gw & 0xffffu));
+          const uint32_t w = (&gv[u][j].x)[h / 2];
+          bv[j] = bf16_double(h % 2 ? w >> 16 : w & 0xffffu);
         }
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+          for (int j = 0; j < NT; ++j) dmma_8x8x4(c[i][j][0], c[i][j][1], av[i], bv[j]);
       }
   }
   quant_rows_share(a, r0, rows);
-  // Output o = row * 8 NT + expert column; lane holds rows g, columns 8 j + 2 t + {0, 1}.
+  // Output o = row * TE + expert column; the lane holds rows 8 i + g, columns 8 j + 2 t + {0, 1}.
 #pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    s_red[warp][g * 8 * NT + 8 * j + 2 * t] = c[j][0];
-    s_red[warp][g * 8 * NT + 8 * j + 2 * t + 1] = c[j][1];
-  }
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      s_red[warp][(8 * i + g) * TE + 8 * j + 2 * t] = c[i][j][0];
+      s_red[warp][(8 * i + g) * TE + 8 * j + 2 * t + 1] = c[i][j][1];
+    }
   __syncthreads();
   for (int o = threadIdx.x; o < N; o += 256) {
     double sum = s_red[0][o];
@@ -294,7 +310,7 @@ __global__ void __cluster_dims__(1, 1, kRouterCluster) __launch_bounds__(256)
     double sum = *cluster.map_shared_rank(s_cta + o, 0);
 #pragma unroll
     for (int q = 1; q < CS; ++q) sum += *cluster.map_shared_rank(s_cta + o, q);
-    const int i = o / (8 * NT), e = e0 + o % (8 * NT);
+    const int i = o / TE, e = e0 + o % TE;
     if (i < rows && e < a.n_experts) store_logit(a, r0 + i, e, sum);
   }
   cluster.sync();  // no CTA leaves while another still reads its s_cta
@@ -678,10 +694,14 @@ PlanArgs plan_args(const MoeDeviceWeights& w, const MoeArgs& a, const MoeWorkspa
   return p;
 }
 
-// Experts per MMA CTA / 8: enough CTAs at decode (Flash at 8 rows: 32 x 4), fewer x re-reads
-// beyond.
-int router_mma_nt(int m) {
-  return m <= 8 ? 1 : m <= 32 ? 2 : 4;
+// The MMA kernel's tile in m8 x n8 blocks (x: rows / 8, y: experts / 8): enough CTAs at decode
+// (Flash at 8 rows: 32 x 4), fewer re-reads and conversions of x beyond 8 rows and of the gate
+// beyond 128.
+int2 router_mma_tile(int m) {
+  return m <= 8     ? make_int2(1, 1)
+         : m <= 32  ? make_int2(1, 2)
+         : m <= 128 ? make_int2(1, 4)
+                    : make_int2(2, 4);
 }
 
 template <int RT, int TE, int U>
@@ -724,7 +744,7 @@ std::string router_kernel_name(int m, RouterPath requested) {
              : m <= 8 ? "router_gemv<8,2>"
                       : "router_gemv<8,4>";
     case RouterPath::kMma:
-      return cat("router_mma<", router_mma_nt(m), ">");
+      return cat("router_mma<", 8 * router_mma_tile(m).x, "x", 8 * router_mma_tile(m).y, ">");
     default:
       return "router_tiled<64,64>";
   }
@@ -750,14 +770,17 @@ void launch_router(const LaunchCtx& c, const MoeDeviceWeights& w, const MoeArgs&
         launch_gemv<8, 4, 1>(c, r);
       break;
     case RouterPath::kMma: {
-      const int nt = router_mma_nt(a.m);
-      const dim3 grid((w.n_experts + 8 * nt - 1) / (8 * nt), (a.m + 7) / 8, kRouterCluster);
-      if (nt == 1)
-        launch_kernel(c, router_mma_kernel<1>, grid, dim3(256), 0, r);
-      else if (nt == 2)
-        launch_kernel(c, router_mma_kernel<2>, grid, dim3(256), 0, r);
+      const int2 t = router_mma_tile(a.m);
+      const dim3 grid((w.n_experts + 8 * t.y - 1) / (8 * t.y), (a.m + 8 * t.x - 1) / (8 * t.x),
+                      kRouterCluster);
+      if (t.y == 1)
+        launch_kernel(c, router_mma_kernel<1, 1>, grid, dim3(256), 0, r);
+      else if (t.y == 2)
+        launch_kernel(c, router_mma_kernel<1, 2>, grid, dim3(256), 0, r);
+      else if (t.x == 1)
+        launch_kernel(c, router_mma_kernel<1, 4>, grid, dim3(256), 0, r);
       else
-        launch_kernel(c, router_mma_kernel<4>, grid, dim3(256), 0, r);
+        launch_kernel(c, router_mma_kernel<2, 4>, grid, dim3(256), 0, r);
       break;
     }
     default: {
