@@ -42,9 +42,10 @@ struct Config {
   float route_scale;
 };
 
-// One copy of a layer's router weights (gate, bias or tid2eid) and of its inputs.
-struct Copy {
-  cm::MoeDeviceWeights w;
+// A case: the inputs and the workspace (shared: replays run one after another) and `copies`
+// copies of the layer's router weights (gate, bias or tid2eid), rotated through.
+struct Case {
+  std::vector<cm::MoeDeviceWeights> w;
   DeviceBuffer<uint16_t> x, y;
   DeviceBuffer<int32_t> tokens;
   DeviceBuffer<uint8_t> ws;
@@ -53,21 +54,16 @@ struct Copy {
 
 constexpr int kVocab = 4096;
 
-std::unique_ptr<Copy> make_copy(const Config& c, bool hash, int m, uint32_t seed) {
-  auto k = std::make_unique<Copy>();
-  std::mt19937 rng(seed);
+cm::MoeDeviceWeights make_weights(const Config& c, bool hash, std::mt19937& rng) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   const float gs = 1.0f / std::sqrt(float(c.dim));
-  std::vector<uint16_t> gate(size_t(c.E) * c.dim), x(size_t(m) * c.dim);
+  std::vector<uint16_t> gate(size_t(c.E) * c.dim);
   for (uint16_t& g : gate) g = float_to_bf16(gs * nd(rng));
-  for (uint16_t& v : x) v = float_to_bf16(nd(rng));
-  cm::MoeDeviceWeights& w = k->w;
+  cm::MoeDeviceWeights w;
   w.n_experts = c.E;
   w.dim = c.dim;
   w.inter = 128;  // sizes only the (unused) GEMM regions of the workspace
   w.gate = DeviceBuffer<uint16_t>(gate);
-  std::vector<int32_t> tokens(m);
-  for (int32_t& t : tokens) t = int32_t(rng() % kVocab);
   if (hash) {
     std::vector<int32_t> ids(size_t(kVocab) * c.K);
     for (int32_t& e : ids) e = int32_t(rng() % c.E);
@@ -79,10 +75,22 @@ std::unique_ptr<Copy> make_copy(const Config& c, bool hash, int m, uint32_t seed
     for (float& b : bias) b = 0.05f * nd(rng);
     w.bias = DeviceBuffer<float>(bias);
   }
+  return w;
+}
+
+std::unique_ptr<Case> make_case(const Config& c, bool hash, int m, int copies) {
+  auto k = std::make_unique<Case>();
+  std::mt19937 rng(1000u + uint32_t(m));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int i = 0; i < copies; ++i) k->w.push_back(make_weights(c, hash, rng));
+  std::vector<uint16_t> x(size_t(m) * c.dim);
+  for (uint16_t& v : x) v = float_to_bf16(nd(rng));
+  std::vector<int32_t> tokens(m);
+  for (int32_t& t : tokens) t = int32_t(rng() % kVocab);
   k->x = DeviceBuffer<uint16_t>(x);
   k->y = DeviceBuffer<uint16_t>(size_t(m) * c.dim);
   k->tokens = DeviceBuffer<int32_t>(tokens);
-  const size_t bytes = cm::moe_workspace_bytes(w, m, c.K);
+  const size_t bytes = cm::moe_workspace_bytes(k->w[0], m, c.K);
   k->ws = DeviceBuffer<uint8_t>(bytes);
   cm::MoeArgs& a = k->args;
   a.x = reinterpret_cast<const __nv_bfloat16*>(k->x.data());
@@ -107,19 +115,18 @@ bool wanted(const std::vector<std::string>& filters, const Config& c, bool hash,
 void run_case(const Config& c, bool hash, int m) {
   const size_t gate_bytes = size_t(c.E) * c.dim * 2;
   const int copies = std::min(bench::rotation_copies(gate_bytes), 32);
-  std::vector<std::unique_ptr<Copy>> cp;
-  for (int i = 0; i < copies; ++i) cp.push_back(make_copy(c, hash, m, 1000u + uint32_t(i)));
+  const std::unique_ptr<Case> k = make_case(c, hash, m, copies);
   const std::string shape = cat(c.name, " E=", c.E, " K=", c.K, " dim=", c.dim, " M=", m,
                                 hash ? " hash" : " score", " logits=", cm::router_kernel_name(m),
                                 " fused_select_plan=", cm::route_plan_fused(m, c.E) ? 1 : 0);
   const int iters = m >= 4096 ? 20 : 100;
   auto time_stages = [&](unsigned stages, cm::RouterPath path) {
     bench::GraphSet g(copies, [&](int i, cudaStream_t s) {
-      cm::MoeArgs a = cp[size_t(i)]->args;
+      cm::MoeArgs a = k->args;
       a.stages = stages;
       a.router_path = path;
       a.stream = s;
-      cm::moe_forward(cp[size_t(i)]->w, a);
+      cm::moe_forward(k->w[size_t(i)], a);
     });
     return g.median_us(iters);
   };
