@@ -40,6 +40,7 @@
 #include "ops/cuda/moe/moe.h"
 #include "ops/cuda/moe/moe_gemm.cuh"
 #include "ops/cuda/moe/moe_gemm_stream.cuh"
+#include "ops/cuda/moe/moe_kernels.h"
 #include "support/bf16_vectors.h"
 #include "support/host_tensors.h"
 #include "support/random_values.h"
@@ -597,6 +598,21 @@ TEST(MoeGemmEmu, KernelIndexingIsExactMxfp4) {
 
 TEST(MoeGemmEmu, KernelIndexingIsExactNvfp4) {
   emu::check_all_tiles<ExpertFormat::kNvfp4>(200);
+}
+
+// The router kernel choice (host only): kAuto takes the K-parallel kernel up to 4 rows and the
+// fp64 MMA beyond; a forced choice is kept, the K-parallel kernel refused beyond 256 rows.
+TEST(MoeRouterPath, AutoAndForced) {
+  using RP = cm::RouterPath;
+  for (int m : {1, 2, 4}) EXPECT_EQ(cm::router_path_choice(m, RP::kAuto), RP::kGemv) << m;
+  for (int m : {5, 8, 32, 128, 4096})
+    EXPECT_EQ(cm::router_path_choice(m, RP::kAuto), RP::kMma) << m;
+  EXPECT_EQ(cm::router_path_choice(4096, RP::kTiled), RP::kTiled);
+  EXPECT_EQ(cm::router_path_choice(1, RP::kMma), RP::kMma);
+  EXPECT_EQ(cm::router_path_choice(256, RP::kGemv), RP::kGemv);
+  EXPECT_THROW(cm::router_path_choice(257, RP::kGemv), Error);
+  EXPECT_EQ(cm::router_kernel_name(1), "router_gemv<1,2>");
+  EXPECT_EQ(cm::router_kernel_name(300), "router_mma<16x32>");
 }
 
 // The expert GEMM heuristic on the real geometries (host only: it reads the shape, not the
