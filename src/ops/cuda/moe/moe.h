@@ -1,5 +1,6 @@
 // Mixture of experts on the GPU (sm_90a), the CUDA twin of cpu::moe_forward:
-//   router: fp32 logits of fp32(x) against the BF16 gate (upcast), sqrt-softplus or sigmoid,
+//   router: fp32 logits (exact products of x and the BF16 gate summed in fp64, rounded once),
+//           sqrt-softplus or sigmoid (each fp32 operation correctly rounded),
 //           top-k on score + bias (ties to the lower expert index) or tid2eid for hash
 //           layers, normalise, x route_scale                                   (= cpu::moe_route)
 //   x is FP8-fake-quantised per (row, 128) (e4m3, UE8M0 scale; the values stay BF16)
