@@ -600,12 +600,12 @@ TEST(MoeGemmEmu, KernelIndexingIsExactNvfp4) {
   emu::check_all_tiles<ExpertFormat::kNvfp4>(200);
 }
 
-// The router kernel choice (host only): kAuto takes the K-parallel kernel up to 4 rows and the
+// The router kernel choice (host only): kAuto takes the K-parallel kernel up to 2 rows and the
 // fp64 MMA beyond; a forced choice is kept, the K-parallel kernel refused beyond 256 rows.
 TEST(MoeRouterPath, AutoAndForced) {
   using RP = cm::RouterPath;
-  for (int m : {1, 2, 4}) EXPECT_EQ(cm::router_path_choice(m, RP::kAuto), RP::kGemv) << m;
-  for (int m : {5, 8, 32, 128, 4096})
+  for (int m : {1, 2}) EXPECT_EQ(cm::router_path_choice(m, RP::kAuto), RP::kGemv) << m;
+  for (int m : {3, 4, 5, 8, 32, 128, 4096})
     EXPECT_EQ(cm::router_path_choice(m, RP::kAuto), RP::kMma) << m;
   EXPECT_EQ(cm::router_path_choice(4096, RP::kTiled), RP::kTiled);
   EXPECT_EQ(cm::router_path_choice(1, RP::kMma), RP::kMma);

@@ -72,8 +72,12 @@ using StreamN16 = StreamTile<16, 5, 4>;
 // rate is the limit). The fp64 tensor-core kernel: 8 rows x 8 NT experts per CTA, K split over a
 // cluster of kRouterCluster CTAs (their partial sums added in rank order through distributed shared
 // memory).
-constexpr int kRouterGemvRows = 256;    // the K-parallel kernel's limit when forced
-constexpr int kRouterAutoGemvRows = 4;  // kAuto: the K-parallel kernel up to here, then MMA
+constexpr int kRouterGemvRows = 256;  // the K-parallel kernel's limit when forced
+// kAuto: the K-parallel kernel up to here, then MMA. H200 (route stage alone): M=1 gemv 11.2 /
+// mma 11.9 us Flash, 12.8 / 15.3 Pro; M=8 gemv 15.0 / mma 13.2 Flash, 20.5 / 16.5 Pro; M=2..4 not
+// measured: the crossover interpolates to ~3 (Flash) / ~4 (Pro), 2 is the conservative pick.
+// Never tiled (450-2300 us at every M measured).
+constexpr int kRouterAutoGemvRows = 2;
 constexpr int kRouterCluster = 4;
 constexpr int kRouterTileM = 64, kRouterTileE = 64;
 constexpr int kRouterKChunk = 32;  // K per shared-memory stage of the tiled kernel
@@ -84,7 +88,7 @@ constexpr int kMaxTopK = 16;
 constexpr int kPlanThreads = 1024;
 constexpr int kFinishWarps = 8;  // route_select: one warp per token
 // Up to this many rows (and scores fitting the shared memory below) selection and grouping
-// run as one single-CTA kernel.
+// run as one single-CTA kernel (which stages them twice: biased and raw).
 constexpr int kFusedRouteRows = 32;
 constexpr size_t kFusedRouteSmem = 64 * 1024;
 
