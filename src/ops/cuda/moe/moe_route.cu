@@ -80,6 +80,34 @@ __device__ __forceinline__ void quant_block_warp(const __nv_bfloat16* in, __nv_b
   quant_block_warp_raw(*reinterpret_cast<const uint2*>(in + 4 * lane), out, lane);
 }
 
+// FP8 fake-quantisation of one 128-block held by an aligned half-warp, 8 values a lane (raw:
+// BF16 pairs of in[8 (lane % 16) .. + 8)); the same amax, scale and values as
+// quant_block_warp_raw. Called by the whole warp; only lanes with `valid` (uniform over each
+// half-warp) store.
+__device__ __forceinline__ void quant_block_halfwarp_raw(uint4 raw, __nv_bfloat16* out,
+                                                         bool valid) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+  float v[8];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    v[2 * j] = num::bf16_lo(w[j] & 0xffffu), v[2 * j + 1] = num::bf16_lo(w[j] >> 16);
+  float amax = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (!valid) return;
+  const float s = num::fp8_scale_from_amax(amax);
+  uint32_t q[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    __nv_bfloat162 b = __floats2bfloat162_rn(num::fp8_fake_quant(v[2 * j], s),
+                                             num::fp8_fake_quant(v[2 * j + 1], s));
+    q[j] = *reinterpret_cast<uint32_t*>(&b);
+  }
+  *reinterpret_cast<uint4*>(out) = make_uint4(q[0], q[1], q[2], q[3]);
+}
+
 // FP8 fake-quantisation of one row (cols % 128 == 0) by one warp.
 __device__ __forceinline__ void quant_row_warp(const __nv_bfloat16* in, __nv_bfloat16* out,
                                                int cols, int lane) {
@@ -111,7 +139,18 @@ __device__ __forceinline__ void quant_rows_share(const RouterArgs& a, int r0, in
   }
 }
 
-__device__ __forceinline__ void router_prologue(const RouterArgs& a) {
+// The gate rows [e0, e0 + ne) x k [k0, k0 + klen) that this CTA reads are prefetched into L2
+// before the wait for the previous kernel (the gate is a weight: nothing in the stream writes
+// it), so their DRAM latency overlaps that kernel's tail; the loads then find them in L2 or in
+// flight. Values and sums are unchanged.
+__device__ __forceinline__ void router_prologue(const RouterArgs& a, int e0, int ne, int k0,
+                                                int klen) {
+  ne = min(ne, a.n_experts - e0);
+  const int lines = klen / 64;  // 128-byte lines of BF16 per gate row (klen % 64 == 0)
+  for (int i = threadIdx.x; i < ne * lines; i += blockDim.x) {
+    const uint16_t* p = a.gate + size_t(e0 + i / lines) * a.dim + k0 + 64 * (i % lines);
+    asm volatile("prefetch.L2 [%0];" ::"l"(p));  // generic address
+  }
   sm90::griddep_wait();
   sm90::griddep_launch_dependents();
   if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0)
@@ -127,7 +166,7 @@ __global__ void __launch_bounds__(256) router_gemv_kernel(const RouterArgs a) {
   __shared__ double s_sum[N];
   const int tid = threadIdx.x, e0 = blockIdx.x * TE, r0 = blockIdx.y * RT;
   const int rows = min(RT, a.m - r0);
-  router_prologue(a);
+  router_prologue(a, e0, TE, 0, a.dim);
   const int nchunk = a.dim / 8;
   const uint4* xg = reinterpret_cast<const uint4*>(a.x);
   const uint4* gg = reinterpret_cast<const uint4*>(a.gate);
@@ -147,6 +186,18 @@ __global__ void __launch_bounds__(256) router_gemv_kernel(const RouterArgs a) {
       for (int j = 0; j < TE; ++j)
         gv[u][j] = c < nchunk && e0 + j < a.n_experts ? __ldg(gg + size_t(e0 + j) * nchunk + c)
                                                       : make_uint4(0, 0, 0, 0);
+    }
+    if (blockIdx.x == 0) {  // this row tile's x quantisation, from the registers: 16 lanes hold
+                            // one 128-block (chunks 16 b .. 16 b + 15; dim % 128 == 0)
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int i = 0; i < RT; ++i) {
+          const int c = c0 + 256 * u;
+          if (i < rows)  // CTA-uniform
+            quant_block_halfwarp_raw(xv[u][i], a.xq + size_t(r0 + i) * a.dim + size_t(c) * 8,
+                                     c < nchunk);
+        }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -169,7 +220,6 @@ __global__ void __launch_bounds__(256) router_gemv_kernel(const RouterArgs a) {
           for (int j = 0; j < TE; ++j) acc[i * TE + j] = fma(xd[i], gd[j], acc[i * TE + j]);
       }
   }
-  quant_rows_share(a, r0, rows);  // x is in L2 (and partly L1) now
   if constexpr (N <= 8) {
     // A butterfly per output in each warp (every lane ends with the same bits: a + b = b + a),
     // then the 8 warps in order.
@@ -239,8 +289,8 @@ __global__ void __cluster_dims__(1, 1, kRouterCluster) __launch_bounds__(256)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int e0 = blockIdx.x * TE, r0 = blockIdx.y * TM;
   const int rows = min(TM, a.m - r0);
-  router_prologue(a);
   const int kspan = a.dim / CS, kbeg = blockIdx.z * kspan, nkb = kspan / 32;
+  router_prologue(a, e0, TE, kbeg, kspan);
   double c[MT][NT][2];
 #pragma unroll
   for (int i = 0; i < MT; ++i)
@@ -327,7 +377,7 @@ __global__ void __launch_bounds__(256) router_tiled_kernel(const RouterArgs a) {
   __shared__ __align__(16) double ws[KC][TE];
   const int tid = threadIdx.x, ty = tid / (TE / RE), tx = tid % (TE / RE);
   const int e0 = blockIdx.x * TE, m0 = blockIdx.y * TM;
-  router_prologue(a);
+  router_prologue(a, 0, 0, 0, 0);  // prefill: no prefetch
   double acc[RT][RE];
 #pragma unroll
   for (int i = 0; i < RT; ++i)
@@ -417,9 +467,10 @@ struct SelectArgs {
 // Selection of row r by one warp from its biased scores b[E] (score + bias in fp32, as
 // cpu::moe_route): tid2eid, or K rounds of a warp argmax (ties to the lower expert index: the
 // CPU's partial_sort order); weights = score / sum * route_scale with the sum in selection
-// order. Writes sel / wt of the row to global memory and to sel_out / wt_out (K each).
+// order. Writes sel / wt of the row to global memory and to sel_out / wt_out (K each). raw:
+// the row's scores staged in shared memory, or null (read from a.scores).
 __device__ __forceinline__ void select_row(const SelectArgs& a, int r, int lane, const float* b,
-                                           int32_t* sel_out, float* wt_out) {
+                                           const float* raw, int32_t* sel_out, float* wt_out) {
   const int E = a.n_experts, K = a.top_k;
   int chosen = 0;  // lane i < K: the i-th selected expert
   if (a.tid2eid) {
@@ -450,7 +501,7 @@ __device__ __forceinline__ void select_row(const SelectArgs& a, int r, int lane,
     }
   }
   const bool ok = chosen >= 0 && chosen < E;  // tid2eid ids were range-checked at upload
-  const float sc = lane < K && ok ? a.scores[size_t(r) * E + chosen] : 0.0f;
+  const float sc = lane < K && ok ? (raw ? raw[chosen] : a.scores[size_t(r) * E + chosen]) : 0.0f;
   float sum = 0.0f;
   for (int i = 0; i < K; ++i) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, sc, i));
   if (lane < K) {
@@ -481,7 +532,7 @@ __global__ void __launch_bounds__(32 * kFinishWarps) route_select_kernel(const S
   float* b = s_biased + warp * a.n_experts;
   load_biased(a, r, lane, b);
   __syncwarp();
-  select_row(a, r, lane, b, s_sel[warp], s_wt[warp]);
+  select_row(a, r, lane, b, nullptr, s_sel[warp], s_wt[warp]);
 }
 
 // ---- grouping: one CTA ---------------------------------------------------------------------
@@ -577,22 +628,30 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const PlanArgs a) {
 
 // Decode: selection of every row (one warp per row, the biased scores of all rows staged by all
 // threads first) and the grouping, in one CTA; sel / wt stay in shared memory for the grouping.
-__global__ void __launch_bounds__(kPlanThreads)
+// One CTA per SM stated: with the minimum left out, ptxas (13.0) held this kernel to 32
+// registers and spilled 12 B (48 without the cap, no spill).
+__global__ void __launch_bounds__(kPlanThreads, 1)
     route_plan_small_kernel(const SelectArgs f, const PlanArgs p) {
-  extern __shared__ float s_biased[];  // [m][E] (score routing)
+  extern __shared__ float s_biased[];  // [m][E] biased, then [m][E] raw scores (score routing)
   __shared__ int32_t s_sel[kFusedRouteRows * kMaxTopK];
   __shared__ float s_wt[kFusedRouteRows * kMaxTopK];
   sm90::griddep_wait();
   sm90::griddep_launch_dependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, E = f.n_experts, K = f.top_k;
+  const int n = f.m * E;
+  float* s_raw = f.tid2eid ? nullptr : s_biased + n;  // the weights' scores: no global re-read
   if (!f.tid2eid) {
 #pragma unroll 4
-    for (int i = threadIdx.x; i < f.m * E; i += kPlanThreads)
-      s_biased[i] = f.bias ? __fadd_rn(f.scores[i], f.bias[i % E]) : f.scores[i];
+    for (int i = threadIdx.x; i < n; i += kPlanThreads) {
+      const float sc = f.scores[i];
+      s_raw[i] = sc;
+      s_biased[i] = f.bias ? __fadd_rn(sc, f.bias[i % E]) : sc;
+    }
   }
   __syncthreads();
   for (int r = warp; r < f.m; r += kPlanThreads / 32)
-    select_row(f, r, lane, s_biased + size_t(r) * E, s_sel + r * K, s_wt + r * K);
+    select_row(f, r, lane, s_biased + size_t(r) * E, s_raw ? s_raw + size_t(r) * E : nullptr,
+               s_sel + r * K, s_wt + r * K);
   __syncthreads();
   plan_body(p, s_sel, s_wt);
 }
@@ -813,9 +872,10 @@ void launch_route_plan_small(const LaunchCtx& c, const MoeDeviceWeights& w, cons
   once_per_device(attr, [] {
     DSV4_CUDA_CHECK(cudaFuncSetAttribute(route_plan_small_kernel,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         int(kFusedRouteSmem)));
+                                         int(2 * kFusedRouteSmem)));
   });
-  const size_t smem = size_t(a.m) * w.n_experts * sizeof(float);
+  // Score routing stages the biased and the raw scores; hash routing neither.
+  const size_t smem = w.hash() ? 0 : 2 * size_t(a.m) * w.n_experts * sizeof(float);
   launch_kernel(c, route_plan_small_kernel, dim3(1), dim3(kPlanThreads), smem,
                 select_args(w, a, ws), plan_args(w, a, ws, tile_n));
 }
