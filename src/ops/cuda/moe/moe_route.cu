@@ -91,9 +91,9 @@ __device__ __forceinline__ void quant_block_halfwarp_raw(uint4 raw, __nv_bfloat1
 #pragma unroll
   for (int j = 0; j < 4; ++j)
     v[2 * j] = num::bf16_lo(w[j] & 0xffffu), v[2 * j + 1] = num::bf16_lo(w[j] >> 16);
-  float amax = 0.0f;
+  float amax = fabsf(v[0]);  // the same fmaxf folds as the warp version (NaN-ignoring alike)
 #pragma unroll
-  for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
+  for (int j = 1; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
 #pragma unroll
   for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   if (!valid) return;
@@ -490,12 +490,16 @@ __device__ __forceinline__ void select_row(const SelectArgs& a, int r, int lane,
         const float v = b[e];
         if (v > best || be == 0x7fffffff) best = v, be = e;
       }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-        const int oe = __shfl_xor_sync(0xffffffffu, be, o);
-        if (ob > best || (ob == best && oe < be) || be == 0x7fffffff) best = ob, be = oe;
-      }
+      // The warp's argmax in two reductions (REDUX, not 5 dependent shuffle steps): the largest
+      // value as order-preserving bits (-0 as +0, so equal values stay equal as in the CPU's
+      // sort), then the lowest expert index holding it. A lane without a candidate offers key 0
+      // (below every value but a NaN) and no index. Scores are NaN-free.
+      const uint32_t bits = __float_as_uint(best == 0.0f ? 0.0f : best);
+      const uint32_t key =
+          be == 0x7fffffff ? 0u : (bits & 0x80000000u ? ~bits : bits | 0x80000000u);
+      const uint32_t kmax = __reduce_max_sync(0xffffffffu, key);
+      be = int(__reduce_min_sync(0xffffffffu,
+                                 be != 0x7fffffff && key == kmax ? uint32_t(be) : 0x7fffffffu));
       if (lane == i) chosen = be;
       if (be % 32 == lane) taken |= 1u << (be / 32);
     }
