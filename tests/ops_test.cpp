@@ -337,6 +337,27 @@ TEST(Compressor, PoolingMatchesDefinition) {
   }
 }
 
+// The router score: every fp32 operation of the formula correctly rounded (the CUDA router
+// computes the same bits): against the same formula with exp / log1p in long double, rounded
+// once to fp32 (the two roundings differ only within ~2^-29 of an fp32 midpoint).
+TEST(Moe, ScoreEveryOperationCorrectlyRounded) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> d(-30.0f, 30.0f);
+  int differ = 0;
+  for (int i = 0; i < 20000; ++i) {
+    const float l = i == 0 ? 20.0f : i == 1 ? std::nextafter(20.0f, 0.0f) : d(rng);
+    const float e = static_cast<float>(std::exp(static_cast<long double>(l)));
+    const float sp = l > 20.0f ? l : static_cast<float>(std::log1p(static_cast<long double>(e)));
+    const float want_sp = std::sqrt(sp);
+    const float em = static_cast<float>(std::exp(-static_cast<long double>(l)));
+    const float want_sg = 1.0f / (1.0f + em);
+    differ += moe_score(ScoreFunc::kSqrtSoftplus, l) != want_sp;
+    differ += moe_score(ScoreFunc::kSigmoid, l) != want_sg;
+  }
+  EXPECT_EQ(differ, 0);
+  EXPECT_THROW(moe_score(ScoreFunc::kSoftmax, 0.0f), Error);
+}
+
 TEST(Moe, RoutingSqrtSoftplusBiasAndHash) {
   const int E = 8, dim = 128, K = 2;
   MoeWeights w;

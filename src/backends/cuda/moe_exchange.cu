@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/moe/combine_order.cuh"
 
 namespace dsv4::exchange {
 namespace {
@@ -83,40 +84,20 @@ __global__ void select_kernel(const uint8_t* __restrict__ slabs, int cap, int to
              xq + size_t(r) * dim, dim);
 }
 
-__device__ __forceinline__ float bf16_bits(uint32_t h) {
-  return __uint_as_float(h << 16);
-}
-
 __global__ void partial_sums_kernel(const int32_t* __restrict__ sel,
                                     const int32_t* __restrict__ pair_pos, int top_k,
                                     const __nv_bfloat16* __restrict__ ye, int dim,
                                     float* __restrict__ out) {
-  __shared__ int s_pos[kMaxTopK];
+  __shared__ int s_order[kMaxTopK];
   const int r = blockIdx.x;
-  if (threadIdx.x < top_k) {
-    // Slot i's rank in ascending expert index (stable), as the one-rank combine orders them.
-    const int i = threadIdx.x, e = sel[size_t(r) * top_k + i];
-    int rank = 0;
-    for (int j = 0; j < top_k; ++j) {
-      const int f = sel[size_t(r) * top_k + j];
-      rank += f < e || (f == e && j < i);
-    }
-    s_pos[rank] = pair_pos[size_t(r) * top_k + i];
-  }
+  // The one-rank combine's order (ops/cuda/moe/combine_order.cuh), so the sums are its own.
+  if (threadIdx.x < top_k)
+    cuda::moe::combine_order_slot(sel + size_t(r) * top_k, pair_pos + size_t(r) * top_k, top_k,
+                                  threadIdx.x, s_order);
   __syncthreads();
   for (int c = threadIdx.x * 8; c < dim; c += blockDim.x * 8) {
-    float acc[8] = {};
-    for (int i = 0; i < top_k; ++i) {
-      const int pos = s_pos[i];
-      if (pos < 0) continue;
-      const uint4 v = *reinterpret_cast<const uint4*>(ye + size_t(pos) * dim + c);
-      const uint32_t h[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        acc[2 * j] = __fadd_rn(acc[2 * j], bf16_bits(h[j] & 0xffffu));
-        acc[2 * j + 1] = __fadd_rn(acc[2 * j + 1], bf16_bits(h[j] >> 16));
-      }
-    }
+    float acc[8];
+    cuda::moe::combine_sum8(s_order, top_k, ye, size_t(dim), c, acc);
     float4* o = reinterpret_cast<float4*>(out + size_t(r) * dim + c);
     o[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
     o[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);

@@ -8,13 +8,17 @@
 #include "core/formats.h"
 
 namespace dsv4::cpu {
-namespace {
-
-float softplus(float x) {
-  return x > 20.0f ? x : std::log1p(std::exp(x));
+float moe_score(ScoreFunc f, float logit) {
+  // exp and log1p are evaluated in double and rounded once: each fp32 operation of the formula
+  // is then correctly rounded (but for ~1e-8 of the inputs), which libm's float versions are
+  // not everywhere, and the CUDA router computes the same bits the same way.
+  const auto exp_rn = [](float v) { return static_cast<float>(std::exp(static_cast<double>(v))); };
+  if (f == ScoreFunc::kSigmoid) return 1.0f / (1.0f + exp_rn(-logit));
+  DSV4_CHECK(f == ScoreFunc::kSqrtSoftplus, "moe_score: softmax is not elementwise");
+  const float sp =
+      logit > 20.0f ? logit : static_cast<float>(std::log1p(static_cast<double>(exp_rn(logit))));
+  return std::sqrt(sp);
 }
-
-}  // namespace
 
 void moe_route(const MoeWeights& w, const MoeParams& p, const float* x, int32_t token,
                int32_t* experts, float* weights) {
@@ -23,10 +27,8 @@ void moe_route(const MoeWeights& w, const MoeParams& p, const float* x, int32_t 
   linear(w.gate, x, 1, s.data());  // fp32 x fp32
   switch (p.score_func) {
     case ScoreFunc::kSqrtSoftplus:
-      for (float& v : s) v = std::sqrt(softplus(v));
-      break;
     case ScoreFunc::kSigmoid:
-      for (float& v : s) v = 1.0f / (1.0f + std::exp(-v));
+      for (float& v : s) v = moe_score(p.score_func, v);
       break;
     case ScoreFunc::kSoftmax: {
       float mx = *std::max_element(s.begin(), s.end()), sum = 0.0f;

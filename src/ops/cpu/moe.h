@@ -29,6 +29,11 @@ struct MoeParams {
   float swiglu_limit = 0;  // 0 = no clamp
 };
 
+// The router score of one logit: sqrt(softplus(logit)) (softplus(l) = l for l > 20, else
+// log1p(exp(l))) or sigmoid(logit) = 1 / (1 + exp(-logit)), in fp32 with every operation
+// correctly rounded (exp and log1p evaluated in double, rounded once). Not for kSoftmax.
+float moe_score(ScoreFunc f, float logit);
+
 // Router for one token: selected experts and their weights (normalised, times route_scale),
 // in selection order.
 void moe_route(const MoeWeights& w, const MoeParams& p, const float* x, int32_t token,

@@ -14,30 +14,6 @@
 namespace dsv4::cuda::moe {
 namespace {
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, sms = 0;
-    DSV4_CUDA_CHECK(cudaGetDevice(&dev));
-    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    return sms;
-  }();
-  return n;
-}
-
-// K splits of the router logits: enough CTAs to stream the gate weight from every SM, as
-// long as the partial sums stay small for the selection kernel to read.
-int router_ksplit(int m, int n_experts, int dim) {
-  const int te = router_tile_e(m), tm = router_tile_m(m);
-  const long blocks = long((n_experts + te - 1) / te) * ((m + tm - 1) / tm);
-  const long max_rows =
-      route_plan_fused(m, n_experts) ? kRouterMaxSplitRows : kRouterMaxSplitRowsFinish;
-  int ks = 1;
-  while (ks < kRouterMaxSplit && dim % (kRouterKChunk * ks * 2) == 0 &&
-         blocks * ks < 2 * sm_count() && long(ks) * 2 * m <= max_rows)
-    ks *= 2;
-  return ks;
-}
-
 size_t align256(size_t n) {
   return (n + 255) / 256 * 256;
 }
@@ -54,8 +30,8 @@ MoeWorkspace carve(const MoeDeviceWeights& w, int m, int top_k, uint8_t* base, s
   uint8_t* p = base;
   const size_t pairs = size_t(m) * top_k, E = size_t(w.n_experts);
   MoeWorkspace ws;
-  ws.ksplit = router_ksplit(m, w.n_experts, w.dim);
-  ws.logits = take<double>(p, size_t(ws.ksplit) * m * E);
+  ws.logits = take<float>(p, size_t(m) * E);
+  ws.scores = take<float>(p, size_t(m) * E);
   ws.sel = take<int32_t>(p, pairs);
   ws.wt = take<float>(p, pairs);
   ws.xq = take<__nv_bfloat16>(p, size_t(m) * w.dim);
@@ -255,19 +231,18 @@ void moe_forward(const MoeDeviceWeights& w, const MoeArgs& a) {
              "moe_forward: workspace must be 256-byte aligned and hold moe_workspace_bytes() = ",
              moe_workspace_bytes(w, a.m, p.top_k), " bytes");
   const MoeGemmChoice gc = moe_gemm_choice(w, a.m, p.top_k, a.gemm_path, a.tile_n);
+  router_path_choice(a.m, a.router_path);  // a forced router kernel that does not fit throws
   const int tile_n = gc.tile_n;
 
   const MoeWorkspace ws = carve_moe_workspace(w, a.m, p.top_k, a.workspace);
   const LaunchCtx c{a.stream, a.pdl};
   const int pairs = a.m * p.top_k;
-  if (a.stages & kStageRoute)
-    launch_router_logits(c, a.x, w.gate.data(), a.m, w.n_experts, w.dim, ws.ksplit, ws.logits,
-                         ws.counters);
+  if (a.stages & kStageRoute) launch_router(c, w, a, ws);
   const bool both = (a.stages & kStageRoute) && (a.stages & kStagePlan);
   if (both && route_plan_fused(a.m, w.n_experts)) {
     launch_route_plan_small(c, w, a, ws, tile_n);
   } else {
-    if (a.stages & kStageRoute) launch_route_finish(c, w, a, ws);
+    if (a.stages & kStageRoute) launch_route_select(c, w, a, ws);
     if (a.stages & kStagePlan) launch_plan(c, w, a, ws, tile_n);
   }
   auto gemm = [&](const GemmArgs& g, bool gate_up) {

@@ -1,5 +1,6 @@
 // Mixture of experts on the GPU (sm_90a), the CUDA twin of cpu::moe_forward:
-//   router: fp32 logits of fp32(x) against the BF16 gate (upcast), sqrt-softplus or sigmoid,
+//   router: fp32 logits (exact products of x and the BF16 gate summed in fp64, rounded once),
+//           sqrt-softplus or sigmoid (each fp32 operation correctly rounded),
 //           top-k on score + bias (ties to the lower expert index) or tid2eid for hash
 //           layers, normalise, x route_scale                                   (= cpu::moe_route)
 //   x is FP8-fake-quantised per (row, 128) (e4m3, UE8M0 scale; the values stay BF16)
@@ -76,6 +77,17 @@ enum class MoeGemmPath {
 };
 const char* moe_gemm_path_name(MoeGemmPath p);
 
+// Which kernel computes the router logits and scores (moe_route.cu; kAuto: by the row count).
+// Each sums the exact products in fp64 in its own fixed order, so each gives cpu::linear's fp32
+// logits but for ~1e-7 of them (two fp64 sums straddling an fp32 rounding boundary).
+enum class RouterPath {
+  kAuto,
+  kGemv,   // K-parallel: a CTA per 8 rows x 2-4 experts, K over its 256 threads (rows <= 256)
+  kMma,    // fp64 tensor cores: 8 rows x 8-32 experts per CTA, K over a 4-CTA cluster
+  kTiled,  // 64 x 64 tiles in shared memory, fp64 FMA
+};
+const char* router_path_name(RouterPath p);
+
 struct MoeGemmChoice {
   MoeGemmPath path = MoeGemmPath::kTiled;  // never kAuto
   int tile_n = 8;
@@ -98,6 +110,7 @@ struct MoeArgs {
   MoeGemmPath gemm_path = MoeGemmPath::kAuto;
   int tile_n = 0;
   bool pdl = true;  // programmatic dependent launch between consecutive stages
+  RouterPath router_path = RouterPath::kAuto;  // tests and benchmarks force each
 };
 
 size_t moe_workspace_bytes(const MoeDeviceWeights& w, int m, int top_k);
@@ -124,8 +137,8 @@ int moe_launch_count(const MoeDeviceWeights& w, int m, int top_k,
 
 // Named regions of the workspace; every stage's output stays there after moe_forward.
 struct MoeWorkspace {
-  int ksplit = 1;                   // K splits of the router logits
-  double* logits = nullptr;         // [ksplit, m, E] partial logits
+  float* logits = nullptr;          // [m, E] router logits (= cpu::linear of the gate)
+  float* scores = nullptr;          // [m, E] their scores (sqrt-softplus or sigmoid)
   int32_t* sel = nullptr;           // [m, K] experts in selection order
   float* wt = nullptr;              // [m, K] routing weights
   __nv_bfloat16* xq = nullptr;      // [m, dim]

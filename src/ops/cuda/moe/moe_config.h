@@ -64,30 +64,31 @@ struct StreamTile {
 using StreamN8 = StreamTile<8, 6, 4>;
 using StreamN16 = StreamTile<16, 5, 4>;
 
-// ---- router logits (fp32 products of BF16 values, exact; summed in fp32 runs of
-// kRouterRun then in double, so the logit is within ~1 ulp of the CPU's exact sum) ----------
-constexpr int kRouterRun = 64;
-constexpr int kRouterKChunk = 64;
-// Tiles (tokens x experts per CTA, one output per thread up to 32 rows): decode up to 8 rows,
-// 8 x 32; up to 32 rows, 32 x 8 (many CTAs stream the gate); prefill 64 x 64, 4 x 4 per
-// thread. K is split across CTAs (up to ~2 CTAs per SM) while the partial sums stay small for
-// their reader: splits x rows <= 64 where one CTA selects and groups the rows (the fused
-// route_plan_small reads every partial itself), <= 2048 where route_finish reads them (a warp
-// per row over many CTAs): a batch-128 decode step's logits then run on 128 CTAs, not 8.
-constexpr int kRouterSmallTM = 8, kRouterSmallTE = 32;
-constexpr int kRouterMidTM = 32, kRouterMidTE = 8;
-constexpr int kRouterLargeTM = 64, kRouterLargeTE = 64;
-constexpr int kRouterMaxSplit = 32;
-constexpr int kRouterMaxSplitRows = 64;
-constexpr int kRouterMaxSplitRowsFinish = 2048;
+// ---- router (moe_route.cu): fp64 sums of the exact BF16 x BF16 products, no split partials ----
+// Three kernels (MoeArgs::router_path forces one; kAuto picks by rows). The K-parallel kernel (a
+// CTA of 256 threads per 8 rows x 2-4 experts, each thread a slice of K, the 256 partial sums added
+// in a fixed tree): 128-384 CTAs at the real shapes from one token on. The tiled kernel:
+// kRouterTileM x kRouterTileE tiles staged in shared memory (4 x 4 outputs per thread, the fp64 FMA
+// rate is the limit). The fp64 tensor-core kernel: 8 rows x 8 NT experts per CTA, K split over a
+// cluster of kRouterCluster CTAs (their partial sums added in rank order through distributed shared
+// memory).
+constexpr int kRouterGemvRows = 256;  // the K-parallel kernel's limit when forced
+// kAuto: the K-parallel kernel up to here, then MMA. H200 (route stage alone): M=1 gemv 11.2 /
+// mma 11.9 us Flash, 12.8 / 15.3 Pro; M=8 gemv 15.0 / mma 13.2 Flash, 20.5 / 16.5 Pro; M=2..4 not
+// measured: the crossover interpolates to ~3 (Flash) / ~4 (Pro), 2 is the conservative pick.
+// Never tiled (450-2300 us at every M measured).
+constexpr int kRouterAutoGemvRows = 2;
+constexpr int kRouterCluster = 4;
+constexpr int kRouterTileM = 64, kRouterTileE = 64;
+constexpr int kRouterKChunk = 32;  // K per shared-memory stage of the tiled kernel
 
 // ---- routing / grouping ----------------------------------------------------------------------
 constexpr int kMaxExperts = 1024;  // plan kernel: one thread per expert
 constexpr int kMaxTopK = 16;
 constexpr int kPlanThreads = 1024;
-constexpr int kFinishWarps = 8;  // route_finish: one warp per token
+constexpr int kFinishWarps = 8;  // route_select: one warp per token
 // Up to this many rows (and scores fitting the shared memory below) selection and grouping
-// run as one single-CTA kernel.
+// run as one single-CTA kernel (which stages them twice: biased and raw).
 constexpr int kFusedRouteRows = 32;
 constexpr size_t kFusedRouteSmem = 64 * 1024;
 

@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <string>
 
 #include "ops/cuda/moe/moe.h"
 #include "ops/cuda/moe/moe_config.h"
@@ -11,21 +12,19 @@
 
 namespace dsv4::cuda::moe {
 
-// Router logits tile (rows x experts per CTA) for m rows.
-inline int router_tile_m(int m) {
-  return m <= kRouterSmallTM ? kRouterSmallTM : m <= kRouterMidTM ? kRouterMidTM : kRouterLargeTM;
-}
-inline int router_tile_e(int m) {
-  return m <= kRouterSmallTM ? kRouterSmallTE : m <= kRouterMidTM ? kRouterMidTE : kRouterLargeTE;
-}
-
-void launch_router_logits(const LaunchCtx& c, const __nv_bfloat16* x, const uint16_t* gate, int m,
-                          int n_experts, int dim, int ksplit, double* out, int32_t* counters);
-void launch_route_finish(const LaunchCtx& c, const MoeDeviceWeights& w, const MoeArgs& a,
+// Router logits, scores and the x quantisation (many CTAs at every m); the kernel it runs for m
+// rows (benchmarks name it).
+void launch_router(const LaunchCtx& c, const MoeDeviceWeights& w, const MoeArgs& a,
+                   const MoeWorkspace& ws);
+// The path kAuto resolves to (a forced one is checked against the row count), and its kernel.
+RouterPath router_path_choice(int m, RouterPath requested);
+std::string router_kernel_name(int m, RouterPath requested = RouterPath::kAuto);
+// Selection and weights from the scores: one warp per row over many CTAs.
+void launch_route_select(const LaunchCtx& c, const MoeDeviceWeights& w, const MoeArgs& a,
                          const MoeWorkspace& ws);
 void launch_plan(const LaunchCtx& c, const MoeDeviceWeights& w, const MoeArgs& a,
                  const MoeWorkspace& ws, int tile_n);
-// Decode-sized batches: selection + x quantisation + grouping in one single-CTA kernel.
+// Decode-sized batches: selection + grouping in one single-CTA kernel.
 bool route_plan_fused(int m, int n_experts);
 void launch_route_plan_small(const LaunchCtx& c, const MoeDeviceWeights& w, const MoeArgs& a,
                              const MoeWorkspace& ws, int tile_n);

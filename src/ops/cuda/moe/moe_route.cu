@@ -1,12 +1,15 @@
 // MoE kernels around the expert GEMMs: router logits, top-k / hash selection with the x
 // quantisation, grouping by expert, FP8 fake-quantisation of rows, combine.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <cmath>
 
+#include "core/error.h"
 #include "ops/cuda/common/numerics.cuh"
 #include "ops/cuda/common/per_device.h"
 #include "ops/cuda/common/sm90/sync.cuh"
+#include "ops/cuda/moe/combine_order.cuh"
 #include "ops/cuda/moe/moe.h"
 #include "ops/cuda/moe/moe_config.h"
 #include "ops/cuda/moe/moe_kernels.h"
@@ -14,50 +17,405 @@
 namespace dsv4::cuda::moe {
 namespace {
 
-// ---- router logits ---------------------------------------------------------------------
-// out[z][m][e] = sum over k in split z of x[m][k] * gate[e][k]: products of BF16 values are
-// exact in fp32; runs of kRouterRun are summed in fp32, the runs in double (the CPU sums the
-// exact products in double and rounds once; route_finish rounds the total to fp32).
-template <int TM, int TE, int RT, int RE>
-__global__ void __launch_bounds__(256)
-    router_logits_kernel(const __nv_bfloat16* __restrict__ x, const uint16_t* __restrict__ gate,
-                         int m, int n_experts, int dim, int kspan, double* __restrict__ out,
-                         int32_t* counters) {
-  static_assert((TM / RT) * (TE / RE) == 256, "one output tile per thread");
-  constexpr int KC = kRouterKChunk;
-  __shared__ __align__(16) float xs[KC][TM + 4];
-  __shared__ __align__(16) float ws[KC][TE + 4];
+namespace cg = cooperative_groups;
+
+// ---- router: logits, scores and the x quantisation ----------------------------------------
+// logit[m][e] = fp32 of the double sum of x[m][k] * gate[e][k]: the products of two BF16 values
+// are exact in double and the sum's rounding error (~2^-45 of sum |x g|) is far below an fp32
+// ulp, so the logit equals cpu::linear's (exact products summed in double, rounded once)
+// unless the two double sums straddle an fp32 rounding boundary (~1e-7 per logit). Each logit
+// is summed by one CTA in a fixed order: no split partials, no atomics, run-to-run identical.
+struct RouterArgs {
+  const __nv_bfloat16* x;  // [m, dim]
+  const uint16_t* gate;    // BF16 bits [E, dim]
+  int m, n_experts, dim;
+  bool sigmoid;       // the score function: sigmoid, else sqrt-softplus
+  float* logits;      // [m, E]
+  float* scores;      // [m, E]
+  __nv_bfloat16* xq;  // [m, dim]
+  int32_t* counters;
+};
+
+__device__ __forceinline__ double bf16_double(uint32_t bits16) {
+  return double(__uint_as_float(bits16 << 16));
+}
+
+// The score of a logit in cpu::moe_route's fp32 formula, each fp32 operation correctly rounded
+// (exp and log1p in double, then rounded): sqrt(softplus(l)), softplus(l) = l for l > 20 (the
+// reference's threshold), else log1p(exp(l)); or sigmoid(l) = 1 / (1 + exp(-l)).
+__device__ __forceinline__ float route_score(float lg, bool sigmoid) {
+  if (sigmoid) return __fdiv_rn(1.0f, __fadd_rn(1.0f, __double2float_rn(exp(-double(lg)))));
+  if (lg > 20.0f) return __fsqrt_rn(lg);
+  const float e = __double2float_rn(exp(double(lg)));
+  return __fsqrt_rn(__double2float_rn(log1p(double(e))));
+}
+
+__device__ __forceinline__ void store_logit(const RouterArgs& a, int r, int e, double sum) {
+  const float lg = __double2float_rn(sum);
+  a.logits[size_t(r) * a.n_experts + e] = lg;
+  a.scores[size_t(r) * a.n_experts + e] = route_score(lg, a.sigmoid);
+}
+
+// FP8 fake-quantisation of one 128-block of a row by one warp from the lane's 4 values
+// (raw: BF16 pairs of in[4 lane .. 4 lane + 4)).
+__device__ __forceinline__ void quant_block_warp_raw(uint2 raw, __nv_bfloat16* out, int lane) {
+  float v[4] = {num::bf16_lo(raw.x & 0xffffu), num::bf16_lo(raw.x >> 16),
+                num::bf16_lo(raw.y & 0xffffu), num::bf16_lo(raw.y >> 16)};
+  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float s = num::fp8_scale_from_amax(amax);
+  __nv_bfloat162 q0 =
+      __floats2bfloat162_rn(num::fp8_fake_quant(v[0], s), num::fp8_fake_quant(v[1], s));
+  __nv_bfloat162 q1 =
+      __floats2bfloat162_rn(num::fp8_fake_quant(v[2], s), num::fp8_fake_quant(v[3], s));
+  uint2 w;
+  w.x = *reinterpret_cast<uint32_t*>(&q0);
+  w.y = *reinterpret_cast<uint32_t*>(&q1);
+  *reinterpret_cast<uint2*>(out + 4 * lane) = w;
+}
+
+__device__ __forceinline__ void quant_block_warp(const __nv_bfloat16* in, __nv_bfloat16* out,
+                                                 int lane) {
+  quant_block_warp_raw(*reinterpret_cast<const uint2*>(in + 4 * lane), out, lane);
+}
+
+// FP8 fake-quantisation of one 128-block held by an aligned half-warp, 8 values a lane (raw:
+// BF16 pairs of in[8 (lane % 16) .. + 8)); the same amax, scale and values as
+// quant_block_warp_raw. Called by the whole warp; only lanes with `valid` (uniform over each
+// half-warp) store.
+__device__ __forceinline__ void quant_block_halfwarp_raw(uint4 raw, __nv_bfloat16* out,
+                                                         bool valid) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+  float v[8];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    v[2 * j] = num::bf16_lo(w[j] & 0xffffu), v[2 * j + 1] = num::bf16_lo(w[j] >> 16);
+  float amax = fabsf(v[0]);  // the same fmaxf folds as the warp version (NaN-ignoring alike)
+#pragma unroll
+  for (int j = 1; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (!valid) return;
+  const float s = num::fp8_scale_from_amax(amax);
+  uint32_t q[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    __nv_bfloat162 b = __floats2bfloat162_rn(num::fp8_fake_quant(v[2 * j], s),
+                                             num::fp8_fake_quant(v[2 * j + 1], s));
+    q[j] = *reinterpret_cast<uint32_t*>(&b);
+  }
+  *reinterpret_cast<uint4*>(out) = make_uint4(q[0], q[1], q[2], q[3]);
+}
+
+// FP8 fake-quantisation of one row (cols % 128 == 0) by one warp.
+__device__ __forceinline__ void quant_row_warp(const __nv_bfloat16* in, __nv_bfloat16* out,
+                                               int cols, int lane) {
+  for (int b = 0; b < cols; b += kActBlock) quant_block_warp(in + b, out + b, lane);
+}
+
+// The x quantisation of rows [r0, r0 + rows): its (row, 128-block) items spread over the warps
+// of the CTAs that share this row tile (blockIdx.x, blockIdx.z), so every CTA does a little.
+__device__ __forceinline__ void quant_rows_share(const RouterArgs& a, int r0, int rows) {
+  constexpr int B = 4;  // items whose loads are in flight together
+  const int nb = a.dim / kActBlock, warps = blockDim.x / 32, lane = threadIdx.x % 32;
+  const int cta = blockIdx.z * gridDim.x + blockIdx.x, stride = gridDim.z * gridDim.x * warps;
+  const int items = rows * nb;
+  for (int i0 = cta * warps + threadIdx.x / 32; i0 < items; i0 += B * stride) {
+    uint2 raw[B];
+#pragma unroll
+    for (int q = 0; q < B; ++q) {
+      const int i = i0 + q * stride;
+      const size_t off = size_t(r0 + i / nb) * a.dim + size_t(i % nb) * kActBlock;
+      raw[q] = i < items ? *reinterpret_cast<const uint2*>(a.x + off + 4 * lane) : make_uint2(0, 0);
+    }
+#pragma unroll
+    for (int q = 0; q < B; ++q) {
+      const int i = i0 + q * stride;
+      if (i < items)  // warp-uniform
+        quant_block_warp_raw(raw[q],
+                             a.xq + size_t(r0 + i / nb) * a.dim + size_t(i % nb) * kActBlock, lane);
+    }
+  }
+}
+
+// The gate rows [e0, e0 + ne) x k [k0, k0 + klen) that this CTA reads are prefetched into L2
+// before the wait for the previous kernel (the gate is a weight: nothing in the stream writes
+// it), so their DRAM latency overlaps that kernel's tail; the loads then find them in L2 or in
+// flight. Values and sums are unchanged.
+__device__ __forceinline__ void router_prologue(const RouterArgs& a, int e0, int ne, int k0,
+                                                int klen) {
+  ne = min(ne, a.n_experts - e0);
+  const int lines = klen / 64;  // 128-byte lines of BF16 per gate row (klen % 64 == 0)
+  for (int i = threadIdx.x; i < ne * lines; i += blockDim.x) {
+    const uint16_t* p = a.gate + size_t(e0 + i / lines) * a.dim + k0 + 64 * (i % lines);
+    asm volatile("prefetch.L2 [%0];" ::"l"(p));  // generic address
+  }
   sm90::griddep_wait();
   sm90::griddep_launch_dependents();
   if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0)
-    counters[2] = 0;  // error flags of this forward (route_finish / plan set them)
+    a.counters[2] = 0;  // error flags of this forward (selection / plan set them)
+}
 
+// Decode (RT rows x TE experts per CTA): every thread sums its 8-wide K chunks t, t + 256, ...
+// for all RT x TE outputs in registers (U chunks' loads in flight at once), then the CTA adds
+// the 256 partial sums of each output in a fixed binary tree.
+template <int RT, int TE, int U>
+__global__ void __launch_bounds__(256) router_gemv_kernel(const RouterArgs a) {
+  constexpr int N = RT * TE, P = N < 16 ? N : 16;  // outputs; reduced P at a time
+  __shared__ double s_sum[N];
+  const int tid = threadIdx.x, e0 = blockIdx.x * TE, r0 = blockIdx.y * RT;
+  const int rows = min(RT, a.m - r0);
+  router_prologue(a, e0, TE, 0, a.dim);
+  const int nchunk = a.dim / 8;
+  const uint4* xg = reinterpret_cast<const uint4*>(a.x);
+  const uint4* gg = reinterpret_cast<const uint4*>(a.gate);
+  double acc[N];
+#pragma unroll
+  for (int o = 0; o < N; ++o) acc[o] = 0.0;
+  for (int c0 = tid; c0 < nchunk; c0 += 256 * U) {
+    uint4 xv[U][RT], gv[U][TE];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = c0 + 256 * u;
+#pragma unroll
+      for (int i = 0; i < RT; ++i)
+        xv[u][i] =
+            c < nchunk && i < rows ? xg[size_t(r0 + i) * nchunk + c] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int j = 0; j < TE; ++j)
+        gv[u][j] = c < nchunk && e0 + j < a.n_experts ? __ldg(gg + size_t(e0 + j) * nchunk + c)
+                                                      : make_uint4(0, 0, 0, 0);
+    }
+    if (blockIdx.x == 0) {  // this row tile's x quantisation, from the registers: 16 lanes hold
+                            // one 128-block (chunks 16 b .. 16 b + 15; dim % 128 == 0)
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int i = 0; i < RT; ++i) {
+          const int c = c0 + 256 * u;
+          if (i < rows)  // CTA-uniform
+            quant_block_halfwarp_raw(xv[u][i], a.xq + size_t(r0 + i) * a.dim + size_t(c) * 8,
+                                     c < nchunk);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int h = 0; h < 8; ++h) {
+        double xd[RT], gd[TE];
+#pragma unroll
+        for (int i = 0; i < RT; ++i) {
+          const uint32_t w = (&xv[u][i].x)[h / 2];
+          xd[i] = bf16_double(h % 2 ? w >> 16 : w & 0xffffu);
+        }
+#pragma unroll
+        for (int j = 0; j < TE; ++j) {
+          const uint32_t w = (&gv[u][j].x)[h / 2];
+          gd[j] = bf16_double(h % 2 ? w >> 16 : w & 0xffffu);
+        }
+#pragma unroll
+        for (int i = 0; i < RT; ++i)
+#pragma unroll
+          for (int j = 0; j < TE; ++j) acc[i * TE + j] = fma(xd[i], gd[j], acc[i * TE + j]);
+      }
+  }
+  if constexpr (N <= 8) {
+    // A butterfly per output in each warp (every lane ends with the same bits: a + b = b + a),
+    // then the 8 warps in order.
+    __shared__ double s_warp[8][N];
+#pragma unroll
+    for (int o = 0; o < N; ++o)
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) acc[o] += __shfl_xor_sync(0xffffffffu, acc[o], off);
+    if (tid % 32 == 0)
+#pragma unroll
+      for (int o = 0; o < N; ++o) s_warp[tid / 32][o] = acc[o];
+    __syncthreads();
+    if (tid < N) {
+      double sum = s_warp[0][tid];
+#pragma unroll
+      for (int w = 1; w < 8; ++w) sum += s_warp[w][tid];
+      s_sum[tid] = sum;
+    }
+  } else {
+    // P outputs at a time: the 256 partial sums of each in a fixed binary tree.
+    __shared__ double s_red[P * 256];
+#pragma unroll
+    for (int base = 0; base < N; base += P) {
+      __syncthreads();
+#pragma unroll
+      for (int v = 0; v < P; ++v) s_red[v * 256 + tid] = acc[base + v];
+      for (int half = 128; half > 0; half >>= 1) {
+        __syncthreads();
+        for (int i = tid; i < P * half; i += 256) {
+          const int v = i / half, t = i % half;
+          s_red[v * 256 + t] += s_red[v * 256 + t + half];
+        }
+      }
+      __syncthreads();
+      if (tid < P) s_sum[base + tid] = s_red[tid * 256];
+    }
+  }
+  __syncthreads();
+  if (tid < N) {  // the scores of all outputs in parallel (fp64 exp / log1p: long latency)
+    const int i = tid / TE, j = tid % TE;
+    if (i < rows && e0 + j < a.n_experts) store_logit(a, r0 + i, e0 + j, s_sum[tid]);
+  }
+}
+
+// fp64 tensor-core MMA (m8n8k4, exact products, fp64 sums): D[8 rows][8 experts] += A B.
+__device__ __forceinline__ void dmma_8x8x4(double& c0, double& c1, double a, double b) {
+  asm("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
+      : "+d"(c0), "+d"(c1)
+      : "d"(a), "d"(b));
+}
+
+// 8 MT rows x 8 NT experts per CTA on fp64 tensor cores; K split over the kRouterCluster CTAs
+// of a cluster (blockIdx.z) and over the 8 warps of each. A warp multiplies 32-wide k-blocks:
+// lane (g = lane / 4, t = lane % 4) loads 8 consecutive k of x rows 8 i + g and of experts
+// 8 j + g, and step s of the block feeds k = 8 t + s as the MMA's k index t (any bijection of k
+// works: both operands use the same one). Each BF16 value is converted to fp64 once per warp
+// and used by NT (x) or MT (gate) MMAs. Partial sums: warps added in warp order in shared
+// memory, then the cluster's CTAs in rank order through distributed shared memory, each CTA
+// finishing 1/kRouterCluster of the outputs (logit, score).
+template <int MT, int NT>
+__global__ void __cluster_dims__(1, 1, kRouterCluster) __launch_bounds__(256)
+    router_mma_kernel(const RouterArgs a) {
+  constexpr int TM = 8 * MT, TE = 8 * NT, N = TM * TE, CS = kRouterCluster;
+  constexpr int U = 12 / (MT + NT) > 0 ? 12 / (MT + NT) : 1;  // k-blocks' loads in flight
+  __shared__ double s_red[8][N];
+  __shared__ double s_cta[N];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int e0 = blockIdx.x * TE, r0 = blockIdx.y * TM;
+  const int rows = min(TM, a.m - r0);
+  const int kspan = a.dim / CS, kbeg = blockIdx.z * kspan, nkb = kspan / 32;
+  router_prologue(a, e0, TE, kbeg, kspan);
+  double c[MT][NT][2];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) c[i][j][0] = c[i][j][1] = 0.0;
+  for (int kb0 = warp; kb0 < nkb; kb0 += 8 * U) {
+    uint4 xv[U][MT], gv[U][NT];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int kb = kb0 + 8 * u, k = kbeg + 32 * kb + 8 * t;
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        const int r = 8 * i + g;
+        xv[u][i] = kb < nkb && r < rows
+                       ? *reinterpret_cast<const uint4*>(a.x + size_t(r0 + r) * a.dim + k)
+                       : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const int e = e0 + 8 * j + g;
+        gv[u][j] = kb < nkb && e < a.n_experts
+                       ? __ldg(reinterpret_cast<const uint4*>(a.gate + size_t(e) * a.dim + k))
+                       : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int h = 0; h < 8; ++h) {
+        double av[MT], bv[NT];
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+          const uint32_t w = (&xv[u][i].x)[h / 2];
+          av[i] = bf16_double(h % 2 ? w >> 16 : w & 0xffffu);
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const uint32_t w = (&gv[u][j].x)[h / 2];
+          bv[j] = bf16_double(h % 2 ? w >> 16 : w & 0xffffu);
+        }
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+          for (int j = 0; j < NT; ++j) dmma_8x8x4(c[i][j][0], c[i][j][1], av[i], bv[j]);
+      }
+  }
+  quant_rows_share(a, r0, rows);
+  // Output o = row * TE + expert column; the lane holds rows 8 i + g, columns 8 j + 2 t + {0, 1}.
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      s_red[warp][(8 * i + g) * TE + 8 * j + 2 * t] = c[i][j][0];
+      s_red[warp][(8 * i + g) * TE + 8 * j + 2 * t + 1] = c[i][j][1];
+    }
+  __syncthreads();
+  for (int o = threadIdx.x; o < N; o += 256) {
+    double sum = s_red[0][o];
+#pragma unroll
+    for (int w = 1; w < 8; ++w) sum += s_red[w][o];
+    s_cta[o] = sum;
+  }
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const int rank = int(cluster.block_rank());
+  for (int o = rank * (N / CS) + threadIdx.x; o < (rank + 1) * (N / CS); o += 256) {
+    double sum = *cluster.map_shared_rank(s_cta + o, 0);
+#pragma unroll
+    for (int q = 1; q < CS; ++q) sum += *cluster.map_shared_rank(s_cta + o, q);
+    const int i = o / TE, e = e0 + o % TE;
+    if (i < rows && e < a.n_experts) store_logit(a, r0 + i, e, sum);
+  }
+  cluster.sync();  // no CTA leaves while another still reads its s_cta
+}
+
+// Prefill (TM rows x TE experts per CTA, RT x RE per thread): K in chunks of KC staged in
+// shared memory as doubles (each BF16 converted once per CTA), the next chunk's loads in
+// flight while this one is multiplied; every output summed in K order by its thread.
+template <int TM, int TE, int RT, int RE>
+__global__ void __launch_bounds__(256) router_tiled_kernel(const RouterArgs a) {
+  static_assert((TM / RT) * (TE / RE) == 256, "one output tile per thread");
+  constexpr int KC = kRouterKChunk, LOADS = (TM + TE) * (KC / 8), PER = (LOADS + 255) / 256;
+  __shared__ __align__(16) double xs[KC][TM];
+  __shared__ __align__(16) double ws[KC][TE];
   const int tid = threadIdx.x, ty = tid / (TE / RE), tx = tid % (TE / RE);
-  const int e0 = blockIdx.x * TE, m0 = blockIdx.y * TM, kbeg = blockIdx.z * kspan;
-  float run[RT][RE];
+  const int e0 = blockIdx.x * TE, m0 = blockIdx.y * TM;
+  router_prologue(a, 0, 0, 0, 0);  // prefill: no prefetch
   double acc[RT][RE];
 #pragma unroll
   for (int i = 0; i < RT; ++i)
 #pragma unroll
-    for (int j = 0; j < RE; ++j) run[i][j] = 0.0f, acc[i][j] = 0.0;
+    for (int j = 0; j < RE; ++j) acc[i][j] = 0.0;
 
-  for (int k0 = kbeg; k0 < kbeg + kspan; k0 += KC) {
-    __syncthreads();
-    for (int i = tid; i < (TM + TE) * (KC / 8); i += 256) {
+  uint4 pre[PER];
+  auto load = [&](int k0) {
+#pragma unroll
+    for (int q = 0; q < PER; ++q) {
+      const int i = tid + 256 * q;
       const bool is_x = i < TM * (KC / 8);
       const int idx = is_x ? i : i - TM * (KC / 8);
       const int r = idx / (KC / 8), v = idx % (KC / 8);
       const int grow = (is_x ? m0 : e0) + r;
-      uint4 q = make_uint4(0, 0, 0, 0);
-      if (grow < (is_x ? m : n_experts)) {
-        const void* src = is_x ? static_cast<const void*>(x + size_t(grow) * dim + k0 + 8 * v)
-                               : static_cast<const void*>(gate + size_t(grow) * dim + k0 + 8 * v);
-        q = __ldg(static_cast<const uint4*>(src));
+      pre[q] = make_uint4(0, 0, 0, 0);
+      if (i < LOADS && grow < (is_x ? a.m : a.n_experts)) {
+        pre[q] =
+            is_x
+                ? *reinterpret_cast<const uint4*>(a.x + size_t(grow) * a.dim + k0 + 8 * v)
+                : __ldg(reinterpret_cast<const uint4*>(a.gate + size_t(grow) * a.dim + k0 + 8 * v));
       }
-      const uint32_t h[4] = {q.x, q.y, q.z, q.w};
+    }
+  };
+  load(0);
+  for (int k0 = 0; k0 < a.dim; k0 += KC) {
+    __syncthreads();
+#pragma unroll
+    for (int q = 0; q < PER; ++q) {
+      const int i = tid + 256 * q;
+      if (i >= LOADS) continue;
+      const bool is_x = i < TM * (KC / 8);
+      const int idx = is_x ? i : i - TM * (KC / 8);
+      const int r = idx / (KC / 8), v = idx % (KC / 8);
+      const uint32_t h[4] = {pre[q].x, pre[q].y, pre[q].z, pre[q].w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float lo = num::bf16_lo(h[j] & 0xffffu), hi = num::bf16_lo(h[j] >> 16);
+        const double lo = bf16_double(h[j] & 0xffffu), hi = bf16_double(h[j] >> 16);
         if (is_x) {
           xs[8 * v + 2 * j][r] = lo;
           xs[8 * v + 2 * j + 1][r] = hi;
@@ -68,9 +426,10 @@ __global__ void __launch_bounds__(256)
       }
     }
     __syncthreads();
+    if (k0 + KC < a.dim) load(k0 + KC);
 #pragma unroll 4
     for (int kk = 0; kk < KC; ++kk) {
-      float av[RT], bv[RE];
+      double av[RT], bv[RE];
 #pragma unroll
       for (int i = 0; i < RT; ++i) av[i] = xs[kk][ty * RT + i];
 #pragma unroll
@@ -78,87 +437,49 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
       for (int i = 0; i < RT; ++i)
 #pragma unroll
-        for (int j = 0; j < RE; ++j) run[i][j] = fmaf(av[i], bv[j], run[i][j]);
-      if (kk % kRouterRun == kRouterRun - 1) {
-#pragma unroll
-        for (int i = 0; i < RT; ++i)
-#pragma unroll
-          for (int j = 0; j < RE; ++j) acc[i][j] += double(run[i][j]), run[i][j] = 0.0f;
-      }
+        for (int j = 0; j < RE; ++j) acc[i][j] = fma(av[i], bv[j], acc[i][j]);
     }
   }
+  quant_rows_share(a, m0, min(TM, a.m - m0));
 #pragma unroll
   for (int i = 0; i < RT; ++i)
 #pragma unroll
     for (int j = 0; j < RE; ++j) {
       const int mm = m0 + ty * RT + i, e = e0 + tx * RE + j;
-      if (mm < m && e < n_experts) out[(size_t(blockIdx.z) * m + mm) * n_experts + e] = acc[i][j];
+      if (mm < a.m && e < a.n_experts) store_logit(a, mm, e, acc[i][j]);
     }
 }
 
-// ---- selection, weights and x quantisation: one warp per token ---------------------------
-struct FinishArgs {
-  const double* logits;
-  int ksplit, m, n_experts, top_k;
+// ---- selection and weights ------------------------------------------------------------------
+struct SelectArgs {
+  const float* scores;  // [m, E]
+  int m, n_experts, top_k;
   const float* bias;       // [E] or null
   const int32_t* tid2eid;  // [vocab, top_k] or null
   int vocab;
   const int32_t* tokens;
   float route_scale;
-  bool sigmoid;  // the score function: sigmoid, else sqrt-softplus
-  const __nv_bfloat16* x;
-  int dim;
   int32_t* sel;
   float* wt;
-  __nv_bfloat16* xq;
   int32_t* counters;
 };
 
-// FP8 fake-quantisation of one row (dim % 128 == 0) by one warp: lane owns 4 of each block.
-__device__ __forceinline__ void quant_row_warp(const __nv_bfloat16* in, __nv_bfloat16* out,
-                                               int cols, int lane) {
-  for (int b = 0; b < cols; b += kActBlock) {
-    const uint2 raw = *reinterpret_cast<const uint2*>(in + b + 4 * lane);
-    float v[4] = {num::bf16_lo(raw.x & 0xffffu), num::bf16_lo(raw.x >> 16),
-                  num::bf16_lo(raw.y & 0xffffu), num::bf16_lo(raw.y >> 16)};
-    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float s = num::fp8_scale_from_amax(amax);
-    __nv_bfloat162 q0 =
-        __floats2bfloat162_rn(num::fp8_fake_quant(v[0], s), num::fp8_fake_quant(v[1], s));
-    __nv_bfloat162 q1 =
-        __floats2bfloat162_rn(num::fp8_fake_quant(v[2], s), num::fp8_fake_quant(v[3], s));
-    uint2 w;
-    w.x = *reinterpret_cast<uint32_t*>(&q0);
-    w.y = *reinterpret_cast<uint32_t*>(&q1);
-    *reinterpret_cast<uint2*>(out + b + 4 * lane) = w;
-  }
-}
-
-// The score of row r, expert e from its logit, the fp32 rounding of the K splits' double sum:
-// sqrt(softplus(logit)) (softplus(x) = x for x > 20, the reference's threshold) or
-// sigmoid(logit) = 1 / (1 + exp(-logit)), each in cpu::moe_route's fp32 order.
-__device__ __forceinline__ float route_score(const FinishArgs& a, int r, int e) {
-  double l = 0.0;
-  for (int z = 0; z < a.ksplit; ++z) l += a.logits[(size_t(z) * a.m + r) * a.n_experts + e];
-  const float lg = float(l);
-  if (a.sigmoid) return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-lg)));
-  return sqrtf(lg > 20.0f ? lg : log1pf(expf(lg)));
-}
-
-// Selection of row r by one warp from its scores sc[E]: tid2eid or K rounds of a warp argmax
-// over score + bias (ties to the lower expert index); weights = score / sum * route_scale,
-// summed in selection order as the reference does. `chosen` is K ints of shared memory.
-__device__ void select_row(const FinishArgs& a, int r, int lane, const float* sc, int* chosen) {
+// Selection of row r by one warp from its biased scores b[E] (score + bias in fp32, as
+// cpu::moe_route): tid2eid, or K rounds of a warp argmax (ties to the lower expert index: the
+// CPU's partial_sort order); weights = score / sum * route_scale with the sum in selection
+// order. Writes sel / wt of the row to global memory and to sel_out / wt_out (K each). raw:
+// the row's scores staged in shared memory, or null (read from a.scores).
+__device__ __forceinline__ void select_row(const SelectArgs& a, int r, int lane, const float* b,
+                                           const float* raw, int32_t* sel_out, float* wt_out) {
   const int E = a.n_experts, K = a.top_k;
+  int chosen = 0;  // lane i < K: the i-th selected expert
   if (a.tid2eid) {
     int tok = a.tokens[r];
     if (tok < 0 || tok >= a.vocab) {
       if (lane == 0) atomicOr(&a.counters[2], kErrTokenRange);
       tok = tok < 0 ? 0 : a.vocab - 1;
     }
-    if (lane < K) chosen[lane] = a.tid2eid[size_t(tok) * K + lane];
+    if (lane < K) chosen = a.tid2eid[size_t(tok) * K + lane];
   } else {
     uint32_t taken = 0;  // bit j: this lane's expert lane + 32 j is selected (E <= 1024)
     for (int i = 0; i < K; ++i) {
@@ -166,44 +487,56 @@ __device__ void select_row(const FinishArgs& a, int r, int lane, const float* sc
       int be = 0x7fffffff;
       for (int e = lane, j = 0; e < E; e += 32, ++j) {
         if (taken & (1u << j)) continue;
-        const float v = a.bias ? __fadd_rn(sc[e], a.bias[e]) : sc[e];
+        const float v = b[e];
         if (v > best || be == 0x7fffffff) best = v, be = e;
       }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-        const int oe = __shfl_xor_sync(0xffffffffu, be, o);
-        if (ob > best || (ob == best && oe < be) || be == 0x7fffffff) best = ob, be = oe;
-      }
-      if (lane == 0) chosen[i] = be;
+      // The warp's argmax in two reductions (REDUX, not 5 dependent shuffle steps): the largest
+      // value as order-preserving bits (-0 as +0, so equal values stay equal as in the CPU's
+      // sort), then the lowest expert index holding it. A lane without a candidate offers key 0
+      // (below every value but a NaN) and no index. Scores are NaN-free.
+      const uint32_t bits = __float_as_uint(best == 0.0f ? 0.0f : best);
+      const uint32_t key =
+          be == 0x7fffffff ? 0u : (bits & 0x80000000u ? ~bits : bits | 0x80000000u);
+      const uint32_t kmax = __reduce_max_sync(0xffffffffu, key);
+      be = int(__reduce_min_sync(0xffffffffu,
+                                 be != 0x7fffffff && key == kmax ? uint32_t(be) : 0x7fffffffu));
+      if (lane == i) chosen = be;
       if (be % 32 == lane) taken |= 1u << (be / 32);
     }
   }
-  __syncwarp();
-  if (lane == 0) {
-    float sum = 0.0f;
-    for (int i = 0; i < K; ++i) sum = __fadd_rn(sum, sc[chosen[i]]);
-    for (int i = 0; i < K; ++i) {
-      a.sel[size_t(r) * K + i] = chosen[i];
-      a.wt[size_t(r) * K + i] = __fmul_rn(__fdiv_rn(sc[chosen[i]], sum), a.route_scale);
-    }
+  const bool ok = chosen >= 0 && chosen < E;  // tid2eid ids were range-checked at upload
+  const float sc = lane < K && ok ? (raw ? raw[chosen] : a.scores[size_t(r) * E + chosen]) : 0.0f;
+  float sum = 0.0f;
+  for (int i = 0; i < K; ++i) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, sc, i));
+  if (lane < K) {
+    const float w = __fmul_rn(__fdiv_rn(sc, sum), a.route_scale);
+    a.sel[size_t(r) * K + lane] = chosen;
+    a.wt[size_t(r) * K + lane] = w;
+    sel_out[lane] = chosen;
+    wt_out[lane] = w;
   }
-  __syncwarp();
 }
 
-__global__ void __launch_bounds__(32 * kFinishWarps) route_finish_kernel(const FinishArgs a) {
-  extern __shared__ float s_score[];  // [warps][E]
-  __shared__ int s_chosen[kFinishWarps][kMaxTopK];
+// Biased scores of row r into b[E] by the calling warp (plain scores for hash rows: unused).
+__device__ __forceinline__ void load_biased(const SelectArgs& a, int r, int lane, float* b) {
+  if (a.tid2eid) return;
+  const float* s = a.scores + size_t(r) * a.n_experts;
+  for (int e = lane; e < a.n_experts; e += 32) b[e] = a.bias ? __fadd_rn(s[e], a.bias[e]) : s[e];
+}
+
+__global__ void __launch_bounds__(32 * kFinishWarps) route_select_kernel(const SelectArgs a) {
+  extern __shared__ float s_biased[];  // [warps][E]
+  __shared__ int32_t s_sel[kFinishWarps][kMaxTopK];
+  __shared__ float s_wt[kFinishWarps][kMaxTopK];
   sm90::griddep_wait();
   sm90::griddep_launch_dependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int r = blockIdx.x * kFinishWarps + warp;
   if (r >= a.m) return;
-  float* sc = s_score + warp * a.n_experts;
-  for (int e = lane; e < a.n_experts; e += 32) sc[e] = route_score(a, r, e);
+  float* b = s_biased + warp * a.n_experts;
+  load_biased(a, r, lane, b);
   __syncwarp();
-  select_row(a, r, lane, sc, s_chosen[warp]);
-  quant_row_warp(a.x + size_t(r) * a.dim, a.xq + size_t(r) * a.dim, a.dim, lane);
+  select_row(a, r, lane, b, nullptr, s_sel[warp], s_wt[warp]);
 }
 
 // ---- grouping: one CTA ---------------------------------------------------------------------
@@ -247,8 +580,9 @@ __device__ __forceinline__ int2 block_scan2(int a, int b, int2& excl, int2* s_wa
   return total;
 }
 
-// The grouping by one CTA of kPlanThreads threads (sel/wt written before, visible to it).
-__device__ void plan_body(const PlanArgs& a) {
+// The grouping by one CTA of kPlanThreads threads from sel / wt ([m, K], global or shared,
+// written before and visible to the CTA).
+__device__ void plan_body(const PlanArgs& a, const int32_t* sel, const float* wt) {
   __shared__ int s_cnt[kMaxExperts], s_first[kMaxExperts];
   __shared__ int2 s_warp[kPlanThreads / 32];
   const int tid = threadIdx.x, E = a.n_experts, K = a.top_k, n = a.m * K;
@@ -256,10 +590,10 @@ __device__ void plan_body(const PlanArgs& a) {
   __syncthreads();
   // Rank of each (row, slot) within its expert; a repeated expert in a row counts once.
   for (int p = tid; p < n; p += kPlanThreads) {
-    const int r = p / K, i = p % K, e = a.sel[p];
+    const int r = p / K, i = p % K, e = sel[p];
     bool skip = e < 0 || e >= E;
     if (skip) atomicOr(&a.counters[2], kErrExpertRange);
-    for (int j = 0; j < i && !skip; ++j) skip = a.sel[size_t(r) * K + j] == e;
+    for (int j = 0; j < i && !skip; ++j) skip = sel[size_t(r) * K + j] == e;
     a.pair_pos[p] = skip ? -1 : atomicAdd(&s_cnt[e], 1);
   }
   __syncthreads();
@@ -272,10 +606,10 @@ __device__ void plan_body(const PlanArgs& a) {
   for (int p = tid; p < n; p += kPlanThreads) {
     const int rank = a.pair_pos[p];
     if (rank < 0) continue;
-    const int pos = s_first[a.sel[p]] + rank;
+    const int pos = s_first[sel[p]] + rank;
     a.pair_pos[p] = pos;
     a.sorted_row[pos] = p / K;
-    a.sorted_wt[pos] = a.wt[p];
+    a.sorted_wt[pos] = wt[p];
   }
   if (tid < E) {
     a.expert_first[tid] = excl.x;
@@ -293,28 +627,37 @@ __device__ void plan_body(const PlanArgs& a) {
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const PlanArgs a) {
   sm90::griddep_wait();
   sm90::griddep_launch_dependents();
-  plan_body(a);
+  plan_body(a, a.sel, a.wt);
 }
 
-// Decode: selection of every row and the grouping in one CTA. Scores of all rows first (all
-// threads, so the K-split partial sums are read in parallel), then one warp per row selects
-// and quantises x, then the grouping.
-__global__ void __launch_bounds__(kPlanThreads)
-    route_plan_small_kernel(const FinishArgs f, const PlanArgs p) {
-  extern __shared__ float s_scores[];  // [m][E]
-  __shared__ int s_chosen[kPlanThreads / 32][kMaxTopK];
+// Decode: selection of every row (one warp per row, the biased scores of all rows staged by all
+// threads first) and the grouping, in one CTA; sel / wt stay in shared memory for the grouping.
+// One CTA per SM stated: with the minimum left out, ptxas (13.0) held this kernel to 32
+// registers and spilled 12 B (48 without the cap, no spill).
+__global__ void __launch_bounds__(kPlanThreads, 1)
+    route_plan_small_kernel(const SelectArgs f, const PlanArgs p) {
+  extern __shared__ float s_biased[];  // [m][E] biased, then [m][E] raw scores (score routing)
+  __shared__ int32_t s_sel[kFusedRouteRows * kMaxTopK];
+  __shared__ float s_wt[kFusedRouteRows * kMaxTopK];
   sm90::griddep_wait();
   sm90::griddep_launch_dependents();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int i = threadIdx.x; i < f.m * f.n_experts; i += kPlanThreads)
-    s_scores[i] = route_score(f, i / f.n_experts, i % f.n_experts);
-  __syncthreads();
-  for (int r = warp; r < f.m; r += kPlanThreads / 32) {
-    select_row(f, r, lane, s_scores + size_t(r) * f.n_experts, s_chosen[warp]);
-    quant_row_warp(f.x + size_t(r) * f.dim, f.xq + size_t(r) * f.dim, f.dim, lane);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, E = f.n_experts, K = f.top_k;
+  const int n = f.m * E;
+  float* s_raw = f.tid2eid ? nullptr : s_biased + n;  // the weights' scores: no global re-read
+  if (!f.tid2eid) {
+#pragma unroll 4
+    for (int i = threadIdx.x; i < n; i += kPlanThreads) {
+      const float sc = f.scores[i];
+      s_raw[i] = sc;
+      s_biased[i] = f.bias ? __fadd_rn(sc, f.bias[i % E]) : sc;
+    }
   }
-  __syncthreads();  // sel / wt (global) written by this CTA are visible to all its threads
-  plan_body(p);
+  __syncthreads();
+  for (int r = warp; r < f.m; r += kPlanThreads / 32)
+    select_row(f, r, lane, s_biased + size_t(r) * E, s_raw ? s_raw + size_t(r) * E : nullptr,
+               s_sel + r * K, s_wt + r * K);
+  __syncthreads();
+  plan_body(p, s_sel, s_wt);
 }
 
 // ---- FP8 fake-quantisation of the first counters[0] rows: one warp per row -----------------
@@ -332,34 +675,17 @@ __global__ void __launch_bounds__(256)
 __global__ void __launch_bounds__(256)
     combine_kernel(const int32_t* sel, const int32_t* pair_pos, int top_k, const __nv_bfloat16* ye,
                    const __nv_bfloat16* shared, __nv_bfloat16* y, int dim) {
-  __shared__ int s_pos[kMaxTopK];
+  __shared__ int s_order[kMaxTopK];
   sm90::griddep_wait();
   sm90::griddep_launch_dependents();
   const int r = blockIdx.x;
-  if (threadIdx.x < top_k) {
-    // Slot i's rank in ascending expert index (stable); repeated experts have pos -1.
-    const int i = threadIdx.x, e = sel[size_t(r) * top_k + i];
-    int rank = 0;
-    for (int j = 0; j < top_k; ++j) {
-      const int f = sel[size_t(r) * top_k + j];
-      rank += f < e || (f == e && j < i);
-    }
-    s_pos[rank] = pair_pos[size_t(r) * top_k + i];
-  }
+  if (threadIdx.x < top_k)
+    combine_order_slot(sel + size_t(r) * top_k, pair_pos + size_t(r) * top_k, top_k, threadIdx.x,
+                       s_order);
   __syncthreads();
   for (int c = threadIdx.x * 8; c < dim; c += blockDim.x * 8) {
-    float acc[8] = {};
-    for (int i = 0; i < top_k; ++i) {
-      const int pos = s_pos[i];
-      if (pos < 0) continue;
-      const uint4 v = *reinterpret_cast<const uint4*>(ye + size_t(pos) * dim + c);
-      const uint32_t h[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        acc[2 * j] = __fadd_rn(acc[2 * j], num::bf16_lo(h[j] & 0xffffu));
-        acc[2 * j + 1] = __fadd_rn(acc[2 * j + 1], num::bf16_lo(h[j] >> 16));
-      }
-    }
+    float acc[8];
+    combine_sum8(s_order, top_k, ye, size_t(dim), c, acc);
     uint32_t sh[4] = {0, 0, 0, 0};
     if (shared) {
       const uint4 v = *reinterpret_cast<const uint4*>(shared + size_t(r) * dim + c);
@@ -379,27 +705,26 @@ __global__ void __launch_bounds__(256)
 
 }  // namespace
 
-void launch_router_logits(const LaunchCtx& c, const __nv_bfloat16* x, const uint16_t* gate, int m,
-                          int n_experts, int dim, int ksplit, double* out, int32_t* counters) {
-  const int kspan = dim / ksplit;
-  auto run = [&](auto kernel, int tm, int te) {
-    const dim3 grid((n_experts + te - 1) / te, (m + tm - 1) / tm, ksplit);
-    launch_kernel(c, kernel, grid, dim3(256), 0, x, gate, m, n_experts, dim, kspan, out, counters);
-  };
-  if (m <= kRouterSmallTM)
-    run(router_logits_kernel<kRouterSmallTM, kRouterSmallTE, 1, 1>, kRouterSmallTM, kRouterSmallTE);
-  else if (m <= kRouterMidTM)
-    run(router_logits_kernel<kRouterMidTM, kRouterMidTE, 1, 1>, kRouterMidTM, kRouterMidTE);
-  else
-    run(router_logits_kernel<kRouterLargeTM, kRouterLargeTE, 4, 4>, kRouterLargeTM, kRouterLargeTE);
-}
-
 namespace {
 
-FinishArgs finish_args(const MoeDeviceWeights& w, const MoeArgs& a, const MoeWorkspace& ws) {
-  FinishArgs f;
-  f.logits = ws.logits;
-  f.ksplit = ws.ksplit;
+RouterArgs router_args(const MoeDeviceWeights& w, const MoeArgs& a, const MoeWorkspace& ws) {
+  RouterArgs r;
+  r.x = a.x;
+  r.gate = w.gate.data();
+  r.m = a.m;
+  r.n_experts = w.n_experts;
+  r.dim = w.dim;
+  r.sigmoid = a.p.score_func == ScoreFunc::kSigmoid;
+  r.logits = ws.logits;
+  r.scores = ws.scores;
+  r.xq = ws.xq;
+  r.counters = ws.counters;
+  return r;
+}
+
+SelectArgs select_args(const MoeDeviceWeights& w, const MoeArgs& a, const MoeWorkspace& ws) {
+  SelectArgs f;
+  f.scores = ws.scores;
   f.m = a.m;
   f.n_experts = w.n_experts;
   f.top_k = a.p.top_k;
@@ -408,12 +733,8 @@ FinishArgs finish_args(const MoeDeviceWeights& w, const MoeArgs& a, const MoeWor
   f.vocab = w.vocab;
   f.tokens = a.tokens;
   f.route_scale = a.p.route_scale;
-  f.sigmoid = a.p.score_func == ScoreFunc::kSigmoid;
-  f.x = a.x;
-  f.dim = w.dim;
   f.sel = ws.sel;
   f.wt = ws.wt;
-  f.xq = ws.xq;
   f.counters = ws.counters;
   return f;
 }
@@ -436,17 +757,112 @@ PlanArgs plan_args(const MoeDeviceWeights& w, const MoeArgs& a, const MoeWorkspa
   return p;
 }
 
+// The MMA kernel's tile in m8 x n8 blocks (x: rows / 8, y: experts / 8): enough CTAs at decode
+// (Flash at 8 rows: 32 x 4), fewer re-reads and conversions of x beyond 8 rows and of the gate
+// beyond 128.
+int2 router_mma_tile(int m) {
+  return m <= 8     ? make_int2(1, 1)
+         : m <= 32  ? make_int2(1, 2)
+         : m <= 128 ? make_int2(1, 4)
+                    : make_int2(2, 4);
+}
+
+template <int RT, int TE, int U>
+void launch_gemv(const LaunchCtx& c, const RouterArgs& r) {
+  const dim3 grid((r.n_experts + TE - 1) / TE, (r.m + RT - 1) / RT);
+  launch_kernel(c, router_gemv_kernel<RT, TE, U>, grid, dim3(256), 0, r);
+}
+
 }  // namespace
+
+const char* router_path_name(RouterPath p) {
+  switch (p) {
+    case RouterPath::kAuto:
+      return "auto";
+    case RouterPath::kGemv:
+      return "gemv";
+    case RouterPath::kMma:
+      return "mma";
+    case RouterPath::kTiled:
+      return "tiled";
+  }
+  return "?";
+}
+
+RouterPath router_path_choice(int m, RouterPath requested) {
+  if (requested != RouterPath::kAuto) {
+    DSV4_CHECK(requested != RouterPath::kGemv || m <= kRouterGemvRows, "moe router: the gemv ",
+               "kernel takes up to ", kRouterGemvRows, " rows, not ", m);
+    return requested;
+  }
+  return m <= kRouterAutoGemvRows ? RouterPath::kGemv : RouterPath::kMma;
+}
+
+std::string router_kernel_name(int m, RouterPath requested) {
+  switch (router_path_choice(m, requested)) {
+    case RouterPath::kGemv:
+      return m <= 1   ? "router_gemv<1,2>"
+             : m <= 2 ? "router_gemv<2,2>"
+             : m <= 4 ? "router_gemv<4,2>"
+             : m <= 8 ? "router_gemv<8,2>"
+                      : "router_gemv<8,4>";
+    case RouterPath::kMma:
+      return cat("router_mma<", 8 * router_mma_tile(m).x, "x", 8 * router_mma_tile(m).y, ">");
+    default:
+      return "router_tiled<64,64>";
+  }
+}
+
+void launch_router(const LaunchCtx& c, const MoeDeviceWeights& w, const MoeArgs& a,
+                   const MoeWorkspace& ws) {
+  const RouterArgs r = router_args(w, a, ws);
+  switch (router_path_choice(a.m, a.router_path)) {
+    case RouterPath::kGemv:
+      // Loads in flight per thread: U chunks x (RT + TE) 16-byte vectors (~12); experts per
+      // CTA: 2 up to 8 rows (128 / 192 CTAs for Flash / Pro at one token), 4 beyond (the x rows
+      // are re-read and re-converted once per CTA).
+      if (a.m <= 1)
+        launch_gemv<1, 2, 4>(c, r);
+      else if (a.m <= 2)
+        launch_gemv<2, 2, 3>(c, r);
+      else if (a.m <= 4)
+        launch_gemv<4, 2, 2>(c, r);
+      else if (a.m <= 8)
+        launch_gemv<8, 2, 1>(c, r);
+      else
+        launch_gemv<8, 4, 1>(c, r);
+      break;
+    case RouterPath::kMma: {
+      const int2 t = router_mma_tile(a.m);
+      const dim3 grid((w.n_experts + 8 * t.y - 1) / (8 * t.y), (a.m + 8 * t.x - 1) / (8 * t.x),
+                      kRouterCluster);
+      if (t.y == 1)
+        launch_kernel(c, router_mma_kernel<1, 1>, grid, dim3(256), 0, r);
+      else if (t.y == 2)
+        launch_kernel(c, router_mma_kernel<1, 2>, grid, dim3(256), 0, r);
+      else if (t.x == 1)
+        launch_kernel(c, router_mma_kernel<1, 4>, grid, dim3(256), 0, r);
+      else
+        launch_kernel(c, router_mma_kernel<2, 4>, grid, dim3(256), 0, r);
+      break;
+    }
+    default: {
+      constexpr int TM = kRouterTileM, TE = kRouterTileE;
+      const dim3 grid((w.n_experts + TE - 1) / TE, (a.m + TM - 1) / TM);
+      launch_kernel(c, router_tiled_kernel<TM, TE, TM / 16, TE / 16>, grid, dim3(256), 0, r);
+    }
+  }
+}
 
 bool route_plan_fused(int m, int n_experts) {
   return m <= kFusedRouteRows && size_t(m) * n_experts * sizeof(float) <= kFusedRouteSmem;
 }
 
-void launch_route_finish(const LaunchCtx& c, const MoeDeviceWeights& w, const MoeArgs& a,
+void launch_route_select(const LaunchCtx& c, const MoeDeviceWeights& w, const MoeArgs& a,
                          const MoeWorkspace& ws) {
   const size_t smem = size_t(kFinishWarps) * w.n_experts * sizeof(float);
-  launch_kernel(c, route_finish_kernel, dim3((a.m + kFinishWarps - 1) / kFinishWarps),
-                dim3(32 * kFinishWarps), smem, finish_args(w, a, ws));
+  launch_kernel(c, route_select_kernel, dim3((a.m + kFinishWarps - 1) / kFinishWarps),
+                dim3(32 * kFinishWarps), smem, select_args(w, a, ws));
 }
 
 void launch_plan(const LaunchCtx& c, const MoeDeviceWeights& w, const MoeArgs& a,
@@ -460,11 +876,12 @@ void launch_route_plan_small(const LaunchCtx& c, const MoeDeviceWeights& w, cons
   once_per_device(attr, [] {
     DSV4_CUDA_CHECK(cudaFuncSetAttribute(route_plan_small_kernel,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         int(kFusedRouteSmem)));
+                                         int(2 * kFusedRouteSmem)));
   });
-  const size_t smem = size_t(a.m) * w.n_experts * sizeof(float);
+  // Score routing stages the biased and the raw scores; hash routing neither.
+  const size_t smem = w.hash() ? 0 : 2 * size_t(a.m) * w.n_experts * sizeof(float);
   launch_kernel(c, route_plan_small_kernel, dim3(1), dim3(kPlanThreads), smem,
-                finish_args(w, a, ws), plan_args(w, a, ws, tile_n));
+                select_args(w, a, ws), plan_args(w, a, ws, tile_n));
 }
 
 void launch_quant_rows(const LaunchCtx& c, const __nv_bfloat16* in, __nv_bfloat16* out,
