@@ -126,6 +126,7 @@ void launch_tokens(const StreamGemmLaunch& p, cudaStream_t stream) {
   WeightMaps maps{};
   Args args;
   args.m = p.m;
+  args.token_blocks = (p.m + kMT - 1) / kMT;
   args.groups = groups;
   int tiles = 0;
   for (int g = 0; g < groups; ++g) {
@@ -161,7 +162,7 @@ void launch_tokens(const StreamGemmLaunch& p, cudaStream_t stream) {
   args.k_steps = k_steps;
 
   LaunchConfig cfg;
-  cfg.grid = dim3(plan.tiles, plan.splits, 1);
+  cfg.grid = dim3(unsigned(plan.tiles * args.token_blocks), plan.splits, 1);
   cfg.block = dim3(gemm_cfg::kStreamThreads, 1, 1);
   cfg.smem = kSmem;
   cfg.stream = stream;
@@ -172,8 +173,8 @@ void launch_tokens(const StreamGemmLaunch& p, cudaStream_t stream) {
 
 template <bool kFp8>
 void launch(const StreamGemmLaunch& p, cudaStream_t stream) {
-  DSV4_CHECK(p.m >= 1 && p.m <= gemm_cfg::kStreamMaxTokens, "stream GEMM: m = ", p.m,
-             " outside 1..", gemm_cfg::kStreamMaxTokens);
+  DSV4_CHECK(p.m >= 1 && p.m <= gemm_cfg::kStreamMaxM, "stream GEMM: m = ", p.m, " outside 1..",
+             gemm_cfg::kStreamMaxM);
   switch (gemm_cfg::stream_tokens(p.m)) {
     case 8:
       return launch_tokens<8, kFp8>(p, stream);
@@ -195,8 +196,12 @@ void stream_gemm_bf16(const StreamGemmLaunch& p, cudaStream_t stream) {
   launch<false>(p, stream);
 }
 
+StreamResidency stream_residency_fp8() {
+  return plan_residency<true>();
+}
+
 int stream_max_splits_fp8(int m) {
-  DSV4_CHECK(m >= 1 && m <= gemm_cfg::kStreamMaxTokens, "stream GEMM: m = ", m);
+  DSV4_CHECK(m >= 1 && m <= gemm_cfg::kStreamMaxM, "stream GEMM: m = ", m);
   return plan_residency<true>().max_splits;
 }
 
