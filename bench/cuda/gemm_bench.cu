@@ -107,7 +107,10 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// cuBLASLt FP8 e4m3 x e4m3 -> BF16 with per-tensor scales (the anchors' torch._scaled_mm).
+// cuBLASLt FP8 e4m3 x e4m3 -> BF16 with per-tensor scales (the anchors' torch._scaled_mm), or
+// with the checkpoint's block scales (weights 128x128, activations 1x128, fp32: cuBLASLt's
+// BLK128x128_32F / VEC128_32F modes) where both scale pointers are given (timed only: its
+// numerics are not checked here).
 struct LtFp8 {
   cublasLtHandle_t lt = nullptr;
   DeviceBuffer<uint8_t> ws{64 << 20};
@@ -121,17 +124,30 @@ struct LtFp8 {
   // y[m, n] = x[m, k] w[n, k]^T, column-major view: Y^T (n x m) = W (n x k) . X^T (k x m).
   // Returns false when cuBLASLt offers no algorithm for the shape.
   bool run(const uint8_t* w, const uint8_t* x, __nv_bfloat16* y, int m, int n, int k,
-           cudaStream_t s) {
+           cudaStream_t s, const float* w_scales = nullptr, const float* x_scales = nullptr) {
     cublasLtMatmulDesc_t op;
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    const float* sp = one.data();
+    const bool blocks = w_scales && x_scales;
+    const float* sa = blocks ? w_scales : one.data();
+    const float* sb = blocks ? x_scales : one.data();
     CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sp, sizeof sp));
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
     CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sp, sizeof sp));
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
+    if (blocks) {
+      const cublasLtMatmulMatrixScale_t ma = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+                                        mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+      if (cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma) !=
+              CUBLAS_STATUS_SUCCESS ||
+          cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb) !=
+              CUBLAS_STATUS_SUCCESS) {
+        cublasLtMatmulDescDestroy(op);
+        return false;
+      }
+    }
     cublasLtMatrixLayout_t la, lb, lc;
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, k, n, k));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, k, m, k));
@@ -325,14 +341,25 @@ void bench_linear(const char* model, const Shape& s, int m, const Options& o, cu
                             fp8_linear(p, st);
                           }).median_us(o.iters);
 
-  // cuBLASLt FP8 per-tensor on the same codes.
-  double t_lt = -1;
+  // cuBLASLt FP8 per-tensor on the same codes, and with the block scales (m <= 256 only: the
+  // candidate for the 65..256 fast path).
+  double t_lt = -1, t_lt_blocks = -1;
   if (lt.run(w.codes[0].data(), a.codes.data(), by, m, n, k, nullptr)) {
     DSV4_CUDA_CHECK(cudaDeviceSynchronize());
     t_lt = bench::GraphSet(copies, [&](int c, cudaStream_t st) {
              lt.run(w.codes[c].data(), a.codes.data(), by, m, n, k, st);
            }).median_us(o.iters);
   }
+  (void)cudaGetLastError();
+  if (m <= cuda::gemm_cfg::kStreamMaxM && lt.run(w.codes[0].data(), a.codes.data(), by, m, n, k,
+                                                 nullptr, w.scales[0].data(), a.scales.data())) {
+    DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+    t_lt_blocks = bench::GraphSet(copies, [&](int c, cudaStream_t st) {
+                    lt.run(w.codes[c].data(), a.codes.data(), by, m, n, k, st, w.scales[c].data(),
+                           a.scales.data());
+                  }).median_us(o.iters);
+  }
+  (void)cudaGetLastError();
   // cuBLAS BF16 on a BF16 weight of the same shape (rotated separately: twice the bytes).
   const size_t wb16 = wbytes * 2;
   const int copies16 = bench::rotation_copies(wb16);
@@ -356,6 +383,9 @@ void bench_linear(const char* model, const Shape& s, int m, const Options& o, cu
   emit("fp8_linear", planned, t_linear, flops, double(wbytes), fp8, "cublas_bf16", t_bf16);
   emit("act_quant", shape, t_quant, 0, double(m) * k * 3 + double(m) * (k / 128) * 4, fp8, "", 0);
   if (t_lt > 0) emit("cublaslt_fp8_per_tensor", shape, t_lt, flops, double(wbytes), fp8, "", 0);
+  if (t_lt_blocks > 0)
+    emit("cublaslt_fp8_blockscaled", shape, t_lt_blocks, flops, double(wbytes), fp8, "fp8_gemm",
+         t_gemm);
   emit("cublas_bf16", shape, t_bf16, flops, double(wb16), bf, "", 0);
 
   const bool streams = fp8_gemm_pick_path(m, n, k) == Fp8GemmPath::kStream;
