@@ -1018,9 +1018,10 @@ TEST(Fp8GemmHeuristic, PathAtRealShapes) {
 
 TEST(Fp8GemmHeuristic, GroupingAtRealShapes) {
   // wq_a + wkv (few tiles, long K: one launch fills the SMs that two would leave idle) share a
-  // launch; wq_b + indexer wq_b (bandwidth-bound, 320 / 576 tiles: together they need a wave
-  // more than wq_b alone) do not, at 8 and 64 tokens alike (the measured 740a4a4 rows: grouped
-  // 24.9 / 58.3 µs against 22.2 / 43.7 separate at m = 1 / 64).
+  // launch; wq_b + indexer wq_b (bandwidth-bound) do not: together they need a second wave that
+  // wq_b alone does not, and the indexer weight loses the 4-way split that at 64 tokens cuts its
+  // chain (the measured 740a4a4 rows: grouped 24.9 / 58.3 µs against 22.2 / 43.7 separate at
+  // m = 1 / 64).
   struct Case {
     const char* name;
     int tiles[2], k;

@@ -61,18 +61,17 @@ inline StreamResidency reference_residency() {
 // epilogue) plus its K steps, each bound either by one CTA's own chain (wait for the stage, the
 // wgmma slices, their promotion: step_us by token width) or by HBM shared by the wave's CTAs
 // (token blocks of one tile share its bytes through L2); a K split adds its cluster barriers and
-// the DSMEM reduction. Fitted to the rows of 740a4a4 (bench/results/kernels-h200.md, graph
-// replays, ~4.5 µs of launch around each): m = 1 wq_b (256 CTAs x 8 steps, 32 MB) 15.3 µs,
-// wo_b 16.9, shared w2 10.5, w13 12.6; m = 64 wq_b 25.7 (the chain at 64 tokens, 2.3 µs a
-// step); the split terms are those expected of the reduction that loads every rank's partial
-// at once (the serial one measured up to ~9 µs at m = 64), to be refitted from gemm_bench's
-// split sweep.
+// the DSMEM reduction. Fitted (scripts/fit_stream_gemm_model.py, HBM fixed at the anchors'
+// 4.3 TB/s) to the 18 streaming rows of 740a4a4 (bench/results/kernels-h200.md: every Flash
+// weight at m = 1 and 64, graph replays with ~5.6 µs of launch around each), within 11 % rms;
+// that kernel's reduction also cost ~0.09 µs per token in series at every split above 1 (5.8 µs
+// at m = 64), which the reduction since removes and the model no longer has.
 struct StreamCostModel {
-  double hbm_bytes_per_us = 4.0e6;             // 4.0 TB/s sustained by a full wave
-  double wave_start_us = 2.0;                  // per wave of CTAs
-  double step_us[4] = {0.25, 0.55, 1.1, 2.3};  // one K step, chain-bound, 8/16/32/64 tokens
+  double hbm_bytes_per_us = 4.3e6;             // 4.3 TB/s sustained by a full wave
+  double wave_start_us = 2.3;                  // per wave of CTAs
+  double step_us[4] = {0.19, 0.46, 1.0, 2.1};  // one K step, chain-bound, 8/16/32/64 tokens
   double split_us = 0.5;                       // a split's cluster barriers
-  double split_rank_us = 0.05;                 // ... and reduction, per rank
+  double split_rank_us = 0.04;                 // ... and reduction, per rank
   double launch_us = 2.0;                      // one more kernel launch (graph, PDL chain)
 };
 
