@@ -165,18 +165,18 @@ inline StreamGrouping plan_stream_grouping(const int* tiles, int count, int k_st
 }
 
 // Rough time (µs, launch left out) of the tensor-core kernel at M 65..256, fitted to the H200
-// m = 256 rows of 2026-11-30 (bench/results/kernels-h200.md): ~4 µs plus 0.42 µs per 128-wide K
+// m = 256 rows of 2026-11-30 (bench/results/kernels-h200.md): ~3 µs plus 0.42 µs per 128-wide K
 // block for every round of 128x128 output tiles over the SMs (Flash wq_a 22.0 µs, indexer wq_b
-// 11.9, wq_b 24.1, Pro shared w13 31.5, with the ~4.5 µs launch), or the weight bytes at HBM
-// speed. Its stream-K scheduler does better than this where N is large and K long (Flash wo_b
-// 26.7 against 35), which only makes the rule below keep it more often.
+// 11.9, wq_b 24.1, Pro shared w13 31.5, with the same ~5.6 µs launch as the streaming rows), or the
+// weight bytes at HBM speed. Its stream-K scheduler does better than this where N is large and K
+// long (Flash wo_b 26.7 against 35), which only makes the rule below keep it more often.
 inline double tensor_core_time_us(int m, int n, int k, int sm_count,
                                   const StreamCostModel& c = {}) {
   const int64_t tiles = int64_t((m + gemm_cfg::kPrefillTileM - 1) / gemm_cfg::kPrefillTileM) *
                         ((n + gemm_cfg::kPrefillTileN - 1) / gemm_cfg::kPrefillTileN);
   const int64_t rounds = (tiles + sm_count - 1) / std::max(1, sm_count);
-  const double chain = 4.0 + 0.42 * (k / gemm_cfg::kPrefillTileK) * double(rounds);
-  return std::max(chain, 4.0 + double(n) * k / c.hbm_bytes_per_us);
+  const double chain = 3.0 + 0.42 * (k / gemm_cfg::kPrefillTileK) * double(rounds);
+  return std::max(chain, 3.0 + double(n) * k / c.hbm_bytes_per_us);
 }
 
 // Decode-sized problems stream the weights; from 65 to 256 rows the streaming kernel (blocks of
