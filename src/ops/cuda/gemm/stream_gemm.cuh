@@ -177,6 +177,15 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
     // ---- consumer warpgroup ----
     sm90::griddep_wait();
     const int q0 = (lane & 3) * 2;  // this thread's token pair inside each group of 8
+    // The slices' own accumulators: every wgmma into them overwrites (scale_d = false), so they
+    // are zeroed once here, not before every slice.
+    [[maybe_unused]] float part[kFp8 ? kBatch : 1][2][kFp8 ? kAcc : 1];
+#pragma unroll
+    for (int b = 0; b < (kFp8 ? kBatch : 1); ++b)
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int j = 0; j < (kFp8 ? kAcc : 1); ++j) part[b][t][j] = 0.0f;
     float sw_next = 0.0f;
     if constexpr (kFp8)
       if (count > 0) sw_next = __ldg(grp.w_scales_t + size_t(s_begin) * grp.w_scale_ld + tile);
@@ -206,16 +215,12 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
         // promoted in slice order: the same operations as one slice per wait, fewer round trips.
 #pragma unroll 1
         for (int kb = 0; kb < 4; kb += kBatch) {
-          float part[kBatch][2][kAcc];
 #pragma unroll
           for (int b = 0; b < kBatch; ++b)
 #pragma unroll
             for (int t = 0; t < 2; ++t)
 #pragma unroll
-              for (int j = 0; j < kAcc; ++j) {
-                part[b][t][j] = 0.0f;
-                sm90::warpgroup_fence_operand(part[b][t][j]);
-              }
+              for (int j = 0; j < kAcc; ++j) sm90::warpgroup_fence_operand(part[b][t][j]);
           sm90::warpgroup_arrive();
 #pragma unroll
           for (int b = 0; b < kBatch; ++b)
