@@ -144,6 +144,8 @@ void fp8_gemm_grouped(const Fp8GemmGroupedParams& p, cudaStream_t stream) {
     all_stream = all_stream && resolve(p.path, m, p.w[g].n, k) == Fp8GemmPath::kStream;
     tiles[g] = (p.w[g].n + gemm_cfg::kStreamRows - 1) / gemm_cfg::kStreamRows;
   }
+  DSV4_CHECK(p.splits == 0 || all_stream, "fp8_gemm_grouped: a forced split (", p.splits,
+             ") needs every weight on the streaming path");
   const bool grouped =
       all_stream && (p.splits > 0 || p.count == 1 ||
                      plan_stream_grouping(tiles, p.count, k / gemm_cfg::kStreamStepBytes,
