@@ -213,32 +213,81 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
         // the memory-bound decode can afford to keep (the products of one slice are exact).
         // kBatch slices are issued before one wait (each into its own accumulator) and then
         // promoted in slice order: the same operations as one slice per wait, fewer round trips.
-#pragma unroll 1
-        for (int kb = 0; kb < 4; kb += kBatch) {
-#pragma unroll
-          for (int b = 0; b < kBatch; ++b)
-#pragma unroll
-            for (int t = 0; t < 2; ++t)
-#pragma unroll
-              for (int j = 0; j < kAcc; ++j) sm90::warpgroup_fence_operand(part[b][t][j]);
-          sm90::warpgroup_arrive();
-#pragma unroll
-          for (int b = 0; b < kBatch; ++b)
-#pragma unroll
-            for (int t = 0; t < 2; ++t)
-              mma_step<true, kMT>(dw + ((t * 64 * kStepBytes + (kb + b) * 32) >> 4),
-                                  da + (((kb + b) * 32) >> 4), part[b][t], false);
-          sm90::warpgroup_commit_batch();
-          sm90::warpgroup_wait<0>();
-#pragma unroll
-          for (int b = 0; b < kBatch; ++b)
+        if constexpr (kMT == 64) {
+          // 64 tokens keep one slice per wait (two would not fit two CTAs on an SM), so each
+          // slice is issued as two halves of 32 tokens and the promotion of one half overlaps
+          // the other's wgmma: half 0 of a slice, then the previous slice's half 1 promoted,
+          // half 1 issued, half 0 promoted. Every accumulator is still promoted once per slice,
+          // in slice order (the same fmaf sequence).
+          constexpr int kHalf = kAcc / 2;  // accumulators of 32 tokens
+          constexpr uint64_t kHalfRows = (32 * kStepBytes) >> 4;
+          const auto promote = [&](int h) {
 #pragma unroll
             for (int t = 0; t < 2; ++t)
 #pragma unroll
-              for (int j = 0; j < kAcc; ++j) {
-                sm90::warpgroup_fence_operand(part[b][t][j]);
-                acc[t][j] = fmaf(part[b][t][j], (j & 1) ? scl[j >> 2].y : scl[j >> 2].x, acc[t][j]);
+              for (int j = h * kHalf; j < (h + 1) * kHalf; ++j) {
+                sm90::warpgroup_fence_operand(part[0][t][j]);
+                acc[t][j] = fmaf(part[0][t][j], (j & 1) ? scl[j >> 2].y : scl[j >> 2].x, acc[t][j]);
               }
+          };
+          const auto issue = [&](int kb, int h) {
+#pragma unroll
+            for (int t = 0; t < 2; ++t)
+#pragma unroll
+              for (int j = h * kHalf; j < (h + 1) * kHalf; ++j)
+                sm90::warpgroup_fence_operand(part[0][t][j]);
+            sm90::warpgroup_arrive();
+#pragma unroll
+            for (int t = 0; t < 2; ++t)
+              mma_step<true, 32>(dw + ((t * 64 * kStepBytes + kb * 32) >> 4),
+                                 da + h * kHalfRows + ((kb * 32) >> 4), &part[0][t][h * kHalf],
+                                 false);
+            sm90::warpgroup_commit_batch();
+          };
+          // Unrolled: only then does ptxas see which half has retired at each wait (rolled, it
+          // serialises the wgmmas, warning C7514).
+#pragma unroll
+          for (int kb = 0; kb < 4; ++kb) {
+            issue(kb, 0);
+            if (kb > 0) {
+              sm90::warpgroup_wait<1>();  // the previous slice's half 1
+              promote(1);
+            }
+            issue(kb, 1);
+            sm90::warpgroup_wait<1>();  // this slice's half 0
+            promote(0);
+          }
+          sm90::warpgroup_wait<0>();
+          promote(1);
+        } else {
+#pragma unroll 1
+          for (int kb = 0; kb < 4; kb += kBatch) {
+#pragma unroll
+            for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+              for (int t = 0; t < 2; ++t)
+#pragma unroll
+                for (int j = 0; j < kAcc; ++j) sm90::warpgroup_fence_operand(part[b][t][j]);
+            sm90::warpgroup_arrive();
+#pragma unroll
+            for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+              for (int t = 0; t < 2; ++t)
+                mma_step<true, kMT>(dw + ((t * 64 * kStepBytes + (kb + b) * 32) >> 4),
+                                    da + (((kb + b) * 32) >> 4), part[b][t], false);
+            sm90::warpgroup_commit_batch();
+            sm90::warpgroup_wait<0>();
+#pragma unroll
+            for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+              for (int t = 0; t < 2; ++t)
+#pragma unroll
+                for (int j = 0; j < kAcc; ++j) {
+                  sm90::warpgroup_fence_operand(part[b][t][j]);
+                  acc[t][j] =
+                      fmaf(part[b][t][j], (j & 1) ? scl[j >> 2].y : scl[j >> 2].x, acc[t][j]);
+                }
+          }
         }
         __syncwarp();
         if (lane == 0) sm90::mbar_arrive(&empty[s]);
