@@ -551,8 +551,8 @@ std::vector<float> dense_rows(const std::vector<uint16_t>& bits, int m, int n, i
 }
 
 // Groups of weights with the same k: every output of the grouped launch bit-identical to the
-// weight's GEMM alone at the same K split (each split in `splits`), and with the heuristic's
-// split within the CPU bound.
+// weight's streaming GEMM alone at the same K split (each split in `splits`, the streaming path
+// forced), and with the heuristic's choices (path, grouping, split) within the CPU bound.
 void check_group(int m, int k, const std::vector<std::pair<int, int64_t>>& n_ldy,
                  const std::vector<int>& splits, uint64_t seed) {
   Rng rng(seed);
@@ -576,7 +576,7 @@ void check_group(int m, int k, const std::vector<std::pair<int, int64_t>>& n_ldy
   const int max_splits = cuda::detail::stream_max_splits_fp8(m);
   for (int sp : splits) {
     if (sp > max_splits || sp > k / 128) continue;
-    const auto grouped = run_grouped(a, ws, sp);
+    const auto grouped = run_grouped(a, ws, sp, cuda::Fp8GemmPath::kStream);
     for (size_t i = 0; i < ws.size(); ++i)
       EXPECT_TRUE(grouped[i] == run_single(a, ws[i], sp))
           << shape << " weight " << i << " n=" << ws[i].n << " splits=" << sp
@@ -584,27 +584,31 @@ void check_group(int m, int k, const std::vector<std::pair<int, int64_t>>& n_ldy
   }
 }
 
+// One check_group case: m, k, the weights' (n, ldy) and the forced splits to compare.
+struct GroupCase {
+  int m, k;
+  std::vector<std::pair<int, int64_t>> n_ldy;
+  std::vector<int> splits;
+};
+
+void check_groups(const std::vector<GroupCase>& cases, uint64_t seed) {
+  for (const GroupCase& c : cases) check_group(c.m, c.k, c.n_ldy, c.splits, seed++);
+}
+
 TEST_F(CudaGemm, GroupedFlashAndProShapes) {
   // The engine's groups: wq_a + wkv on the normalised x, wq_b + indexer wq_b on the q latent
   // (V4-Flash and V4-Pro), at decode sizes and in blocks of 64 tokens; the splits listed.
-  struct Case {
-    int m, k;
-    std::vector<std::pair<int, int64_t>> n_ldy;
-    std::vector<int> splits;
-  };
   const std::vector<int> all = {1, 2, 3, 5, 8, 11, 16};
-  const std::vector<Case> cases = {
-      {1, 4096, {{1024, 0}, {512, 0}}, all},           // Flash wq_a, wkv
-      {4, 4096, {{1024, 0}, {512, 0}}, all},           //
-      {64, 4096, {{1024, 0}, {512, 0}}, all},          //
-      {128, 4096, {{1024, 0}, {512, 0}}, {1, 8, 16}},  // two blocks of 64 tokens
-      {1, 7168, {{1536, 0}, {512, 0}}, {1, 8, 16}},    // Pro wq_a, wkv
-      {4, 7168, {{1536, 0}, {512, 0}}, {1, 8, 16}},    //
-      {64, 7168, {{1536, 0}, {512, 0}}, {1, 8, 16}},   //
-      {2, 1024, {{32768, 0}, {8192, 0}}, {1, 4, 8}},   // Flash wq_b, index wq_b
-      {3, 1536, {{65536, 0}, {8192, 0}}, {1, 12}}};    // Pro wq_b, index wq_b
-  uint64_t seed = 900;
-  for (const Case& c : cases) check_group(c.m, c.k, c.n_ldy, c.splits, seed++);
+  check_groups({{1, 4096, {{1024, 0}, {512, 0}}, all},           // Flash wq_a, wkv
+                {4, 4096, {{1024, 0}, {512, 0}}, all},           //
+                {64, 4096, {{1024, 0}, {512, 0}}, all},          //
+                {128, 4096, {{1024, 0}, {512, 0}}, {1, 8, 16}},  // two blocks of 64 tokens
+                {1, 7168, {{1536, 0}, {512, 0}}, {1, 8, 16}},    // Pro wq_a, wkv
+                {4, 7168, {{1536, 0}, {512, 0}}, {1, 8, 16}},    //
+                {64, 7168, {{1536, 0}, {512, 0}}, {1, 8, 16}},   //
+                {2, 1024, {{32768, 0}, {8192, 0}}, {1, 4, 8}},   // Flash wq_b, index wq_b
+                {3, 1536, {{65536, 0}, {8192, 0}}, {1, 12}}},    // Pro wq_b, index wq_b
+               900);
 }
 
 TEST_F(CudaGemm, GroupedLaunchFollowsTheGroupingRule) {
@@ -647,15 +651,16 @@ TEST_F(CudaGemm, GroupedLaunchFollowsTheGroupingRule) {
 TEST_F(CudaGemm, GroupedEdgeShapes) {
   // Odd-but-legal: n not a multiple of 128 or of 8, a single tile, one K block, four weights,
   // row strides (their padding stays poisoned), every token width (8/16/32/64).
-  uint64_t seed = 950;
   const std::vector<int> some = {1, 2, 3};
-  check_group(1, 128, {{1, 0}, {77, 80}}, {1}, seed++);
-  check_group(9, 384, {{300, 0}, {128, 136}, {1000, 0}, {8, 0}}, some, seed++);
-  check_group(17, 640, {{200, 0}, {129, 0}, {384, 400}}, {1, 2, 5}, seed++);
-  check_group(33, 256, {{136, 0}, {64, 72}}, some, seed++);
-  check_group(64, 1152, {{1, 0}, {2, 0}, {3, 0}, {640, 0}}, {1, 4, 9}, seed++);
-  // A single weight through the grouped entry point.
-  check_group(5, 512, {{264, 280}}, {1, 2, 4}, seed++);
+  check_groups(
+      {{1, 128, {{1, 0}, {77, 80}}, {1}},
+       {9, 384, {{300, 0}, {128, 136}, {1000, 0}, {8, 0}}, some},
+       {17, 640, {{200, 0}, {129, 0}, {384, 400}}, {1, 2, 5}},
+       {33, 256, {{136, 0}, {64, 72}}, some},
+       {64, 1152, {{1, 0}, {2, 0}, {3, 0}, {640, 0}}, {1, 4, 9}},
+       {5, 512, {{264, 280}}, {1, 2, 4}},            // a single weight through the grouped entry
+       {200, 640, {{300, 0}, {129, 136}}, {1, 3}}},  // four blocks of tokens, the last partial
+      950);
 }
 
 TEST_F(CudaGemm, GroupedOnTheTensorCorePathIsTheSeparateGemms) {
