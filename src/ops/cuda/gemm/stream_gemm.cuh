@@ -49,6 +49,20 @@ __device__ __forceinline__ void mma_step(uint64_t da, uint64_t db, float* d, boo
     sm90::Bf16MmaSS<kN>::wgmma(da, db, d, scale_d);
 }
 
+// wgmma.wait_group with a count known only once the caller's loop is unrolled.
+__device__ __forceinline__ void wait_pending(int n) {
+  switch (n) {
+    case 0:
+      return sm90::warpgroup_wait<0>();
+    case 1:
+      return sm90::warpgroup_wait<1>();
+    case 2:
+      return sm90::warpgroup_wait<2>();
+    default:
+      return sm90::warpgroup_wait<3>();
+  }
+}
+
 // One weight matrix of a (grouped) launch.
 struct Group {
   int n = 0;                          // weight rows
@@ -211,8 +225,8 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
         // FP8 tensor cores accumulate into C with ~14 significant bits, so chaining the four
         // slices of a 128 block inside the tensor core would cost ~1e-4 relative accuracy that
         // the memory-bound decode can afford to keep (the products of one slice are exact).
-        // kBatch slices are issued before one wait (each into its own accumulator) and then
-        // promoted in slice order: the same operations as one slice per wait, fewer round trips.
+        // kBatch slices are issued together (each into its own accumulator) and promoted in
+        // slice order: the same operations as one slice per wait, fewer round trips.
         if constexpr (kMT == 64) {
           // 64 tokens keep one slice per wait (two would not fit two CTAs on an SM), so each
           // slice is issued as two halves of 32 tokens and the promotion of one half overlaps
@@ -260,7 +274,10 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
           sm90::warpgroup_wait<0>();
           promote(1);
         } else {
-#pragma unroll 1
+          // kBatch slices issued as one commit group each, promoted in slice order as each
+          // retires (the later slices' wgmmas run meanwhile). Unrolled, so that every wait has
+          // its count and ptxas sees which slice has retired (C7514 otherwise).
+#pragma unroll
           for (int kb = 0; kb < 4; kb += kBatch) {
 #pragma unroll
             for (int b = 0; b < kBatch; ++b)
@@ -270,15 +287,16 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
                 for (int j = 0; j < kAcc; ++j) sm90::warpgroup_fence_operand(part[b][t][j]);
             sm90::warpgroup_arrive();
 #pragma unroll
-            for (int b = 0; b < kBatch; ++b)
+            for (int b = 0; b < kBatch; ++b) {
 #pragma unroll
               for (int t = 0; t < 2; ++t)
                 mma_step<true, kMT>(dw + ((t * 64 * kStepBytes + (kb + b) * 32) >> 4),
                                     da + (((kb + b) * 32) >> 4), part[b][t], false);
-            sm90::warpgroup_commit_batch();
-            sm90::warpgroup_wait<0>();
+              sm90::warpgroup_commit_batch();
+            }
 #pragma unroll
-            for (int b = 0; b < kBatch; ++b)
+            for (int b = 0; b < kBatch; ++b) {
+              wait_pending(kBatch - 1 - b);
 #pragma unroll
               for (int t = 0; t < 2; ++t)
 #pragma unroll
@@ -287,6 +305,7 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
                   acc[t][j] =
                       fmaf(part[b][t][j], (j & 1) ? scl[j >> 2].y : scl[j >> 2].x, acc[t][j]);
                 }
+            }
           }
         }
         __syncwarp();
