@@ -225,87 +225,40 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
         // FP8 tensor cores accumulate into C with ~14 significant bits, so chaining the four
         // slices of a 128 block inside the tensor core would cost ~1e-4 relative accuracy that
         // the memory-bound decode can afford to keep (the products of one slice are exact).
-        // kBatch slices are issued together (each into its own accumulator) and promoted in
-        // slice order: the same operations as one slice per wait, fewer round trips.
-        if constexpr (kMT == 64) {
-          // 64 tokens keep one slice per wait (two would not fit two CTAs on an SM), so each
-          // slice is issued as two halves of 32 tokens and the promotion of one half overlaps
-          // the other's wgmma: half 0 of a slice, then the previous slice's half 1 promoted,
-          // half 1 issued, half 0 promoted. Every accumulator is still promoted once per slice,
-          // in slice order (the same fmaf sequence).
-          constexpr int kHalf = kAcc / 2;  // accumulators of 32 tokens
-          constexpr uint64_t kHalfRows = (32 * kStepBytes) >> 4;
-          const auto promote = [&](int h) {
+        // kBatch slices are issued together, each into its own accumulator and as its own
+        // commit group, and promoted in slice order as each retires (the later slices' wgmmas
+        // run meanwhile): the same operations as one slice per wait, fewer round trips. Unrolled
+        // where several slices are in flight, so that every wait has its count and ptxas sees which
+        // slice has retired (C7514 otherwise); 64 tokens keep one slice per wait (two would not
+        // leave two CTAs an SM; split into 32-token halves to overlap, it measured slower on the
+        // H200).
+#pragma unroll(kBatch == 1 ? 1 : 4)
+        for (int kb = 0; kb < 4; kb += kBatch) {
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b)
 #pragma unroll
             for (int t = 0; t < 2; ++t)
 #pragma unroll
-              for (int j = h * kHalf; j < (h + 1) * kHalf; ++j) {
-                sm90::warpgroup_fence_operand(part[0][t][j]);
-                acc[t][j] = fmaf(part[0][t][j], (j & 1) ? scl[j >> 2].y : scl[j >> 2].x, acc[t][j]);
-              }
-          };
-          const auto issue = [&](int kb, int h) {
+              for (int j = 0; j < kAcc; ++j) sm90::warpgroup_fence_operand(part[b][t][j]);
+          sm90::warpgroup_arrive();
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b) {
 #pragma unroll
             for (int t = 0; t < 2; ++t)
-#pragma unroll
-              for (int j = h * kHalf; j < (h + 1) * kHalf; ++j)
-                sm90::warpgroup_fence_operand(part[0][t][j]);
-            sm90::warpgroup_arrive();
-#pragma unroll
-            for (int t = 0; t < 2; ++t)
-              mma_step<true, 32>(dw + ((t * 64 * kStepBytes + kb * 32) >> 4),
-                                 da + h * kHalfRows + ((kb * 32) >> 4), &part[0][t][h * kHalf],
-                                 false);
+              mma_step<true, kMT>(dw + ((t * 64 * kStepBytes + (kb + b) * 32) >> 4),
+                                  da + (((kb + b) * 32) >> 4), part[b][t], false);
             sm90::warpgroup_commit_batch();
-          };
-          // Unrolled: only then does ptxas see which half has retired at each wait (rolled, it
-          // serialises the wgmmas, warning C7514).
-#pragma unroll
-          for (int kb = 0; kb < 4; ++kb) {
-            issue(kb, 0);
-            if (kb > 0) {
-              sm90::warpgroup_wait<1>();  // the previous slice's half 1
-              promote(1);
-            }
-            issue(kb, 1);
-            sm90::warpgroup_wait<1>();  // this slice's half 0
-            promote(0);
           }
-          sm90::warpgroup_wait<0>();
-          promote(1);
-        } else {
-          // kBatch slices issued as one commit group each, promoted in slice order as each
-          // retires (the later slices' wgmmas run meanwhile). Unrolled, so that every wait has
-          // its count and ptxas sees which slice has retired (C7514 otherwise).
 #pragma unroll
-          for (int kb = 0; kb < 4; kb += kBatch) {
+          for (int b = 0; b < kBatch; ++b) {
+            wait_pending(kBatch - 1 - b);
 #pragma unroll
-            for (int b = 0; b < kBatch; ++b)
+            for (int t = 0; t < 2; ++t)
 #pragma unroll
-              for (int t = 0; t < 2; ++t)
-#pragma unroll
-                for (int j = 0; j < kAcc; ++j) sm90::warpgroup_fence_operand(part[b][t][j]);
-            sm90::warpgroup_arrive();
-#pragma unroll
-            for (int b = 0; b < kBatch; ++b) {
-#pragma unroll
-              for (int t = 0; t < 2; ++t)
-                mma_step<true, kMT>(dw + ((t * 64 * kStepBytes + (kb + b) * 32) >> 4),
-                                    da + (((kb + b) * 32) >> 4), part[b][t], false);
-              sm90::warpgroup_commit_batch();
-            }
-#pragma unroll
-            for (int b = 0; b < kBatch; ++b) {
-              wait_pending(kBatch - 1 - b);
-#pragma unroll
-              for (int t = 0; t < 2; ++t)
-#pragma unroll
-                for (int j = 0; j < kAcc; ++j) {
-                  sm90::warpgroup_fence_operand(part[b][t][j]);
-                  acc[t][j] =
-                      fmaf(part[b][t][j], (j & 1) ? scl[j >> 2].y : scl[j >> 2].x, acc[t][j]);
-                }
-            }
+              for (int j = 0; j < kAcc; ++j) {
+                sm90::warpgroup_fence_operand(part[b][t][j]);
+                acc[t][j] = fmaf(part[b][t][j], (j & 1) ? scl[j >> 2].y : scl[j >> 2].x, acc[t][j]);
+              }
           }
         }
         __syncwarp();
