@@ -10,15 +10,14 @@
 // are converted once at load time to fp32, transposed (fp8_weight_scales_to_f32).
 //
 // Two kernels, picked by fp8_gemm_pick_path (fp8_gemm_heuristic.h):
-//  * stream (m <= 64, and 65..256 where its time model predicts it faster): weight-streaming
+//  * stream (m <= 64; up to 256 rows for n not a multiple of 8): weight-streaming
 //    swap-AB wgmma kernel; each CTA streams 128 weight rows x a K range through a TMA pipeline
 //    for up to 64 tokens (blocks of 64 above), K split across a thread-block cluster whose CTAs
 //    reduce through distributed shared memory (deterministic, no workspace). Any n >= 1. Each
 //    32-wide K slice is promoted into fp32 separately (exact FP8 products; no tensor-core
 //    accumulation chain), so it matches the CPU to fp32 rounding. A weight's K split does not
 //    depend on m, so neither does a token's output while its GEMM streams.
-//  * tensor-core (m > 256, or 65..256 elsewhere): CUTLASS's sm90 warp-specialised FP8
-//  blockwise-scaled GEMM
+//  * tensor-core (m > 64): CUTLASS's sm90 warp-specialised FP8 blockwise-scaled GEMM
 //    (1x128 activation scales, 128x128 weight scales, fp32 scales), persistent or stream-K.
 //    Needs n % 8 == 0. Its promotion interval is the 128 block: inside a block the FP8 tensor
 //    cores chain four 32-wide slices in their ~14-bit accumulator (as DeepGEMM and the

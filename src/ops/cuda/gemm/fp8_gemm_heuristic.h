@@ -6,11 +6,10 @@
 //  * K split of a launch: the split whose predicted time is nearest the best at every token
 //    width (8 and 64, the least and most work per K step), so one weight keeps one split, and
 //    one fp32 summation order, at every m (a token's output does not depend on its batch);
-//  * grouping: weights that read the same input share one launch only where that launch is
-//    predicted no slower than their own launches at either token width (the one launch saved
-//    counted for them);
-//  * path: m <= 64 streams; 65..256 streams (blocks of 64 tokens) where the model predicts it
-//    faster than the tensor-core kernel; above 256 the tensor-core kernel.
+//  * grouping: weights that read the same input share one launch where that launch is predicted
+//    no slower than their own launches at 8 tokens (the one launch saved counted for them);
+//  * path: m <= 64 streams; above, the tensor-core kernel, except that up to 256 rows a weight
+//    the tensor-core kernel cannot take (n not a multiple of 8) streams in blocks of 64 tokens.
 #pragma once
 
 #include <algorithm>
@@ -47,8 +46,8 @@ inline StreamResidency default_residency(int sm_count) {
   for (int s = 1; s <= gemm_cfg::kStreamMaxSplits; ++s) r.resident[s] = slots / s * s;
   return r;
 }
-// The device the path choice assumes (it must not depend on the device: the verifier predicts
-// each linear's summation from the shape alone): an H200, 132 SMs, clusters up to 16.
+// A device like the H200 without its measured figures (132 SMs, two CTAs each, clusters up to
+// 16 placed everywhere): what the tests plan with.
 constexpr int kReferenceSms = 132;
 inline StreamResidency reference_residency() {
   StreamResidency r = default_residency(kReferenceSms);
@@ -134,10 +133,12 @@ inline StreamPlan plan_stream(int m, int n, int k_steps, int sm_count) {
 }
 
 // Whether `count` weights of `k_steps` K steps that read the same input (tiles[g] tiles each)
-// should share one streaming launch: its plan's predicted time, at 8 and at 64 tokens, is no
-// more than the weights' own plans' times added up with one launch per further weight.
-// Grouping changes only which split each weight gets, so the rule is as m-independent as the
-// plans.
+// should share one streaming launch: its plan's predicted time at 8 tokens is no more than the
+// weights' own plans' times added up with one launch per further weight. Grouping changes only
+// which split each weight gets, so the rule is as m-independent as the plans. At 8 tokens only:
+// the model's 64-token figures held wq_b + indexer wq_b apart, which the H200 contradicted (one
+// launch 19.8 / 43.7 µs against 21.6 / 46.0 at m = 1 / 64; V4-Pro 39.2 / 82.0 against 41.0 /
+// 84.2); the 64-token times are still reported.
 struct StreamGrouping {
   bool grouped = true;
   double grouped_us[2] = {};   // at 8 and 64 tokens
@@ -159,40 +160,21 @@ inline StreamGrouping plan_stream_grouping(const int* tiles, int count, int k_st
       g.separate_us[w] += stream_time_us(tiles[i], k_steps, own.splits, 1, widths[w], res, c);
     }
   }
-  g.grouped =
-      count == 1 || (g.grouped_us[0] <= g.separate_us[0] && g.grouped_us[1] <= g.separate_us[1]);
+  g.grouped = count == 1 || g.grouped_us[0] <= g.separate_us[0];
   return g;
 }
 
-// Rough time (µs, launch left out) of the tensor-core kernel at M 65..256, fitted to the H200
-// m = 256 rows of 2026-11-30 (bench/results/kernels-h200.md): ~3 µs plus 0.42 µs per 128-wide K
-// block for every round of 128x128 output tiles over the SMs (Flash wq_a 22.0 µs, indexer wq_b
-// 11.9, wq_b 24.1, Pro shared w13 31.5, with the same ~5.6 µs launch as the streaming rows), or the
-// weight bytes at HBM speed. Its stream-K scheduler does better than this where N is large and K
-// long (Flash wo_b 26.7 against 35), which only makes the rule below keep it more often.
-inline double tensor_core_time_us(int m, int n, int k, int sm_count,
-                                  const StreamCostModel& c = {}) {
-  const int64_t tiles = int64_t((m + gemm_cfg::kPrefillTileM - 1) / gemm_cfg::kPrefillTileM) *
-                        ((n + gemm_cfg::kPrefillTileN - 1) / gemm_cfg::kPrefillTileN);
-  const int64_t rounds = (tiles + sm_count - 1) / std::max(1, sm_count);
-  const double chain = 3.0 + 0.42 * (k / gemm_cfg::kPrefillTileK) * double(rounds);
-  return std::max(chain, 3.0 + double(n) * k / c.hbm_bytes_per_us);
-}
-
-// Decode-sized problems stream the weights; from 65 to 256 rows the streaming kernel (blocks of
-// 64 tokens) where the model predicts it faster on the reference device; larger ones go to the
-// tensor-core GEMM. A function of the shape alone (the verifier predicts the summation from it).
-inline Fp8GemmPath fp8_gemm_pick_path(int m, int n, int k) {
+// Decode-sized problems stream the weights; larger ones go to the tensor-core GEMM, except that
+// up to kStreamMaxM rows a weight whose n is not a multiple of 8 (which the tensor-core kernel
+// cannot take) streams in blocks of 64 tokens. Streaming from 65 rows was measured against the
+// tensor-core kernel on the H200 (gemm_bench, interim of 2026-12-02): ahead only at m = 65 for
+// the smallest weights (Flash wq_a 18.2 µs against 21.3, wkv 15.9 against 20.8), behind from
+// m = 128 (wq_a 24.9 / 21.6, wkv 24.5 / 21.2, shared w1|w3 28.6 / 21.2) and for every larger
+// weight. A function of the shape alone (the verifier predicts the summation from it).
+inline Fp8GemmPath fp8_gemm_pick_path(int m, int n, int /*k*/) {
   if (m <= gemm_cfg::kStreamMaxTokens) return Fp8GemmPath::kStream;
-  if (m > gemm_cfg::kStreamMaxM || n <= 0 || k <= 0) return Fp8GemmPath::kTensorCore;
-  const StreamResidency res = reference_residency();
-  const int tiles = (n + gemm_cfg::kStreamRows - 1) / gemm_cfg::kStreamRows;
-  const int k_steps = std::max(1, k / gemm_cfg::kStreamStepBytes);
-  const StreamPlan p = plan_stream_tiles(m, tiles, k_steps, res);
-  const int blocks = (m + gemm_cfg::kStreamMaxTokens - 1) / gemm_cfg::kStreamMaxTokens;
-  const double stream = stream_time_us(tiles, k_steps, p.splits, blocks, 64, res);
-  return stream < tensor_core_time_us(m, n, k, kReferenceSms) ? Fp8GemmPath::kStream
-                                                              : Fp8GemmPath::kTensorCore;
+  if (m <= gemm_cfg::kStreamMaxM && n % 8 != 0) return Fp8GemmPath::kStream;
+  return Fp8GemmPath::kTensorCore;
 }
 
 // The tensor-core kernel's persistent scheduler runs whole 128x128 output tiles; when there are
