@@ -9,11 +9,23 @@
 //   kernel "act_quant"           : the quantisation kernel alone (bytes: BF16 in + e4m3 out)
 //   kernel "cublas_bf16" / "cublaslt_fp8_per_tensor": the peers with their own rooflines
 //   kernel "head_logits"         : our head (peer: cuBLAS BF16 -> fp32)
-//   kernel "fp8_gemm_grouped"    : the engine's pairs of weights on one input in one launch
-//                                  (wq_a + wkv, wq_b + indexer wq_b; peer: the two fp8_gemm
+//   kernel "fp8_gemm_grouped"    : the engine's pairs of weights on one input through
+//                                  fp8_gemm_grouped (wq_a + wkv, wq_b + indexer wq_b; one launch
+//                                  or two as the grouping rule says; peer: the two fp8_gemm
 //                                  launches one after the other)
+//   kernel "fp8_gemm_grouped[one launch]": the pair forced into one launch at the planned split
+//   kernel "fp8_gemm[old split]" / "fp8_gemm_grouped[old split]": the same kernel at the split
+//                                  the 740a4a4 heuristic chose (per-CTA steps, no bandwidth),
+//                                  where it differs (peer: the new plan's time)
+//   kernel "fp8_gemm[stream]" / "fp8_gemm[tensorcore]": m 65..256, both paths forced (peer: the
+//                                  other one), whichever the heuristic picked is "fp8_gemm"
+//   kernel "stream_split"        : --sweep: one weight at every K split in --splits (the rows the
+//                                  cost model of fp8_gemm_heuristic.h is fitted to)
+// Every shape string names the plan: "path=stream splits=S" or "path=tensorcore".
 // Usage: gemm_bench [--model flash|pro|all] [--m 1,4,16] [--iters N] [--no-head] [--grouped]
+//                   [--sweep] [--splits 1,2,4,8,16]
 //   --grouped: only the grouped pairs (and their separate launches)
+//   --sweep: only the split sweep of every weight of the model(s) at each m
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -30,6 +42,8 @@
 #include "cuda/device_fill.cuh"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/gemm/fp8_gemm.h"
+#include "ops/cuda/gemm/fp8_gemm_heuristic.h"
+#include "ops/cuda/gemm/stream_gemm.h"
 #include "ops/cuda/head/head.h"
 
 using namespace dsv4;
@@ -50,10 +64,17 @@ void fill_bf16(void* p, size_t n, uint32_t seed) {
 }
 
 struct Options {
-  bool flash = true, pro = true, head = true, grouped_only = false;
+  bool flash = true, pro = true, head = true, grouped_only = false, sweep = false;
   std::vector<int> ms = {1, 4, 16, 64, 256, 4096};
+  std::vector<int> splits = {1, 2, 4, 8, 16};
   int iters = 30;
 };
+
+std::vector<int> int_list(char* arg) {
+  std::vector<int> v;
+  for (char* t = std::strtok(arg, ","); t; t = std::strtok(nullptr, ",")) v.push_back(std::atoi(t));
+  return v;
+}
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -64,9 +85,11 @@ Options parse(int argc, char** argv) {
       o.flash = m == "flash" || m == "all";
       o.pro = m == "pro" || m == "all";
     } else if (a == "--m" && i + 1 < argc) {
-      o.ms.clear();
-      for (char* t = std::strtok(argv[++i], ","); t; t = std::strtok(nullptr, ","))
-        o.ms.push_back(std::atoi(t));
+      o.ms = int_list(argv[++i]);
+    } else if (a == "--splits" && i + 1 < argc) {
+      o.splits = int_list(argv[++i]);
+    } else if (a == "--sweep") {
+      o.sweep = true;
     } else if (a == "--iters" && i + 1 < argc) {
       o.iters = std::atoi(argv[++i]);
     } else if (a == "--no-head") {
@@ -76,7 +99,7 @@ Options parse(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--model flash|pro|all] [--m 1,4,16] [--iters N] [--no-head] "
-                   "[--grouped]\n",
+                   "[--grouped] [--sweep] [--splits 1,2,4,8,16]\n",
                    argv[0]);
       std::exit(2);
     }
@@ -84,7 +107,10 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// cuBLASLt FP8 e4m3 x e4m3 -> BF16 with per-tensor scales (the anchors' torch._scaled_mm).
+// cuBLASLt FP8 e4m3 x e4m3 -> BF16 with per-tensor scales (the anchors' torch._scaled_mm), or
+// with the checkpoint's block scales (weights 128x128, activations 1x128, fp32: cuBLASLt's
+// BLK128x128_32F / VEC128_32F modes) where both scale pointers are given (timed only: its
+// numerics are not checked here).
 struct LtFp8 {
   cublasLtHandle_t lt = nullptr;
   DeviceBuffer<uint8_t> ws{64 << 20};
@@ -98,17 +124,30 @@ struct LtFp8 {
   // y[m, n] = x[m, k] w[n, k]^T, column-major view: Y^T (n x m) = W (n x k) . X^T (k x m).
   // Returns false when cuBLASLt offers no algorithm for the shape.
   bool run(const uint8_t* w, const uint8_t* x, __nv_bfloat16* y, int m, int n, int k,
-           cudaStream_t s) {
+           cudaStream_t s, const float* w_scales = nullptr, const float* x_scales = nullptr) {
     cublasLtMatmulDesc_t op;
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    const float* sp = one.data();
+    const bool blocks = w_scales && x_scales;
+    const float* sa = blocks ? w_scales : one.data();
+    const float* sb = blocks ? x_scales : one.data();
     CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sp, sizeof sp));
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
     CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sp, sizeof sp));
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
+    if (blocks) {
+      const cublasLtMatmulMatrixScale_t ma = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+                                        mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+      if (cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma) !=
+              CUBLAS_STATUS_SUCCESS ||
+          cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb) !=
+              CUBLAS_STATUS_SUCCESS) {
+        cublasLtMatmulDescDestroy(op);
+        return false;
+      }
+    }
     cublasLtMatrixLayout_t la, lb, lc;
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, k, n, k));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, k, m, k));
@@ -150,76 +189,177 @@ void emit(const std::string& kernel, const std::string& shape, double us, double
   r.emit();
 }
 
+int tiles_of(int n) {
+  return (n + cuda::gemm_cfg::kStreamRows - 1) / cuda::gemm_cfg::kStreamRows;
+}
+
+// The K split the 740a4a4 heuristic chose (a per-CTA step model, two steps of start-up a CTA,
+// no bandwidth), kept here to time the old choice on the same kernel.
+int old_split(int tiles, int k_steps, const cuda::StreamResidency& res) {
+  double best = 1e30;
+  int split = 1;
+  const int top = std::min({cuda::gemm_cfg::kStreamMaxSplits, res.max_splits, k_steps});
+  for (int s = 1; s <= top; ++s) {
+    const int slots = res.resident[s];
+    if (slots < s) continue;
+    const int waves = (tiles * s + slots - 1) / slots, per = (k_steps + s - 1) / s;
+    const double cost = double(waves) * (per + 2.0) + (s > 1 ? 1.0 + s / 16.0 : 0.0);
+    if (cost < best - 1e-9) {
+      best = cost;
+      split = s;
+    }
+  }
+  return split;
+}
+
+int new_split(int tiles, int k) {
+  return cuda::plan_stream_tiles(1, tiles, k / 128, cuda::detail::stream_residency_fp8()).splits;
+}
+
+// The plan of one weight at m, as the shape string names it.
+std::string plan_of(int m, int n, int k) {
+  if (cuda::fp8_gemm_pick_path(m, n, k) != cuda::Fp8GemmPath::kStream) return " path=tensorcore";
+  return " path=stream splits=" + std::to_string(new_split(tiles_of(n), k));
+}
+
+// Quantised activations [m, k] (random BF16 through quantize_act_fp8).
+struct BenchAct {
+  DeviceBuffer<uint16_t> x;
+  DeviceBuffer<uint8_t> codes;
+  DeviceBuffer<float> scales;
+  int m, k, ld;
+  BenchAct(int m_, int k_)
+      : x(size_t(m_) * k_),
+        codes(size_t(m_) * k_),
+        scales(size_t(k_ / 128) * fp8_scale_ld(m_)),
+        m(m_),
+        k(k_),
+        ld(fp8_scale_ld(m_)) {
+    fill_bf16(x.data(), x.size(), 3);
+    quantize_act_fp8(quant(), nullptr);
+    DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  ActQuantParams quant() const {
+    ActQuantParams q;
+    q.x = reinterpret_cast<const __nv_bfloat16*>(x.data());
+    q.m = m;
+    q.k = k;
+    q.codes = const_cast<uint8_t*>(codes.data());
+    q.scales_t = const_cast<float*>(scales.data());
+    q.ld_scales = ld;
+    return q;
+  }
+  Fp8GemmParams gemm(const Fp8WeightView& w, void* y) const {
+    Fp8GemmParams g;
+    g.a_codes = codes.data();
+    g.a_scales_t = scales.data();
+    g.a_ld_scales = ld;
+    g.m = m;
+    g.w = w;
+    g.y = static_cast<__nv_bfloat16*>(y);
+    return g;
+  }
+};
+
+// `copies` random FP8 weights [n, k] (the rotation through more memory than the L2 holds).
+struct BenchWeights {
+  std::vector<DeviceBuffer<uint8_t>> codes;
+  std::vector<DeviceBuffer<float>> scales;
+  int n, k;
+  BenchWeights(int n_, int k_, int copies, uint32_t seed) : n(n_), k(k_) {
+    for (int c = 0; c < copies; ++c) {
+      codes.emplace_back(size_t(n) * k);
+      fill_bytes(codes.back().data(), codes.back().size(), seed + 2 * c);
+      scales.emplace_back(size_t(k / 128) * tiles_of(n));
+      bench::fill_f32_const_kernel<<<64, 256>>>(scales.back().data(), scales.back().size(),
+                                                1.0f / 64);
+    }
+  }
+  Fp8WeightView view(int c) const { return {codes[c].data(), scales[c].data(), n, k}; }
+};
+
+// One grouped call (weights `ws` at rotation copy c into ys) at `splits` (0: automatic).
+void grouped_call(const BenchAct& a, const std::vector<const BenchWeights*>& ws,
+                  std::vector<DeviceBuffer<uint16_t>>& ys, int c, int splits, void* work,
+                  size_t work_bytes, cudaStream_t st) {
+  Fp8GemmGroupedParams g;
+  g.a_codes = a.codes.data();
+  g.a_scales_t = a.scales.data();
+  g.a_ld_scales = a.ld;
+  g.m = a.m;
+  g.count = int(ws.size());
+  for (size_t i = 0; i < ws.size(); ++i) {
+    g.w[i] = ws[i]->view(c);
+    g.y[i] = reinterpret_cast<__nv_bfloat16*>(ys[i].data());
+  }
+  g.workspace = work;
+  g.workspace_bytes = work_bytes;
+  g.splits = splits;
+  fp8_gemm_grouped(g, st);
+}
+
 void bench_linear(const char* model, const Shape& s, int m, const Options& o, cublasHandle_t cb,
                   LtFp8& lt) {
   const int n = s.n, k = s.k;
   const size_t wbytes = size_t(n) * k;
   const int copies = bench::rotation_copies(wbytes);
-  std::vector<DeviceBuffer<uint8_t>> wq;
-  std::vector<DeviceBuffer<float>> wsc;
-  for (int c = 0; c < copies; ++c) {
-    wq.emplace_back(wbytes);
-    fill_bytes(wq.back().data(), wbytes, 17 + c);
-    wsc.emplace_back(size_t(k / 128) * ((n + 127) / 128));
-    bench::fill_f32_const_kernel<<<64, 256>>>(wsc.back().data(), wsc.back().size(), 1.0f / 64);
-  }
-  DeviceBuffer<uint16_t> x(size_t(m) * k), y(size_t(m) * n);
-  fill_bf16(x.data(), x.size(), 3);
-  const int ld = fp8_scale_ld(m);
-  DeviceBuffer<uint8_t> xq(size_t(m) * k);
-  DeviceBuffer<float> xs(size_t(k / 128) * ld);
-  const size_t gws = fp8_gemm_workspace_bytes(m, n, k);
+  const BenchWeights w(n, k, copies, 17);
+  const BenchAct a(m, k);
+  DeviceBuffer<uint16_t> y(size_t(m) * n);
+  const size_t gws = std::max(fp8_gemm_workspace_bytes(m, n, k),
+                              fp8_gemm_workspace_bytes(m, n, k, Fp8GemmPath::kTensorCore));
   const size_t lws = fp8_linear_workspace_bytes(m, n, k);
   DeviceBuffer<uint8_t> gw(std::max<size_t>(gws, 16)), lw(std::max<size_t>(lws, 16));
-  auto bx = reinterpret_cast<const __nv_bfloat16*>(x.data());
   auto by = reinterpret_cast<__nv_bfloat16*>(y.data());
-  ActQuantParams q;
-  q.x = bx;
-  q.m = m;
-  q.k = k;
-  q.codes = xq.data();
-  q.scales_t = xs.data();
-  q.ld_scales = ld;
-  quantize_act_fp8(q, nullptr);
-  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
 
   const double flops = 2.0 * m * n * double(k);
   const std::string shape = std::string(model) + " " + s.name + " m=" + std::to_string(m) +
                             " n=" + std::to_string(n) + " k=" + std::to_string(k);
-
+  const ActQuantParams q = a.quant();
   const double t_quant =
       bench::GraphSet(1, [&](int, cudaStream_t st) { quantize_act_fp8(q, st); }).median_us(o.iters);
-  const double t_gemm = bench::GraphSet(copies, [&](int c, cudaStream_t st) {
-                          Fp8GemmParams g;
-                          g.a_codes = xq.data();
-                          g.a_scales_t = xs.data();
-                          g.a_ld_scales = ld;
-                          g.m = m;
-                          g.w = {wq[c].data(), wsc[c].data(), n, k};
-                          g.y = by;
-                          g.workspace = gw.data();
-                          g.workspace_bytes = gw.size();
-                          fp8_gemm(g, st);
-                        }).median_us(o.iters);
+  const auto time_gemm = [&](Fp8GemmPath path) {
+    return bench::GraphSet(copies,
+                           [&](int c, cudaStream_t st) {
+                             Fp8GemmParams g = a.gemm(w.view(c), by);
+                             g.workspace = gw.data();
+                             g.workspace_bytes = gw.size();
+                             g.path = path;
+                             fp8_gemm(g, st);
+                           })
+        .median_us(o.iters);
+  };
+  const double t_gemm = time_gemm(Fp8GemmPath::kAuto);
   const double t_linear = bench::GraphSet(copies, [&](int c, cudaStream_t st) {
                             Fp8LinearParams p;
-                            p.x = bx;
+                            p.x = q.x;
                             p.m = m;
-                            p.w = {wq[c].data(), wsc[c].data(), n, k};
+                            p.w = w.view(c);
                             p.y = by;
                             p.workspace = lw.data();
                             p.workspace_bytes = lw.size();
                             fp8_linear(p, st);
                           }).median_us(o.iters);
 
-  // cuBLASLt FP8 per-tensor on the same codes.
-  double t_lt = -1;
-  if (lt.run(wq[0].data(), xq.data(), by, m, n, k, nullptr)) {
+  // cuBLASLt FP8 per-tensor on the same codes, and with the block scales (m <= 256 only: the
+  // candidate for the 65..256 fast path).
+  double t_lt = -1, t_lt_blocks = -1;
+  if (lt.run(w.codes[0].data(), a.codes.data(), by, m, n, k, nullptr)) {
     DSV4_CUDA_CHECK(cudaDeviceSynchronize());
     t_lt = bench::GraphSet(copies, [&](int c, cudaStream_t st) {
-             lt.run(wq[c].data(), xq.data(), by, m, n, k, st);
+             lt.run(w.codes[c].data(), a.codes.data(), by, m, n, k, st);
            }).median_us(o.iters);
   }
+  (void)cudaGetLastError();
+  if (m <= cuda::gemm_cfg::kStreamMaxM && lt.run(w.codes[0].data(), a.codes.data(), by, m, n, k,
+                                                 nullptr, w.scales[0].data(), a.scales.data())) {
+    DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+    t_lt_blocks = bench::GraphSet(copies, [&](int c, cudaStream_t st) {
+                    lt.run(w.codes[c].data(), a.codes.data(), by, m, n, k, st, w.scales[c].data(),
+                           a.scales.data());
+                  }).median_us(o.iters);
+  }
+  (void)cudaGetLastError();
   // cuBLAS BF16 on a BF16 weight of the same shape (rotated separately: twice the bytes).
   const size_t wb16 = wbytes * 2;
   const int copies16 = bench::rotation_copies(wb16);
@@ -233,90 +373,138 @@ void bench_linear(const char* model, const Shape& s, int m, const Options& o, cu
       bench::GraphSet(copies16, [&](int c, cudaStream_t st) {
         CUBLAS_CHECK(cublasSetStream(cb, st));
         CUBLAS_CHECK(cublasGemmEx(cb, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w16[c].data(),
-                                  CUDA_R_16BF, k, x.data(), CUDA_R_16BF, k, &zero, y.data(),
+                                  CUDA_R_16BF, k, a.x.data(), CUDA_R_16BF, k, &zero, y.data(),
                                   CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       }).median_us(o.iters);
 
   const double fp8 = bench::kFp8Tflops, bf = bench::kBf16Tflops;
-  emit("fp8_gemm", shape, t_gemm, flops, double(wbytes), fp8, "cublaslt_fp8_per_tensor", t_lt);
-  emit("fp8_linear", shape, t_linear, flops, double(wbytes), fp8, "cublas_bf16", t_bf16);
+  const std::string planned = shape + plan_of(m, n, k);
+  emit("fp8_gemm", planned, t_gemm, flops, double(wbytes), fp8, "cublaslt_fp8_per_tensor", t_lt);
+  emit("fp8_linear", planned, t_linear, flops, double(wbytes), fp8, "cublas_bf16", t_bf16);
   emit("act_quant", shape, t_quant, 0, double(m) * k * 3 + double(m) * (k / 128) * 4, fp8, "", 0);
   if (t_lt > 0) emit("cublaslt_fp8_per_tensor", shape, t_lt, flops, double(wbytes), fp8, "", 0);
+  if (t_lt_blocks > 0)
+    emit("cublaslt_fp8_blockscaled", shape, t_lt_blocks, flops, double(wbytes), fp8, "fp8_gemm",
+         t_gemm);
   emit("cublas_bf16", shape, t_bf16, flops, double(wb16), bf, "", 0);
+
+  const bool streams = fp8_gemm_pick_path(m, n, k) == Fp8GemmPath::kStream;
+  if (m > cuda::gemm_cfg::kStreamMaxTokens && m <= cuda::gemm_cfg::kStreamMaxM) {
+    // Both paths at 65..256, each against the other.
+    const double t_stream = streams ? t_gemm : time_gemm(Fp8GemmPath::kStream);
+    const double t_tc = streams ? time_gemm(Fp8GemmPath::kTensorCore) : t_gemm;
+    emit("fp8_gemm[stream]", shape + " splits=" + std::to_string(new_split(tiles_of(n), k)),
+         t_stream, flops, double(wbytes), fp8, "fp8_gemm[tensorcore]", t_tc);
+    emit("fp8_gemm[tensorcore]", shape, t_tc, flops, double(wbytes), fp8, "fp8_gemm[stream]",
+         t_stream);
+  }
+  if (streams && m <= cuda::gemm_cfg::kStreamMaxTokens) {
+    // The old heuristic's split on the same kernel, where it differs.
+    const int old = old_split(tiles_of(n), k / 128, cuda::detail::stream_residency_fp8());
+    if (old != new_split(tiles_of(n), k)) {
+      std::vector<const BenchWeights*> ws = {&w};
+      std::vector<DeviceBuffer<uint16_t>> ys;
+      ys.emplace_back(size_t(m) * n);
+      const double t_old = bench::GraphSet(copies, [&](int c, cudaStream_t st) {
+                             grouped_call(a, ws, ys, c, old, gw.data(), gw.size(), st);
+                           }).median_us(o.iters);
+      emit("fp8_gemm[old split]", shape + " splits=" + std::to_string(old), t_old, flops,
+           double(wbytes), fp8, "fp8_gemm", t_gemm);
+    }
+  }
 }
 
-// Two weights on one quantised input: one grouped launch against the two launches of fp8_gemm.
-void bench_grouped(const char* model, const Shape& a, const Shape& b, int m, const Options& o) {
-  const int k = a.k;
-  const Shape s2[2] = {a, b};
-  size_t bytes = 0;
-  for (const Shape& s : s2) bytes += size_t(s.n) * k;
+// Two weights on one quantised input through fp8_gemm_grouped (one launch or two, as the rule
+// says) against the two launches of fp8_gemm, and the one launch forced at the new and the old
+// split.
+void bench_grouped(const char* model, const Shape& sa, const Shape& sb, int m, const Options& o) {
+  const int k = sa.k;
+  const size_t bytes = (size_t(sa.n) + sb.n) * k;
   const int copies = bench::rotation_copies(bytes);
-  std::vector<DeviceBuffer<uint8_t>> wq[2];
-  std::vector<DeviceBuffer<float>> wsc[2];
+  const BenchWeights wa(sa.n, k, copies, 41), wb(sb.n, k, copies, 42);
+  const std::vector<const BenchWeights*> ws = {&wa, &wb};
   std::vector<DeviceBuffer<uint16_t>> ys;
   size_t gws = 16;
-  for (int i = 0; i < 2; ++i) {
-    for (int c = 0; c < copies; ++c) {
-      wq[i].emplace_back(size_t(s2[i].n) * k);
-      fill_bytes(wq[i].back().data(), wq[i].back().size(), 41 + 2 * c + i);
-      wsc[i].emplace_back(size_t(k / 128) * ((s2[i].n + 127) / 128));
-      bench::fill_f32_const_kernel<<<64, 256>>>(wsc[i].back().data(), wsc[i].back().size(),
-                                                1.0f / 64);
-    }
-    ys.emplace_back(size_t(m) * s2[i].n);
-    gws = std::max(gws, fp8_gemm_workspace_bytes(m, s2[i].n, k));
+  for (const BenchWeights* w : ws) {
+    ys.emplace_back(size_t(m) * w->n);
+    gws = std::max(gws, fp8_gemm_workspace_bytes(m, w->n, k));
   }
-  DeviceBuffer<uint16_t> x(size_t(m) * k);
-  fill_bf16(x.data(), x.size(), 3);
-  const int ld = fp8_scale_ld(m);
-  DeviceBuffer<uint8_t> xq(size_t(m) * k), gw(gws);
-  DeviceBuffer<float> xs(size_t(k / 128) * ld);
-  ActQuantParams q;
-  q.x = reinterpret_cast<const __nv_bfloat16*>(x.data());
-  q.m = m;
-  q.k = k;
-  q.codes = xq.data();
-  q.scales_t = xs.data();
-  q.ld_scales = ld;
-  quantize_act_fp8(q, nullptr);
-  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
-  const double t_grouped = bench::GraphSet(copies, [&](int c, cudaStream_t st) {
-                             Fp8GemmGroupedParams g;
-                             g.a_codes = xq.data();
-                             g.a_scales_t = xs.data();
-                             g.a_ld_scales = ld;
-                             g.m = m;
-                             g.count = 2;
-                             for (int i = 0; i < 2; ++i) {
-                               g.w[i] = {wq[i][c].data(), wsc[i][c].data(), s2[i].n, k};
-                               g.y[i] = reinterpret_cast<__nv_bfloat16*>(ys[i].data());
-                             }
-                             g.workspace = gw.data();
-                             g.workspace_bytes = gw.size();
-                             fp8_gemm_grouped(g, st);
-                           }).median_us(o.iters);
+  const BenchAct a(m, k);
+  DeviceBuffer<uint8_t> gw(gws);
+  const auto time_grouped = [&](int splits) {
+    return bench::GraphSet(copies,
+                           [&](int c, cudaStream_t st) {
+                             grouped_call(a, ws, ys, c, splits, gw.data(), gw.size(), st);
+                           })
+        .median_us(o.iters);
+  };
+  const double t_grouped = time_grouped(0);
   const double t_separate = bench::GraphSet(copies, [&](int c, cudaStream_t st) {
-                              for (int i = 0; i < 2; ++i) {
-                                Fp8GemmParams g;
-                                g.a_codes = xq.data();
-                                g.a_scales_t = xs.data();
-                                g.a_ld_scales = ld;
-                                g.m = m;
-                                g.w = {wq[i][c].data(), wsc[i][c].data(), s2[i].n, k};
-                                g.y = reinterpret_cast<__nv_bfloat16*>(ys[i].data());
+                              for (size_t i = 0; i < ws.size(); ++i) {
+                                Fp8GemmParams g = a.gemm(ws[i]->view(c), ys[i].data());
                                 g.workspace = gw.data();
                                 g.workspace_bytes = gw.size();
                                 fp8_gemm(g, st);
                               }
                             }).median_us(o.iters);
-  double flops = 0;
-  for (const Shape& s : s2) flops += 2.0 * m * s.n * double(k);
-  const std::string shape = std::string(model) + " " + a.name + "+" + b.name +
-                            " m=" + std::to_string(m) + " n=" + std::to_string(a.n) + "+" +
-                            std::to_string(b.n) + " k=" + std::to_string(k);
-  emit("fp8_gemm_grouped", shape, t_grouped, flops, double(bytes), bench::kFp8Tflops,
-       "fp8_gemm_x2_separate", t_separate);
+  const double flops = 2.0 * m * (double(sa.n) + sb.n) * k;
+  const std::string shape = std::string(model) + " " + sa.name + "+" + sb.name +
+                            " m=" + std::to_string(m) + " n=" + std::to_string(sa.n) + "+" +
+                            std::to_string(sb.n) + " k=" + std::to_string(k);
+  const bool streams = fp8_gemm_pick_path(m, sa.n, k) == Fp8GemmPath::kStream &&
+                       fp8_gemm_pick_path(m, sb.n, k) == Fp8GemmPath::kStream;
+  const int tiles[2] = {tiles_of(sa.n), tiles_of(sb.n)};
+  const cuda::StreamResidency res = cuda::detail::stream_residency_fp8();
+  const bool one_launch = streams && cuda::plan_stream_grouping(tiles, 2, k / 128, res).grouped;
+  const int split = new_split(tiles[0] + tiles[1], k);
+  emit("fp8_gemm_grouped",
+       shape + (streams ? (one_launch ? " one launch splits=" + std::to_string(split)
+                                      : std::string(" two launches"))
+                        : std::string(" tensorcore")),
+       t_grouped, flops, double(bytes), bench::kFp8Tflops, "fp8_gemm_x2_separate", t_separate);
+  if (!streams) return;
+  if (!one_launch)
+    emit("fp8_gemm_grouped[one launch]", shape + " splits=" + std::to_string(split),
+         time_grouped(split), flops, double(bytes), bench::kFp8Tflops, "fp8_gemm_grouped",
+         t_grouped);
+  const int old = old_split(tiles[0] + tiles[1], k / 128, res);
+  if (m <= cuda::gemm_cfg::kStreamMaxTokens && (old != split || !one_launch))
+    emit("fp8_gemm_grouped[old split]", shape + " splits=" + std::to_string(old), time_grouped(old),
+         flops, double(bytes), bench::kFp8Tflops, "fp8_gemm_grouped", t_grouped);
+}
+
+// One weight at every K split in --splits (those the device places and K allows), forced, next
+// to the planned split's time: the data the cost model is fitted to.
+void bench_split_sweep(const char* model, const Shape& s, int m, const Options& o) {
+  const int n = s.n, k = s.k;
+  if (m > cuda::gemm_cfg::kStreamMaxM) return;
+  const int copies = bench::rotation_copies(size_t(n) * k);
+  const BenchWeights w(n, k, copies, 23);
+  const BenchAct a(m, k);
+  const std::vector<const BenchWeights*> ws = {&w};
+  std::vector<DeviceBuffer<uint16_t>> ys;
+  ys.emplace_back(size_t(m) * n);
+  DeviceBuffer<uint8_t> gw(16);
+  const int planned = new_split(tiles_of(n), k);
+  const int top = std::min(cuda::detail::stream_max_splits_fp8(1), k / 128);
+  std::vector<int> splits = o.splits;
+  splits.push_back(planned);
+  std::sort(splits.begin(), splits.end());
+  splits.erase(std::unique(splits.begin(), splits.end()), splits.end());
+  const std::string shape = std::string(model) + " " + s.name + " m=" + std::to_string(m) +
+                            " n=" + std::to_string(n) + " k=" + std::to_string(k);
+  const double flops = 2.0 * m * n * double(k);
+  for (int sp : splits) {
+    if (sp < 1 || sp > top) continue;
+    const double t = bench::GraphSet(copies, [&](int c, cudaStream_t st) {
+                       grouped_call(a, ws, ys, c, sp, gw.data(), gw.size(), st);
+                     }).median_us(o.iters);
+    const int ctas = tiles_of(n) * sp * ((m + 63) / 64);
+    emit("stream_split",
+         shape + " splits=" + std::to_string(sp) + " ctas=" + std::to_string(ctas) +
+             (sp == planned ? " planned" : ""),
+         t, flops, double(n) * k, bench::kFp8Tflops, "", 0);
+  }
 }
 
 void bench_head(const char* model, int dim, int m, const Options& o, cublasHandle_t cb) {
@@ -352,6 +540,14 @@ void bench_head(const char* model, int dim, int m, const Options& o, cublasHandl
        bench::kBf16Tflops, "cublas_bf16_f32out", tp);
 }
 
+// A model's FP8 weights and the engine's pairs of them that read one input (attention: wq_a +
+// wkv on x, wq_b + indexer wq_b on the q latent).
+struct Model {
+  const char* name;
+  std::vector<Shape> shapes;
+  std::vector<std::pair<int, int>> pairs;  // indices into shapes
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -359,53 +555,54 @@ int main(int argc, char** argv) {
   cublasHandle_t cb;
   CUBLAS_CHECK(cublasCreate(&cb));
   LtFp8 lt;
-  const std::vector<Shape> flash = {{"wq_a", 1024, 4096},
-                                    {"wq_b", 32768, 1024},
-                                    {"wkv", 512, 4096},
-                                    {"wo_b", 4096, 8192},
-                                    {"indexer_wq_b", 8192, 1024},
-                                    {"shared_w1|w3", 2048, 4096},
-                                    {"shared_w13_fused", 4096, 4096},
-                                    {"shared_w2", 4096, 2048},
-                                    {"mtp_e|h_proj", 4096, 4096}};
-  const std::vector<Shape> pro = {{"wq_a", 1536, 7168},
-                                  {"wq_b", 65536, 1536},
-                                  {"wkv", 512, 7168},
-                                  {"wo_b", 7168, 16384},
-                                  {"indexer_wq_b", 8192, 1536},
-                                  {"shared_w1|w3", 3072, 7168},
-                                  {"shared_w13_fused", 6144, 7168},
-                                  {"shared_w2", 7168, 3072},
-                                  {"mtp_e|h_proj", 7168, 7168}};
-  // The engine's grouped pairs (attention: wq_a + wkv on x, wq_b + indexer wq_b on the q latent).
-  if (o.flash)
-    for (int m : o.ms) {
-      bench_grouped("flash", flash[0], flash[2], m, o);
-      bench_grouped("flash", flash[1], flash[4], m, o);
-    }
-  if (o.pro)
-    for (int m : o.ms) {
-      bench_grouped("pro", pro[0], pro[2], m, o);
-      bench_grouped("pro", pro[1], pro[4], m, o);
-    }
+  const Model flash = {"flash",
+                       {{"wq_a", 1024, 4096},
+                        {"wq_b", 32768, 1024},
+                        {"wkv", 512, 4096},
+                        {"wo_b", 4096, 8192},
+                        {"indexer_wq_b", 8192, 1024},
+                        {"shared_w1|w3", 2048, 4096},
+                        {"shared_w13_fused", 4096, 4096},
+                        {"shared_w2", 4096, 2048},
+                        {"mtp_e|h_proj", 4096, 4096}},
+                       {{0, 2}, {1, 4}}};
+  const Model pro = {"pro",
+                     {{"wq_a", 1536, 7168},
+                      {"wq_b", 65536, 1536},
+                      {"wkv", 512, 7168},
+                      {"wo_b", 7168, 16384},
+                      {"indexer_wq_b", 8192, 1536},
+                      {"shared_w1|w3", 3072, 7168},
+                      {"shared_w13_fused", 6144, 7168},
+                      {"shared_w2", 7168, 3072},
+                      {"mtp_e|h_proj", 7168, 7168}},
+                     {{0, 2}, {1, 4}}};
+  std::vector<const Model*> models;
+  if (o.flash) models.push_back(&flash);
+  if (o.pro) models.push_back(&pro);
+  if (o.sweep) {
+    for (const Model* md : models)
+      for (const Shape& s : md->shapes)
+        for (int m : o.ms) bench_split_sweep(md->name, s, m, o);
+    cublasDestroy(cb);
+    return 0;
+  }
+  for (const Model* md : models)
+    for (int m : o.ms)
+      for (const auto& [a, b] : md->pairs)
+        bench_grouped(md->name, md->shapes[a], md->shapes[b], m, o);
   if (o.grouped_only) {
     cublasDestroy(cb);
     return 0;
   }
-  if (o.flash)
-    for (const auto& s : flash)
-      for (int m : o.ms) bench_linear("flash", s, m, o, cb, lt);
-  if (o.pro)
-    for (const auto& s : pro)
-      for (int m : o.ms) bench_linear("pro", s, m, o, cb, lt);
+  for (const Model* md : models)
+    for (const Shape& s : md->shapes)
+      for (int m : o.ms) bench_linear(md->name, s, m, o, cb, lt);
   // The prefill target: M = 4096, N = 7168, K = 4096..16384.
   for (int k : {4096, 8192, 16384}) bench_linear("target", {"prefill", 7168, k}, 4096, o, cb, lt);
-  if (o.head) {
-    if (o.flash)
-      for (int m : o.ms) bench_head("flash", 4096, m, o, cb);
-    if (o.pro)
-      for (int m : o.ms) bench_head("pro", 7168, m, o, cb);
-  }
+  if (o.head)
+    for (const Model* md : models)
+      for (int m : o.ms) bench_head(md->name, md == &flash ? 4096 : 7168, m, o, cb);
   cublasDestroy(cb);
   return 0;
 }

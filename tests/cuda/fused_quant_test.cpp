@@ -343,14 +343,12 @@ struct Chain {
     g.pdl = true;
     cuda::fp8_gemm_grouped(g, st);
   }
-  // fill_bytes is cudaMemset on the legacy default stream, which may still be running when it
-  // returns and is not ordered with the chain's cudaStreamNonBlocking stream: without the sync a
-  // late fill (the last ones: q, qi, codes1, scales1) lands after the chain has written them.
+  // fill_bytes(byte) returns once the fill is done, so the chain on its non-blocking stream
+  // cannot overtake it.
   void poison() {
     for (auto* b : {&qr, &kv, &qr_n, &q, &qi}) b->fill_bytes(0xff);
     codes1.fill_bytes(0xee);
     scales1.fill_bytes(0xff);
-    DSV4_CUDA_CHECK(cudaDeviceSynchronize());
   }
   ChainOut out() {
     DSV4_CUDA_CHECK(cudaDeviceSynchronize());

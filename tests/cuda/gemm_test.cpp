@@ -1,11 +1,13 @@
 // FP8 block-scaled GEMM on the GPU (ops/cuda/gemm/fp8_gemm.h) against the CPU reference
 // cpu::linear(LinearKind::kFp8): activation quantisation bytes identical to cpu::quantize_fp8;
 // GEMM outputs within relative L2 4e-3 with >= 99% of elements within 1 BF16 ulp, for the
-// streaming (m <= 64) and tensor-core (m > 64) kernels, real and odd-but-legal shapes, every
-// K split (up to the 16-CTA clusters where the device places them), poisoned outputs, row
-// strides; the grouped GEMM (several weights, one input, one launch) bit-identical to the
-// separate GEMMs at every split and within the CPU bound with the heuristic's split. GPU tests
-// skip without a GPU; the heuristic and argument-validation tests run anywhere.
+// streaming (m <= 256, blocks of 64 tokens above 64) and tensor-core kernels, real and
+// odd-but-legal shapes, the automatic path at the real V4 shapes for m = 1..256, every K split
+// (up to the 16-CTA clusters where the device places them), poisoned outputs, row strides; a
+// streamed token's output the same bits at every m; the grouped GEMM (several weights, one
+// input, one launch) bit-identical to the separate GEMMs at every split, launched as the
+// grouping rule says, and within the CPU bound. GPU tests skip without a GPU; the heuristic and
+// argument-validation tests run anywhere.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -154,10 +156,16 @@ void expect_linear_close(const std::vector<float>& got, const std::vector<float>
                       << first;
 }
 
-// The summation model of the kernel a path runs at m (fp8_gemm_pick_path for kAuto).
-cpu::TcSum tc_of(cuda::Fp8GemmPath path, int m) {
-  if (path == cuda::Fp8GemmPath::kAuto) path = cuda::fp8_gemm_pick_path(m, 0, 0);
+// The summation model of the kernel a path runs at [m, n, k] (fp8_gemm_pick_path for kAuto).
+cpu::TcSum tc_of(cuda::Fp8GemmPath path, int m, int n, int k) {
+  if (path == cuda::Fp8GemmPath::kAuto) path = cuda::fp8_gemm_pick_path(m, n, k);
   return path == cuda::Fp8GemmPath::kStream ? cpu::kFp8WgmmaSlice : cpu::kFp8WgmmaBlock;
+}
+
+const char* path_name(cuda::Fp8GemmPath path) {
+  return path == cuda::Fp8GemmPath::kStream       ? "stream"
+         : path == cuda::Fp8GemmPath::kTensorCore ? "tensorcore"
+                                                  : "auto";
 }
 
 class CudaGemm : public test::GpuTest {};
@@ -169,11 +177,91 @@ void check_shape(int m, int n, int k, cuda::Fp8GemmPath path, uint64_t seed, int
   const DevWeight dw(w, n, k);
   const std::vector<float> got = gpu_linear(x, m, dw, path, ldy);
   const std::vector<float> ref = cpu_linear(x, m, w, n, k);
-  const char* pname = path == cuda::Fp8GemmPath::kStream       ? "stream"
-                      : path == cuda::Fp8GemmPath::kTensorCore ? "tensorcore"
-                                                               : "auto";
-  expect_linear_close(got, ref, x, m, w, n, k, tc_of(path, m),
-                      cat("fp8 gemm ", pname, " m=", m, " n=", n, " k=", k));
+  expect_linear_close(got, ref, x, m, w, n, k, tc_of(path, m, n, k),
+                      cat("fp8 gemm ", path_name(path), " m=", m, " n=", n, " k=", k));
+}
+
+// Activations quantised on the GPU by the public kernel.
+struct DevAct {
+  DeviceBuffer<uint16_t> x;
+  DeviceBuffer<uint8_t> codes;
+  DeviceBuffer<float> scales_t;
+  int m = 0, k = 0, ld = 0;
+  DevAct(const std::vector<float>& xs, int m_, int k_)
+      : x(to_bf16_bits(xs)),
+        codes(size_t(m_) * k_),
+        scales_t(size_t(k_ / 128) * cuda::fp8_scale_ld(m_)),
+        m(m_),
+        k(k_),
+        ld(cuda::fp8_scale_ld(m_)) {
+    cuda::ActQuantParams q;
+    q.x = reinterpret_cast<const __nv_bfloat16*>(x.data());
+    q.m = m;
+    q.k = k;
+    q.codes = codes.data();
+    q.scales_t = scales_t.data();
+    q.ld_scales = ld;
+    cuda::quantize_act_fp8(q, nullptr);
+    DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+};
+
+// The streaming launcher on quantised activations at a forced split (0: the plan's) into
+// y [m, ldy] (poisoned first); the output bits.
+std::vector<uint16_t> stream_bits(const DevAct& a, const DevWeight& w, int64_t ldy, int splits) {
+  DeviceBuffer<uint16_t> y(size_t(a.m) * ldy);
+  y.fill_bytes(0xff);
+  cuda::detail::StreamGemmLaunch s;
+  s.w = w.codes.data();
+  s.n = w.n;
+  s.k = a.k;
+  s.a = a.codes.data();
+  s.lda = a.k;
+  s.m = a.m;
+  s.a_scales_t = a.scales_t.data();
+  s.a_ld = a.ld;
+  s.w_scales_t = w.scales_t.data();
+  s.out = y.data();
+  s.ldo = ldy;
+  s.splits = splits;
+  cuda::detail::stream_gemm_fp8(s, nullptr);
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+  return y.download();
+}
+
+// The tensor-core kernel's arguments for quantised activations `a` and weight `w` into y.
+cuda::detail::PrefillArgs prefill_args(const DevAct& a, const DevWeight& w, void* y,
+                                       cuda::detail::PrefillScheduler sched) {
+  cuda::detail::PrefillArgs p;
+  p.a = a.codes.data();
+  p.a_scales_t = a.scales_t.data();
+  p.a_ld = a.ld;
+  p.w = w.codes.data();
+  p.w_scales_t = w.scales_t.data();
+  p.y = reinterpret_cast<__nv_bfloat16*>(y);
+  p.ldy = w.n;
+  p.m = a.m;
+  p.n = w.n;
+  p.k = a.k;
+  p.scheduler = sched;
+  return p;
+}
+
+// The tensor-core kernel into a poisoned y (its workspace poisoned too); the output bits.
+std::vector<uint16_t> prefill_bits(const DevAct& a, const DevWeight& w,
+                                   cuda::detail::PrefillScheduler sched) {
+  DeviceBuffer<uint16_t> dy(size_t(a.m) * w.n);
+  dy.fill_bytes(0xff);
+  const cuda::detail::PrefillArgs p = prefill_args(a, w, dy.data(), sched);
+  DeviceBuffer<uint8_t> ws(std::max<size_t>(cuda::detail::prefill_workspace_bytes(p), 16));
+  ws.fill_bytes(0x33);
+  cuda::detail::prefill_gemm(p, ws.data(), ws.size(), nullptr);
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+  return dy.download();
+}
+
+const char* sched_name(cuda::detail::PrefillScheduler s) {
+  return s == cuda::detail::PrefillScheduler::kStreamK ? "stream-K" : "persistent";
 }
 
 // ---- smoke: one small shape per kernel, cheap to read in a log ----------------------------------
@@ -291,39 +379,11 @@ TEST_F(CudaGemm, StreamEverySplitIsDeterministic) {
   const DevWeight dw(w, n, k);
   const std::vector<float> ref = cpu_linear(x, m, w, n, k);
   // Quantise once with the public kernel, then call the streaming launcher directly.
-  DeviceBuffer<uint16_t> dx(to_bf16_bits(x));
-  const int ld = cuda::fp8_scale_ld(m);
-  DeviceBuffer<uint8_t> codes(size_t(m) * k);
-  DeviceBuffer<float> st(size_t(k / 128) * ld);
-  cuda::ActQuantParams q;
-  q.x = reinterpret_cast<const __nv_bfloat16*>(dx.data());
-  q.m = m;
-  q.k = k;
-  q.codes = codes.data();
-  q.scales_t = st.data();
-  q.ld_scales = ld;
-  cuda::quantize_act_fp8(q, nullptr);
+  const DevAct a(x, m, k);
   for (int splits = 1; splits <= max_splits; ++splits) {
     std::vector<uint16_t> first;
     for (int rep = 0; rep < 2; ++rep) {
-      DeviceBuffer<uint16_t> dy(size_t(m) * n);
-      dy.fill_bytes(0xff);
-      cuda::detail::StreamGemmLaunch s;
-      s.w = dw.codes.data();
-      s.n = n;
-      s.k = k;
-      s.a = codes.data();
-      s.lda = k;
-      s.m = m;
-      s.a_scales_t = st.data();
-      s.a_ld = ld;
-      s.w_scales_t = dw.scales_t.data();
-      s.out = dy.data();
-      s.ldo = n;
-      s.splits = splits;
-      cuda::detail::stream_gemm_fp8(s, nullptr);
-      DSV4_CUDA_CHECK(cudaDeviceSynchronize());
-      const auto bits = dy.download();
+      const auto bits = stream_bits(a, dw, n, splits);
       if (rep == 0) {
         first = bits;
         expect_bf16_close(from_bf16_bits(bits), ref, n, cat("stream splits=", splits));
@@ -338,32 +398,69 @@ TEST_F(CudaGemm, StreamRowStride) {
   check_shape(5, 264, 512, cuda::Fp8GemmPath::kStream, 400, 280);
 }
 
-// ---- grouped GEMM (several weights, one input) --------------------------------------------------
+TEST_F(CudaGemm, StreamAboveSixtyFourTokens) {
+  // Blocks of 64 tokens (the last one partial), real and odd-but-legal shapes, a row stride.
+  uint64_t seed = 420;
+  const std::vector<std::array<int, 3>> shapes = {{65, 1024, 4096},  {100, 512, 4096},
+                                                  {128, 1000, 640},  {129, 77, 256},
+                                                  {200, 2048, 1024}, {256, 1536, 7168}};
+  for (const auto& s : shapes) check_shape(s[0], s[1], s[2], cuda::Fp8GemmPath::kStream, seed++);
+  check_shape(191, 264, 512, cuda::Fp8GemmPath::kStream, seed++, 280);
+}
 
-// Activations quantised on the GPU by the public kernel.
-struct DevAct {
-  DeviceBuffer<uint16_t> x;
-  DeviceBuffer<uint8_t> codes;
-  DeviceBuffer<float> scales_t;
-  int m = 0, k = 0, ld = 0;
-  DevAct(const std::vector<float>& xs, int m_, int k_)
-      : x(to_bf16_bits(xs)),
-        codes(size_t(m_) * k_),
-        scales_t(size_t(k_ / 128) * cuda::fp8_scale_ld(m_)),
-        m(m_),
-        k(k_),
-        ld(cuda::fp8_scale_ld(m_)) {
-    cuda::ActQuantParams q;
-    q.x = reinterpret_cast<const __nv_bfloat16*>(x.data());
-    q.m = m;
-    q.k = k;
-    q.codes = codes.data();
-    q.scales_t = scales_t.data();
-    q.ld_scales = ld;
-    cuda::quantize_act_fp8(q, nullptr);
-    DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+TEST_F(CudaGemm, StreamedTokenDoesNotDependOnM) {
+  // A weight keeps its K split at every m and every block of 64 tokens computes what 64 tokens
+  // alone would: row r of the first m rows is the same bits at every m the kernel streams.
+  const int n = 640, k = 2048, m_max = cuda::gemm_cfg::kStreamMaxM;
+  Rng rng(430);
+  const QuantWeight w = random_weight(rng, n, k);
+  const DevWeight dw(w, n, k);
+  const std::vector<float> x = random_block_acts(rng, m_max, k, true);
+  const DevAct all(x, m_max, k);
+  const std::vector<uint16_t> full = stream_bits(all, dw, n, 0);
+  for (int m : {1, 2, 8, 9, 33, 64, 65, 127, 128, 200}) {
+    const DevAct a(std::vector<float>(x.begin(), x.begin() + size_t(m) * k), m, k);
+    const std::vector<uint16_t> got = stream_bits(a, dw, n, 0);
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), full.begin()))
+        << "m=" << m << ": a token's output differs from the m=" << m_max << " run";
   }
-};
+}
+
+TEST_F(CudaGemm, AutoPathAtRealShapes) {
+  // Every V4 FP8 weight through the automatic path at m = 1, 8, 64, 65, 128, 256 (as far as the
+  // CPU reference is affordable: m_max), each against the CPU within the bound of the kernel
+  // the heuristic picks. One reference at m_max serves every m (its rows do not depend on m).
+  struct Case {
+    const char* name;
+    int n, k, m_max;
+  };
+  const std::vector<Case> cases = {
+      {"flash wq_a", 1024, 4096, 256},         {"flash wkv", 512, 4096, 256},
+      {"flash shared w1|w3", 2048, 4096, 128}, {"flash indexer wq_b", 8192, 1024, 65},
+      {"flash shared w2", 4096, 2048, 65},     {"flash shared w13", 4096, 4096, 8},
+      {"flash wq_b", 32768, 1024, 8},          {"flash wo_b", 4096, 8192, 8},
+      {"pro wq_a", 1536, 7168, 128},           {"pro wkv", 512, 7168, 256},
+      {"pro indexer wq_b", 8192, 1536, 65}};
+  uint64_t seed = 1000;
+  for (const Case& c : cases) {
+    Rng rng(seed++);
+    const QuantWeight w = random_weight(rng, c.n, c.k);
+    const DevWeight dw(w, c.n, c.k);
+    const std::vector<float> x = random_block_acts(rng, c.m_max, c.k, true);
+    const std::vector<float> ref = cpu_linear(x, c.m_max, w, c.n, c.k);
+    for (int m : {1, 8, 64, 65, 128, 256}) {
+      if (m > c.m_max) break;
+      const std::vector<float> xm(x.begin(), x.begin() + size_t(m) * c.k);
+      const std::vector<float> got = gpu_linear(xm, m, dw, cuda::Fp8GemmPath::kAuto);
+      const cuda::Fp8GemmPath path = cuda::fp8_gemm_pick_path(m, c.n, c.k);
+      expect_linear_close(got, std::vector<float>(ref.begin(), ref.begin() + size_t(m) * c.n), xm,
+                          m, w, c.n, c.k, tc_of(path, m, c.n, c.k),
+                          cat(c.name, " m=", m, " (", path_name(path), ")"));
+    }
+  }
+}
+
+// ---- grouped GEMM (several weights, one input) --------------------------------------------------
 
 // One weight of a group: its CPU reference, device copy and output row stride.
 struct GroupWeight {
@@ -409,12 +506,14 @@ std::vector<std::vector<uint16_t>> run_grouped(const DevAct& a, const std::vecto
   return out;
 }
 
-// The same weight alone: the streaming kernel at a forced split, or fp8_gemm (splits < 0).
-std::vector<uint16_t> run_single(const DevAct& a, const GroupWeight& w, int splits) {
-  DeviceBuffer<uint16_t> y(size_t(a.m) * w.ldy);
-  y.fill_bytes(0xff);
+// The same weight alone: the streaming kernel at a forced split, or fp8_gemm on `path`
+// (splits < 0).
+std::vector<uint16_t> run_single(const DevAct& a, const GroupWeight& w, int splits,
+                                 cuda::Fp8GemmPath path = cuda::Fp8GemmPath::kAuto) {
   if (splits < 0) {
-    const size_t wsb = std::max<size_t>(cuda::fp8_gemm_workspace_bytes(a.m, w.n, a.k), 16);
+    DeviceBuffer<uint16_t> y(size_t(a.m) * w.ldy);
+    y.fill_bytes(0xff);
+    const size_t wsb = std::max<size_t>(cuda::fp8_gemm_workspace_bytes(a.m, w.n, a.k, path), 16);
     DeviceBuffer<uint8_t> work(wsb);
     cuda::Fp8GemmParams p;
     p.a_codes = a.codes.data();
@@ -426,26 +525,12 @@ std::vector<uint16_t> run_single(const DevAct& a, const GroupWeight& w, int spli
     p.ldy = w.ldy;
     p.workspace = work.data();
     p.workspace_bytes = work.size();
+    p.path = path;
     cuda::fp8_gemm(p, nullptr);
     DSV4_CUDA_CHECK(cudaDeviceSynchronize());
     return y.download();
   }
-  cuda::detail::StreamGemmLaunch s;
-  s.w = w.dev->codes.data();
-  s.n = w.n;
-  s.k = a.k;
-  s.a = a.codes.data();
-  s.lda = a.k;
-  s.m = a.m;
-  s.a_scales_t = a.scales_t.data();
-  s.a_ld = a.ld;
-  s.w_scales_t = w.dev->scales_t.data();
-  s.out = y.data();
-  s.ldo = w.ldy;
-  s.splits = splits;
-  cuda::detail::stream_gemm_fp8(s, nullptr);
-  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
-  return y.download();
+  return stream_bits(a, *w.dev, w.ldy, splits);
 }
 
 // The rows [m, n] of an [m, ldy] output as floats; the padding columns must still be poison.
@@ -466,8 +551,8 @@ std::vector<float> dense_rows(const std::vector<uint16_t>& bits, int m, int n, i
 }
 
 // Groups of weights with the same k: every output of the grouped launch bit-identical to the
-// weight's GEMM alone at the same K split (each split in `splits`), and with the heuristic's
-// split within the CPU bound.
+// weight's streaming GEMM alone at the same K split (each split in `splits`, the streaming path
+// forced), and with the heuristic's choices (path, grouping, split) within the CPU bound.
 void check_group(int m, int k, const std::vector<std::pair<int, int64_t>>& n_ldy,
                  const std::vector<int>& splits, uint64_t seed) {
   Rng rng(seed);
@@ -486,12 +571,12 @@ void check_group(int m, int k, const std::vector<std::pair<int, int64_t>>& n_ldy
     const std::vector<float> ref = cpu_linear(x, m, ws[i].q, ws[i].n, k);
     const std::string what = cat("grouped ", shape, " weight ", i, " n=", ws[i].n);
     expect_linear_close(dense_rows(automatic[i], m, ws[i].n, ws[i].ldy, what), ref, x, m, ws[i].q,
-                        ws[i].n, k, tc_of(cuda::Fp8GemmPath::kAuto, m), what);
+                        ws[i].n, k, tc_of(cuda::Fp8GemmPath::kAuto, m, ws[i].n, k), what);
   }
   const int max_splits = cuda::detail::stream_max_splits_fp8(m);
   for (int sp : splits) {
     if (sp > max_splits || sp > k / 128) continue;
-    const auto grouped = run_grouped(a, ws, sp);
+    const auto grouped = run_grouped(a, ws, sp, cuda::Fp8GemmPath::kStream);
     for (size_t i = 0; i < ws.size(); ++i)
       EXPECT_TRUE(grouped[i] == run_single(a, ws[i], sp))
           << shape << " weight " << i << " n=" << ws[i].n << " splits=" << sp
@@ -499,35 +584,87 @@ void check_group(int m, int k, const std::vector<std::pair<int, int64_t>>& n_ldy
   }
 }
 
+// One check_group case: m, k, the weights' (n, ldy) and the forced splits to compare.
+struct GroupCase {
+  int m, k;
+  std::vector<std::pair<int, int64_t>> n_ldy;
+  std::vector<int> splits;
+};
+
+void check_groups(const std::vector<GroupCase>& cases, uint64_t seed) {
+  for (const GroupCase& c : cases) check_group(c.m, c.k, c.n_ldy, c.splits, seed++);
+}
+
 TEST_F(CudaGemm, GroupedFlashAndProShapes) {
   // The engine's groups: wq_a + wkv on the normalised x, wq_b + indexer wq_b on the q latent
-  // (V4-Flash and V4-Pro), at decode sizes; every split the device places.
+  // (V4-Flash and V4-Pro), at decode sizes and in blocks of 64 tokens; the splits listed.
   const std::vector<int> all = {1, 2, 3, 5, 8, 11, 16};
-  uint64_t seed = 900;
-  for (int m : {1, 4, 64}) {
-    check_group(m, 4096, {{1024, 0}, {512, 0}}, all, seed++);         // Flash wq_a, wkv
-    check_group(m, 7168, {{1536, 0}, {512, 0}}, {1, 8, 16}, seed++);  // Pro wq_a, wkv
+  check_groups({{1, 4096, {{1024, 0}, {512, 0}}, all},           // Flash wq_a, wkv
+                {4, 4096, {{1024, 0}, {512, 0}}, all},           //
+                {64, 4096, {{1024, 0}, {512, 0}}, all},          //
+                {128, 4096, {{1024, 0}, {512, 0}}, {1, 8, 16}},  // two blocks of 64 tokens
+                {1, 7168, {{1536, 0}, {512, 0}}, {1, 8, 16}},    // Pro wq_a, wkv
+                {4, 7168, {{1536, 0}, {512, 0}}, {1, 8, 16}},    //
+                {64, 7168, {{1536, 0}, {512, 0}}, {1, 8, 16}},   //
+                {2, 1024, {{32768, 0}, {8192, 0}}, {1, 4, 8}},   // Flash wq_b, index wq_b
+                {3, 1536, {{65536, 0}, {8192, 0}}, {1, 12}}},    // Pro wq_b, index wq_b
+               900);
+}
+
+TEST_F(CudaGemm, GroupedLaunchFollowsTheGroupingRule) {
+  // fp8_gemm_grouped launches the weights together exactly where plan_stream_grouping says so
+  // on this device: then each output is the grouped split's, else each weight's own fp8_gemm.
+  struct Case {
+    const char* name;
+    int m, k;
+    std::vector<int> ns;
+  };
+  const std::vector<Case> cases = {{"flash wq_a+wkv", 1, 4096, {1024, 512}},
+                                   {"flash wq_b+index wq_b", 2, 1024, {32768, 8192}},
+                                   {"pro wq_a+wkv", 3, 7168, {1536, 512}}};
+  uint64_t seed = 940;
+  for (const Case& c : cases) {
+    Rng rng(seed++);
+    std::vector<GroupWeight> ws(c.ns.size());
+    std::vector<int> tiles;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      ws[i].n = ws[i].ldy = c.ns[i];
+      ws[i].q = random_weight(rng, c.ns[i], c.k);
+      ws[i].dev = std::make_unique<DevWeight>(ws[i].q, c.ns[i], c.k);
+      tiles.push_back((c.ns[i] + 127) / 128);
+    }
+    const DevAct a(random_block_acts(rng, c.m, c.k, true), c.m, c.k);
+    const cuda::StreamResidency res = cuda::detail::stream_residency_fp8();
+    const cuda::StreamGrouping rule =
+        cuda::plan_stream_grouping(tiles.data(), int(tiles.size()), c.k / 128, res);
+    const int split = cuda::plan_stream_tiles(c.m, tiles[0] + tiles[1], c.k / 128, res).splits;
+    std::printf("%s: %s (%d splits together)\n", c.name,
+                rule.grouped ? "one launch" : "separate launches", split);
+    const auto automatic = run_grouped(a, ws, 0);
+    for (size_t i = 0; i < ws.size(); ++i)
+      EXPECT_TRUE(automatic[i] == run_single(a, ws[i], rule.grouped ? split : -1))
+          << c.name << " weight " << i << ": not the " << (rule.grouped ? "grouped" : "separate")
+          << " launch's output";
   }
-  check_group(2, 1024, {{32768, 0}, {8192, 0}}, {1, 4, 8}, seed++);  // Flash wq_b, index wq_b
-  check_group(3, 1536, {{65536, 0}, {8192, 0}}, {1, 12}, seed++);    // Pro wq_b, index wq_b
 }
 
 TEST_F(CudaGemm, GroupedEdgeShapes) {
   // Odd-but-legal: n not a multiple of 128 or of 8, a single tile, one K block, four weights,
   // row strides (their padding stays poisoned), every token width (8/16/32/64).
-  uint64_t seed = 950;
   const std::vector<int> some = {1, 2, 3};
-  check_group(1, 128, {{1, 0}, {77, 80}}, {1}, seed++);
-  check_group(9, 384, {{300, 0}, {128, 136}, {1000, 0}, {8, 0}}, some, seed++);
-  check_group(17, 640, {{200, 0}, {129, 0}, {384, 400}}, {1, 2, 5}, seed++);
-  check_group(33, 256, {{136, 0}, {64, 72}}, some, seed++);
-  check_group(64, 1152, {{1, 0}, {2, 0}, {3, 0}, {640, 0}}, {1, 4, 9}, seed++);
-  // A single weight through the grouped entry point.
-  check_group(5, 512, {{264, 280}}, {1, 2, 4}, seed++);
+  check_groups(
+      {{1, 128, {{1, 0}, {77, 80}}, {1}},
+       {9, 384, {{300, 0}, {128, 136}, {1000, 0}, {8, 0}}, some},
+       {17, 640, {{200, 0}, {129, 0}, {384, 400}}, {1, 2, 5}},
+       {33, 256, {{136, 0}, {64, 72}}, some},
+       {64, 1152, {{1, 0}, {2, 0}, {3, 0}, {640, 0}}, {1, 4, 9}},
+       {5, 512, {{264, 280}}, {1, 2, 4}},            // a single weight through the grouped entry
+       {200, 640, {{300, 0}, {129, 136}}, {1, 3}}},  // four blocks of tokens, the last partial
+      950);
 }
 
-TEST_F(CudaGemm, GroupedAboveStreamingSizesIsTheSeparateGemms) {
-  // m > 64: each weight is its own tensor-core GEMM, bit-identical to fp8_gemm alone.
+TEST_F(CudaGemm, GroupedOnTheTensorCorePathIsTheSeparateGemms) {
+  // On the tensor-core path each weight is its own GEMM, bit-identical to fp8_gemm alone.
   Rng rng(990);
   const int m = 65, k = 1024;
   std::vector<GroupWeight> ws(2);
@@ -540,9 +677,10 @@ TEST_F(CudaGemm, GroupedAboveStreamingSizesIsTheSeparateGemms) {
   }
   const std::vector<float> x = random_block_acts(rng, m, k, true);
   const DevAct a(x, m, k);
-  const auto grouped = run_grouped(a, ws, 0);
+  const auto grouped = run_grouped(a, ws, 0, cuda::Fp8GemmPath::kTensorCore);
   for (int i = 0; i < 2; ++i) {
-    EXPECT_TRUE(grouped[i] == run_single(a, ws[i], -1)) << "weight " << i;
+    EXPECT_TRUE(grouped[i] == run_single(a, ws[i], -1, cuda::Fp8GemmPath::kTensorCore))
+        << "weight " << i;
     const std::string what = cat("grouped tensor-core weight ", i);
     expect_bf16_close(dense_rows(grouped[i], m, ns[i], ws[i].ldy, what),
                       cpu_linear(x, m, ws[i].q, ns[i], k), ns[i], what);
@@ -584,43 +722,13 @@ TEST_F(CudaGemm, TensorCoreBothSchedulersAreDeterministic) {
     const std::vector<float> x = random_block_acts(rng, m, k, true);
     const DevWeight dw(w, n, k);
     const std::vector<float> ref = cpu_linear(x, m, w, n, k);
-    DeviceBuffer<uint16_t> dx(to_bf16_bits(x));
-    const int ld = cuda::fp8_scale_ld(m);
-    DeviceBuffer<uint8_t> codes(size_t(m) * k);
-    DeviceBuffer<float> st(size_t(k / 128) * ld);
-    cuda::ActQuantParams q;
-    q.x = reinterpret_cast<const __nv_bfloat16*>(dx.data());
-    q.m = m;
-    q.k = k;
-    q.codes = codes.data();
-    q.scales_t = st.data();
-    q.ld_scales = ld;
-    cuda::quantize_act_fp8(q, nullptr);
+    const DevAct a(x, m, k);
     for (auto sched :
          {cuda::detail::PrefillScheduler::kPersistent, cuda::detail::PrefillScheduler::kStreamK}) {
       std::vector<uint16_t> first;
       for (int rep = 0; rep < 2; ++rep) {
-        DeviceBuffer<uint16_t> dy(size_t(m) * n);
-        dy.fill_bytes(0xff);
-        cuda::detail::PrefillArgs a;
-        a.a = codes.data();
-        a.a_scales_t = st.data();
-        a.a_ld = ld;
-        a.w = dw.codes.data();
-        a.w_scales_t = dw.scales_t.data();
-        a.y = reinterpret_cast<__nv_bfloat16*>(dy.data());
-        a.ldy = n;
-        a.m = m;
-        a.n = n;
-        a.k = k;
-        a.scheduler = sched;
-        DeviceBuffer<uint8_t> ws(std::max<size_t>(cuda::detail::prefill_workspace_bytes(a), 16));
-        ws.fill_bytes(0x33);
-        cuda::detail::prefill_gemm(a, ws.data(), ws.size(), nullptr);
-        DSV4_CUDA_CHECK(cudaDeviceSynchronize());
-        const auto bits = dy.download();
-        const char* name =
-            sched == cuda::detail::PrefillScheduler::kStreamK ? "stream-K" : "persistent";
+        const auto bits = prefill_bits(a, dw, sched);
+        const char* name = sched_name(sched);
         if (rep == 0) {
           first = bits;
           expect_bf16_close(from_bf16_bits(bits), ref, n,
@@ -644,51 +752,21 @@ TEST_F(CudaGemm, TensorCorePadScalesDoNotLeak) {
     const std::vector<float> x = random_block_acts(rng, m, k, true);
     const DevWeight dw(w, n, k);
     const std::vector<float> ref = cpu_linear(x, m, w, n, k);
-    DeviceBuffer<uint16_t> dx(to_bf16_bits(x));
-    const int ld = cuda::fp8_scale_ld(m);
+    DevAct a(x, m, k);
+    const int ld = a.ld;
     ASSERT_GT(ld, m);
-    DeviceBuffer<uint8_t> codes(size_t(m) * k);
-    DeviceBuffer<float> st(size_t(kb) * ld);
-    cuda::ActQuantParams q;
-    q.x = reinterpret_cast<const __nv_bfloat16*>(dx.data());
-    q.m = m;
-    q.k = k;
-    q.codes = codes.data();
-    q.scales_t = st.data();
-    q.ld_scales = ld;
-    cuda::quantize_act_fp8(q, nullptr);
-    DSV4_CUDA_CHECK(cudaDeviceSynchronize());
-    const std::vector<float> zero_pad = st.download();
+    const std::vector<float> zero_pad = a.scales_t.download();
     std::vector<float> nan_pad = zero_pad;
     for (int b = 0; b < kb; ++b)
       for (int r = m; r < ld; ++r) nan_pad[size_t(b) * ld + r] = std::nanf("");
     for (auto sched :
          {cuda::detail::PrefillScheduler::kPersistent, cuda::detail::PrefillScheduler::kStreamK}) {
-      const char* name =
-          sched == cuda::detail::PrefillScheduler::kStreamK ? "stream-K" : "persistent";
+      const char* name = sched_name(sched);
       std::vector<uint16_t> first;
       const std::array<const std::vector<float>*, 2> pads = {&zero_pad, &nan_pad};
       for (const std::vector<float>* scales : pads) {
-        st.upload(*scales);
-        DeviceBuffer<uint16_t> dy(size_t(m) * n);
-        dy.fill_bytes(0xff);
-        cuda::detail::PrefillArgs a;
-        a.a = codes.data();
-        a.a_scales_t = st.data();
-        a.a_ld = ld;
-        a.w = dw.codes.data();
-        a.w_scales_t = dw.scales_t.data();
-        a.y = reinterpret_cast<__nv_bfloat16*>(dy.data());
-        a.ldy = n;
-        a.m = m;
-        a.n = n;
-        a.k = k;
-        a.scheduler = sched;
-        DeviceBuffer<uint8_t> ws(std::max<size_t>(cuda::detail::prefill_workspace_bytes(a), 16));
-        ws.fill_bytes(0x33);
-        cuda::detail::prefill_gemm(a, ws.data(), ws.size(), nullptr);
-        DSV4_CUDA_CHECK(cudaDeviceSynchronize());
-        const auto bits = dy.download();
+        a.scales_t.upload(*scales);
+        const auto bits = prefill_bits(a, dw, sched);
         if (first.empty()) {
           first = bits;
           expect_bf16_close(from_bf16_bits(bits), ref, n,
@@ -875,6 +953,116 @@ TEST(Fp8GemmHeuristic, DecodeFillsTheSmsForSmallN) {
   cuda::StreamResidency holes = h200_like(16);
   for (int s = 9; s <= 16; ++s) holes.resident[s] = 0;
   EXPECT_LE(cuda::plan_stream_tiles(1, 12, 32, holes).splits, 8);
+}
+
+// The engine's FP8 weights (V4-Flash and V4-Pro) and their grouped pairs.
+struct RealWeight {
+  const char* name;
+  int n, k;
+};
+const std::vector<RealWeight>& real_weights() {
+  static const std::vector<RealWeight> w = {{"flash wq_a", 1024, 4096},
+                                            {"flash wq_b", 32768, 1024},
+                                            {"flash wkv", 512, 4096},
+                                            {"flash wo_b", 4096, 8192},
+                                            {"flash indexer wq_b", 8192, 1024},
+                                            {"flash shared w1|w3", 2048, 4096},
+                                            {"flash shared w13", 4096, 4096},
+                                            {"flash shared w2", 4096, 2048},
+                                            {"pro wq_a", 1536, 7168},
+                                            {"pro wq_b", 65536, 1536},
+                                            {"pro wkv", 512, 7168},
+                                            {"pro wo_b", 7168, 16384},
+                                            {"pro indexer wq_b", 8192, 1536},
+                                            {"pro shared w1|w3", 3072, 7168},
+                                            {"pro shared w13", 6144, 7168},
+                                            {"pro shared w2", 7168, 3072},
+                                            {"pro mtp e|h_proj", 7168, 7168}};
+  return w;
+}
+
+TEST(Fp8GemmHeuristic, SplitDoesNotDependOnM) {
+  // One K split per weight at every m the kernel streams (so one fp32 summation order: a
+  // token's output does not depend on its batch), on the device figures and without them.
+  for (const cuda::StreamResidency& r : {h200_like(16), h200_like(8), cuda::default_residency(132)})
+    for (const RealWeight& w : real_weights()) {
+      const int tiles = (w.n + 127) / 128, ks = w.k / 128;
+      const int s1 = cuda::plan_stream_tiles(1, tiles, ks, r).splits;
+      for (int m = 2; m <= cuda::gemm_cfg::kStreamMaxM; ++m)
+        ASSERT_EQ(cuda::plan_stream_tiles(m, tiles, ks, r).splits, s1) << w.name << " m=" << m;
+    }
+}
+
+TEST(Fp8GemmHeuristic, PathAtRealShapes) {
+  // m <= 64 streams, above the tensor-core kernel (measured ahead from m = 128 at every real
+  // shape, fp8_gemm_pick_path), except a weight it cannot take (n not a multiple of 8), which
+  // streams in blocks of 64 tokens up to 256 rows.
+  using P = cuda::Fp8GemmPath;
+  for (const RealWeight& w : real_weights()) {
+    for (int m : {1, 8, 64}) EXPECT_EQ(cuda::fp8_gemm_pick_path(m, w.n, w.k), P::kStream) << w.name;
+    for (int m : {65, 128, 256, 257, 4096})
+      EXPECT_EQ(cuda::fp8_gemm_pick_path(m, w.n, w.k), P::kTensorCore) << w.name << " m=" << m;
+  }
+  for (int n : {1, 77, 300, 1000 + 4}) {
+    for (int m : {1, 64, 65, 128, 256})
+      EXPECT_EQ(cuda::fp8_gemm_pick_path(m, n, 1024), P::kStream) << "n=" << n << " m=" << m;
+    EXPECT_EQ(cuda::fp8_gemm_pick_path(257, n, 1024), P::kTensorCore) << "n=" << n;
+  }
+}
+
+TEST(Fp8GemmHeuristic, GroupingAtRealShapes) {
+  // The engine's pairs share a launch: wq_a + wkv (few tiles, long K: one launch fills the SMs
+  // that two would leave idle) and wq_b + indexer wq_b (bandwidth-bound: the launch saved
+  // outweighs the second wave; measured on the H200 one launch 19.8 / 43.7 µs against 21.6 /
+  // 46.0 at m = 1 / 64, V4-Pro 39.2 / 82.0 against 41.0 / 84.2).
+  struct Case {
+    const char* name;
+    int tiles[2], k;
+  };
+  const std::vector<Case> cases = {{"flash wq_a+wkv", {8, 4}, 4096},
+                                   {"pro wq_a+wkv", {12, 4}, 7168},
+                                   {"flash wq_b+indexer wq_b", {256, 64}, 1024},
+                                   {"pro wq_b+indexer wq_b", {512, 64}, 1536}};
+  for (const cuda::StreamResidency& r : {h200_like(16), h200_like(8), cuda::reference_residency()})
+    for (const Case& c : cases) {
+      const cuda::StreamGrouping g = cuda::plan_stream_grouping(c.tiles, 2, c.k / 128, r);
+      EXPECT_TRUE(g.grouped) << c.name << ": grouped " << g.grouped_us[0] << " µs, separate "
+                             << g.separate_us[0];
+      // The rule as stated: together where it is no slower at 8 tokens.
+      EXPECT_EQ(g.grouped, g.grouped_us[0] <= g.separate_us[0]) << c.name;
+    }
+  // One weight is its own group; two that each fill the GPU many times over gain nothing from
+  // one launch but the launch itself, which the rule counts.
+  const int one[1] = {8};
+  EXPECT_TRUE(cuda::plan_stream_grouping(one, 1, 32, h200_like(16)).grouped);
+  const int wide[2] = {4096, 4096};
+  const cuda::StreamGrouping w = cuda::plan_stream_grouping(wide, 2, 8, h200_like(16));
+  EXPECT_EQ(w.grouped, w.grouped_us[0] <= w.separate_us[0]);
+}
+
+TEST(Fp8GemmHeuristic, ModelCountsBandwidthAndWaves) {
+  // No plan is predicted faster than its weight bytes at the model's HBM rate, nor than its
+  // waves of start-ups: both bind, which the per-CTA step model before ignored.
+  const cuda::StreamCostModel c;
+  const cuda::StreamResidency r = h200_like(16);
+  for (const RealWeight& w : real_weights()) {
+    const int tiles = (w.n + 127) / 128, ks = w.k / 128;
+    for (int s = 1; s <= std::min(16, ks); ++s)
+      for (int width : {8, 16, 32, 64}) {
+        const double t = cuda::stream_time_us(tiles, ks, s, 1, width, r);
+        const double bytes = double(tiles) * 128 * ks * 128;
+        EXPECT_GE(t, bytes / c.hbm_bytes_per_us) << w.name << " s=" << s;
+        const int64_t waves = (int64_t(tiles) * s + r.resident[s] - 1) / r.resident[s];
+        EXPECT_GE(t, waves * c.wave_start_us) << w.name << " s=" << s;
+      }
+  }
+  // More work per step (wider token tiles) never predicts a shorter time.
+  for (int s : {1, 4, 16})
+    EXPECT_LE(cuda::stream_time_us(8, 32, s, 1, 8, r), cuda::stream_time_us(8, 32, s, 1, 64, r));
+  // A size the device does not place is never predicted to run.
+  cuda::StreamResidency holes = h200_like(16);
+  holes.resident[12] = 0;
+  EXPECT_GE(cuda::stream_time_us(8, 32, 12, 1, 8, holes), 1e29);
 }
 
 TEST(Fp8GemmApi, GroupedRejectsMismatchedInputs) {

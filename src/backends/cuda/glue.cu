@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/launch.h"
 #include "ops/cuda/common/sm90/sync.cuh"
 #include "ops/cuda/gemm/act_quant.cuh"
 
@@ -172,17 +173,13 @@ void swiglu_fp8(const SwigluFp8Params& p, cudaStream_t stream) {
   DSV4_CHECK(p.gu && p.out && p.codes && p.scales_t && a16(p.gu) && a16(p.out) && a16(p.codes),
              "swiglu_fp8: null or unaligned pointer");
   const int64_t halves = int64_t(p.rows) * (p.inter / 128);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned((halves * 16 + kThreads - 1) / kThreads), 1, 1);
-  cfg.blockDim = dim3(kThreads, 1, 1);
+  cuda::LaunchConfig cfg;
+  cfg.grid = dim3(unsigned((halves * 16 + kThreads - 1) / kThreads), 1, 1);
+  cfg.block = dim3(kThreads, 1, 1);
   cfg.stream = stream;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = p.pdl ? 1 : 0;
-  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, swiglu_fp8_kernel, p.gu, p.ld_gu, p.rows, p.inter,
-                                     p.limit, p.out, p.codes, p.scales_t, p.ld_scales));
+  cfg.pdl = p.pdl;
+  cuda::launch_kernel(cfg, swiglu_fp8_kernel, p.gu, p.ld_gu, p.rows, p.inter, p.limit, p.out,
+                      p.codes, p.scales_t, p.ld_scales);
 }
 
 void mtp_combine(const __nv_bfloat16* e, const __nv_bfloat16* h, int tokens, int hc, int dim,

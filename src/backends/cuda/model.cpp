@@ -39,11 +39,12 @@ size_t align256(size_t n) {
 }
 
 // Largest workspace of the FP8 GEMM over 1 <= m <= m_max for one weight shape (the tensor-core
-// path's stream-K partials depend on the number of 128-row tiles).
+// path's stream-K partials depend on the number of 128-row tiles; from 65 to 256 rows the path
+// depends on m, so the tensor-core figure is taken there).
 size_t gemm_ws_upto(int m_max, int n, int k) {
   size_t best = cuda::fp8_gemm_workspace_bytes(m_max, n, k);
   for (int m = cuda::gemm_cfg::kStreamMaxTokens + 1; m < m_max; m += cuda::gemm_cfg::kPrefillTileM)
-    best = std::max(best, cuda::fp8_gemm_workspace_bytes(m, n, k));
+    best = std::max(best, cuda::fp8_gemm_workspace_bytes(m, n, k, cuda::Fp8GemmPath::kTensorCore));
   return best;
 }
 
@@ -505,8 +506,9 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
               {bf16_ref(act_.qr, T, QL), bf16_ref(act_.qr_n, T, QL)}),
      [&] { cuda::rms_norm(rn, stream_); });
   const Fp8Act aq = fuse_q ? fused_act(act_.qr_n, QL, T, QL, 1) : quantize(act_.qr_n, QL, T, QL, 1);
-  // The indexer's queries come from the same quantised latent: with wq_b in one launch (one
-  // rank holding every indexer head; tensor parallel below).
+  // The indexer's queries come from the same quantised latent: with wq_b through the grouped
+  // GEMM (one rank holding every indexer head; tensor parallel below), which launches them
+  // together only where that is predicted faster (plan_stream_grouping).
   const bool index_grouped = ratio == 4 && b.index_wq_b.n == c.index_n_heads * c.index_head_dim;
   if (index_grouped)
     gemm2(

@@ -9,6 +9,7 @@
 #include "ops/cuda/attn_frontend/attn_frontend_config.h"
 #include "ops/cuda/attn_frontend/kv_entry.cuh"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/launch.h"
 #include "ops/cuda/common/numerics.cuh"
 #include "ops/cuda/common/sm90/sync.cuh"
 
@@ -26,16 +27,12 @@ bool aligned(const void* p, int bytes) {
 template <class Params>
 void launch(void (*kernel)(Params), dim3 grid, dim3 block, bool pdl, cudaStream_t stream,
             const Params& p) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
+  LaunchConfig cfg;
+  cfg.grid = grid;
+  cfg.block = block;
   cfg.stream = stream;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+  cfg.pdl = pdl;
+  launch_kernel(cfg, kernel, p);
 }
 
 __global__ void __launch_bounds__(kRopeThreads)

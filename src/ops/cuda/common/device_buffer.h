@@ -46,9 +46,17 @@ class DeviceBuffer {
     if (n_) DSV4_CUDA_CHECK(cudaMemcpy(h.data(), p_, bytes(), cudaMemcpyDeviceToHost));
     return h;
   }
-  // Fills every byte with `byte` (tests poison outputs this way).
+  // Fills every byte with `byte` (tests poison outputs this way) and returns when it is done,
+  // as upload() does: a plain cudaMemset only queues the fill on the legacy default stream,
+  // which kernels on non-blocking streams do not wait for.
   void fill_bytes(int byte) {
-    if (n_) DSV4_CUDA_CHECK(cudaMemset(p_, byte, bytes()));
+    if (!n_) return;
+    DSV4_CUDA_CHECK(cudaMemsetAsync(p_, byte, bytes(), cudaStreamLegacy));
+    DSV4_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+  }
+  // Fills every byte with `byte` in the order of `stream` (graph-capturable).
+  void fill_bytes(int byte, cudaStream_t stream) {
+    if (n_) DSV4_CUDA_CHECK(cudaMemsetAsync(p_, byte, bytes(), stream));
   }
 
  private:

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/launch.h"
 #include "ops/cuda/common/sm90/sync.cuh"
 #include "ops/cuda/gemm/act_quant.cuh"
 #include "ops/cuda/gemm/fp8_gemm.h"
@@ -83,16 +84,12 @@ void quantize_act_fp8(const ActQuantParams& p, cudaStream_t stream) {
   const int64_t blocks = int64_t(p.m) * (p.k / 128);
   const int64_t per_cta = kQuantThreads / 16;  // blocks per CTA per iteration
   const int grid = int(std::min<int64_t>((blocks + per_cta - 1) / per_cta, 1 << 20));
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(grid), 1, 1);
-  cfg.blockDim = dim3(kQuantThreads, 1, 1);
+  LaunchConfig cfg;
+  cfg.grid = dim3(unsigned(grid), 1, 1);
+  cfg.block = dim3(kQuantThreads, 1, 1);
   cfg.stream = stream;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = p.pdl ? 1 : 0;
-  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, act_quant_kernel, p));
+  cfg.pdl = p.pdl;
+  launch_kernel(cfg, act_quant_kernel, p);
 }
 
 void fp8_weight_scales_to_f32(const uint8_t* e8m0, int n, int k, float* scales_t,

@@ -86,9 +86,8 @@ void fp8_gemm(const Fp8GemmParams& p, cudaStream_t stream) {
   check_gemm_operands(p);
   const Fp8GemmPath path = resolve(p.path, m, n, k);
   if (path == Fp8GemmPath::kStream) {
-    DSV4_CHECK(m <= gemm_cfg::kStreamMaxTokens,
-               "fp8_gemm: the streaming kernel takes m <= ", gemm_cfg::kStreamMaxTokens, ", got ",
-               m);
+    DSV4_CHECK(m <= gemm_cfg::kStreamMaxM,
+               "fp8_gemm: the streaming kernel takes m <= ", gemm_cfg::kStreamMaxM, ", got ", m);
     detail::StreamGemmLaunch s;
     s.w = p.w.codes;
     s.n = n;
@@ -107,7 +106,7 @@ void fp8_gemm(const Fp8GemmParams& p, cudaStream_t stream) {
     return;
   }
   DSV4_CHECK(n % 8 == 0 && ldy % 8 == 0 && aligned16(p.y),
-             "fp8_gemm: the tensor-core path (m = ", m, " > ", gemm_cfg::kStreamMaxTokens,
+             "fp8_gemm: the tensor-core path (m = ", m,
              ") needs n and ldy multiples of 8 and a 16-byte aligned y; got n=", n, " ldy=", ldy);
   detail::prefill_gemm(prefill_args(p), p.workspace, p.workspace_bytes, stream);
 }
@@ -134,18 +133,31 @@ void fp8_gemm_grouped(const Fp8GemmGroupedParams& p, cudaStream_t stream) {
     o.workspace = p.workspace;
     o.workspace_bytes = p.workspace_bytes;
     o.path = p.path;
+    // A weight launched alone follows the previous GEMM, which waited for the input's producer.
+    o.pdl = p.pdl;
   }
-  const Fp8GemmPath path = resolve(p.path, m, p.w[0].n, k);
-  for (int g = 1; g < p.count; ++g)
-    DSV4_CHECK(resolve(p.path, m, p.w[g].n, k) == path,
-               "fp8_gemm_grouped: the weights resolve to different GEMM paths");
-  if (path != Fp8GemmPath::kStream) {
+  // One streaming launch when every weight streams and the launch pays (a forced split always
+  // groups: tests compare it with the weights alone at that split); else each weight alone.
+  bool all_stream = true;
+  int tiles[Fp8GemmGroupedParams::kMaxGroups];
+  for (int g = 0; g < p.count; ++g) {
+    all_stream = all_stream && resolve(p.path, m, p.w[g].n, k) == Fp8GemmPath::kStream;
+    tiles[g] = (p.w[g].n + gemm_cfg::kStreamRows - 1) / gemm_cfg::kStreamRows;
+  }
+  DSV4_CHECK(p.splits == 0 || all_stream, "fp8_gemm_grouped: a forced split (", p.splits,
+             ") needs every weight on the streaming path");
+  const bool grouped =
+      all_stream && (p.splits > 0 || p.count == 1 ||
+                     plan_stream_grouping(tiles, p.count, k / gemm_cfg::kStreamStepBytes,
+                                          detail::stream_residency_fp8())
+                         .grouped);
+  if (!grouped) {
     for (int g = 0; g < p.count; ++g) fp8_gemm(one[g], stream);
     return;
   }
-  DSV4_CHECK(m <= gemm_cfg::kStreamMaxTokens,
-             "fp8_gemm_grouped: the streaming kernel takes m <= ", gemm_cfg::kStreamMaxTokens,
-             ", got ", m);
+  DSV4_CHECK(m <= gemm_cfg::kStreamMaxM,
+             "fp8_gemm_grouped: the streaming kernel takes m <= ", gemm_cfg::kStreamMaxM, ", got ",
+             m);
   detail::StreamGemmLaunch s;
   s.k = k;
   s.a = p.a_codes;
@@ -186,12 +198,13 @@ size_t fp8_linear_workspace_bytes(int m, int n, int k, Fp8GemmPath path) {
 
 size_t fp8_linear_workspace_bytes_upto(int m_max, int n, int k) {
   // Workspace grows with m except for the tensor-core kernel's stream-K partials, which depend on
-  // the number of 128-row tiles: take the largest m of every tile count.
+  // the number of 128-row tiles: take the largest m of every tile count, on the tensor-core path
+  // (from 65 to 256 rows the path depends on m; the streaming kernel needs no GEMM workspace).
   size_t best = fp8_linear_workspace_bytes(m_max, n, k);
-  for (int m = gemm_cfg::kStreamMaxTokens + 1; m < m_max; m += gemm_cfg::kPrefillTileM) {
+  for (int m = gemm_cfg::kStreamMaxTokens + 1; m <= m_max; m += gemm_cfg::kPrefillTileM) {
     const int m_top = std::min(m_max, (m + gemm_cfg::kPrefillTileM - 1) / gemm_cfg::kPrefillTileM *
                                           gemm_cfg::kPrefillTileM);
-    best = std::max(best, fp8_linear_workspace_bytes(m_top, n, k));
+    best = std::max(best, fp8_linear_workspace_bytes(m_top, n, k, Fp8GemmPath::kTensorCore));
   }
   return best;
 }

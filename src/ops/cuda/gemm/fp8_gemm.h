@@ -10,12 +10,14 @@
 // are converted once at load time to fp32, transposed (fp8_weight_scales_to_f32).
 //
 // Two kernels, picked by fp8_gemm_pick_path (fp8_gemm_heuristic.h):
-//  * stream (m <= 64, decode): weight-streaming swap-AB wgmma kernel; each CTA streams 128 weight
-//    rows x a K range through a TMA pipeline, K split across a thread-block cluster whose CTAs
+//  * stream (m <= 64; up to 256 rows for n not a multiple of 8): weight-streaming
+//    swap-AB wgmma kernel; each CTA streams 128 weight rows x a K range through a TMA pipeline
+//    for up to 64 tokens (blocks of 64 above), K split across a thread-block cluster whose CTAs
 //    reduce through distributed shared memory (deterministic, no workspace). Any n >= 1. Each
 //    32-wide K slice is promoted into fp32 separately (exact FP8 products; no tensor-core
-//    accumulation chain), so it matches the CPU to fp32 rounding.
-//  * tensor-core (m > 64, prefill): CUTLASS's sm90 warp-specialised FP8 blockwise-scaled GEMM
+//    accumulation chain), so it matches the CPU to fp32 rounding. A weight's K split does not
+//    depend on m, so neither does a token's output while its GEMM streams.
+//  * tensor-core (m > 64): CUTLASS's sm90 warp-specialised FP8 blockwise-scaled GEMM
 //    (1x128 activation scales, 128x128 weight scales, fp32 scales), persistent or stream-K.
 //    Needs n % 8 == 0. Its promotion interval is the 128 block: inside a block the FP8 tensor
 //    cores chain four 32-wide slices in their ~14-bit accumulator (as DeepGEMM and the
@@ -97,7 +99,7 @@ struct Fp8GemmParams {
   int64_t ldy = 0;
   void* workspace = nullptr;  // fp8_gemm_workspace_bytes(m, n, k) bytes, any content
   size_t workspace_bytes = 0;
-  // Launch the streaming kernel (m <= 64) with programmatic dependent launch: it starts
+  // Launch the streaming kernel with programmatic dependent launch: it starts
   // streaming weights while the kernel that writes a_codes/a_scales_t (the one launched just
   // before on the same stream) finishes. Ignored by the tensor-core path.
   bool pdl = false;
@@ -109,11 +111,13 @@ void fp8_gemm(const Fp8GemmParams& p, cudaStream_t stream);
 // ---- grouped GEMM: several weights, one input ---------------------------------------------------
 // y_g = x W_g^T for up to kMaxGroups weights with the same k, on the same quantised activations
 // (e.g. the attention's wq_a and wkv on the normalised x; wq_b and the indexer's wq_b on the
-// normalised q latent). On the streaming path (m <= 64) all of them run in one launch whose K
-// split is planned over their tiles together; each y_g is bit-identical to fp8_gemm of W_g
-// alone at the same split (the split changes only the order of the fp32 sum of the K-range
-// partials). Above 64 rows each weight is one tensor-core launch, exactly fp8_gemm. The
-// workspace covers the largest weight's fp8_gemm_workspace_bytes (the launches are in order).
+// normalised q latent). Where every weight streams and one launch is predicted faster than
+// theirs (plan_stream_grouping, fp8_gemm_heuristic.h; always with a forced split), all of them
+// run in one launch whose K split is planned over their tiles together; each y_g is
+// bit-identical to the streaming GEMM of W_g alone at the same split (the split changes only
+// the order of the fp32 sum of the K-range partials). Otherwise each weight is its own fp8_gemm
+// launch, exactly fp8_gemm. The workspace covers the largest weight's fp8_gemm_workspace_bytes
+// (the launches are in order).
 struct Fp8GemmGroupedParams {
   static constexpr int kMaxGroups = 4;
   const uint8_t* a_codes = nullptr;

@@ -17,6 +17,8 @@ constexpr int kStreamThreads = 160;
 constexpr int kStreamConsumerThreads = 128;
 // Tokens are the wgmma N dimension: padded to 8, 16, 32 or 64.
 constexpr int kStreamMaxTokens = 64;
+// Above 64 tokens a launch runs blocks of 64 as separate CTAs, up to this many tokens.
+constexpr int kStreamMaxM = 256;
 // K is split over at most this many CTAs of one cluster: 16 is Hopper's non-portable cluster
 // size (the launcher asks the device how many such clusters fit, fp8_gemm_heuristic.h), 8 the
 // portable one that every sm_90 device places.

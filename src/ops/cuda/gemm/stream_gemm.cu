@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/launch.h"
 #include "ops/cuda/common/per_device.h"
 #include "ops/cuda/gemm/fp8_gemm_heuristic.h"
 #include "ops/cuda/gemm/stream_gemm.cuh"
@@ -125,6 +126,7 @@ void launch_tokens(const StreamGemmLaunch& p, cudaStream_t stream) {
   WeightMaps maps{};
   Args args;
   args.m = p.m;
+  args.token_blocks = (p.m + kMT - 1) / kMT;
   args.groups = groups;
   int tiles = 0;
   for (int g = 0; g < groups; ++g) {
@@ -159,34 +161,20 @@ void launch_tokens(const StreamGemmLaunch& p, cudaStream_t stream) {
              res.max_splits, " on this device)");
   args.k_steps = k_steps;
 
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(plan.tiles, plan.splits, 1);
-  cfg.blockDim = dim3(gemm_cfg::kStreamThreads, 1, 1);
-  cfg.dynamicSmemBytes = kSmem;
+  LaunchConfig cfg;
+  cfg.grid = dim3(unsigned(plan.tiles * args.token_blocks), plan.splits, 1);
+  cfg.block = dim3(gemm_cfg::kStreamThreads, 1, 1);
+  cfg.smem = kSmem;
   cfg.stream = stream;
-  cudaLaunchAttribute attrs[2];
-  int na = 0;
-  if (plan.splits > 1) {
-    attrs[na].id = cudaLaunchAttributeClusterDimension;
-    attrs[na].val.clusterDim.x = 1;
-    attrs[na].val.clusterDim.y = plan.splits;
-    attrs[na].val.clusterDim.z = 1;
-    ++na;
-  }
-  if (p.pdl) {
-    attrs[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[na].val.programmaticStreamSerializationAllowed = 1;
-    ++na;
-  }
-  cfg.attrs = attrs;
-  cfg.numAttrs = na;
-  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, maps, tm_a, tm_sa, args));
+  cfg.pdl = p.pdl;
+  cfg.cluster = dim3(1, plan.splits, 1);  // a cluster attribute only when splits > 1
+  launch_kernel(cfg, kernel, maps, tm_a, tm_sa, args);
 }
 
 template <bool kFp8>
 void launch(const StreamGemmLaunch& p, cudaStream_t stream) {
-  DSV4_CHECK(p.m >= 1 && p.m <= gemm_cfg::kStreamMaxTokens, "stream GEMM: m = ", p.m,
-             " outside 1..", gemm_cfg::kStreamMaxTokens);
+  DSV4_CHECK(p.m >= 1 && p.m <= gemm_cfg::kStreamMaxM, "stream GEMM: m = ", p.m, " outside 1..",
+             gemm_cfg::kStreamMaxM);
   switch (gemm_cfg::stream_tokens(p.m)) {
     case 8:
       return launch_tokens<8, kFp8>(p, stream);
@@ -208,8 +196,12 @@ void stream_gemm_bf16(const StreamGemmLaunch& p, cudaStream_t stream) {
   launch<false>(p, stream);
 }
 
+StreamResidency stream_residency_fp8() {
+  return plan_residency<true>();
+}
+
 int stream_max_splits_fp8(int m) {
-  DSV4_CHECK(m >= 1 && m <= gemm_cfg::kStreamMaxTokens, "stream GEMM: m = ", m);
+  DSV4_CHECK(m >= 1 && m <= gemm_cfg::kStreamMaxM, "stream GEMM: m = ", m);
   return plan_residency<true>().max_splits;
 }
 

@@ -1,4 +1,4 @@
-// The weight-streaming GEMM for decode-sized M (1..64 rows of activations), y = x W^T with W
+// The weight-streaming GEMM for decode-sized M (1..256 rows of activations), y = x W^T with W
 // [n, K] row-major, for two operand kinds:
 //   kFp8 = true : e4m3 codes, activations per-(row,128) scaled, weights per-128x128 scaled; the
 //                 128-wide K blocks are promoted into the fp32 accumulator with sa * sw (the
@@ -7,12 +7,16 @@
 //
 // Swap-AB: the weight tile is the wgmma M side (two m64 tiles = 128 weight rows per CTA) and the
 // tokens are the wgmma N side (padded to kMT = 8/16/32/64 by the TMA's zero fill), so the tensor
-// cores are never the limit and every CTA only streams weights. Warp roles: warps 0-3 form the
+// cores are never the limit and every CTA only streams weights. Above 64 tokens, blocks of 64
+// are separate CTAs (token_blocks of them per weight tile, adjacent in blockIdx.x so that they
+// run together and the later ones read the tile from L2); each computes exactly what a launch of
+// its 64 tokens alone would. Warp roles: warps 0-3 form the
 // consumer warpgroup (wgmma + promotion), warp 4 issues TMA loads into a kStages-deep ring of
 // shared-memory stages (one stage = 128 bytes of K for 128 weight rows + kMT token rows).
 // K is split across the CTAs of a cluster (gridDim.y = cluster size = splits); their fp32
 // partial tiles are summed in rank order through distributed shared memory, so results are
-// deterministic and no global workspace is needed.
+// deterministic and no global workspace is needed. Every rank sums an equal share of the tile's
+// elements, all ranks' partials of an element loaded before they are added (the loads overlap).
 // Grouped launch: up to kStreamMaxGroups weight matrices with the same K, multiplied by the same
 // activations into separate outputs; gridDim.x runs over the tiles of every weight in turn.
 // A CTA computes exactly what it would in a launch of its weight alone with the same split
@@ -45,6 +49,20 @@ __device__ __forceinline__ void mma_step(uint64_t da, uint64_t db, float* d, boo
     sm90::Bf16MmaSS<kN>::wgmma(da, db, d, scale_d);
 }
 
+// wgmma.wait_group with a count known only once the caller's loop is unrolled.
+__device__ __forceinline__ void wait_pending(int n) {
+  switch (n) {
+    case 0:
+      return sm90::warpgroup_wait<0>();
+    case 1:
+      return sm90::warpgroup_wait<1>();
+    case 2:
+      return sm90::warpgroup_wait<2>();
+    default:
+      return sm90::warpgroup_wait<3>();
+  }
+}
+
 // One weight matrix of a (grouped) launch.
 struct Group {
   int n = 0;                          // weight rows
@@ -56,9 +74,10 @@ struct Group {
 };
 
 struct Args {
-  int m = 0;        // tokens (<= kMT)
-  int k_steps = 0;  // 128-byte K steps per weight row
-  int groups = 1;   // 1..kStreamMaxGroups
+  int m = 0;             // tokens (<= kMT * token_blocks)
+  int token_blocks = 1;  // ceil(m / kMT): CTAs per weight tile and K range
+  int k_steps = 0;       // 128-byte K steps per weight row
+  int groups = 1;        // 1..kStreamMaxGroups
   Group g[gemm_cfg::kStreamMaxGroups];
 };
 
@@ -93,17 +112,23 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
       reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(s_sa) + kStages * kSABytes);
   uint64_t* empty = full + kStages;
 
-  // This CTA's weight: the last group whose first tile is at or before blockIdx.x (selected
-  // with constant indices, so the parameters stay in the constant bank).
+  // This CTA's tile (over every group) and block of tokens.
+  const int token_block = int(blockIdx.x) % args.token_blocks;
+  const int gtile = int(blockIdx.x) / args.token_blocks;
+  const int tok0 = token_block * kMT;
+  // Its weight: the last group whose first tile is at or before gtile (selected with constant
+  // indices, so the parameters stay in the constant bank).
   const CUtensorMap* tm_w = &tm_ws.m[0];
   Group grp = args.g[0];
 #pragma unroll
   for (int i = 1; i < gemm_cfg::kStreamMaxGroups; ++i)
-    if (i < args.groups && int(blockIdx.x) >= args.g[i].tile0) {
+    if (i < args.groups && gtile >= args.g[i].tile0) {
       tm_w = &tm_ws.m[i];
       grp = args.g[i];
     }
-  const int tile = blockIdx.x - grp.tile0;
+  const int tile = gtile - grp.tile0;
+  // A tile that several token blocks read stays in L2 for the others (normal eviction).
+  const uint64_t w_hint = args.token_blocks > 1 ? sm90::kEvictNormal : sm90::kEvictFirst;
   const int splits = gridDim.y;
   const int split = blockIdx.y;  // == rank in the cluster (cluster dims (1, splits, 1))
   const int n0 = tile * kRows;
@@ -139,14 +164,14 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
       for (int i = 0; i < pre; ++i) {
         sm90::mbar_arrive_expect_tx(&full[i], kTxBytes);
         sm90::tma_load_2d(tm_w, &full[i], s_w + i * kWBytes, (s_begin + i) * kStepElems, n0,
-                          sm90::kEvictFirst);
+                          w_hint);
       }
       sm90::griddep_wait();
       for (int i = 0; i < pre; ++i) {
-        sm90::tma_load_2d(&tm_a, &full[i], s_a + i * kABytes, (s_begin + i) * kStepElems, 0,
+        sm90::tma_load_2d(&tm_a, &full[i], s_a + i * kABytes, (s_begin + i) * kStepElems, tok0,
                           sm90::kEvictLast);
         if constexpr (kFp8)
-          sm90::tma_load_2d(&tm_sa, &full[i], reinterpret_cast<uint8_t*>(s_sa) + i * kSABytes, 0,
+          sm90::tma_load_2d(&tm_sa, &full[i], reinterpret_cast<uint8_t*>(s_sa) + i * kSABytes, tok0,
                             s_begin + i, sm90::kEvictLast);
       }
       for (int i = pre; i < count; ++i) {
@@ -154,10 +179,10 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
         sm90::mbar_wait(&empty[s], ((i / kStages) - 1) & 1);
         sm90::mbar_arrive_expect_tx(&full[s], kTxBytes);
         const int kc = (s_begin + i) * kStepElems;
-        sm90::tma_load_2d(tm_w, &full[s], s_w + s * kWBytes, kc, n0, sm90::kEvictFirst);
-        sm90::tma_load_2d(&tm_a, &full[s], s_a + s * kABytes, kc, 0, sm90::kEvictLast);
+        sm90::tma_load_2d(tm_w, &full[s], s_w + s * kWBytes, kc, n0, w_hint);
+        sm90::tma_load_2d(&tm_a, &full[s], s_a + s * kABytes, kc, tok0, sm90::kEvictLast);
         if constexpr (kFp8)
-          sm90::tma_load_2d(&tm_sa, &full[s], reinterpret_cast<uint8_t*>(s_sa) + s * kSABytes, 0,
+          sm90::tma_load_2d(&tm_sa, &full[s], reinterpret_cast<uint8_t*>(s_sa) + s * kSABytes, tok0,
                             s_begin + i, sm90::kEvictLast);
       }
     }
@@ -166,6 +191,15 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
     // ---- consumer warpgroup ----
     sm90::griddep_wait();
     const int q0 = (lane & 3) * 2;  // this thread's token pair inside each group of 8
+    // The slices' own accumulators: every wgmma into them overwrites (scale_d = false), so they
+    // are zeroed once here, not before every slice.
+    [[maybe_unused]] float part[kFp8 ? kBatch : 1][2][kFp8 ? kAcc : 1];
+#pragma unroll
+    for (int b = 0; b < (kFp8 ? kBatch : 1); ++b)
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int j = 0; j < (kFp8 ? kAcc : 1); ++j) part[b][t][j] = 0.0f;
     float sw_next = 0.0f;
     if constexpr (kFp8)
       if (count > 0) sw_next = __ldg(grp.w_scales_t + size_t(s_begin) * grp.w_scale_ld + tile);
@@ -191,31 +225,33 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
         // FP8 tensor cores accumulate into C with ~14 significant bits, so chaining the four
         // slices of a 128 block inside the tensor core would cost ~1e-4 relative accuracy that
         // the memory-bound decode can afford to keep (the products of one slice are exact).
-        // kBatch slices are issued before one wait (each into its own accumulator) and then
-        // promoted in slice order: the same operations as one slice per wait, fewer round trips.
-#pragma unroll 1
+        // kBatch slices are issued together, each into its own accumulator and as its own
+        // commit group, and promoted in slice order as each retires (the later slices' wgmmas
+        // run meanwhile): the same operations as one slice per wait, fewer round trips. Unrolled
+        // where several slices are in flight, so that every wait has its count and ptxas sees which
+        // slice has retired (C7514 otherwise); 64 tokens keep one slice per wait (two would not
+        // leave two CTAs an SM; split into 32-token halves to overlap, it measured slower on the
+        // H200).
+#pragma unroll(kBatch == 1 ? 1 : 4)
         for (int kb = 0; kb < 4; kb += kBatch) {
-          float part[kBatch][2][kAcc];
 #pragma unroll
           for (int b = 0; b < kBatch; ++b)
 #pragma unroll
             for (int t = 0; t < 2; ++t)
 #pragma unroll
-              for (int j = 0; j < kAcc; ++j) {
-                part[b][t][j] = 0.0f;
-                sm90::warpgroup_fence_operand(part[b][t][j]);
-              }
+              for (int j = 0; j < kAcc; ++j) sm90::warpgroup_fence_operand(part[b][t][j]);
           sm90::warpgroup_arrive();
 #pragma unroll
-          for (int b = 0; b < kBatch; ++b)
+          for (int b = 0; b < kBatch; ++b) {
 #pragma unroll
             for (int t = 0; t < 2; ++t)
               mma_step<true, kMT>(dw + ((t * 64 * kStepBytes + (kb + b) * 32) >> 4),
                                   da + (((kb + b) * 32) >> 4), part[b][t], false);
-          sm90::warpgroup_commit_batch();
-          sm90::warpgroup_wait<0>();
+            sm90::warpgroup_commit_batch();
+          }
 #pragma unroll
-          for (int b = 0; b < kBatch; ++b)
+          for (int b = 0; b < kBatch; ++b) {
+            wait_pending(kBatch - 1 - b);
 #pragma unroll
             for (int t = 0; t < 2; ++t)
 #pragma unroll
@@ -223,6 +259,7 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
                 sm90::warpgroup_fence_operand(part[b][t][j]);
                 acc[t][j] = fmaf(part[b][t][j], (j & 1) ? scl[j >> 2].y : scl[j >> 2].x, acc[t][j]);
               }
+          }
         }
         __syncwarp();
         if (lane == 0) sm90::mbar_arrive(&empty[s]);
@@ -267,26 +304,36 @@ __global__ void __launch_bounds__(gemm_cfg::kStreamThreads, 1)
     sm90::cluster_sync();
   else
     __syncthreads();
-  // Rank r writes tokens [r*m/splits, (r+1)*m/splits): thread `row` sums its element over the
-  // cluster's partial tiles in rank order and stores it (consecutive threads, consecutive n).
+  // The block's elements (token-major: e = col * 128 + row, consecutive threads on consecutive
+  // n) are shared out over the ranks, rank r taking [r*E/splits, (r+1)*E/splits). Each is the
+  // sum, in rank order from 0.0f, of the cluster's partial tiles: every rank's partial is
+  // loaded first (independent remote loads in flight together), then added in order.
   if (warp < 4) {
-    const int row = threadIdx.x;
-    const int c0 = int((long long)split * args.m / splits);
-    const int c1 = int((long long)(split + 1) * args.m / splits);
-    const bool valid = n0 + row < grp.n;
-    for (int col = c0; col < c1; ++col) {
-      const int e = partial_index<kMT>(row, col);
+    const int m_blk = min(kMT, args.m - tok0);
+    const int total = m_blk * kRows;
+    const int e0 = int((long long)split * total / splits);
+    const int e1 = int((long long)(split + 1) * total / splits);
+    for (int e = e0 + int(threadIdx.x); e < e1; e += gemm_cfg::kStreamConsumerThreads) {
+      const int col = e / kRows, row = e % kRows;
+      const int idx = partial_index<kMT>(row, col);
       float v = 0.0f;
-      for (int r = 0; r < splits; ++r) {
-        const float* src = splits > 1 ? cluster.map_shared_rank(part_tile, r) : part_tile;
-        v += src[e];
+      if (splits == 1) {
+        v += part_tile[idx];
+      } else {
+        float p[gemm_cfg::kStreamMaxSplits];
+#pragma unroll
+        for (int r = 0; r < gemm_cfg::kStreamMaxSplits; ++r)
+          if (r < splits) p[r] = cluster.map_shared_rank(part_tile, r)[idx];
+#pragma unroll
+        for (int r = 0; r < gemm_cfg::kStreamMaxSplits; ++r)
+          if (r < splits) v += p[r];
       }
-      if (valid) {
+      if (n0 + row < grp.n) {
+        const size_t o = size_t(tok0 + col) * grp.ldo + n0 + row;
         if constexpr (kFp8)
-          reinterpret_cast<__nv_bfloat16*>(grp.out)[size_t(col) * grp.ldo + n0 + row] =
-              __float2bfloat16_rn(v);
+          reinterpret_cast<__nv_bfloat16*>(grp.out)[o] = __float2bfloat16_rn(v);
         else
-          reinterpret_cast<float*>(grp.out)[size_t(col) * grp.ldo + n0 + row] = v;
+          reinterpret_cast<float*>(grp.out)[o] = v;
       }
     }
   }

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "ops/cuda/gemm/fp8_gemm_heuristic.h"
+
 namespace dsv4::cuda::detail {
 
 // A further weight of a grouped launch: same k and activations as the first, its own output.
@@ -23,7 +25,7 @@ struct StreamGemmLaunch {
   int k = 0;
   const void* a = nullptr;  // [m, k] e4m3 (packed rows) or BF16 (row stride lda elements)
   int64_t lda = 0;
-  int m = 0;                          // 1..64
+  int m = 0;                          // 1..kStreamMaxM (blocks of 64 above 64)
   const float* a_scales_t = nullptr;  // fp8: [k/128, a_ld] fp32
   int a_ld = 0;
   const float* w_scales_t = nullptr;  // fp8: [k/128, ceil(n/128)] fp32
@@ -42,6 +44,9 @@ void stream_gemm_bf16(const StreamGemmLaunch& p, cudaStream_t stream);
 
 // SM count of the current device (cached per device).
 int sm_count();
+// What the current device holds of the FP8 streaming kernel, as its plans use it (the least
+// over the token widths, so that a weight's K split is the same at every m).
+StreamResidency stream_residency_fp8();
 // The largest K split (cluster size) the FP8 streaming kernel plans with on the current device,
 // the same for every m (16 where the device places non-portable 16-CTA clusters, else 8).
 int stream_max_splits_fp8(int m);

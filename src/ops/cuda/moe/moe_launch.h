@@ -1,12 +1,12 @@
 // How the MoE stages are launched: on the caller's stream, each allowed to start while its
-// predecessor finishes (programmatic dependent launch).
+// predecessor finishes (programmatic dependent launch, ops/cuda/common/launch.h).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <utility>
 
-#include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/launch.h"
 
 namespace dsv4::cuda::moe {
 
@@ -21,17 +21,13 @@ struct LaunchCtx {
 template <typename... KArgs, typename... Args>
 void launch_kernel(const LaunchCtx& c, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                    Args&&... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
+  LaunchConfig cfg;
+  cfg.grid = grid;
+  cfg.block = block;
+  cfg.smem = smem;
   cfg.stream = c.stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = c.pdl && c.stream != nullptr ? 1 : 0;
-  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+  cfg.pdl = c.pdl && c.stream != nullptr;
+  ::dsv4::cuda::launch_kernel(cfg, kernel, std::forward<Args>(args)...);
 }
 
 }  // namespace dsv4::cuda::moe

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/launch.h"
 #include "ops/cuda/common/sm90/sync.cuh"
 #include "ops/cuda/gemm/act_quant.cuh"
 #include "ops/cuda/norm/norm_config.h"
@@ -104,16 +105,12 @@ void launch(const RmsNormParams& p, cudaStream_t stream) {
   constexpr int kRowsPerCta = kThreads / kGroup;
   const int64_t ctas = (int64_t(p.rows) + kRowsPerCta - 1) / kRowsPerCta;
   const int grid = int(std::min<int64_t>(ctas, 1 << 16));
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(grid), 1, 1);
-  cfg.blockDim = dim3(kThreads, 1, 1);
+  LaunchConfig cfg;
+  cfg.grid = dim3(unsigned(grid), 1, 1);
+  cfg.block = dim3(kThreads, 1, 1);
   cfg.stream = stream;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = p.pdl ? 1 : 0;
-  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, rms_norm_kernel<kGroup>, p));
+  cfg.pdl = p.pdl;
+  launch_kernel(cfg, rms_norm_kernel<kGroup>, p);
 }
 
 bool aligned16(const void* p) {

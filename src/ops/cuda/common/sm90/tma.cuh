@@ -11,8 +11,9 @@
 namespace dsv4::cuda::sm90 {
 
 // L2 cache hints (the encodings CUTLASS uses for TMA::CacheHintSm90).
-constexpr uint64_t kEvictFirst = 0x12F0000000000000ull;  // streamed once (weights)
-constexpr uint64_t kEvictLast = 0x14F0000000000000ull;   // re-read by many CTAs (activations)
+constexpr uint64_t kEvictFirst = 0x12F0000000000000ull;   // streamed once (weights)
+constexpr uint64_t kEvictLast = 0x14F0000000000000ull;    // re-read by many CTAs (activations)
+constexpr uint64_t kEvictNormal = 0x1000000000000000ull;  // re-read by a few CTAs at once
 
 __device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
