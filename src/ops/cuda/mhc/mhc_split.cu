@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/launch.h"
 #include "ops/cuda/common/per_device.h"
 #include "ops/cuda/common/sm90/sync.cuh"
 #include "ops/cuda/common/sm90/warp_mma.cuh"
@@ -449,16 +450,7 @@ void* workspace(size_t bytes, cudaStream_t stream) {
 template <typename Args>
 void launch_pdl(void (*kernel)(Args), dim3 grid, int threads, cudaStream_t stream,
                 const Args& args) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(threads, 1, 1);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args));
+  launch_kernel(LaunchConfig{grid, dim3(threads, 1, 1), 0, stream, /*pdl=*/true}, kernel, args);
 }
 
 template <Kind kKind>

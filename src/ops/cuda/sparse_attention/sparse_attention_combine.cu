@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/launch.h"
 #include "ops/cuda/common/sm90/bf16x2.cuh"
 #include "ops/cuda/common/sm90/sync.cuh"
 #include "ops/cuda/sparse_attention/sparse_attention_config.h"
@@ -70,16 +71,10 @@ __global__ void __launch_bounds__(kCombineWarps * 32) sparse_attn_combine_kernel
 void launch_combine(const AttnArgs& a, cudaStream_t stream) {
   const int64_t rows = int64_t(a.num_tokens) * a.n_heads;
   const int64_t blocks = (rows + kCombineWarps - 1) / kCombineWarps;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(blocks));
-  cfg.blockDim = dim3(kCombineWarps * 32);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, sparse_attn_combine_kernel, a));
+  // A programmatic dependent of the attention kernel: it waits for that grid before reading.
+  launch_kernel(
+      LaunchConfig{dim3(unsigned(blocks)), dim3(kCombineWarps * 32), 0, stream, /*pdl=*/true},
+      sparse_attn_combine_kernel, a);
 }
 
 }  // namespace dsv4::cuda::sparse_attn_detail
