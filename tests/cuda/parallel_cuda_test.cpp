@@ -257,6 +257,10 @@ TEST_F(ParallelCuda, InProcessDeviceCollectivesMoveBytesExactly) {
     cuda::DeviceBuffer<int> one(std::vector<int>{r}), both(size_t(sub->size()));
     sub->all_gather(one.data(), both.data(), 4, s);
     DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
+    // Rank 1 is alone in its group: without this meeting it can reach cudaFree (a context-wide
+    // synchronisation) while ranks 0 and 2 are between their group's host meeting and their
+    // launches, one of them already spinning on the device for the other's launch.
+    c.launch_barrier();
     const std::vector<float> a = all.download();
     for (int k = 0; k < 1000 * n; ++k) bad[size_t(r)] += a[size_t(k)] != float(k);
     const std::vector<float> got = drecv.download();
