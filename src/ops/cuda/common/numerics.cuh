@@ -96,6 +96,23 @@ __device__ __forceinline__ float fp8_fake_quant(float x, float s) {
   const __nv_fp8_e4m3 q(v);  // satfinite, round to nearest even
   return __fmul_rn(static_cast<float>(q), s);
 }
+// FP8 fake quantisation of one 128-wide block held by a whole warp, 4 BF16 values a lane
+// (`raw`: two BF16 pairs, low half first): the block's amax over the warp, its UE8M0 scale, and
+// the 4 quantised values packed the same way.
+__device__ __forceinline__ uint2 fp8_fake_quant_warp128(uint2 raw) {
+  const float v[4] = {bf16_lo(raw.x & 0xffffu), bf16_lo(raw.x >> 16), bf16_lo(raw.y & 0xffffu),
+                      bf16_lo(raw.y >> 16)};
+  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float s = fp8_scale_from_amax(amax);
+  __nv_bfloat162 q0 = __floats2bfloat162_rn(fp8_fake_quant(v[0], s), fp8_fake_quant(v[1], s));
+  __nv_bfloat162 q1 = __floats2bfloat162_rn(fp8_fake_quant(v[2], s), fp8_fake_quant(v[3], s));
+  uint2 q;
+  q.x = *reinterpret_cast<uint32_t*>(&q0);
+  q.y = *reinterpret_cast<uint32_t*>(&q1);
+  return q;
+}
 // 8 values of an FP8 block (of which this thread holds 8) -> 8 codes, packed little-endian.
 __device__ __forceinline__ uint2 e4m3x8(const float* x, float s) {
   const uint32_t lo = uint32_t(e4m3x2(x[0], x[1], s)) | (uint32_t(e4m3x2(x[2], x[3], s)) << 16);

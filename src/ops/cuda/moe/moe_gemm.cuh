@@ -108,20 +108,7 @@ __device__ __forceinline__ uint2 quant_b_block(uint8_t* st, int b_kb, int r, int
   const int kb = 2 * j + lane / 16, c = (lane % 16) / 2;
   uint2* p =
       reinterpret_cast<uint2*>(st + kb * b_kb + r * 128 + ((c ^ (r & 7)) << 4) + (lane % 2) * 8);
-  const uint2 raw = *p;
-  float v[4] = {num::bf16_lo(raw.x & 0xffffu), num::bf16_lo(raw.x >> 16),
-                num::bf16_lo(raw.y & 0xffffu), num::bf16_lo(raw.y >> 16)};
-  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float s = num::fp8_scale_from_amax(amax);
-  __nv_bfloat162 q0 =
-      __floats2bfloat162_rn(num::fp8_fake_quant(v[0], s), num::fp8_fake_quant(v[1], s));
-  __nv_bfloat162 q1 =
-      __floats2bfloat162_rn(num::fp8_fake_quant(v[2], s), num::fp8_fake_quant(v[3], s));
-  uint2 q;
-  q.x = *reinterpret_cast<uint32_t*>(&q0);
-  q.y = *reinterpret_cast<uint32_t*>(&q1);
+  const uint2 q = num::fp8_fake_quant_warp128(*p);
   *p = q;
   return q;
 }

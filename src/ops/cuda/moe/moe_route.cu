@@ -59,20 +59,7 @@ __device__ __forceinline__ void store_logit(const RouterArgs& a, int r, int e, d
 // FP8 fake-quantisation of one 128-block of a row by one warp from the lane's 4 values
 // (raw: BF16 pairs of in[4 lane .. 4 lane + 4)).
 __device__ __forceinline__ void quant_block_warp_raw(uint2 raw, __nv_bfloat16* out, int lane) {
-  float v[4] = {num::bf16_lo(raw.x & 0xffffu), num::bf16_lo(raw.x >> 16),
-                num::bf16_lo(raw.y & 0xffffu), num::bf16_lo(raw.y >> 16)};
-  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float s = num::fp8_scale_from_amax(amax);
-  __nv_bfloat162 q0 =
-      __floats2bfloat162_rn(num::fp8_fake_quant(v[0], s), num::fp8_fake_quant(v[1], s));
-  __nv_bfloat162 q1 =
-      __floats2bfloat162_rn(num::fp8_fake_quant(v[2], s), num::fp8_fake_quant(v[3], s));
-  uint2 w;
-  w.x = *reinterpret_cast<uint32_t*>(&q0);
-  w.y = *reinterpret_cast<uint32_t*>(&q1);
-  *reinterpret_cast<uint2*>(out + 4 * lane) = w;
+  *reinterpret_cast<uint2*>(out + 4 * lane) = num::fp8_fake_quant_warp128(raw);
 }
 
 __device__ __forceinline__ void quant_block_warp(const __nv_bfloat16* in, __nv_bfloat16* out,
