@@ -324,15 +324,7 @@ __global__ void __launch_bounds__(kThreads, 1) hc_cluster_kernel(const KParams p
         const float f[8] = {fb[c][nt][0].x, fb[c][nt][0].y, fb[c][nt][0].z, fb[c][nt][0].w,
                             fb[c][nt][1].x, fb[c][nt][1].y, fb[c][nt][1].z, fb[c][nt][1].w};
         uint32_t b[3][4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          float h0, m0, l0, h1, m1, l1;
-          split3(f[2 * q], h0, m0, l0);
-          split3(f[2 * q + 1], h1, m1, l1);
-          b[0][q] = pack_bf16(h0, h1);
-          b[1][q] = pack_bf16(m0, m1);
-          b[2][q] = pack_bf16(l0, l1);
-        }
+        split3_fragments(f, b);
 #pragma unroll
         for (int mt = 0; mt < kMaxMt; ++mt) {
           if (mt < p.m_tiles) {
@@ -713,6 +705,19 @@ void launch_post(const HcPostParams& p, cudaStream_t stream) {
   DSV4_CUDA_CHECK(cudaGetLastError());
 }
 
+// hc_post_pre's hc_post half as a stand-alone hc_post (the previous layer's output into the
+// new streams).
+HcPostParams post_part(const KParams& kp) {
+  HcPostParams q;
+  q.shape.dim = kp.dim;
+  q.tokens = kp.tokens;
+  q.x = kp.x_prev;
+  q.res = kp.res;
+  q.post = kp.post_prev;
+  q.comb = kp.comb_prev;
+  q.out = kp.streams_out;
+  return q;
+}
 template <Mode kMode, int kDw>
 void launch_cluster(KParams kp, cudaStream_t stream) {
   constexpr int kMaxMt = max_mtiles(kDw);
@@ -731,15 +736,7 @@ void launch_cluster(KParams kp, cudaStream_t stream) {
     // hc_post kernel plus hc_pre's second read of the streams (H200, 8K tokens: 1324 vs 877 us
     // for Flash). The same arithmetic in the same order, so the results are bit-identical.
     if (kp.m_tiles > 1) {
-      HcPostParams q;
-      q.shape.dim = kp.dim;
-      q.tokens = kp.tokens;
-      q.x = kp.x_prev;
-      q.res = kp.res;
-      q.post = kp.post_prev;
-      q.comb = kp.comb_prev;
-      q.out = kp.streams_out;
-      launch_post(q, stream);
+      launch_post(post_part(kp), stream);
       kp.streams = kp.streams_out;
       launch_cluster<Mode::kPre, kDw>(kp, stream);
       return;
@@ -758,15 +755,7 @@ void launch_cluster(KParams kp, cudaStream_t stream) {
 template <Mode kMode>
 void dispatch_token(const KParams& kp, cudaStream_t stream) {
   if constexpr (kMode == Mode::kPostPre) {
-    HcPostParams q;
-    q.shape.dim = kp.dim;
-    q.tokens = kp.tokens;
-    q.x = kp.x_prev;
-    q.res = kp.res;
-    q.post = kp.post_prev;
-    q.comb = kp.comb_prev;
-    q.out = kp.streams_out;
-    launch_post(q, stream);
+    launch_post(post_part(kp), stream);
   }
   mhc_token::Params t;
   t.head = kMode == Mode::kHead;
@@ -793,15 +782,7 @@ template <Mode kMode>
 void dispatch_split(KParams kp, cudaStream_t stream) {
   if constexpr (kMode == Mode::kPostPre) {
     if (kp.tokens > kSplitFusedPostMaxTokens) {
-      HcPostParams q;
-      q.shape.dim = kp.dim;
-      q.tokens = kp.tokens;
-      q.x = kp.x_prev;
-      q.res = kp.res;
-      q.post = kp.post_prev;
-      q.comb = kp.comb_prev;
-      q.out = kp.streams_out;
-      launch_post(q, stream);
+      launch_post(post_part(kp), stream);
       kp.streams = kp.streams_out;
       dispatch_split<Mode::kPre>(kp, stream);
       return;

@@ -50,6 +50,20 @@ __device__ __forceinline__ void split3(float f, float& hi, float& mid, float& lo
   lo = r1 - mid;  // <= 8 significant bits: exact in BF16
 }
 
+// The MMA B fragments (hi, mid, lo parts, four BF16 pairs each) of one n-tile's 8 fp32 fn
+// values.
+__device__ __forceinline__ void split3_fragments(const float (&f)[8], uint32_t (&frag)[3][4]) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    float h0, m0, l0, h1, m1, l1;
+    split3(f[2 * q], h0, m0, l0);
+    split3(f[2 * q + 1], h1, m1, l1);
+    frag[0][q] = pack_bf16(h0, h1);
+    frag[1][q] = pack_bf16(m0, m1);
+    frag[2][q] = pack_bf16(l0, l1);
+  }
+}
+
 // Sinkhorn of one token's 4x4 matrix, exactly the CPU's order of operations (ops/cpu/mhc.cpp).
 __device__ __forceinline__ void sinkhorn4(float (&c)[16], int iters, float eps) {
 #pragma unroll

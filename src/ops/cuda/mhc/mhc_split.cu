@@ -200,15 +200,7 @@ __global__ void __launch_bounds__(kSplitProjThreads) hc_split_proj_kernel(const 
       const float f[8] = {fb[nt][0].x, fb[nt][0].y, fb[nt][0].z, fb[nt][0].w,
                           fb[nt][1].x, fb[nt][1].y, fb[nt][1].z, fb[nt][1].w};
       uint32_t b[3][4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        float h0, m0, l0, h1, m1, l1;
-        split3(f[2 * q], h0, m0, l0);
-        split3(f[2 * q + 1], h1, m1, l1);
-        b[0][q] = pack_bf16(h0, h1);
-        b[1][q] = pack_bf16(m0, m1);
-        b[2][q] = pack_bf16(l0, l1);
-      }
+      split3_fragments(f, b);
 #pragma unroll
       for (int mt = 0; mt < kMt; ++mt)
 #pragma unroll
