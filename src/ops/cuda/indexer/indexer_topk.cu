@@ -23,6 +23,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/launch.h"
 #include "ops/cuda/common/per_device.h"
 #include "ops/cuda/common/sm90/smem.cuh"
 #include "ops/cuda/common/sm90/sync.cuh"
@@ -453,19 +454,10 @@ void launch_cluster(const TopkArgs& a, int num_tokens, cudaStream_t stream) {
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          int(sizeof(ClusterSmem))));
   });
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(kTopkCluster), unsigned(num_tokens));
-  cfg.blockDim = dim3(kTopkThreads);
-  cfg.dynamicSmemBytes = sizeof(ClusterSmem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attrs[1];
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = kTopkCluster;
-  attrs[0].val.clusterDim.y = 1;
-  attrs[0].val.clusterDim.z = 1;
-  cfg.attrs = attrs;
-  cfg.numAttrs = 1;
-  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, topk_cluster_kernel, a));
+  LaunchConfig c{dim3(unsigned(kTopkCluster), unsigned(num_tokens)), dim3(kTopkThreads),
+                 sizeof(ClusterSmem), stream};
+  c.cluster = dim3(kTopkCluster, 1, 1);
+  launch_kernel(c, topk_cluster_kernel, a);
 }
 
 }  // namespace
