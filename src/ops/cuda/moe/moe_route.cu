@@ -160,7 +160,11 @@ __global__ void __launch_bounds__(256) router_gemv_kernel(const RouterArgs a) {
   double acc[N];
 #pragma unroll
   for (int o = 0; o < N; ++o) acc[o] = 0.0;
-  for (int c0 = tid; c0 < nchunk; c0 += 256 * U) {
+  // The loop bound is CTA-uniform (base, not tid): the x quantisation below shuffles across
+  // full warps, so every lane must run every iteration even where dim / 8 < 256 chunks (lanes
+  // past the end load zeros, which add +0 to their sums: the same bits as not running).
+  for (int base = 0; base < nchunk; base += 256 * U) {
+    const int c0 = base + tid;
     uint4 xv[U][RT], gv[U][TE];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
