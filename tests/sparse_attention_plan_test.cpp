@@ -185,13 +185,17 @@ TEST(SparseAttentionPlan, ModelMatchesTheMeasuredFigures) {
       {"Flash CSA prefill s_q 4096", 4096, 64, 10, 64, 10, 6713.34},
   };
   // wgmma (2026-12-02): unpaired at 64 heads, CTA pairs at 128; the staged producer (13:07
-  // run) and the previous one (kWgmmaDirect, 09:40 run).
+  // run) and the previous one (kWgmmaDirect, 09:40 run); the staged producer without pairs at
+  // 128 heads (kWgmmaUnpaired, 6bd838c).
   struct KernelPoint {
     SparseAttnKernel kernel;
     Point pt;
   };
-  const SparseAttnKernel kW = SparseAttnKernel::kWgmma, kD = SparseAttnKernel::kWgmmaDirect;
+  const SparseAttnKernel kW = SparseAttnKernel::kWgmma, kD = SparseAttnKernel::kWgmmaDirect,
+                         kU = SparseAttnKernel::kWgmmaUnpaired;
   const KernelPoint wgmma_points[] = {
+      {kU, {"unpaired Pro CSA b=128 s_q 1", 128, 128, 18, 64, 1, 158.7}},
+      {kU, {"unpaired Pro CSA b=128 s_q 2", 256, 128, 18, 64, 1, 311.2}},
       {kW, {"wgmma Flash CSA b=128 s_q 1", 128, 64, 10, 64, 1, 58.1}},
       {kW, {"wgmma Flash CSA b=128 s_q 2", 256, 64, 10, 64, 1, 106.9}},
       {kW, {"wgmma Flash HCA b=128 s_q 1", 128, 64, 4, 64, 1, 37.4}},
@@ -236,16 +240,24 @@ TEST(SparseAttentionPlan, ModelMatchesTheMeasuredFigures) {
   }
 }
 
-// The kernel follows the measured table: mma below 128 tokens; wgmma (staged producer; CTA
-// pairs at 128 heads) from 128 to 1024 decode tokens, where it was measured faster at 64 and
-// 128 heads; prefill mma.
+// The kernel follows the measured table: mma below 128 tokens; the staged wgmma from 128 to
+// 1024 decode tokens, where it was measured faster — without CTA pairs at 128 heads, where the
+// unpaired CTAs beat the pairs; prefill mma.
 TEST(SparseAttentionPlan, KernelFollowsTheMeasuredTable) {
   for (const TableShape& t : kShapes)
     for (int b : {1, 2, 64, 128, 256}) {
       const SparseAttnPlan p = cuda::plan_sparse_attention(shape_of(t, b, 1));
-      EXPECT_EQ(p.kernel, b >= 128 ? SparseAttnKernel::kWgmma : SparseAttnKernel::kMma)
-          << describe(t, b, 1, p);
+      const SparseAttnKernel want = b < 128          ? SparseAttnKernel::kMma
+                                    : t.heads == 128 ? SparseAttnKernel::kWgmmaUnpaired
+                                                     : SparseAttnKernel::kWgmma;
+      EXPECT_EQ(p.kernel, want) << describe(t, b, 1, p);
     }
+  // Without wgmma (another GPU) every shape falls back to mma.
+  for (const TableShape& t : kShapes) {
+    SparseAttnShape s = shape_of(t, 128, 1);
+    s.wgmma_available = false;
+    EXPECT_EQ(cuda::plan_sparse_attention(s).kernel, SparseAttnKernel::kMma) << t.name;
+  }
   for (const TableShape& t : kShapes)
     EXPECT_EQ(cuda::plan_sparse_attention(shape_of(t, 1, 4096)).kernel, SparseAttnKernel::kMma)
         << t.name << " prefill";

@@ -367,10 +367,14 @@ void expect_ok(const Scenario& sc, uint32_t seed, std::vector<Variant> variants 
   if (variants.empty()) {
     if (sc.kernel != cuda::SparseAttnKernel::kAuto) {
       variants.push_back({sc.kernel, sc.heads_per_cta, sc.num_splits});
-    } else {  // the table's kernel for every head count is one of these two
+    } else {  // the table's kernel for every head count is one of these
       variants.push_back({cuda::SparseAttnKernel::kMma, sc.heads_per_cta, sc.num_splits});
-      if (sc.heads % 64 == 0 && (sc.heads_per_cta == 0 || sc.heads_per_cta == 64))
+      if (sc.heads % 64 == 0 && (sc.heads_per_cta == 0 || sc.heads_per_cta == 64)) {
         variants.push_back({cuda::SparseAttnKernel::kWgmma, sc.heads_per_cta, sc.num_splits});
+        if (sc.heads % 128 == 0)  // kAuto's 128-head decode kernel
+          variants.push_back(
+              {cuda::SparseAttnKernel::kWgmmaUnpaired, sc.heads_per_cta, sc.num_splits});
+      }
     }
   }
   const std::vector<VariantResult> res = run_scenario(sc, seed, variants);

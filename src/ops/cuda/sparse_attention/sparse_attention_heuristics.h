@@ -26,14 +26,17 @@ inline constexpr KernelRule kKernelTable[] = {
     // s_q 1 / 2) and 17.82 / 19.01 µs (Flash HCA) against wgmma's (64-head tiles only) 31.26 /
     // 32.16 and 27.62 / 26.72 µs: mma 1.4-1.5x faster.
     {64, 1, 31, SparseAttnKernel::kMma},
-    // 128 heads (Pro), decode batches: wgmma with its CTA pairs (each key block gathered and
-    // decoded once per token, shared through DSMEM) against mma's 64-head tiles, same inputs
-    // (H200, 2026-12-02, sparse_attention_bench --quick): Pro CSA b=128 s_q 1 241.7 vs 272.5,
-    // s_q 2 470.3 vs 526.0 µs: wgmma 11 % faster. At b=2 mma wins (31.0 / 34.9 vs 36.0 /
-    // 37.3). Measured at 128 and 256 tokens; held up to 1024 (b=256 x s_q 4), where each CTA
-    // still streams its own keys from HBM. Prefill (keys L2-resident, thousands of tokens) is
+    // 128 heads (Pro), decode batches: the staged wgmma kernel WITHOUT CTA pairs (each 64-head
+    // CTA gathers and decodes its whole key block), measured against the same kernel with its
+    // pairs (each key block decoded once per token, shared through DSMEM) and mma's 64-head
+    // tiles, same inputs (H200, 2026-12-02, commit 6bd838c, sparse_attention_bench --quick,
+    // nothing else on the GPU): Pro CSA b=128 s_q 1 158.7 (unpaired) vs 226.2 (pairs) vs 239.3
+    // (mma), s_q 2 311.2 vs 446.1 vs 462.1 µs: unpaired 30 % faster than pairs (the pair's
+    // DSMEM hand-off costs more than the second decode saves). At b=2 mma wins (31.0 / 34.9
+    // vs 36.0 / 37.3 for the older wgmma). Measured at 128 and 256 tokens; held up to 1024
+    // (b=256 x s_q 4), where each CTA still streams its own keys from HBM. Prefill is
     // unmeasured at 128 heads and stays mma (at 64 heads mma 2253 vs wgmma 2431 µs).
-    {128, 128, 1024, SparseAttnKernel::kWgmma},
+    {128, 128, 1024, SparseAttnKernel::kWgmmaUnpaired},
     // 64 heads (Flash), 128-1024 decode tokens: the wgmma kernel with its staged producer (raw
     // entries copied into shared memory two blocks ahead of the decode) against mma's 64-head
     // tiles, same plan (one split) and inputs (H200, 2026-12-02 13:07, sparse_attention_bench
@@ -91,10 +94,11 @@ inline constexpr BlockCost kMmaBlockCost{2.2, 1.35};
 // wgmma (64-row tiles only, so block_us(64) = base_us), the staged producer, fitted to its
 // rows of 2026-12-02 13:07 (one split, 1-4 waves; measured / model µs): unpaired (64 heads)
 // Flash CSA b=128 s_q 1 58.1 / 59.0, s_q 2 106.9 / 108.0 (Flash HCA 37.4 / 31.4, 64.2 /
-// 52.8) -> 4.6; CTA pairs (n_heads % 128 == 0) Pro CSA b=128 s_q 1 227.2 / 228.4, s_q 2
-// 442.2 / 446.8 -> 5.9. The previous producer (kWgmmaDirect, fitted the same way to its rows
-// of 09:40: Flash CSA 97.2 / 98.0, 189.2 / 186.0; Pro CSA 241.7 / 241.0, 470.3 / 472.0): 8.5
-// and 6.25.
+// 52.8) -> 4.6 (the same kernel unpaired at 128 heads, 6bd838c: Pro CSA b=128 s_q 1 158.7 /
+// 182.2, s_q 2 311.2 / 354.4); CTA pairs (n_heads % 128 == 0) Pro CSA b=128 s_q 1 227.2 /
+// 228.4, s_q 2 442.2 / 446.8 -> 5.9. The previous producer (kWgmmaDirect, fitted the same way to
+// its rows of 09:40: Flash CSA 97.2 / 98.0, 189.2 / 186.0; Pro CSA 241.7 / 241.0, 470.3 /
+// 472.0): 8.5 and 6.25.
 inline constexpr BlockCost kWgmmaBlockCost{4.6, 0.0};
 inline constexpr BlockCost kWgmmaPairBlockCost{5.9, 0.0};
 inline constexpr BlockCost kWgmmaDirectBlockCost{8.5, 0.0};

@@ -54,7 +54,7 @@ SparseAttnKernel sparse_attention_auto_kernel(const SparseAttnShape& s) {
   const int tokens = std::max(1, s.num_tokens);
   for (const h::KernelRule& r : h::kKernelTable)
     if (s.n_heads % r.heads_multiple == 0 && tokens >= r.min_tokens && tokens <= r.max_tokens) {
-      if (r.kernel == SparseAttnKernel::kWgmma && !s.wgmma_available) continue;
+      if (is_wgmma(r.kernel) && !s.wgmma_available) continue;
       return r.kernel;
     }
   return SparseAttnKernel::kMma;

@@ -16,7 +16,8 @@ enum class SparseAttnKernel {
   kWgmmaDirect,    // the same kernel with the previous producer (entries loaded into registers,
                    // two BF16 K tiles): kept for the side-by-side benchmark, never chosen by kAuto
   kWgmmaUnpaired,  // kWgmma without CTA pairs at n_heads % 128 == 0 (every 64-head CTA gathers
-                   // and decodes its whole key block): for the benchmark, never chosen by kAuto
+                   // and decodes its whole key block): kAuto's choice for 128-head decode
+                   // (measured faster than the pairs); kWgmma keeps the pairs there
 };
 
 // The wgmma kernel in either producer variant.
