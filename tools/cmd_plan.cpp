@@ -105,6 +105,14 @@ int run(const Args& a) {
   std::printf("model         %s: %d layers + %d MTP, hidden %d, vocab %d, sliding_window %d\n",
               config_path.c_str(), config.n_layers, config.n_mtp_layers, config.dim,
               config.vocab_size, config.window_size);
+  if (source.random.enabled()) {
+    const int64_t host = random_weights_bytes(source.random);
+    std::printf(
+        "random host   %lld bytes (%s): the generated weights, in host memory while the "
+        "engine loads%s\n",
+        (long long)host, human_bytes(host).c_str(),
+        source.random.repeat_experts ? " (one routed expert per layer)" : "");
+  }
   std::fputs(describe_plan(plan).c_str(), stdout);
   std::string refusal;
   bool unknown = false;

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/formats.h"
 #include "model/tiny_checkpoint.h"
+#include "model/weights.h"
 
 namespace fs = std::filesystem;
 
@@ -94,6 +95,22 @@ std::unique_ptr<Checkpoint> open_model_checkpoint(const ModelSource& source) {
   const RandomWeights& r = source.random;
   TinyModel m = make_tiny_model(random_config(r), r.format, r.seed, random_init(r));
   return std::make_unique<Checkpoint>(r.describe(), std::move(m.tensors));
+}
+
+int64_t random_weights_bytes(const RandomWeights& r) {
+  DSV4_CHECK(r.enabled(), "random_weights_bytes: no random weights");
+  const ModelConfig c = random_config(r);
+  int64_t bytes = 0;
+  for (const ExpectedTensor& t : weight_inventory(c, QuantScheme::of_config(c))) {
+    // "....ffn.experts.E.": with repeat_experts, E > 0 views expert 0's bytes.
+    const size_t at = t.name.find(".ffn.experts.");
+    if (r.repeat_experts && at != std::string::npos && t.name.compare(at + 13, 2, "0.") != 0)
+      continue;
+    int64_t n = int64_t(dtype_size(t.dtype));
+    for (int64_t d : t.shape) n *= d;
+    bytes += n;
+  }
+  return bytes;
 }
 
 std::string model_identity(const ModelSource& source) {

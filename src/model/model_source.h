@@ -52,6 +52,10 @@ ModelHeader open_model_header(const ModelSource& source);
 // (routed experts e > 0 of a block aliasing expert 0's bytes with repeat_experts).
 std::unique_ptr<Checkpoint> open_model_checkpoint(const ModelSource& source);
 
+// The bytes random weights hold in memory (the TensorStore's owned bytes), from the config
+// alone, nothing generated: every tensor, but with repeat_experts one routed expert per block.
+int64_t random_weights_bytes(const RandomWeights& random);
+
 // What nodes of a multi-node run compare to know they load the same model: config.json's
 // text, or the random weights' config and options.
 std::string model_identity(const ModelSource& source);
