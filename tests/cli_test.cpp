@@ -97,6 +97,43 @@ TEST_F(Cli, LogitsChunkingAndPromptFileGiveIdenticalBytes) {
   EXPECT_EQ(bytes("a.safetensors"), bytes("d.safetensors"));
 }
 
+// --random-weights: the fixture's make-tiny checkpoint generated in memory (same preset,
+// format and seed): the same logits and tokens, bit for bit, on one rank and on several.
+TEST_F(Cli, RandomWeightsRunAsTheMakeTinyCheckpoint) {
+  const std::string prompt = " --prompt-ids 0,5,6,7,8,9 ";
+  const std::string random = " --random-weights flash --format nvfp4 --weights-seed 5";
+  auto bytes = [&](const std::string& n) {
+    std::ifstream is(*tmp_ / n, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(is), {});
+  };
+  for (const std::string par : {"", " --dp 2 --ep 2"}) {
+    const Result a =
+        run("logits --model " + model() + prompt + par + " --out " + *tmp_ / "rw-a.st", *tmp_);
+    ASSERT_EQ(a.code, 0) << a.err;
+    const Result b = run("logits" + random + prompt + par + " --out " + *tmp_ / "rw-b.st", *tmp_);
+    ASSERT_EQ(b.code, 0) << b.err;
+    EXPECT_EQ(bytes("rw-a.st"), bytes("rw-b.st")) << par;
+    EXPECT_FALSE(bytes("rw-a.st").empty());
+  }
+  const Result g = run("generate --model " + model() + prompt + "--max-new-tokens 4", *tmp_);
+  ASSERT_EQ(g.code, 0) << g.err;
+  EXPECT_EQ(run("generate" + random + prompt + "--max-new-tokens 4", *tmp_).out, g.out);
+  // Another seed, other weights.
+  ASSERT_EQ(run("logits --random-weights flash --format nvfp4 --weights-seed 6" + prompt +
+                    "--out " + *tmp_ / "rw-c.st",
+                *tmp_)
+                .code,
+            0);
+  EXPECT_NE(bytes("rw-a.st"), bytes("rw-c.st"));
+  // plan: the host bytes the generated weights take, one expert per layer with repeats.
+  const Result p = run("plan" + random + " --repeat-experts", *tmp_);
+  ASSERT_EQ(p.code, 0) << p.err;
+  EXPECT_NE(p.out.find("random weights (flash, nvfp4, seed 5, repeated experts)"),
+            std::string::npos)
+      << p.out;
+  EXPECT_NE(p.out.find("random host"), std::string::npos) << p.out;
+}
+
 TEST_F(Cli, BadInputIsAOneLineErrorAndNonZeroExit) {
   const std::string m = " --model " + model();
   const std::vector<std::pair<std::string, std::string>> cases = {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -14,8 +15,12 @@
 #include "backends/cpu/loader.h"
 #include "backends/cpu/runner.h"
 #include "core/error.h"
+#include "dsv4/engine.h"
+#include "io/checkpoint.h"
 #include "io/safetensors.h"
+#include "io/tensor_store.h"
 #include "model/cache_spec.h"
+#include "model/model_source.h"
 #include "model/tiny_checkpoint.h"
 #include "support/golden.h"
 #include "support/temp_dir.h"
@@ -162,6 +167,157 @@ TEST(RepeatExperts, EveryExpertOfABlockIsTheFirstOnesDraw) {
                 std::string::npos);
     }
   }
+}
+
+// Random weights in memory (make_tiny_model, EngineOptions::random_weights): the tensors
+// write_tiny_checkpoint writes, bit for bit, under the same names, dtypes and shapes, the same
+// config; and the CPU engine's logits on them are those of the checkpoint loaded from disk.
+struct InMemoryCase {
+  std::string preset;
+  ExpertFormat format;
+};
+
+class InMemory : public ::testing::TestWithParam<InMemoryCase> {};
+
+TEST_P(InMemory, BitIdenticalLogitsToTheCheckpointOnDisk) {
+  const auto& [preset, format] = GetParam();
+  TempDir d;
+  write_tiny_checkpoint(tiny_preset(preset), format, 7, d.path(), tiny_init(preset));
+  EngineOptions from_disk;
+  from_disk.model_dir = d.path();
+  from_disk.max_tokens = 16;
+  EngineOptions in_memory = from_disk;
+  in_memory.model_dir.clear();
+  in_memory.random_weights.preset = preset;
+  in_memory.random_weights.format = format == ExpertFormat::kNvfp4 ? "nvfp4" : "mxfp4";
+  in_memory.random_weights.seed = 7;
+  const std::vector<int32_t> prompt{0, 17, 42, 99, 5, 1000, 3};
+  const std::vector<float> a = Engine::open(from_disk)->prompt_logits(prompt);
+  const std::vector<float> b = Engine::open(in_memory)->prompt_logits(prompt);
+  ASSERT_EQ(a.size(), prompt.size() * size_t(tiny_preset(preset).vocab_size));
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(PresetsAndFormats, InMemory,
+                         ::testing::Values(InMemoryCase{"flash", ExpertFormat::kMxfp4},
+                                           InMemoryCase{"flash", ExpertFormat::kNvfp4},
+                                           InMemoryCase{"pro", ExpertFormat::kMxfp4},
+                                           InMemoryCase{"pro", ExpertFormat::kNvfp4}),
+                         [](const auto& info) {
+                           return info.param.preset + "_" +
+                                  (info.param.format == ExpertFormat::kNvfp4 ? "nvfp4" : "mxfp4");
+                         });
+
+// Every tensor (MTP block's included, which prompt logits do not read) and the config.
+TEST(InMemory, SameTensorsAndConfigAsTheFiles) {
+  for (ExpertFormat format : {ExpertFormat::kMxfp4, ExpertFormat::kNvfp4}) {
+    TempDir d;
+    write_tiny_checkpoint(tiny_preset("flash"), format, 7, d.path(), tiny_init("flash"));
+    const Checkpoint disk(d.path());
+    const TinyModel m = make_tiny_model(tiny_preset("flash"), format, 7, tiny_init("flash"));
+    const Checkpoint mem("random weights", m.tensors);
+    EXPECT_EQ(mem.names(), disk.names());
+    for (const std::string& n : disk.names()) {
+      const TensorView &a = disk.get(n), &b = mem.get(n);
+      ASSERT_EQ(a.dtype, b.dtype) << n;
+      ASSERT_EQ(a.shape, b.shape) << n;
+      ASSERT_EQ(a.nbytes, b.nbytes) << n;
+      ASSERT_EQ(std::memcmp(a.data, b.data, a.nbytes), 0) << n;
+    }
+    EXPECT_EQ(m.tensors->owned_bytes(), m.tensors->view_bytes());  // no aliases
+    EXPECT_EQ(model_config_to_json(m.config),
+              model_config_to_json(load_model_config(d.path() + "/config.json")));
+    EXPECT_EQ(m.scheme.expert_format("layers.0.ffn.experts.3.w2"), format);
+    EXPECT_EQ(m.scheme.expert_format("mtp.0.ffn.experts.15.w1"), format);
+  }
+}
+
+// repeat_experts in memory: the routed experts e > 0 of a block view expert 0's bytes, so the
+// store holds the dense weights and one expert per block; the views are the files' tensors.
+TEST(InMemory, RepeatedExpertsAreHeldOncePerBlock) {
+  for (ExpertFormat fmt : {ExpertFormat::kMxfp4, ExpertFormat::kNvfp4}) {
+    TinyInit init = tiny_init("flash");
+    init.repeat_experts = true;
+    const ModelConfig c = first_layers(tiny_preset("flash"), 3);
+    TempDir d;
+    write_tiny_checkpoint(c, fmt, 5, d.path(), init);
+    const Checkpoint disk(d.path());
+    const TinyModel m = make_tiny_model(c, fmt, 5, init);
+    const TensorStore& store = *m.tensors;
+    size_t disk_bytes = 0, expert0 = 0;
+    for (const std::string& n : disk.names()) {
+      const TensorView &a = disk.get(n), &b = store.tensors().at(n);
+      ASSERT_EQ(a.nbytes, b.nbytes) << n;
+      ASSERT_EQ(std::memcmp(a.data, b.data, a.nbytes), 0) << n;
+      disk_bytes += a.nbytes;
+      if (n.find(".ffn.experts.0.") != std::string::npos) expert0 += a.nbytes;
+    }
+    ASSERT_GT(expert0, 0u);
+    EXPECT_EQ(store.view_bytes(), disk_bytes);
+    // Experts 1..E-1 of each block are not held: (E - 1) x one expert's bytes per block less.
+    EXPECT_EQ(store.owned_bytes(), disk_bytes - size_t(c.n_routed_experts - 1) * expert0);
+    for (int b = 0; b < c.n_layers; ++b)
+      for (int e : {1, c.n_routed_experts - 1})
+        EXPECT_EQ(store.tensors().at(cat("layers.", b, ".ffn.experts.", e, ".w2.weight")).data,
+                  store.tensors().at(cat("layers.", b, ".ffn.experts.0.w2.weight")).data);
+    // The dry-run count `dsv4 plan --random-weights` prints is the store's.
+    RandomWeights r;
+    r.preset = "flash";
+    r.format = fmt;
+    r.layers = 3;
+    r.repeat_experts = true;
+    EXPECT_EQ(random_weights_bytes(r), int64_t(store.owned_bytes()));
+    r.repeat_experts = false;
+    EXPECT_EQ(random_weights_bytes(r), int64_t(disk_bytes));
+  }
+}
+
+TEST(InMemory, StoreAndEngineRefuseWhatIsWrong) {
+  TensorStore s;
+  s.add("a", DType::kF32, {2}, std::vector<uint8_t>(8));
+  EXPECT_THROW(s.add("a", DType::kF32, {2}, std::vector<uint8_t>(8)), Error);  // duplicate
+  EXPECT_THROW(s.add("b", DType::kF32, {3}, std::vector<uint8_t>(8)), Error);  // 12 bytes due
+  EXPECT_THROW(s.alias("c", "nothing"), Error);
+  s.alias("c", "a");
+  EXPECT_THROW(s.alias("c", "a"), Error);
+  EXPECT_EQ(s.owned_bytes(), 8u);
+  EXPECT_EQ(s.view_bytes(), 16u);
+  auto store = std::make_shared<TensorStore>(std::move(s));
+  const Checkpoint ck("random weights (test)", store);
+  EXPECT_EQ(ck.get("c").data, ck.get("a").data);
+  try {
+    ck.get("missing");
+    ADD_FAILURE() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("random weights (test): checkpoint has no tensor"),
+              std::string::npos)
+        << e.what();
+  }
+
+  auto expect_error = [](const EngineOptions& o, const std::string& want) {
+    try {
+      Engine::open(o);
+      ADD_FAILURE() << "no throw, want " << want;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  TempDir d;
+  EngineOptions both;
+  both.model_dir = d.path();
+  both.random_weights.preset = "flash";
+  expect_error(both, "give either a model directory");
+  expect_error(EngineOptions{}, "no model: give a model directory or random weights");
+  EngineOptions bad;
+  bad.random_weights.preset = "huge";
+  expect_error(bad, "'huge' is neither a preset (flash, pro) nor a config.json file");
+  bad.random_weights.preset = "pro";
+  bad.random_weights.format = "int3";
+  expect_error(bad, "format 'int3' is not one of mxfp4, nvfp4");
+  bad.random_weights.format = "nvfp4";
+  bad.random_weights.layers = 9;
+  expect_error(bad, "layers must be in [1, 5]");
 }
 
 }  // namespace

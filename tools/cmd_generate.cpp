@@ -36,13 +36,12 @@ const Command& generate_command() {
   static const Command c{
       "generate",
       "generate tokens from a prompt",
-      "dsv4 generate --model DIR (--prompt-ids IDS | --prompt-file FILE | --prompt TEXT | "
+      "dsv4 generate (--model DIR | --random-weights PRESET) (--prompt-ids IDS | --prompt-file "
+      "FILE | --prompt TEXT | "
       "--messages FILE) [flags]",
       "Prints the generated ids comma-separated on one line (the prompt excluded); greedy unless\n"
       "--temperature is above 0; stops after EOS unless --ignore-eos.",
-      std::vector<Flag>{
-          {"--model", "DIR", "the model directory (config.json, *.safetensors)", "", true},
-      } + prompt_flags() +
+      model_flags("the model directory (config.json, *.safetensors)") + prompt_flags() +
           std::vector<Flag>{
               {"--max-new-tokens", "N", "tokens to generate", "32", false, {}, 0, 1 << 24},
               {"--temperature", "T", "sampling temperature, 0 = greedy", "0", false, {}, 0, 1000},

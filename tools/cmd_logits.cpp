@@ -31,15 +31,14 @@ const Command& logits_command() {
   static const Command c{
       "logits",
       "teacher-forced logits of every prompt position",
-      "dsv4 logits --model DIR (--prompt-ids IDS | --prompt-file FILE | --prompt TEXT | "
+      "dsv4 logits (--model DIR | --random-weights PRESET) (--prompt-ids IDS | --prompt-file FILE "
+      "| --prompt TEXT | "
       "--messages FILE) --out FILE.safetensors [flags]",
       "Writes tensor \"logits\", float32 [T, vocab]: row p predicts token p+1. The file is "
       "written\n"
       "to a temporary beside it and renamed into place; only a regular file or a new path is\n"
       "replaced.",
-      std::vector<Flag>{
-          {"--model", "DIR", "the model directory (config.json, *.safetensors)", "", true},
-      } + prompt_flags() +
+      model_flags("the model directory (config.json, *.safetensors)") + prompt_flags() +
           std::vector<Flag>{
               {"--out", "FILE", "the safetensors file to write", "", true},
               {"--prefill-chunk",

@@ -11,6 +11,7 @@
 #include "model/cache_spec.h"
 #include "model/memory_plan.h"
 #include "model/model_config.h"
+#include "model/model_source.h"
 #include "model/quant_scheme.h"
 #if defined(DSV4_WITH_CUDA)
 #include "backends/cuda/backend.h"
@@ -37,16 +38,39 @@ int64_t available(const MemoryPool& pool, std::string* what) {
 }
 
 int run(const Args& a) {
-  DSV4_CHECK(a.has("--model") != a.has("--config"), "give exactly one of --model and --config");
-  const std::string config_path =
-      a.has("--model") ? (std::filesystem::path(a.str("--model")) / "config.json").string()
-                       : a.str("--config");
-  if (a.has("--model"))
-    DSV4_CHECK(std::filesystem::is_directory(a.str("--model")), a.str("--model"),
-               ": model directory does not exist");
-  const ModelConfig config = load_model_config(config_path);
-  // The quantisation scheme beside the config (hf_quant_config.json: NVFP4 experts).
-  const std::string dir = std::filesystem::path(config_path).parent_path().string();
+  DSV4_CHECK(a.has("--model") + a.has("--config") + a.has("--random-weights") == 1,
+             "give exactly one of --model, --config and --random-weights");
+  ModelSource source;
+  std::string config_path;
+  if (a.has("--config")) {
+    for (const char* f : {"--format", "--weights-seed", "--layers", "--repeat-experts", "--vocab"})
+      DSV4_CHECK(!a.has(f), f, " applies to --random-weights");
+    config_path = a.str("--config");
+    // The quantisation scheme beside the config (hf_quant_config.json: NVFP4 experts).
+    source.model_dir = std::filesystem::path(config_path).parent_path().string();
+  } else {
+    EngineOptions e;
+    model_options(a, e);
+    source.model_dir = e.model_dir;
+    const RandomWeightsOptions& r = e.random_weights;
+    source.random.preset = r.preset;
+    source.random.format = r.format == "nvfp4" ? ExpertFormat::kNvfp4 : ExpertFormat::kMxfp4;
+    source.random.seed = r.seed;
+    source.random.layers = r.layers;
+    source.random.repeat_experts = r.repeat_experts;
+    source.random.vocab = r.vocab;
+    config_path = source.random.enabled()
+                      ? source.random.describe()
+                      : (std::filesystem::path(e.model_dir) / "config.json").string();
+  }
+  ModelHeader header;
+  if (a.has("--config")) {
+    header.config = load_model_config(config_path);
+    header.scheme = QuantScheme::load(source.model_dir, header.config);
+  } else {
+    header = open_model_header(source);
+  }
+  const ModelConfig& config = header.config;
   MemoryPlanOptions o;
   const int64_t gpus = a.integer("--gpus");
   DSV4_CHECK(gpus == 0 || !a.has("--backend") || a.str("--backend") == "cuda",
@@ -77,10 +101,18 @@ int run(const Args& a) {
                o.parallel.world());
   // A snapshot slot per running sequence, as the engine opens by default (the prefix cache).
   o.snapshot_slots = o.max_sequences;
-  const MemoryPlan plan = plan_memory(config, QuantScheme::load(dir, config), o);
+  const MemoryPlan plan = plan_memory(config, header.scheme, o);
   std::printf("model         %s: %d layers + %d MTP, hidden %d, vocab %d, sliding_window %d\n",
               config_path.c_str(), config.n_layers, config.n_mtp_layers, config.dim,
               config.vocab_size, config.window_size);
+  if (source.random.enabled()) {
+    const int64_t host = random_weights_bytes(source.random);
+    std::printf(
+        "random host   %lld bytes (%s): the generated weights, in host memory while the "
+        "engine loads%s\n",
+        (long long)host, human_bytes(host).c_str(),
+        source.random.repeat_experts ? " (one routed expert per layer)" : "");
+  }
   std::fputs(describe_plan(plan).c_str(), stdout);
   std::string refusal;
   bool unknown = false;
@@ -130,65 +162,66 @@ const Command& plan_command() {
   static const Command c{
       "plan",
       "the memory an engine would take: weights, cache, activations",
-      "dsv4 plan (--model DIR | --config FILE) [--gpus N [--dp N --ep N --tp N]] [flags]",
+      "dsv4 plan (--model DIR | --config FILE | --random-weights PRESET) [--gpus N [--dp N --ep N "
+      "--tp N]] [flags]",
       "Prints the weight, cache and activation bytes of an engine opened with these options (the\n"
       "estimate the backends consult when they open), per GPU with --gpus, and the memory\n"
       "available (this machine's now, or --gpu-mb per GPU with --gpus); exits 1 when it does\n"
       "not fit, with the reason on stderr.",
-      std::vector<Flag>{
-          {"--model", "DIR", "the model directory (config.json, *.safetensors)"},
-          {"--config", "FILE", "a config.json alone (no checkpoint needed)"},
-          {"--gpus",
-           "N",
-           "plan the cuda backend over N GPUs (one rank each)",
-           "0",
-           false,
-           {},
-           0,
-           1024},
-          {"--gpu-mb",
-           "N",
-           "with --gpus: each GPU's memory in MiB (default: an H200's)",
-           "143771",
-           false,
-           {},
-           1,
-           1 << 30},
-          {"--dp",
-           "N",
-           "data-parallel attention groups (--gpus alone: N)",
-           "1",
-           false,
-           {},
-           1,
-           1024},
-          {"--ep", "N", "expert-parallel ranks (--gpus alone: N)", "1", false, {}, 1, 1024},
-          {"--tp", "N", "tensor-parallel ranks per attention group", "1", false, {}, 1, 1024},
-          {"--max-model-len",
-           "N",
-           "tokens per sequence (prompt + output)",
-           "4096",
-           false,
-           {},
-           1,
-           1 << 30},
-          {"--max-running",
-           "N",
-           "sequences alive at once (per data-parallel rank)",
-           "1",
-           false,
-           {},
-           1,
-           65536},
-          {"--max-step-tokens",
-           "N",
-           "tokens per forward step, 0 = the backend's default",
-           "0",
-           false,
-           {},
-           0,
-           1 << 30},
-      } +
+      model_flags("the model directory (config.json, *.safetensors)") +
+          std::vector<Flag>{
+              {"--config", "FILE", "a config.json alone (no checkpoint needed)"},
+              {"--gpus",
+               "N",
+               "plan the cuda backend over N GPUs (one rank each)",
+               "0",
+               false,
+               {},
+               0,
+               1024},
+              {"--gpu-mb",
+               "N",
+               "with --gpus: each GPU's memory in MiB (default: an H200's)",
+               "143771",
+               false,
+               {},
+               1,
+               1 << 30},
+              {"--dp",
+               "N",
+               "data-parallel attention groups (--gpus alone: N)",
+               "1",
+               false,
+               {},
+               1,
+               1024},
+              {"--ep", "N", "expert-parallel ranks (--gpus alone: N)", "1", false, {}, 1, 1024},
+              {"--tp", "N", "tensor-parallel ranks per attention group", "1", false, {}, 1, 1024},
+              {"--max-model-len",
+               "N",
+               "tokens per sequence (prompt + output)",
+               "4096",
+               false,
+               {},
+               1,
+               1 << 30},
+              {"--max-running",
+               "N",
+               "sequences alive at once (per data-parallel rank)",
+               "1",
+               false,
+               {},
+               1,
+               65536},
+              {"--max-step-tokens",
+               "N",
+               "tokens per forward step, 0 = the backend's default",
+               "0",
+               false,
+               {},
+               0,
+               1 << 30},
+          } +
           std::vector<Flag>{
               {"--backend",
                "NAME",

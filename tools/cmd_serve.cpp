@@ -3,12 +3,14 @@
 
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <string>
 
 #include "args.h"
 #include "commands.h"
 #include "common.h"
 #include "core/error.h"
+#include "prompt_input.h"
 #if defined(DSV4_WITH_SERVER)
 #include "server/http_server.h"
 #endif
@@ -27,7 +29,18 @@ int run(const Args&) {
 #else
 int run(const Args& a) {
   server::ServerOptions o;
-  o.engine.model_dir = a.str("--model");
+  model_options(a, o.engine);
+  if (a.has("--tokenizer")) {
+    o.tokenizer_path = a.str("--tokenizer");
+    DSV4_CHECK(std::filesystem::is_regular_file(o.tokenizer_path), "--tokenizer ", o.tokenizer_path,
+               ": not a file");
+    // As make-tiny --tokenizer: the embedding and head take the tokenizer's size unless --vocab.
+    if (!o.engine.random_weights.preset.empty() && !a.has("--vocab"))
+      o.engine.random_weights.vocab = load_tokenizer(o.tokenizer_path).size();
+  }
+  DSV4_CHECK(!o.engine.random_weights.preset.empty() || a.has("--model"), "internal: no model");
+  DSV4_CHECK(o.engine.random_weights.preset.empty() || a.has("--tokenizer"),
+             "--random-weights: serving needs a tokenizer (give --tokenizer FILE)");
   o.engine.backend = a.str("--backend");
   o.host = a.str("--host");
   o.port = static_cast<int>(a.integer("--port"));
@@ -68,7 +81,8 @@ int run(const Args& a) {
   server::HttpServer server(o);
   server.start();
   const std::string url = cat("http://", o.host, ":", server.port());
-  std::printf("dsv4 serve: listening on %s, loading %s\n", url.c_str(), o.engine.model_dir.c_str());
+  std::printf("dsv4 serve: listening on %s, loading %s\n", url.c_str(),
+              server.model_name().c_str());
   std::fflush(stdout);
   bool ready = false;
   constexpr time_t kFailedLingerS = 2;
@@ -89,7 +103,7 @@ int run(const Args& a) {
       throw Error(server.failure());
     }
     if (state == server::EngineWorker::State::kFailed)
-      throw Error(cat("cannot serve ", o.engine.model_dir, ": ", server.load_error()));
+      throw Error(cat("cannot serve ", server.model_name(), ": ", server.load_error()));
     if (state == server::EngineWorker::State::kReady && !ready) {
       ready = true;
       std::printf("dsv4 serve: ready: model '%s' at %s/v1\n", server.model_name().c_str(),
@@ -112,60 +126,82 @@ const Command& serve_command() {
   static const Command c{
       "serve",
       "the OpenAI-compatible HTTP server",
-      "dsv4 serve --model DIR [flags]",
+      "dsv4 serve (--model DIR | --random-weights PRESET --tokenizer FILE) [flags]",
       "Serves /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /tokenize and\n"
       "/detokenize (README: Serving). HTTP comes up first, the model loads on the engine-loop\n"
       "thread, and the URL is printed once it is ready. SIGTERM or SIGINT: stop admitting, finish\n"
       "the requests in flight, exit 0.",
-      std::vector<Flag>{
-          {"--model", "DIR", "the model directory (config.json, *.safetensors, tokenizer.json)", "",
-           true},
-          {"--backend", "NAME", "the backend that runs the model", "cpu", false, {"cpu", "cuda"}},
-          {"--host", "H", "the address to listen on", "127.0.0.1"},
-          {"--port", "P", "the port to listen on, 0 = any free port", "8000", false, {}, 0, 65535},
-          {"--max-running", "N", "requests' sequences running at once", "16", false, {}, 1, 4096},
-          {"--max-waiting",
-           "N",
-           "requests waiting for admission (429 beyond)",
-           "128",
-           false,
-           {},
-           0,
-           65536},
-          {"--max-step-tokens",
-           "N",
-           "tokens per forward step, 0 = the backend's default",
-           "0",
-           false,
-           {},
-           0,
-           1 << 24},
-          {"--max-model-len",
-           "N",
-           "tokens per sequence (prompt + output)",
-           "4096",
-           false,
-           {},
-           2,
-           1 << 24},
-          {"--cache-mb",
-           "N",
-           "cache pool size in MiB, 0 = room for --max-running sequences",
-           "0",
-           false,
-           {},
-           0,
-           1 << 30},
-          {"--page-size", "P", "cache entries per page", "64", false, {}, 1, 4096},
-          speculative_flag(),
-          {"--api-key", "K",
-           "clients must send 'Authorization: Bearer K' (not for /health, /metrics)"},
-          {"--served-model-name", "NAME",
-           "the model name of requests and responses (default: --model as given)"},
-          {"--no-cuda-graphs", "", "cuda: run decode steps eagerly"},
-          {"--exact-linears", "", "cuda: FP8 linears summed as the reference does (W8A16)"},
-          {"--test-forced-output", "", "tests only: honour the forced_output request field"},
-      } + parallel_flags(),
+      model_flags("the model directory (config.json, *.safetensors, tokenizer.json)") +
+          std::vector<Flag>{
+              {"--tokenizer", "FILE",
+               "the tokenizer.json to serve with (default: the model directory's; with "
+               "--random-weights required, and the vocabulary unless --vocab)"},
+              {"--backend",
+               "NAME",
+               "the backend that runs the model",
+               "cpu",
+               false,
+               {"cpu", "cuda"}},
+              {"--host", "H", "the address to listen on", "127.0.0.1"},
+              {"--port",
+               "P",
+               "the port to listen on, 0 = any free port",
+               "8000",
+               false,
+               {},
+               0,
+               65535},
+              {"--max-running",
+               "N",
+               "requests' sequences running at once",
+               "16",
+               false,
+               {},
+               1,
+               4096},
+              {"--max-waiting",
+               "N",
+               "requests waiting for admission (429 beyond)",
+               "128",
+               false,
+               {},
+               0,
+               65536},
+              {"--max-step-tokens",
+               "N",
+               "tokens per forward step, 0 = the backend's default",
+               "0",
+               false,
+               {},
+               0,
+               1 << 24},
+              {"--max-model-len",
+               "N",
+               "tokens per sequence (prompt + output)",
+               "4096",
+               false,
+               {},
+               2,
+               1 << 24},
+              {"--cache-mb",
+               "N",
+               "cache pool size in MiB, 0 = room for --max-running sequences",
+               "0",
+               false,
+               {},
+               0,
+               1 << 30},
+              {"--page-size", "P", "cache entries per page", "64", false, {}, 1, 4096},
+              speculative_flag(),
+              {"--api-key", "K",
+               "clients must send 'Authorization: Bearer K' (not for /health, /metrics)"},
+              {"--served-model-name", "NAME",
+               "the model name of requests and responses (default: --model as given)"},
+              {"--no-cuda-graphs", "", "cuda: run decode steps eagerly"},
+              {"--exact-linears", "", "cuda: FP8 linears summed as the reference does (W8A16)"},
+              {"--test-forced-output", "", "tests only: honour the forced_output request field"},
+          } +
+          parallel_flags(),
       run};
   return c;
 }

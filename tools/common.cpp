@@ -1,8 +1,10 @@
 #include "common.h"
 
 #include <cstdio>
+#include <filesystem>
 
 #include "core/error.h"
+#include "core/excerpt.h"
 #if defined(DSV4_WITH_CUDA)
 #include "backends/cuda/backend.h"
 #endif
@@ -79,6 +81,61 @@ bool run_as_follower(const EngineOptions& o) {
   return true;
 }
 
+std::vector<Flag> model_flags(const std::string& model_help) {
+  return {
+      {"--model", "DIR", model_help},
+      {"--random-weights", "PRESET",
+       "random weights in memory instead of --model: flash, pro (the golden geometry) or a "
+       "config.json (its shapes), as make-tiny would write them"},
+      {"--format",
+       "FMT",
+       "--random-weights: the routed experts' format",
+       "mxfp4",
+       false,
+       {"mxfp4", "nvfp4"}},
+      {"--weights-seed", "S", "--random-weights: the weights' seed (make-tiny --seed)", "0"},
+      {"--layers",
+       "N",
+       "--random-weights: the first N layers and no MTP block",
+       "",
+       false,
+       {},
+       1,
+       1024},
+      {"--repeat-experts", "",
+       "--random-weights: every routed expert of a layer repeats one draw, held once in memory"},
+      {"--vocab",
+       "N",
+       "--random-weights: embedding and head rows (if not given: the preset's)",
+       "",
+       false,
+       {},
+       2,
+       1 << 24},
+  };
+}
+
+void model_options(const Args& a, EngineOptions& o) {
+  DSV4_CHECK(a.has("--model") != a.has("--random-weights"),
+             "give exactly one of --model and --random-weights");
+  if (a.has("--model")) {
+    for (const char* f : {"--format", "--weights-seed", "--layers", "--repeat-experts", "--vocab"})
+      DSV4_CHECK(!a.has(f), f, " applies to --random-weights (a --model directory has its own)");
+    o.model_dir = a.str("--model");
+    return;
+  }
+  RandomWeightsOptions& r = o.random_weights;
+  r.preset = a.str("--random-weights");
+  DSV4_CHECK(r.preset == "flash" || r.preset == "pro" || std::filesystem::is_regular_file(r.preset),
+             "--random-weights: ", excerpt(r.preset),
+             " is neither a preset (flash, pro) nor a config.json file");
+  r.format = a.str("--format");
+  r.seed = a.unsigned_integer("--weights-seed");
+  r.layers = a.has("--layers") ? static_cast<int>(a.integer("--layers")) : 0;
+  r.repeat_experts = a.has("--repeat-experts");
+  r.vocab = a.has("--vocab") ? a.integer("--vocab") : 0;
+}
+
 std::vector<Flag> engine_flags() {
   std::vector<Flag> f;
   f.push_back(
@@ -123,7 +180,7 @@ std::vector<Flag> prompt_flags() {
 
 EngineOptions engine_options(const Args& a, int64_t max_tokens) {
   EngineOptions o;
-  o.model_dir = a.str("--model");
+  model_options(a, o);
   o.backend = a.str("--backend");
   o.page_size = static_cast<int>(a.integer("--page-size"));
   o.max_sequences = 1;

@@ -10,6 +10,14 @@
 
 namespace dsv4::cli {
 
+// --model DIR (`model_help` says what the directory holds), --random-weights PRESET and the
+// random weights' make-tiny options: --format, --weights-seed (make-tiny's --seed; generate's
+// --seed is the sampler's), --layers, --repeat-experts, --vocab.
+std::vector<Flag> model_flags(const std::string& model_help);
+// The model flags into `o`: exactly one of --model and --random-weights; the make-tiny options
+// only with --random-weights; a preset that is neither flash, pro nor a file is refused.
+void model_options(const Args& a, EngineOptions& o);
+
 // --backend, --page-size, --cache-mb, --verify, --no-cuda-graphs, --exact-linears, and the
 // parallel layout --dp, --ep, --tp.
 std::vector<Flag> engine_flags();

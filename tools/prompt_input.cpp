@@ -77,6 +77,8 @@ std::vector<int32_t> prompt_ids(const Args& a) {
              ": give exactly one of --prompt-ids, --prompt-file, --prompt and --messages");
   if (a.has("--prompt-ids")) return parse_ids(a.str("--prompt-ids"), "--prompt-ids");
   if (a.has("--prompt-file")) return read_id_file(a.str("--prompt-file"));
+  DSV4_CHECK(a.has("--model"),
+             "random weights have no tokenizer: give --prompt-ids or --prompt-file");
   const std::string model_dir = a.str("--model");
   DSV4_CHECK(std::filesystem::exists(model_dir + "/tokenizer.json"), model_dir,
              " has no tokenizer.json, which --prompt and --messages need (give --prompt-ids)");

@@ -2,8 +2,13 @@
 // --input-len random prompt ids and --output-len tokens (EOS ignored), at most --concurrency
 // running, stepped until done on one thread; prints one JSON line with tokens/s.
 //
-//   engine_loop_bench --model DIR [--backend cpu|cuda] [--requests N] [--concurrency C]
-//                     [--input-len L] [--output-len O] [--max-model-len M] [--cache-mb MB]
+//   engine_loop_bench (--model DIR | --random-weights PRESET [--format F] [--weights-seed S]
+//                     [--layers N] [--repeat-experts] [--vocab N]) [--backend cpu|cuda]
+//                     [--requests N] [--concurrency C] [--input-len L] [--output-len O]
+//                     [--max-model-len M] [--cache-mb MB] [--dp N] [--ep N] [--tp N]
+// (the model flags as dsv4's; --concurrency is the whole engine's: with --dp N each
+// data-parallel rank runs up to ceil(C / N)).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -24,22 +29,39 @@ const char* arg(int argc, char** argv, const char* name, const char* fallback) {
   return fallback;
 }
 
+bool has(int argc, char** argv, const char* name) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == name) return true;
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     dsv4::EngineOptions o;
     o.model_dir = arg(argc, argv, "--model", "");
-    if (o.model_dir.empty()) {
-      std::fprintf(stderr, "usage: engine_loop_bench --model DIR [flags] (see the source)\n");
+    o.random_weights.preset = arg(argc, argv, "--random-weights", "");
+    if (o.model_dir.empty() == o.random_weights.preset.empty()) {
+      std::fprintf(stderr,
+                   "usage: engine_loop_bench (--model DIR | --random-weights PRESET) [flags] (see "
+                   "the source)\n");
       return 2;
     }
+    o.random_weights.format = arg(argc, argv, "--format", "mxfp4");
+    o.random_weights.seed = std::strtoull(arg(argc, argv, "--weights-seed", "0"), nullptr, 10);
+    o.random_weights.layers = std::atoi(arg(argc, argv, "--layers", "0"));
+    o.random_weights.repeat_experts = has(argc, argv, "--repeat-experts");
+    o.random_weights.vocab = std::atoll(arg(argc, argv, "--vocab", "0"));
+    o.dp = std::atoi(arg(argc, argv, "--dp", "1"));
+    o.ep = std::atoi(arg(argc, argv, "--ep", "1"));
+    o.tp = std::atoi(arg(argc, argv, "--tp", "1"));
     o.backend = arg(argc, argv, "--backend", "cpu");
     const int requests = std::atoi(arg(argc, argv, "--requests", "64"));
     const int concurrency = std::atoi(arg(argc, argv, "--concurrency", "64"));
     const int input_len = std::atoi(arg(argc, argv, "--input-len", "128"));
     const int output_len = std::atoi(arg(argc, argv, "--output-len", "32"));
-    o.max_sequences = concurrency;
+    o.max_sequences = (concurrency + o.dp - 1) / std::max(1, o.dp);  // per data-parallel rank
     o.max_tokens = std::atoll(arg(argc, argv, "--max-model-len", "0"));
     if (o.max_tokens == 0) o.max_tokens = input_len + output_len;
     o.cache_bytes = std::atoll(arg(argc, argv, "--cache-mb", "0")) << 20;

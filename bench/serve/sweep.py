@@ -11,6 +11,11 @@ as each result arrives (a run cut short keeps what it measured) and writes OUT/s
       --out DIR [--backend cuda] [--layers 8] [--concurrency 1,16,64,256] [--input-len 8192] \\
       [--output-len 1024] [--overhead-concurrency 64]
   bench/serve/sweep.py --report DIR/serve-bench.jsonl   # the table again from the lines
+
+--random-weights: no checkpoint is written; the engine loop and the server generate the same
+weights in memory (`dsv4 serve --random-weights CONFIG --repeat-experts`, README: Random
+weights), so --layers 0 (the default then) runs the model at full depth. --dp/--ep/--tp go to
+both (the parallel engine; --concurrency is the whole server's).
 """
 
 import argparse
@@ -44,11 +49,16 @@ def report(rows):
                 f"Date: {meta.get('date', '?')}.", "",
                 f"Model: the shapes of `{meta['config']}` with random weights, "
                 f"**{meta['layers']} of its {meta['config_layers']} layers** (compress ratios "
-                f"{meta['compress_ratios']}, no MTP block), routed experts in {meta['format']} "
+                f"{meta['compress_ratios']}, "
+                f"{'MTP block kept' if meta['layers'] == meta['config_layers'] else 'no MTP block'}"
+                f"), routed experts in {meta['format']} "
                 f"(each layer's {meta['experts']} experts repeat one random draw: `make-tiny "
                 f"--repeat-experts`; the gate, hence the routing, is random), "
-                f"{meta['checkpoint_gib']:.1f} GiB, written in {meta['write_s']:.0f} s. "
-                f"Backend {meta['backend']}. Workload: random prompt ids, {meta['input_len']} "
+                + (f"generated in memory by the engine (`--random-weights`, no checkpoint "
+                   f"file). " if meta.get("random_weights") else
+                   f"{meta['checkpoint_gib']:.1f} GiB, written in {meta['write_s']:.0f} s. ")
+                + f"Backend {meta['backend']}, dp {meta.get('dp', 1)} x ep {meta.get('ep', 1)} "
+                f"x tp {meta.get('tp', 1)}. Workload: random prompt ids, {meta['input_len']} "
                 f"input / {meta['output_len']} output tokens (EOS ignored, temperature 0.8), "
                 f"streaming /v1/completions, {meta['waves']} request(s) per client per level.", ""]
     out += ["| concurrency | requests | errors | TTFT median s | TTFT p99 s | TPOT mean ms | "
@@ -94,7 +104,13 @@ def main():
     p.add_argument("--out")
     p.add_argument("--backend", default="cuda")
     p.add_argument("--config", default=str(FLASH_CONFIG))
-    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--layers", type=int, default=None,
+                   help="layers kept (default 8; with --random-weights 0 = all)")
+    p.add_argument("--random-weights", action="store_true",
+                   help="weights generated in memory by the engine: no checkpoint file")
+    p.add_argument("--dp", type=int, default=1)
+    p.add_argument("--ep", type=int, default=1)
+    p.add_argument("--tp", type=int, default=1)
     p.add_argument("--format", default="mxfp4", choices=["mxfp4", "nvfp4"])
     p.add_argument("--model-dir", default="/tmp/dsv4-serve-bench-model")
     p.add_argument("--concurrency", default="1,16,64,256")
@@ -103,6 +119,8 @@ def main():
     p.add_argument("--output-len", type=int, default=1024)
     p.add_argument("--waves", type=int, default=1, help="requests per client and level")
     p.add_argument("--max-step-tokens", type=int, default=0, help="0: the engine's default")
+    p.add_argument("--skip-engine-loop", action="store_true",
+                   help="no engine_loop_bench run (and no overhead ratio): time for the levels")
     a = p.parse_args()
     if a.report:
         rows = [json.loads(line) for line in open(a.report) if line.strip()]
@@ -116,44 +134,71 @@ def main():
     levels = [int(x) for x in a.concurrency.split(",")]
     max_len = a.input_len + a.output_len
     model = pathlib.Path(a.model_dir)
+    full = json.loads(pathlib.Path(a.config).read_text())
+    if a.layers is None:
+        a.layers = 0 if a.random_weights else 8
+    if a.layers == 0 and not a.random_weights:
+        p.error("--layers 0 (full depth) needs --random-weights (the disk has no room)")
 
     t0 = time.time()
     tok = pathlib.Path(os.environ.get("DSV4_TOKENIZER_DIR", HERE.parents[2] / "shared" /
                                       "tokenizer" / "deepseek-v4")) / "tokenizer.json"
-    subprocess.run([a.cli, "make-tiny", "--config", a.config, "--layers", str(a.layers),
-                    "--repeat-experts", "--format", a.format, "--seed", "1", "--out", str(model),
-                    "--force", *(["--tokenizer", str(tok)] if tok.exists() else [])], check=True)
-    write_s = time.time() - t0
-    print(f"[{write_s:.0f} s] checkpoint written; the engine loop alone next", flush=True)
-    cfg = json.loads((model / "config.json").read_text())
-    full = json.loads(pathlib.Path(a.config).read_text())
-    size = sum(f.stat().st_size for f in model.glob("*.safetensors"))
+    cut = ["--layers", str(a.layers)] if a.layers else []
+    if a.random_weights:
+        if not tok.exists():
+            raise SystemExit(f"{tok}: no tokenizer (DSV4_TOKENIZER_DIR); serve needs one")
+        # Both the engine loop and the server generate this model; the config's vocabulary
+        # (>= the tokenizer's) for both.
+        source = ["--random-weights", a.config, "--format", a.format, "--weights-seed", "1",
+                  "--repeat-experts", "--vocab", str(full["vocab_size"]), *cut]
+        model_args, serve_model = source, [*source, "--tokenizer", str(tok)]
+        write_s, size = 0.0, 0
+        layers = a.layers or full["num_hidden_layers"]
+        ratios = full["compress_ratios"][:layers]
+        cfg = {"compress_ratios": ratios, "n_routed_experts": full["n_routed_experts"],
+               "vocab_size": full["vocab_size"]}
+    else:
+        subprocess.run([a.cli, "make-tiny", "--config", a.config, *cut,
+                        "--repeat-experts", "--format", a.format, "--seed", "1", "--out",
+                        str(model), "--force", *(["--tokenizer", str(tok)] if tok.exists() else [])],
+                       check=True)
+        write_s = time.time() - t0
+        print(f"[{write_s:.0f} s] checkpoint written; the engine loop alone next", flush=True)
+        cfg = json.loads((model / "config.json").read_text())
+        size = sum(f.stat().st_size for f in model.glob("*.safetensors"))
+        model_args = serve_model = ["--model", str(model)]
     emit(jsonl, {"bench": "serve_setup", "gpu": gpu_name(),
                  "commit": os.environ.get("DSV4_COMMIT", "unknown"),
                  "date": time.strftime("%Y-%m-%d", time.gmtime()), "backend": a.backend,
                  "config": pathlib.Path(a.config).name,
-                 "config_layers": full["num_hidden_layers"], "layers": a.layers,
+                 "config_layers": full["num_hidden_layers"],
+                 "layers": a.layers or full["num_hidden_layers"],
+                 "random_weights": a.random_weights, "dp": a.dp, "ep": a.ep, "tp": a.tp,
                  "compress_ratios": cfg["compress_ratios"], "experts": cfg["n_routed_experts"],
                  "format": a.format, "checkpoint_gib": size / 2**30, "write_s": write_s,
                  "input_len": a.input_len, "output_len": a.output_len, "waves": a.waves})
 
-    common = ["--backend", a.backend]
+    common = ["--backend", a.backend, "--dp", str(a.dp), "--ep", str(a.ep), "--tp", str(a.tp)]
     step = ["--max-step-tokens", str(a.max_step_tokens)] if a.max_step_tokens else []
     c64 = a.overhead_concurrency
     # The engine loop alone first (the server would hold the GPU's memory).
-    r = subprocess.run([a.engine_bench, "--model", str(model), "--requests", str(c64 * a.waves),
-                        "--concurrency", str(c64), "--input-len", str(a.input_len),
-                        "--output-len", str(a.output_len), "--max-model-len", str(max_len),
-                        *common], capture_output=True, text=True)
-    sys.stderr.write(r.stderr[-3000:])
-    engine = json.loads(r.stdout) if r.returncode == 0 else None
-    print(f"[{time.time() - t0:.0f} s] engine loop done (rc {r.returncode}); starting the server",
-          flush=True)
-    if engine:
-        emit(jsonl, engine)
+    engine = None
+    if not a.skip_engine_loop:
+        r = subprocess.run([a.engine_bench, *model_args, "--requests", str(c64 * a.waves),
+                            "--concurrency", str(c64), "--input-len", str(a.input_len),
+                            "--output-len", str(a.output_len), "--max-model-len", str(max_len),
+                            *common], capture_output=True, text=True)
+        sys.stderr.write(r.stderr[-3000:])
+        engine = json.loads(r.stdout) if r.returncode == 0 else None
+        print(f"[{time.time() - t0:.0f} s] engine loop done (rc {r.returncode}); starting the "
+              "server", flush=True)
+        if engine:
+            emit(jsonl, engine)
 
     server = subprocess.Popen(
-        [a.cli, "serve", "--model", str(model), "--port", "0", "--max-running", str(max(levels)),
+        [a.cli, "serve", *serve_model, "--port", "0",
+         # --max-running is per data-parallel rank.
+         "--max-running", str(-(-max(levels) // a.dp)),
          "--max-waiting", str(max(levels) * a.waves * 2), "--max-model-len", str(max_len),
          *common, *step], stdout=subprocess.PIPE, text=True)
     rows = []
@@ -192,7 +237,8 @@ def main():
     all_rows = [json.loads(line) for line in open(jsonl) if line.strip()]
     (out / "serve-bench.md").write_text(report(all_rows))
     print(report(all_rows))
-    return 1 if engine is None or any(r["errors"] for r in rows) else 0
+    failed_engine = engine is None and not a.skip_engine_loop
+    return 1 if failed_engine or any(r["errors"] for r in rows) else 0
 
 
 if __name__ == "__main__":

@@ -24,8 +24,27 @@ namespace dsv4 {
 // The most drafts speculative decoding verifies per step and sequence.
 constexpr int kMaxSpeculativeTokens = 3;
 
+// Random weights instead of a model directory: the checkpoint `dsv4 make-tiny` would write with
+// the same options, generated in memory when the engine opens (nothing is written or read;
+// V4-Flash at full depth where the disk has no room for a checkpoint). The logits are those of
+// the make-tiny checkpoint of the same options, bit for bit.
+struct RandomWeightsOptions {
+  // "flash" or "pro" (the golden sets' geometry), or a config.json's path (its shapes, e.g.
+  // the real V4-Flash's). Empty: no random weights.
+  std::string preset;
+  std::string format = "mxfp4";  // the routed experts': "mxfp4" or "nvfp4"
+  uint64_t seed = 0;             // the weights' seed
+  int layers = 0;                // > 0: the first N layers, no MTP block
+  // Every routed expert of a layer repeats one random draw, held once in memory (the host then
+  // holds the dense weights and one expert per layer).
+  bool repeat_experts = false;
+  int64_t vocab = 0;  // > 0: embedding and head rows instead of the config's
+};
+
 struct EngineOptions {
+  // The model: a directory (config.json, *.safetensors) or random weights, exactly one.
   std::string model_dir;
+  RandomWeightsOptions random_weights;
   std::string backend = "cpu";  // "cpu" (the reference backend); "cuda" when built
   int page_size = 64;           // entries per cache page
   int max_sequences = 1;        // sequences alive at once (running requests x choices)

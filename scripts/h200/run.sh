@@ -12,7 +12,8 @@
 #   [filter] is a pytest -k expression. Logs: $OUT/server-tests.log, $OUT/server-junit.xml.
 # serve-bench (after `scripts/h200/pack.sh serve`): the serving benchmark (bench/serve/sweep.py) at
 #   V4-Flash shapes cut to [filter] layers (default 8): JSON lines in $OUT/serve-bench.jsonl, the
-#   table in $OUT/serve-bench.md.
+#   table in $OUT/serve-bench.md. $SWEEP_ARGS: more sweep.py flags (scripts/h200/multi.sh: random
+#   weights at full depth over several GPUs).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 START=$(date +%s)
@@ -88,7 +89,7 @@ if [ "$WHAT" = "serve" ] || [ "$WHAT" = "serve-bench" ]; then
   # [filter]: the number of layers (default 8: what fits the run's time, not the GPU's memory).
   PYTHONUNBUFFERED=1 python3 bench/serve/sweep.py --cli "$DSV4_CLI" \
     --engine-bench "$PWD/build-serve/bench/serve/engine_loop_bench" --out "$OUT" \
-    --layers "${FILTER:-8}" 2>&1 | tee "$OUT/serve-bench.log" | grep -vE "^\{"
+    --layers "${FILTER:-8}" ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/serve-bench.log" | grep -vE "^\{"
   exit "${PIPESTATUS[0]}"
 fi
 if [ "$WHAT" = "cli" ]; then

@@ -83,6 +83,12 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   for (const auto& [n, t] : files_.back()->tensors()) where_[n] = &t;
 }
 
+Checkpoint::Checkpoint(const std::string& name, std::shared_ptr<const TensorStore> store)
+    : dir_(name), store_(std::move(store)) {
+  DSV4_CHECK(store_ != nullptr, name, ": no tensor store");
+  for (const auto& [n, t] : store_->tensors()) where_[n] = &t;
+}
+
 const TensorView& Checkpoint::get(const std::string& name) const {
   auto it = where_.find(name);
   DSV4_CHECK(it != where_.end(), dir_, ": checkpoint has no tensor '", name, "'");

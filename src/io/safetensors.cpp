@@ -193,6 +193,12 @@ void SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<in
   entries_.push_back(std::move(e));
 }
 
+const std::vector<uint8_t>& SafetensorsWriter::bytes(const std::string& name) const {
+  for (const auto& e : entries_)
+    if (e.name == name) return e.bytes;
+  throw Error(cat("safetensors writer: no tensor '", name, "'"));
+}
+
 size_t SafetensorsWriter::total_bytes() const {
   size_t n = 0;
   for (const auto& e : entries_) n += e.bytes.size();

@@ -66,6 +66,8 @@ class SafetensorsWriter {
            const std::vector<T>& v) {
     add(name, dtype, std::move(shape), v.data(), v.size() * sizeof(T));
   }
+  // The bytes of tensor `name`, added earlier (throws if absent).
+  const std::vector<uint8_t>& bytes(const std::string& name) const;
   void set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
   // Writes atomically (temporary file, then rename). Throws on I/O failure.
   void write(const std::string& path) const;

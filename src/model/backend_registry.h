@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "model/model_source.h"
 #include "model/runner.h"
 
 namespace dsv4 {
@@ -15,7 +16,9 @@ namespace dsv4 {
 class Rendezvous;  // comm/rendezvous.h: made by the runtime, opaque here
 
 struct RunnerOptions {
+  // The model: a directory, or random weights generated in memory (exactly one).
   std::string model_dir;
+  RandomWeights random_weights;
   int page_size = 64;
   int max_sequences = 1;       // sequences alive at once (compressor-state slots)
   int snapshot_slots = 0;      // more slots and window rings, for prefix-cache snapshots
@@ -40,6 +43,8 @@ struct RunnerOptions {
   // runtime (Engine::open / Engine::run_node) before the runner; null with one node.
   int nnodes = 1, node_rank = 0;
   std::shared_ptr<Rendezvous> rendezvous;
+
+  ModelSource source() const { return {model_dir, random_weights}; }
 };
 
 using RunnerFactory = std::unique_ptr<Runner> (*)(const RunnerOptions& options);

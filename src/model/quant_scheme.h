@@ -15,6 +15,8 @@ class QuantScheme {
   // Reads <dir>/hf_quant_config.json when present. Only routed experts may be quantised
   // differently from the release formats; anything else listed is an error.
   static QuantScheme load(const std::string& model_dir, const ModelConfig& config);
+  // No hf_quant_config.json: the config's moe_quant_algo decides every routed expert.
+  static QuantScheme of_config(const ModelConfig& config);
 
   // `module` like "layers.3.ffn.experts.7.w2" or "mtp.0.ffn.experts.1.w1".
   ExpertFormat expert_format(const std::string& module) const;

@@ -55,6 +55,12 @@ QuantScheme QuantScheme::load(const std::string& dir, const ModelConfig& config)
   return q;
 }
 
+QuantScheme QuantScheme::of_config(const ModelConfig& config) {
+  QuantScheme q;
+  q.default_nvfp4_ = config.moe_quant_algo == "NVFP4";
+  return q;
+}
+
 ExpertFormat QuantScheme::expert_format(const std::string& module) const {
   auto it = per_module_.find(module);
   if (it != per_module_.end()) return it->second;

@@ -8,12 +8,14 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "core/error.h"
 #include "core/formats.h"
 #include "core/rng.h"
 #include "io/safetensors.h"
+#include "io/tensor_store.h"
 #include "model/weight_quant.h"
 #include "model/weights.h"
 
@@ -29,12 +31,13 @@ constexpr double kAttnOutCoef = 6.9, kSharedOutCoef = 1.2;
 // Calibrated input amax of the NVFP4 experts (ModelOpt's input_scale = amax / (6*448)).
 constexpr float kNvfp4InputAmax = 8.0f;
 
-class Writer {
+// Generates the tensors into a sink (a safetensors writer or a TensorStore).
+class Generator {
  public:
   static constexpr size_t kChunk = size_t(1) << 20;
 
-  Writer(uint64_t seed, ExpertFormat fmt, const TinyInit& init)
-      : rng_(seed), fmt_(fmt), init_(init) {}
+  Generator(uint64_t seed, ExpertFormat fmt, const TinyInit& init, TensorSink& sink)
+      : rng_(seed), fmt_(fmt), init_(init), sink_(sink) {}
 
   std::vector<float> gaussian(size_t n, double std) {
     std::vector<float> v(n);
@@ -64,32 +67,26 @@ class Writer {
   }
 
   void bf16(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v) {
-    std::vector<bf16_t> b(v.size());
-    for (size_t i = 0; i < v.size(); ++i) b[i] = float_to_bf16(v[i]);
-    shard().add(name, DType::kBF16, std::move(shape), b);
-    index_[name] = current_;
+    std::vector<uint8_t> b(v.size() * sizeof(bf16_t));
+    bf16_t* out = reinterpret_cast<bf16_t*>(b.data());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = float_to_bf16(v[i]);
+    sink_.add(name, DType::kBF16, std::move(shape), std::move(b));
   }
-  void raw(const std::string& name, DType t, std::vector<int64_t> shape,
-           const std::vector<uint8_t>& v) {
-    if (recording_) repeat_[name] = {t, shape, v};
-    shard().add(name, t, std::move(shape), v);
-    index_[name] = current_;
+  void raw(const std::string& name, DType t, std::vector<int64_t> shape, std::vector<uint8_t> v) {
+    if (recording_) repeat_.insert(name);
+    sink_.add(name, t, std::move(shape), std::move(v));
   }
   void f32(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v) {
-    if (recording_) {
-      std::vector<uint8_t> b(v.size() * sizeof(float));
-      std::memcpy(b.data(), v.data(), b.size());
-      repeat_[name] = {DType::kF32, shape, b};
-    }
-    shard().add(name, DType::kF32, std::move(shape), v);
-    index_[name] = current_;
+    std::vector<uint8_t> b(v.size() * sizeof(float));
+    std::memcpy(b.data(), v.data(), b.size());
+    raw(name, DType::kF32, std::move(shape), std::move(b));
   }
   // Normal weights with std gain / sqrt(fan_in), in FP8 with 128x128 UE8M0 scales.
   void fp8_linear(const std::string& name, int out, int in, double gain) {
-    const Fp8Weight q =
-        quantize_fp8_weight(gaussian(size_t(out) * in, gain / std::sqrt(in)), out, in);
-    raw(name + ".weight", DType::kF8E4M3, {out, in}, q.codes);
-    raw(name + ".scale", DType::kF8E8M0, {(out + 127) / 128, (in + 127) / 128}, q.scales);
+    Fp8Weight q = quantize_fp8_weight(gaussian(size_t(out) * in, gain / std::sqrt(in)), out, in);
+    raw(name + ".weight", DType::kF8E4M3, {out, in}, std::move(q.codes));
+    raw(name + ".scale", DType::kF8E8M0, {(out + 127) / 128, (in + 127) / 128},
+        std::move(q.scales));
   }
   void bf16_linear(const std::string& name, int out, int in, double gain) {
     bf16(name, {out, in}, gaussian(size_t(out) * in, gain / std::sqrt(in)));
@@ -100,11 +97,11 @@ class Writer {
     bf16(name, {n}, v);
   }
   // One routed expert (w1, w3 [inter, dim]; w2 [dim, inter]). With repeat_experts, expert e > 0
-  // of a block copies expert 0's tensors (`first`: the names of expert 0's, "...experts.0.").
+  // of a block is an alias of expert 0's tensors (`first`: the names of expert 0's,
+  // "...experts.0."), in name order.
   void expert(const std::string& p, int dim, int inter, const std::string& first) {
     if (init_.repeat_experts && p != first) {
-      for (const auto& [name, t] : repeat_)
-        raw(p + name.substr(first.size()), t.dtype, t.shape, t.bytes);
+      for (const std::string& name : repeat_) sink_.alias(p + name.substr(first.size()), name);
       if (fmt_ == ExpertFormat::kNvfp4)
         for (const char* w : {"w1", "w2", "w3"}) quantized_.push_back(p + w);
       return;
@@ -121,9 +118,9 @@ class Writer {
         gaussian(size_t(dim) * inter, kRho * init_.routed_out_coef / std::sqrt(inter));
     if (fmt_ == ExpertFormat::kMxfp4) {
       auto put = [&](const std::string& n, const std::vector<float>& w, int out, int in) {
-        const Mxfp4Weight q = quantize_mxfp4_weight(w, out, in);
-        raw(n + ".weight", DType::kI8, {out, in / 2}, q.packed);
-        raw(n + ".scale", DType::kF8E8M0, {out, in / 32}, q.scales);
+        Mxfp4Weight q = quantize_mxfp4_weight(w, out, in);
+        raw(n + ".weight", DType::kI8, {out, in / 2}, std::move(q.packed));
+        raw(n + ".scale", DType::kF8E8M0, {out, in / 32}, std::move(q.scales));
       };
       put(p + "w1", w1, inter, dim);
       put(p + "w3", w3, inter, dim);
@@ -134,9 +131,9 @@ class Writer {
     const float s13 = std::max(nvfp4_global_scale(w1), nvfp4_global_scale(w3));
     const float in_scale = kNvfp4InputAmax / (kE2m1Max * kE4m3Max);
     auto put = [&](const std::string& n, const std::vector<float>& w, int out, int in, float s2) {
-      const Nvfp4Weight q = quantize_nvfp4_weight(w, out, in, s2);
-      raw(n + ".weight", DType::kU8, {out, in / 2}, q.packed);
-      raw(n + ".weight_scale", DType::kF8E4M3, {out, in / 16}, q.scales);
+      Nvfp4Weight q = quantize_nvfp4_weight(w, out, in, s2);
+      raw(n + ".weight", DType::kU8, {out, in / 2}, std::move(q.packed));
+      raw(n + ".weight_scale", DType::kF8E4M3, {out, in / 16}, std::move(q.scales));
       f32(n + ".weight_scale_2", {}, {q.scale_2});
       f32(n + ".input_scale", {}, {in_scale});
       quantized_.push_back(n);
@@ -168,8 +165,33 @@ class Writer {
   }
 
   Rng& rng() { return rng_; }
-  void next_shard() { ++current_; }
+  void next_shard() { sink_.next_shard(); }
   const std::vector<std::string>& quantized() const { return quantized_; }
+
+ private:
+  Rng rng_;
+  ExpertFormat fmt_;
+  TinyInit init_;
+  TensorSink& sink_;
+  std::set<std::string> repeat_;  // expert 0's tensor names of the block (repeat_experts)
+  bool recording_ = false;        // generating expert 0 with repeat_experts
+  std::vector<std::string> quantized_;
+};
+
+// The file sink: sharded safetensors and their index (an alias is written as a copy).
+class ShardedWriter final : public TensorSink {
+ public:
+  void add(const std::string& name, DType dtype, std::vector<int64_t> shape,
+           std::vector<uint8_t> bytes) override {
+    shard().add(name, dtype, shape, bytes.data(), bytes.size());
+    index_[name] = {current_, dtype, std::move(shape)};
+  }
+  void alias(const std::string& name, const std::string& of) override {
+    const Placed& p = index_.at(of);
+    std::vector<uint8_t> b = shards_[p.shard].bytes(of);
+    add(name, p.dtype, p.shape, std::move(b));
+  }
+  void next_shard() override { ++current_; }
 
   void write(const std::string& dir) {
     const int n = current_ + 1;
@@ -178,7 +200,7 @@ class Writer {
     for (int i = 0; i < n; ++i) total += shards_[i].total_bytes();
     idx["metadata"] = {{"total_size", total}};
     nlohmann::ordered_json map = nlohmann::ordered_json::object();
-    for (const auto& [name, s] : index_) map[name] = shard_name(s, n);
+    for (const auto& [name, p] : index_) map[name] = shard_name(p.shard, n);
     idx["weight_map"] = map;
     for (int i = 0; i < n; ++i) shards_[i].write((fs::path(dir) / shard_name(i, n)).string());
     std::ofstream(fs::path(dir) / "model.safetensors.index.json") << idx.dump(2) << "\n";
@@ -195,20 +217,13 @@ class Writer {
     return buf;
   }
 
-  struct Tensor {
+  struct Placed {
+    int shard;
     DType dtype;
     std::vector<int64_t> shape;
-    std::vector<uint8_t> bytes;
   };
-
-  Rng rng_;
-  ExpertFormat fmt_;
-  TinyInit init_;
-  std::map<std::string, Tensor> repeat_;  // expert 0's tensors of the block (repeat_experts)
-  bool recording_ = false;                // generating expert 0 with repeat_experts
   std::vector<SafetensorsWriter> shards_;
-  std::map<std::string, int> index_;
-  std::vector<std::string> quantized_;
+  std::map<std::string, Placed> index_;
   int current_ = 0;
 };
 
@@ -300,15 +315,13 @@ TinyInit tiny_init(const std::string& preset) {
   return i;
 }
 
-void write_tiny_checkpoint(const ModelConfig& config, ExpertFormat format, uint64_t seed,
-                           const std::string& dir, const TinyInit& init) {
-  ModelConfig c = config;
-  c.moe_quant_algo = format == ExpertFormat::kNvfp4 ? "NVFP4" : "";
-  c.validate();
-  DSV4_CHECK(!fs::exists(dir) || fs::is_directory(dir), dir, ": exists and is not a directory");
-  fs::create_directories(dir);
+namespace {
 
-  Writer w(seed, format, init);
+// Every tensor of the checkpoint of `c` (its experts in `format`) into `sink`, in the order
+// the file writer lays them out. Returns the NVFP4-quantised modules (hf_quant_config.json).
+std::vector<std::string> generate_tensors(const ModelConfig& c, ExpertFormat format, uint64_t seed,
+                                          const TinyInit& init, TensorSink& sink) {
+  Generator w(seed, format, init, sink);
   const int dim = c.dim, hc_dim = c.hc_mult * c.dim, mix = c.mix_hc();
   w.bf16("embed.weight", {c.vocab_size, dim}, w.gaussian(size_t(c.vocab_size) * dim, 1.0));
   w.bf16_linear("head.weight", c.vocab_size, dim, init.head);
@@ -369,14 +382,35 @@ void write_tiny_checkpoint(const ModelConfig& config, ExpertFormat format, uint6
       w.hc(p + "hc_head", c.hc_mult, hc_dim, c.hc_mult, true);
     }
   }
-  w.write(dir);
+  return w.quantized();
+}
+
+// The config a checkpoint of `config` in `format` declares.
+ModelConfig declared_config(const ModelConfig& config, ExpertFormat format) {
+  ModelConfig c = config;
+  c.moe_quant_algo = format == ExpertFormat::kNvfp4 ? "NVFP4" : "";
+  c.validate();
+  return c;
+}
+
+}  // namespace
+
+void write_tiny_checkpoint(const ModelConfig& config, ExpertFormat format, uint64_t seed,
+                           const std::string& dir, const TinyInit& init) {
+  const ModelConfig c = declared_config(config, format);
+  DSV4_CHECK(!fs::exists(dir) || fs::is_directory(dir), dir, ": exists and is not a directory");
+  fs::create_directories(dir);
+
+  ShardedWriter files;
+  const std::vector<std::string> quantized = generate_tensors(c, format, seed, init, files);
+  files.write(dir);
   write_text(fs::path(dir) / "config.json", model_config_to_json(c));
   write_text(fs::path(dir) / "generation_config.json",
              "{\n  \"bos_token_id\": 0,\n  \"eos_token_id\": 1,\n  \"temperature\": 1.0,\n"
              "  \"top_p\": 1.0\n}\n");
   if (format == ExpertFormat::kNvfp4) {
     nlohmann::ordered_json layers = nlohmann::ordered_json::object();
-    for (const auto& m : w.quantized()) layers[m] = {{"quant_algo", "NVFP4"}, {"group_size", 16}};
+    for (const auto& m : quantized) layers[m] = {{"quant_algo", "NVFP4"}, {"group_size", 16}};
     nlohmann::ordered_json q;
     q["producer"] = {{"name", "modelopt"}, {"version", "dsv4-nvfp4-experts"}};
     q["quantization"] = {{"quant_algo", "MIXED_PRECISION"},
@@ -391,6 +425,19 @@ void write_tiny_checkpoint(const ModelConfig& config, ExpertFormat format, uint6
   } else {
     fs::remove(fs::path(dir) / "hf_quant_config.json");  // a stale one would claim NVFP4
   }
+}
+
+TinyModel make_tiny_model(const ModelConfig& config, ExpertFormat format, uint64_t seed,
+                          const TinyInit& init) {
+  const ModelConfig c = declared_config(config, format);
+  TinyModel m;
+  // The config as loading the written config.json gives it (same numbers, bit for bit).
+  m.config = parse_model_config(model_config_to_json(c), "random weights");
+  m.scheme = QuantScheme::of_config(m.config);
+  auto store = std::make_shared<TensorStore>();
+  generate_tensors(c, format, seed, init, *store);
+  m.tensors = std::move(store);
+  return m;
 }
 
 }  // namespace dsv4

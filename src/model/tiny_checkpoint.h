@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include "io/tensor_store.h"
 #include "model/model_config.h"
 #include "model/quant_scheme.h"
 
@@ -37,5 +39,17 @@ TinyInit tiny_init(const std::string& preset);
 // by w1/w3), not as a cast of MXFP4.
 void write_tiny_checkpoint(const ModelConfig& config, ExpertFormat format, uint64_t seed,
                            const std::string& dir, const TinyInit& init = TinyInit{});
+
+// The checkpoint write_tiny_checkpoint(config, format, seed, DIR, init) writes, in memory: the
+// same tensors, bit for bit; the config and quantisation scheme loading DIR gives. With
+// init.repeat_experts the routed experts e > 0 of a block are aliases of expert 0's bytes (the
+// store holds the dense weights and one expert per block).
+struct TinyModel {
+  ModelConfig config;
+  QuantScheme scheme;
+  std::shared_ptr<const TensorStore> tensors;
+};
+TinyModel make_tiny_model(const ModelConfig& config, ExpertFormat format, uint64_t seed,
+                          const TinyInit& init = TinyInit{});
 
 }  // namespace dsv4

@@ -1,12 +1,39 @@
 #include "model/weight_quant.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <thread>
+#include <vector>
 
 #include "core/error.h"
 #include "core/formats.h"
 
 namespace dsv4 {
+namespace {
+
+// body(r) for every row r in [0, rows): on every core when the tensor is large (real-shape
+// random weights), else here. Each row's bytes depend on that row alone: the same output as
+// one thread.
+template <typename Body>
+void for_each_row(int rows, size_t elems, const Body& body) {
+  const unsigned cores = std::thread::hardware_concurrency();
+  if (elems < (size_t(1) << 22) || cores < 2 || rows < 2) {
+    for (int r = 0; r < rows; ++r) body(r);
+    return;
+  }
+  std::atomic<int> next{0};
+  auto work = [&] {
+    for (int r; (r = next++) < rows;) body(r);
+  };
+  std::vector<std::thread> threads;
+  for (unsigned t = 1; t < std::min<unsigned>(cores, unsigned(rows)); ++t)
+    threads.emplace_back(work);
+  work();
+  for (std::thread& t : threads) t.join();
+}
+
+}  // namespace
 
 Fp8Weight quantize_fp8_weight(const std::vector<float>& w, int out, int in) {
   DSV4_CHECK(w.size() == size_t(out) * in, "quantize_fp8_weight: size mismatch");
@@ -14,7 +41,7 @@ Fp8Weight quantize_fp8_weight(const std::vector<float>& w, int out, int in) {
   Fp8Weight r;
   r.codes.resize(w.size());
   r.scales.resize(size_t(bo) * bi);
-  for (int i = 0; i < bo; ++i)
+  for_each_row(bo, w.size(), [&](int i) {
     for (int j = 0; j < bi; ++j) {
       float amax = 0;
       for (int o = i * 128; o < std::min(out, (i + 1) * 128); ++o)
@@ -26,6 +53,7 @@ Fp8Weight quantize_fp8_weight(const std::vector<float>& w, int out, int in) {
         for (int k = j * 128; k < std::min(in, (j + 1) * 128); ++k)
           r.codes[size_t(o) * in + k] = float_to_e4m3(w[size_t(o) * in + k] / s);
     }
+  });
   return r;
 }
 
@@ -34,7 +62,7 @@ Mxfp4Weight quantize_mxfp4_weight(const std::vector<float>& w, int out, int in) 
   Mxfp4Weight r;
   r.packed.assign(size_t(out) * in / 2, 0);
   r.scales.resize(size_t(out) * in / 32);
-  for (int o = 0; o < out; ++o)
+  for_each_row(out, w.size(), [&](int o) {
     for (int b = 0; b < in / 32; ++b) {
       const float* x = w.data() + size_t(o) * in + b * 32;
       float amax = 0;
@@ -46,6 +74,7 @@ Mxfp4Weight quantize_mxfp4_weight(const std::vector<float>& w, int out, int in) 
         r.packed[(size_t(o) * in + b * 32 + k) / 2] = e2m1_pack(lo, hi);
       }
     }
+  });
   return r;
 }
 
@@ -62,7 +91,7 @@ Nvfp4Weight quantize_nvfp4_weight(const std::vector<float>& w, int out, int in, 
   r.scale_2 = scale_2;
   r.packed.assign(size_t(out) * in / 2, 0);
   r.scales.resize(size_t(out) * in / 16);
-  for (int o = 0; o < out; ++o)
+  for_each_row(out, w.size(), [&](int o) {
     for (int b = 0; b < in / 16; ++b) {
       const float* x = w.data() + size_t(o) * in + b * 16;
       float amax = 0;
@@ -76,6 +105,7 @@ Nvfp4Weight quantize_nvfp4_weight(const std::vector<float>& w, int out, int in, 
         r.packed[(size_t(o) * in + b * 16 + k) / 2] = e2m1_pack(lo, hi);
       }
     }
+  });
   return r;
 }
 

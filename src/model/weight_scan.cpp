@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <set>
 #include <thread>
 
 #include "core/error.h"
@@ -183,8 +184,13 @@ std::string describe_non_finite(const WeightScan& s) {
 }
 
 void check_weights_finite(const Checkpoint& ckpt, int threads) {
+  // Each byte range once: an in-memory checkpoint's aliases (repeated experts) share bytes.
   std::vector<const TensorView*> tensors;
-  for (const std::string& n : ckpt.names()) tensors.push_back(&ckpt.get(n));
+  std::set<std::pair<const uint8_t*, size_t>> seen;
+  for (const std::string& n : ckpt.names()) {
+    const TensorView& t = ckpt.get(n);
+    if (seen.insert({t.data, t.nbytes}).second) tensors.push_back(&t);
+  }
   const WeightScan s = scan_weights(tensors, threads);
   DSV4_CHECK(!s.first, ckpt.dir(), ": non-finite weight: ", describe_non_finite(s));
 }

@@ -3,14 +3,13 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "backends/cpu/backend.h"
 #include "comm/collective_aborted.h"
 #include "comm/rendezvous.h"
 #include "core/error.h"
 #include "model/backend_registry.h"
+#include "model/model_source.h"
 #include "model/node_wire.h"
 #include "model/parallel_layout.h"
 #include "runtime/engine_loop.h"
@@ -99,12 +98,35 @@ RunnerFactory factory_of(const std::string& backend) {
   return factory;
 }
 
-std::string config_text(const std::string& model_dir) {
-  std::ifstream f(std::filesystem::path(model_dir) / "config.json", std::ios::binary);
-  DSV4_CHECK(f.good(), model_dir, ": no config.json");
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
+RandomWeights random_weights(const RandomWeightsOptions& o) {
+  RandomWeights r;
+  if (o.preset.empty()) return r;
+  DSV4_CHECK(o.format == "mxfp4" || o.format == "nvfp4", "random weights: format '", o.format,
+             "' is not one of mxfp4, nvfp4");
+  DSV4_CHECK(o.layers >= 0, "random weights: layers must be >= 0 (0: every layer)");
+  DSV4_CHECK(o.vocab >= 0, "random weights: vocab must be >= 0 (0: the config's)");
+  r.preset = o.preset;
+  r.format = o.format == "nvfp4" ? ExpertFormat::kNvfp4 : ExpertFormat::kMxfp4;
+  r.seed = o.seed;
+  r.layers = o.layers;
+  r.repeat_experts = o.repeat_experts;
+  r.vocab = o.vocab;
+  return r;
+}
+
+ModelSource model_source(const EngineOptions& o) {
+  ModelSource s{o.model_dir, random_weights(o.random_weights)};
+  s.check();
+  return s;
+}
+
+// What the nodes compare: config.json's text, or the random weights' options and config.
+std::string config_text(const EngineOptions& o) {
+  const ModelSource s = model_source(o);
+  if (!s.random.enabled())
+    DSV4_CHECK(std::filesystem::exists(std::filesystem::path(o.model_dir) / "config.json"),
+               o.model_dir, ": no config.json");
+  return model_identity(s);
 }
 
 // The checks every node makes before meeting the others.
@@ -233,9 +255,11 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& o) {
   DSV4_CHECK(o.node_rank == 0, "node ", o.node_rank,
              " of a multi-node run follows node 0: Engine::run_node (the CLI does that for "
              "--node-rank > 0)");
+  const ModelSource source = model_source(o);
   RunnerFactory factory = factory_of(o.backend);
   RunnerOptions ro;
-  ro.model_dir = o.model_dir;
+  ro.model_dir = source.model_dir;
+  ro.random_weights = source.random;
   ro.page_size = o.page_size;
   ro.max_sequences = o.max_sequences;
   ro.snapshot_slots = o.prefix_snapshots < 0 ? o.max_sequences : o.prefix_snapshots;
@@ -254,7 +278,7 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& o) {
   if (o.nnodes > 1) {
     // What the other nodes need to open the same run: the backend, the model's config (to
     // compare with theirs), node 0's runner options.
-    const std::string config = config_text(o.model_dir);
+    const std::string config = config_text(o);
     ro.rendezvous = meet(o);
     WireWriter w;
     w.str(kNodeProtocol);
@@ -271,7 +295,7 @@ void Engine::run_node(const EngineOptions& o) {
   check_nodes(o);
   DSV4_CHECK(o.nnodes > 1 && o.node_rank > 0,
              "run_node is for nodes > 0 of a multi-node run (--nnodes N, --node-rank 1..N-1)");
-  const std::string config = config_text(o.model_dir);
+  const std::string config = config_text(o);
   RunnerOptions ro;
   ro.rendezvous = meet(o);
   const std::vector<uint8_t> m = ro.rendezvous->broadcast({});
@@ -284,8 +308,9 @@ void Engine::run_node(const EngineOptions& o) {
     backend = r.str();
     DSV4_CHECK(backend == o.backend, "multi-node run: node 0 runs backend '", backend, "', node ",
                o.node_rank, " was given '", o.backend, "'");
-    DSV4_CHECK(r.str() == config, "multi-node run: node ", o.node_rank, "'s ", o.model_dir,
-               "/config.json differs from node 0's (every node needs the same checkpoint)");
+    DSV4_CHECK(r.str() == config, "multi-node run: node ", o.node_rank, "'s ",
+               o.model_dir.empty() ? model_source(o).describe() : o.model_dir + "/config.json",
+               " differs from node 0's (every node needs the same checkpoint)");
     get_runner_options(r, ro);
     DSV4_CHECK(ro.nnodes == o.nnodes && ro.dp == o.dp && ro.ep == o.ep && ro.tp == o.tp,
                "multi-node run: node 0 runs --nnodes ", ro.nnodes, " --dp ", ro.dp, " --ep ", ro.ep,
@@ -306,6 +331,7 @@ void Engine::run_node(const EngineOptions& o) {
     throw;
   }
   ro.model_dir = o.model_dir;
+  ro.random_weights = model_source(o).random;
   ro.node_rank = o.node_rank;
   start_node(factory_of(backend), ro)->follow();
 }

@@ -38,11 +38,17 @@ void read_generation_defaults(const std::string& model_dir, ParseContext& p) {
 
 ServerContext::ServerContext(ServerOptions o)
     : options(std::move(o)),
-      model_name(options.served_model_name.empty() ? options.engine.model_dir
-                                                   : options.served_model_name) {
+      model_name(!options.served_model_name.empty() ? options.served_model_name
+                 : options.engine.model_dir.empty()
+                     ? "random-weights:" + options.engine.random_weights.preset
+                     : options.engine.model_dir) {
   worker = std::make_unique<EngineWorker>(
       options.engine, options.max_waiting, [this](const ModelInfo& info) {
-        const std::string path = options.engine.model_dir + "/tokenizer.json";
+        const std::string path = !options.tokenizer_path.empty()
+                                     ? options.tokenizer_path
+                                     : options.engine.model_dir + "/tokenizer.json";
+        DSV4_CHECK(!options.engine.model_dir.empty() || !options.tokenizer_path.empty(),
+                   "random weights have no tokenizer.json, which serving text needs (give one)");
         DSV4_CHECK(std::filesystem::exists(path), options.engine.model_dir,
                    " has no tokenizer.json, which serving text needs (dsv4 make-tiny --tokenizer "
                    "FILE writes one)");
@@ -53,7 +59,8 @@ ServerContext::ServerContext(ServerOptions o)
         parse.info = info;
         parse.served_model_name = model_name;
         parse.forced_output_enabled = options.forced_output;
-        read_generation_defaults(options.engine.model_dir, parse);
+        if (!options.engine.model_dir.empty())
+          read_generation_defaults(options.engine.model_dir, parse);
       });
 }
 

@@ -23,6 +23,8 @@ struct ServerOptions {
   int max_waiting = 128;
   std::string api_key;            // empty: no key needed
   std::string served_model_name;  // empty: the model directory as given
+  // The tokenizer.json; empty: the model directory's (random weights have none: required).
+  std::string tokenizer_path;
   size_t max_body_bytes = size_t(8) << 20;
   bool forced_output = false;  // the test facility: requests may carry forced_output ids
 };
@@ -31,7 +33,8 @@ struct ServerContext {
   explicit ServerContext(ServerOptions o);
 
   const ServerOptions options;
-  const std::string model_name;  // served_model_name or the model directory
+  // served_model_name, else the model directory or "random-weights:PRESET".
+  const std::string model_name;
   ServerMetrics metrics;
   std::unique_ptr<EngineWorker> worker;
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 
 #include "backends/cuda/backend.h"
 #include "core/error.h"
@@ -116,6 +117,39 @@ TEST_F(EngineSmoke, SmallCachePoolIsAnError) {
   // Too small for the window rings: refused at open.
   o.cache_bytes = 1024;
   EXPECT_THROW(Engine::open(o), Error);
+}
+
+// --random-weights on the CUDA backend: the fixture's checkpoint generated in memory loads
+// through the same paths (one rank, and the parallel runner slicing it per rank, in-process on
+// GPU 0, repeated experts aliasing one buffer) and gives the checkpoint's logits bit for bit.
+TEST_F(EngineSmoke, RandomWeightsGiveTheCheckpointsLogitsBitForBit) {
+  std::vector<int32_t> prompt{0};
+  for (int i = 0; i < 40; ++i) prompt.push_back(2 + (i * 37) % 2046);
+  auto random = [](EngineOptions o, bool repeat) {
+    o.model_dir.clear();
+    o.random_weights.preset = "flash";
+    o.random_weights.format = "nvfp4";
+    o.random_weights.seed = 1;
+    o.random_weights.repeat_experts = repeat;
+    return o;
+  };
+  auto same = [&](const char* what, const EngineOptions& a, const EngineOptions& b) {
+    const std::vector<float> x = Engine::open(a)->prompt_logits(prompt, 0);
+    const std::vector<float> y = Engine::open(b)->prompt_logits(prompt, 0);
+    ASSERT_EQ(x.size(), prompt.size() * 2048u) << what;
+    ASSERT_EQ(x.size(), y.size()) << what;
+    EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0) << what;
+  };
+  same("one rank", options("cuda"), random(options("cuda"), false));
+  TempDir repeated;
+  TinyInit init = tiny_init("flash");
+  init.repeat_experts = true;
+  write_tiny_checkpoint(tiny_preset("flash"), ExpertFormat::kNvfp4, 1, repeated.path(), init);
+  EngineOptions par = options("cuda");
+  par.model_dir = repeated.path();
+  par.dp = par.ep = 2;
+  par.parallel_comm = "inproc";
+  same("dp 2 x ep 2 in-process, repeated experts", par, random(par, true));
 }
 
 }  // namespace

@@ -132,6 +132,7 @@ class Server:
     """A `dsv4 serve` process. Its stdout is read in the background for the URL and readiness."""
 
     def __init__(self, model, *flags, wait_ready=True):
+        # model None: the flags name the model (--random-weights ...).
         self.model = model
         self.flags = [str(f) for f in flags]
         self.api_key = None
@@ -141,8 +142,8 @@ class Server:
         self.started_in = _current_test
         self.stderr_shown = False
         self.proc = subprocess.Popen(
-            [cli_path(), "serve", "--model", model, "--port", "0", "--backend", backend(),
-             *self.flags],
+            [cli_path(), "serve", *(["--model", model] if model else []), "--port", "0",
+             "--backend", backend(), *self.flags],
             stdout=subprocess.PIPE, stderr=self.stderr, text=True)
         _servers.append(self)
         self.lines = queue.Queue()

@@ -289,3 +289,19 @@ def test_make_tiny_takes_the_tokenizer_and_its_vocabulary(tiny_model, workdir):
                         "--vocab", "1000"], capture_output=True, text=True)
     assert r.returncode != 0
     assert "--vocab 1000 is below the tokenizer's 129280 ids" in r.stderr
+
+
+def test_random_weights_serve_as_the_make_tiny_checkpoint(server):
+    # The shared server's checkpoint (make-tiny --preset flash --seed 3 --tokenizer T) generated
+    # in memory: the vocabulary is the tokenizer's as make-tiny's, the completion the same.
+    r = Server(None, "--random-weights", "flash", "--weights-seed", "3", "--tokenizer",
+               tokenizer_file(), "--max-model-len", "1024")
+    try:
+        assert [d["id"] for d in r.get_json("/v1/models")["data"]] == ["random-weights:flash"]
+        ask = dict(prompt="The random weights", max_tokens=6, temperature=0, logprobs=2)
+        a = server.client().completions.create(model="tiny", **ask)
+        b = r.client().completions.create(model="random-weights:flash", **ask)
+        assert b.choices[0].text == a.choices[0].text
+        assert b.choices[0].logprobs.token_logprobs == a.choices[0].logprobs.token_logprobs
+    finally:
+        assert r.stop() == 0, r.stderr_text()

@@ -1,7 +1,5 @@
 #include "backends/cpu/backend.h"
 
-#include <filesystem>
-
 #include "backends/cpu/loader.h"
 #include "backends/cpu/parallel_runner.h"
 #include "backends/cpu/runner.h"
@@ -9,6 +7,7 @@
 #include "io/checkpoint.h"
 #include "model/cache_spec.h"
 #include "model/memory_plan.h"
+#include "model/model_source.h"
 #include "model/weight_scan.h"
 #include "model/weights.h"
 
@@ -21,11 +20,9 @@ std::unique_ptr<Runner> open_cpu_runner(const RunnerOptions& o) {
   DSV4_CHECK(o.cache_bytes >= 0, "negative cache size");
   DSV4_CHECK(!o.verify,
              "verify mode checks the CUDA backend against the CPU ops: it needs backend 'cuda'");
-  DSV4_CHECK(std::filesystem::is_directory(o.model_dir), o.model_dir,
-             ": model directory does not exist");
-  const ModelConfig config =
-      load_model_config((std::filesystem::path(o.model_dir) / "config.json").string());
-  const QuantScheme scheme = QuantScheme::load(o.model_dir, config);
+  const ModelHeader header = open_model_header(o.source());
+  const ModelConfig& config = header.config;
+  const QuantScheme& scheme = header.scheme;
   // The memory plan first: refuse what cannot fit before loading or allocating anything
   // (ranks as threads share this process: the plan sums their shards, caches and steps).
   const MemoryPlan plan = plan_memory(config, scheme, memory_plan_options(o, PlanBackend::kCpu));
@@ -35,15 +32,15 @@ std::unique_ptr<Runner> open_cpu_runner(const RunnerOptions& o) {
              ": one rank cannot span nodes (give --dp/--ep/--tp a world of at least ", o.nnodes,
              " ranks)");
   if (!par.single()) {
-    const Checkpoint ckpt(o.model_dir);
-    check_weights_finite(ckpt);
-    const WeightsRef ref = bind_weights(ckpt, config, scheme);
+    const std::unique_ptr<Checkpoint> ckpt = open_model_checkpoint(o.source());
+    check_weights_finite(*ckpt);
+    const WeightsRef ref = bind_weights(*ckpt, config, scheme);
     const CacheConfig cc = plan_cache(config, o.max_sequences, o.max_tokens, o.page_size,
                                       o.cache_bytes, o.snapshot_slots);
     return std::make_unique<ParallelCpuRunner>(config, ref, par, cc,
                                                NodePlacement{o.nnodes, o.node_rank, o.rendezvous});
   }
-  auto lm = std::make_unique<LoadedModel>(load_cpu_model(o.model_dir));
+  auto lm = std::make_unique<LoadedModel>(load_cpu_model(o.source()));
   const CacheConfig cc = plan_cache(lm->config, o.max_sequences, o.max_tokens, o.page_size,
                                     o.cache_bytes, o.snapshot_slots);
   auto r = std::make_unique<CpuRunner>(*lm->model, cc);

@@ -1,7 +1,5 @@
 #include "backends/cpu/loader.h"
 
-#include <filesystem>
-
 #include "backends/cpu/weights.h"
 #include "core/error.h"
 #include "io/checkpoint.h"
@@ -11,13 +9,19 @@
 namespace dsv4 {
 
 LoadedModel load_cpu_model(const std::string& dir) {
-  DSV4_CHECK(std::filesystem::is_directory(dir), dir, ": model directory does not exist");
+  ModelSource source;
+  source.model_dir = dir;
+  return load_cpu_model(source);
+}
+
+LoadedModel load_cpu_model(const ModelSource& source) {
   LoadedModel m;
-  m.config = load_model_config((std::filesystem::path(dir) / "config.json").string());
-  m.scheme = QuantScheme::load(dir, m.config);
-  Checkpoint ckpt(dir);
-  const WeightsRef ref = bind_weights(ckpt, m.config, m.scheme);
-  check_weights_finite(ckpt);
+  ModelHeader header = open_model_header(source);
+  m.config = std::move(header.config);
+  m.scheme = std::move(header.scheme);
+  const std::unique_ptr<Checkpoint> ckpt = open_model_checkpoint(source);
+  const WeightsRef ref = bind_weights(*ckpt, m.config, m.scheme);
+  check_weights_finite(*ckpt);
   m.model = std::make_unique<CpuModel>(m.config, cpu::prepare_weights(m.config, ref));
   return m;
 }

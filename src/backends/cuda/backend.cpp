@@ -15,6 +15,7 @@
 #include "io/checkpoint.h"
 #include "model/cache_spec.h"
 #include "model/memory_plan.h"
+#include "model/model_source.h"
 #include "model/speculation.h"
 #include "model/weight_scan.h"
 #include "model/weights.h"
@@ -42,9 +43,9 @@ std::unique_ptr<Runner> open_parallel_cuda_runner(const RunnerOptions& o) {
              o.parallel_comm, "' (nccl, inproc)");
   DSV4_CHECK(!o.verify, "verify mode runs one rank (dp ", o.dp, ", ep ", o.ep, ", tp ", o.tp,
              " asked)");
-  const ModelConfig config =
-      load_model_config((std::filesystem::path(o.model_dir) / "config.json").string());
-  const QuantScheme scheme = QuantScheme::load(o.model_dir, config);
+  const ModelHeader header = open_model_header(o.source());
+  const ModelConfig& config = header.config;
+  const QuantScheme& scheme = header.scheme;
   check_cuda_supported(config);
   ParallelConfig pc;
   pc.dp = o.dp;
@@ -90,9 +91,9 @@ std::unique_ptr<Runner> open_parallel_cuda_runner(const RunnerOptions& o) {
   const CacheConfig cc = plan_cache(config, o.max_sequences, o.max_tokens, o.page_size,
                                     o.cache_bytes, o.snapshot_slots);
   const CudaModelLimits lim = model_limits(o, plan);
-  Checkpoint ckpt(o.model_dir);
-  const WeightsRef ref = bind_weights(ckpt, config, scheme);
-  check_weights_finite(ckpt);
+  const std::unique_ptr<Checkpoint> ckpt = open_model_checkpoint(o.source());
+  const WeightsRef ref = bind_weights(*ckpt, config, scheme);
+  check_weights_finite(*ckpt);
   return std::make_unique<ParallelCudaRunner>(config, ref, pc, cc, lim, po,
                                               NodePlacement{o.nnodes, o.node_rank, o.rendezvous});
 }
@@ -104,8 +105,7 @@ std::unique_ptr<Runner> open_cuda_runner(const RunnerOptions& o) {
   DSV4_CHECK(o.max_sequences > 0, "max_sequences must be positive");
   DSV4_CHECK(o.max_tokens > 0, "max_tokens must be positive");
   DSV4_CHECK(o.max_step_tokens >= 0 && o.cache_bytes >= 0, "negative step or cache size");
-  DSV4_CHECK(std::filesystem::is_directory(o.model_dir), o.model_dir,
-             ": model directory does not exist");
+  o.source().check();
   DSV4_CHECK(cuda::device_count() > 0, "backend 'cuda': no usable CUDA GPU (",
              cuda::describe_device(), ")");
   if (o.dp != 1 || o.ep != 1 || o.tp != 1) return open_parallel_cuda_runner(o);
@@ -113,9 +113,9 @@ std::unique_ptr<Runner> open_cuda_runner(const RunnerOptions& o) {
              ": one rank cannot span nodes (give --dp/--ep/--tp a world of at least ", o.nnodes,
              " ranks)");
   auto owned = std::make_unique<CudaRunner::Owned>();
-  const ModelConfig config =
-      load_model_config((std::filesystem::path(o.model_dir) / "config.json").string());
-  const QuantScheme scheme = QuantScheme::load(o.model_dir, config);
+  const ModelHeader header = open_model_header(o.source());
+  const ModelConfig& config = header.config;
+  const QuantScheme& scheme = header.scheme;
   check_cuda_supported(config);
   owned->context = std::make_unique<DeviceContext>(0);
   // The memory plan first: refuse what cannot fit before uploading or allocating anything.
@@ -127,11 +127,11 @@ std::unique_ptr<Runner> open_cuda_runner(const RunnerOptions& o) {
     if (o.verify) require_fits(plan.pools.at(1), host_available_bytes(), "MemAvailable");
   }
   {
-    Checkpoint ckpt(o.model_dir);
-    const WeightsRef ref = bind_weights(ckpt, config, scheme);
-    check_weights_finite(ckpt);
+    const std::unique_ptr<Checkpoint> ckpt = open_model_checkpoint(o.source());
+    const WeightsRef ref = bind_weights(*ckpt, config, scheme);
+    check_weights_finite(*ckpt);
     size_t bytes = 0;
-    for (const std::string& n : ckpt.names()) bytes += ckpt.get(n).nbytes;
+    for (const std::string& n : ckpt->names()) bytes += ckpt->get(n).nbytes;
     CudaModelWeights w = upload_cuda_weights(config, ref, bytes >= (size_t(1) << 30));
     if (o.verify) owned->cpu_weights = cpu::prepare_weights(config, ref);
 
