@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "backends/cpu/loader.h"
@@ -88,7 +89,12 @@ TEST(CloneSequence, WithoutRoomThrowsAndChangesNothing) {
   for (PageKind k : kPageKinds) free_before[int(k)] = bm.free_pages(k);
   const int slots_before = bm.free_state_slots();
   ASSERT_GT(slots_before, 0);
-  EXPECT_THROW(r.clone_sequence(a), Error);
+  try {
+    r.clone_sequence(a);
+    ADD_FAILURE() << "a third clone fitted";
+  } catch (const Error& e) {  // the pages, not the slot or the window (those have room)
+    EXPECT_NE(std::string(e.what()).find("cache full"), std::string::npos) << e.what();
+  }
   for (PageKind k : kPageKinds) EXPECT_EQ(bm.free_pages(k), free_before[int(k)]);
   EXPECT_EQ(bm.free_state_slots(), slots_before);
 }
