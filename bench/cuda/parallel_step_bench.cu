@@ -38,6 +38,7 @@
 //        [--comm nccl|inproc] [--layers N] [--batches 1,32,128] [--contexts 4096,65536]
 //        [--iters N] [--no-prefill] [--no-trace] [--no-graphs] [--seed N]
 //        [--dry-run] [--gpu-gib G]   (no GPU: the layout, bytes per GPU and the cases)
+//        [--check-weights]           (no GPU: generates and binds the host weights, then stops)
 // Output: JSON lines (stdout, and $DSV4_BENCH_OUT), progress on stderr.
 #include <cuda_runtime.h>
 
@@ -45,7 +46,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -55,7 +55,6 @@
 #include <vector>
 
 #include "backends/cuda/parallel_runner.h"
-#include "core/dtype.h"
 #include "core/error.h"
 #include "cuda/bench_util.h"
 #include "cuda/depth_model.h"
@@ -69,7 +68,6 @@
 #include "model/weights.h"
 #include "ops/common/sampling.h"
 #include "ops/cuda/common/cuda_check.h"
-#include "support/temp_dir.h"
 
 namespace dsv4 {
 namespace {
@@ -100,36 +98,26 @@ struct Options {
   int iters = 20;
   uint64_t seed = 1;
   bool prefill = true, trace = true, graphs = true, dry_run = false;
-  double gpu_gib = 139;  // --dry-run: memory per GPU (an H200 shows about 139 GiB free)
+  bool check_weights = false;  // no GPU: generate and bind the host weights, then stop
+  double gpu_gib = 139;        // --dry-run: memory per GPU (an H200 shows about 139 GiB free)
 };
 
 // ---- weights ----------------------------------------------------------------------------------
 
-// The random weights on the host that every rank uploads its shard of. Today: the random
-// checkpoint generator (model/tiny_checkpoint.h at the real shapes, every routed expert of a
-// block repeating the first one's draw) written to a temporary directory and read back
-// memory-mapped — it takes the checkpoint's full size on disk, so full depth does not fit the
-// multi-GPU machines' disks; an in-memory checkpoint replaces it here when it lands.
+// The random weights on the host that every rank uploads its shard of (the one place they
+// come from): the random-checkpoint generator (model/tiny_checkpoint.h) at the real shapes, in
+// memory, every routed expert of a block an alias of the first one's bytes (held once: V4-Flash
+// at full depth holds ~12 GB on the host and nothing on disk). Each rank uploads its experts
+// as distinct device copies, so the bytes each expert GEMM reads are the real model's.
 struct HostWeights {
-  std::unique_ptr<test::TempDir> dir;
+  ModelConfig config;  // as the generated checkpoint declares it (what the ranks load)
   std::unique_ptr<Checkpoint> ckpt;
   WeightsRef ref;
   std::string what;
 };
 
-int64_t inventory_bytes(const ModelConfig& c, const QuantScheme& scheme) {
-  int64_t total = 0;
-  for (const ExpectedTensor& t : weight_inventory(c, scheme)) {
-    int64_t n = int64_t(dtype_size(t.dtype));
-    for (int64_t d : t.shape) n *= d;
-    total += n;
-  }
-  return total;
-}
-
-// A scheme from the config alone (moe_quant_algo), for sizes before any checkpoint exists.
 QuantScheme config_scheme(const ModelConfig& c) {
-  return QuantScheme::load("/nonexistent/dsv4-parallel-step-bench", c);
+  return QuantScheme::of_config(c);
 }
 
 std::unique_ptr<HostWeights> host_weights(const std::string& preset, const ModelConfig& c,
@@ -137,17 +125,19 @@ std::unique_ptr<HostWeights> host_weights(const std::string& preset, const Model
   auto w = std::make_unique<HostWeights>();
   TinyInit init = tiny_init(preset);
   init.repeat_experts = true;
-  w->dir = std::make_unique<test::TempDir>();
-  const double need = double(inventory_bytes(c, config_scheme(c)));
-  const std::filesystem::space_info sp = std::filesystem::space(w->dir->path());
-  DSV4_CHECK(need < 0.95 * double(sp.available), "random weights on disk: the checkpoint takes ",
-             gib(need), " GiB, ", gib(double(sp.available)), " GiB free under ", w->dir->path(),
-             " ($TMPDIR): fewer --layers (this build has no in-memory checkpoint)");
-  write_tiny_checkpoint(c, fmt, seed, w->dir->path(), init);
-  const QuantScheme scheme = QuantScheme::load(w->dir->path(), c);
-  w->ckpt = std::make_unique<Checkpoint>(w->dir->path());
-  w->ref = bind_weights(*w->ckpt, c, scheme);
-  w->what = cat("random checkpoint on disk (", gib(need), " GiB, experts repeated)");
+  TinyModel tm = make_tiny_model(c, fmt, seed, init);
+  const ModelConfig& g = tm.config;
+  DSV4_CHECK(g.n_layers == c.n_layers && g.n_mtp_layers == c.n_mtp_layers && g.dim == c.dim &&
+                 g.n_routed_experts == c.n_routed_experts && g.vocab_size == c.vocab_size &&
+                 g.compress_ratios == c.compress_ratios && g.n_hash_layers == c.n_hash_layers,
+             "random weights: the generated checkpoint's geometry differs from the benchmark's");
+  w->config = g;
+  const std::string name = cat("random weights (", preset, ", ", expert_format_name(fmt), ", seed ",
+                               seed, ", experts repeated)");
+  const double held = double(tm.tensors->owned_bytes()), viewed = double(tm.tensors->view_bytes());
+  w->ckpt = std::make_unique<Checkpoint>(name, tm.tensors);
+  w->ref = bind_weights(*w->ckpt, g, tm.scheme);
+  w->what = cat(name, ": ", gib(held), " GiB held on the host, ", gib(viewed), " GiB viewed");
   return w;
 }
 
@@ -477,7 +467,7 @@ void run(const Options& o) {
 
   double available = o.gpu_gib * double(1ull << 30);
   int gpus_present = 0;
-  if (!o.dry_run) {
+  if (!o.dry_run && !o.check_weights) {
     DSV4_CUDA_CHECK(cudaGetDeviceCount(&gpus_present));
     const ParallelLayout layout(c, ParallelConfig{o.dp, o.ep, o.tp});
     const int need = nccl ? layout.world() : 1;
@@ -493,6 +483,13 @@ void run(const Options& o) {
     DSV4_CUDA_CHECK(cudaSetDevice(0));
   }
   const Plan plan = make_plan(o, c, available);
+  if (o.check_weights) {
+    const auto t0 = Clock::now();
+    const std::unique_ptr<HostWeights> hw = host_weights(m.name, c, fmt, o.seed);
+    std::printf("%s: bound %zu blocks in %.1f s\n", hw->what.c_str(), hw->ref.blocks.size(),
+                seconds_since(t0));
+    return;
+  }
   if (o.dry_run) {
     print_plan(stdout, o, plan, n, full_layers);
     for (const Case& k : plan.cases) {
@@ -550,7 +547,7 @@ void run(const Options& o) {
   po.comm = nccl ? CudaCommKind::kNccl : CudaCommKind::kInProcess;
   po.device = 0;
   po.cuda_graphs = o.graphs;
-  ParallelCudaRunner runner(c, hw->ref, plan.parallel, plan.pool, lim, po);
+  ParallelCudaRunner runner(hw->config, hw->ref, plan.parallel, plan.pool, lim, po);
   std::fprintf(stderr, "[%s] runner built in %.1f s\n", prefix.c_str(), seconds_since(t0));
   const int W = plan.world, gpus = plan.gpus;
 
@@ -777,7 +774,7 @@ int main(int argc, char** argv) {
       "usage: parallel_step_bench [flash|pro] [nvfp4|mxfp4] [--dp N] [--ep N] [--tp N] "
       "[--comm nccl|inproc] [--layers N] [--batches 1,32,128] [--contexts 4096,65536] "
       "[--iters N] [--no-prefill] [--no-trace] [--no-graphs] [--seed N] [--dry-run] "
-      "[--gpu-gib G]\n";
+      "[--gpu-gib G] [--check-weights]\n";
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
@@ -819,6 +816,8 @@ int main(int argc, char** argv) {
         o.graphs = false;
       else if (a == "--dry-run")
         o.dry_run = true;
+      else if (a == "--check-weights")
+        o.check_weights = true;
       else if (a == "--gpu-gib")
         o.gpu_gib = std::stod(value());
       else {
