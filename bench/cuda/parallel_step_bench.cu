@@ -1,42 +1,49 @@
 // The parallel engine's decode step and prefill (issue 13, point 2): the multi-rank twin of
 // e2e_depth_bench. ParallelCudaRunner with (dp, ep, tp) over NCCL (rank w on GPU w) or the
-// in-process communicator (every rank on GPU 0: a check on one GPU), V4-Flash or V4-Pro
-// geometry (bench/cuda/depth_model.h: the real layer mix) at full depth (or --layers N) plus the
-// MTP block's weights, routed experts in NVFP4 or MXFP4, CUDA graphs on as the serving path runs.
+// in-process communicator (every rank on GPU 0: a check on one GPU), V4-Flash or V4-Pro geometry
+// (bench/cuda/depth_model.h: the real layer mix) at full depth (or --layers N) plus the MTP block's
+// weights, routed experts in NVFP4 or MXFP4, CUDA graphs on as the serving path runs.
 //
 // Weights: random, in the checkpoint's formats, held on the host (host_weights(): the one place
 // they come from); every rank uploads its shard as the engine does.
+//
 // Caches hold real data: per context length each dp group prefills one sequence of random tokens
-// (chunks of 8192, the groups at once), then every sequence of the batch is a clone of its
-// group's prototype (PagedRunner::clone_sequence: its own pages, so the batch reads B times the
-// bytes). The world batch B is split over the dp groups as evenly as the engine's scheduler
-// would (group g gets B / dp, the first B % dp one more).
+// (chunks of 8192, the groups at once), then every sequence of the batch is a clone of its group's
+// prototype (PagedRunner::clone_sequence: its own pages, so the batch reads B times the bytes). The
+// world batch B is split over the dp groups as evenly as the engine's scheduler would (group g gets
+// B / dp, the first B % dp one more).
+//
 // Decode: B sequences one token each through Runner::step (the serving step: greedy samples, the
-// logits rows downloaded by each group's first rank and sampled on the host, as this engine
-// does with several ranks), the first step of a shape eager, the second captured, then 2 warm-up
-// and --iters timed replays: the median wall time per step. Tokens/s of the world (B / step) and
-// per GPU (/ world size). Prefill: 8192 tokens of one sequence on group 0 (the others idle), and
-// one such sequence per dp group at once.
-// Roofline beside each: rank 0's share of the step (its group's rows through the dense layers,
-// the experts it owns for its expert group's rows, the head), bytes / 4.3 TB/s or FLOPs at the
-// FP8 / BF16 rates, whichever is larger (depth_model.h's per-layer costs). The MTP block is
-// loaded but not run (no speculative decoding here): it is not in the roofline either.
-// Communication share: one more step of each case under CUPTI (bench/cuda/kernel_trace.h) —
-// the decode step as a replayed graph (as served) — split by rank (NCCL: the GPU; in-process:
-// the launching thread, matched to the rank's stream where CUPTI's stream ids allow). Per rank:
-// the time its GPU was busy (union of its kernels and copies), the time inside communication
-// kernels (NCCL's, named nccl*: SendRecv = all-to-all, AllGather, AllReduce, ReduceScatter told
-// apart by name; the in-process communicator's publish / gather / done kernels, one class:
-// its all-gather and all-to-all share them), and the share. Neither communicator issues
-// cudaMemcpy (read from the source): copies are listed apart, not counted. A collective's time
-// includes its wait for the slowest rank. At tp 1 every all-gather of a decode step is the MoE
-// dispatch and every all-to-all its combine (parallel_moe.h).
+// logits rows downloaded by each group's first rank and sampled on the host, as this engine does
+// with several ranks), the first step of a shape eager, the second captured, then 2 warm-up and
+// --iters timed replays: the median wall time per step. Tokens/s of the world (B / step) and per
+// GPU (/ the GPUs: the world size over NCCL, 1 in-process). Prefill: 8192 tokens of one sequence on
+// group 0 (the others idle), and one such sequence per dp group at once.
+//
+// Roofline beside each: rank 0's share of the step (its group's rows through the dense layers, the
+// experts it owns for its expert group's rows, the head), bytes / 4.3 TB/s or FLOPs at the FP8 /
+// BF16 rates, whichever is larger (depth_model.h's per-layer costs). The MTP block is loaded but
+// not run (no speculative decoding here): it is not in the roofline either.
+//
+// Communication share: CUPTI (bench/cuda/kernel_trace.h) around two steps of each decode case — its
+// first step (eager: the runner's first sight of the shape; its collectives also wait out the
+// ranks' host launch skew) and one more after the timed ones (a replayed graph, as served) — and
+// around one prefill step, split by rank (NCCL: the GPU; in-process: the launching thread, matched
+// to the rank's stream where CUPTI's stream ids allow). Per rank: the time its GPU was busy (union
+// of its kernels and copies), the time inside communication kernels (NCCL's, named nccl*: SendRecv
+// = all-to-all, AllGather, AllReduce, ReduceScatter told apart by name; the in-process
+// communicator's publish / gather / done kernels, one class: its all-gather and all-to-all share
+// them), and the share. Neither communicator issues cudaMemcpy (read from the source): copies are
+// listed apart, not counted; the MoE exchange's own pack / select / sum kernels (dsv4::exchange)
+// too. A collective's time includes its wait for the slowest rank. At tp 1 every all-gather of a
+// decode step is the MoE dispatch and every all-to-all its combine (parallel_moe.h); the host-sized
+// exchange of prefill is all-gathers of counts + all-to-alls.
 //
 // Per rank / per world: every row says it ("per": "rank" or "world").
 //
 // Usage: parallel_step_bench [flash|pro] [nvfp4|mxfp4] [--dp N] [--ep N] [--tp N]
 //        [--comm nccl|inproc] [--layers N] [--batches 1,32,128] [--contexts 4096,65536]
-//        [--iters N] [--no-prefill] [--no-trace] [--no-graphs] [--seed N]
+//        [--iters N] [--step-tokens N] [--no-prefill] [--no-trace] [--no-graphs] [--seed N]
 //        [--dry-run] [--gpu-gib G]   (no GPU: the layout, bytes per GPU and the cases)
 //        [--check-weights]           (no GPU: generates and binds the host weights, then stops)
 // Output: JSON lines (stdout, and $DSV4_BENCH_OUT), progress on stderr.
@@ -96,6 +103,9 @@ struct Options {
   std::vector<int> batches = {1, 32, 128};
   std::vector<int64_t> contexts = {4096, 65536};
   int iters = 20;
+  // Tokens per group per step (the prototypes' and the prefill's chunks; the activations are
+  // sized for it): less than the prefill's 8192 for a model that does not fit otherwise.
+  int step_tokens = 8192;
   uint64_t seed = 1;
   bool prefill = true, trace = true, graphs = true, dry_run = false;
   bool check_weights = false;  // no GPU: generate and bind the host weights, then stop
@@ -213,7 +223,7 @@ Plan make_plan(const Options& o, const ModelConfig& c, double available) {
   mo.max_sequences = p.max_group_batch + 1;
   mo.max_tokens = max_ctx + kTailTokens;
   mo.page_size = kPageSize;
-  mo.max_step_tokens = kPrefillTokens;
+  mo.max_step_tokens = o.step_tokens;
   mo.parallel = p.parallel;
   const MemoryPlan mp = plan_memory(c, config_scheme(c), mo);
   DSV4_CHECK(int(mp.pools.size()) == p.world, "memory plan: ", mp.pools.size(), " pools for ",
@@ -290,8 +300,9 @@ void print_plan(FILE* f, const Options& o, const Plan& p, int layers, int full_l
                  gib(k.gpu_bytes));
   }
   if (o.prefill)
-    std::fprintf(f, "prefill %d tokens: one sequence on group 0; one per group (%d)\n",
-                 kPrefillTokens, o.dp);
+    std::fprintf(f,
+                 "prefill %d tokens in steps of %d: one sequence on group 0; one per group (%d)\n",
+                 kPrefillTokens, o.step_tokens, o.dp);
 }
 
 // ---- rooflines ----------------------------------------------------------------------------------
@@ -538,7 +549,7 @@ void run(const Options& o) {
                seconds_since(t0));
   t0 = Clock::now();
   CudaModelLimits lim;
-  lim.max_tokens = kPrefillTokens;
+  lim.max_tokens = o.step_tokens;
   lim.max_seqs = plan.pool.max_seqs;
   lim.max_context = *std::max_element(o.contexts.begin(), o.contexts.end()) + kTailTokens;
   lim.max_context = std::max<int64_t>(lim.max_context, kPrefillTokens + kTailTokens);
@@ -636,7 +647,7 @@ void run(const Options& o) {
     std::vector<int> proto;
     for (int g = 0; g < o.dp; ++g) proto.push_back(runner.open_sequence_on(g));
     for (int64_t done = 0; done < ctx;) {
-      const int chunk = int(std::min<int64_t>(kPrefillTokens, ctx - done));
+      const int chunk = int(std::min<int64_t>(o.step_tokens, ctx - done));
       std::vector<StepInput> in;
       for (int id : proto) {
         StepInput x(id, random_tokens(chunk));
@@ -696,9 +707,11 @@ void run(const Options& o) {
                     "%s %d layers: decode step (greedy samples, logits sampled on the host), "
                     "world b=%d (per dp group %s) ctx=%lld, %.0f tokens/s world, %.0f per GPU; "
                     "roofline: rank 0's share",
-                    prefix.c_str(), n, k.batch, gs.c_str(), (long long)ctx, tps, tps / W);
+                    prefix.c_str(), n, k.batch, gs.c_str(), (long long)ctx, tps, tps / gpus);
       Extra e = base_extra("decode", k.batch, ctx, "world");
-      e.kv("group_batches", gs).kv("tokens_per_s_world", tps).kv("tokens_per_s_per_gpu", tps / W);
+      e.kv("group_batches", gs)
+          .kv("tokens_per_s_world", tps)
+          .kv("tokens_per_s_per_gpu", tps / gpus);
       e.kv("iters", double(o.iters)).kv("graph_steps", double(graph_steps));
       e.kv("nonfinite_rows", double(nonfinite));
       emit("parallel_step_decode", shape, step_us, roof, e.str());
@@ -710,7 +723,7 @@ void run(const Options& o) {
       std::fprintf(stderr,
                    "[%s] b=%d ctx=%lld: step %.0f us, %.0f tokens/s (%.0f per GPU), %lld of %d "
                    "timed steps as graphs (%.1f s)\n",
-                   prefix.c_str(), k.batch, (long long)ctx, step_us, tps, tps / W,
+                   prefix.c_str(), k.batch, (long long)ctx, step_us, tps, tps / gpus,
                    (long long)graph_steps, o.iters, seconds_since(tc));
     }
     for (int id : proto) runner.close_sequence(id);
@@ -721,15 +734,21 @@ void run(const Options& o) {
     const std::vector<int32_t> prompt = random_tokens(kPrefillTokens);
     for (int groups : o.dp > 1 ? std::vector<int>{1, o.dp} : std::vector<int>{1}) {
       std::vector<int> ids;
-      auto step = [&]() {
-        std::vector<StepInput> in;
-        for (int g = 0; g < groups; ++g) {
-          ids.push_back(runner.open_sequence_on(g));
-          StepInput x(ids.back(), prompt);
-          x.logits = true;  // the last row's logits, as a prompt step returns
-          in.push_back(std::move(x));
+      auto step = [&]() {  // the prompt in chunks of --step-tokens
+        for (int g = 0; g < groups; ++g) ids.push_back(runner.open_sequence_on(g));
+        for (int done = 0; done < kPrefillTokens;) {
+          const int chunk = std::min(o.step_tokens, kPrefillTokens - done);
+          std::vector<StepInput> in;
+          for (int id : ids) {
+            StepInput x(id,
+                        std::vector<int32_t>(prompt.begin() + done, prompt.begin() + done + chunk));
+            // The last row's logits, as a prompt step returns.
+            x.logits = done + chunk == kPrefillTokens;
+            in.push_back(std::move(x));
+          }
+          runner.step(in);
+          done += chunk;
         }
-        runner.step(in);
         for (int id : ids) runner.close_sequence(id);
         ids.clear();
       };
@@ -749,10 +768,12 @@ void run(const Options& o) {
                     "tokens/s world, %.0f per GPU; roofline: rank 0's share",
                     prefix.c_str(), n, tokens, groups, kPrefillTokens,
                     groups == 1 ? "group 0, the others idle" : "one per dp group",
-                    tokens * 1e6 / step_us, tokens * 1e6 / step_us / W);
+                    tokens * 1e6 / step_us, tokens * 1e6 / step_us / gpus);
       Extra e = base_extra("prefill", tokens, 0, "world");
-      e.kv("sequences", double(groups)).kv("tokens_per_s_world", tokens * 1e6 / step_us);
-      e.kv("tokens_per_s_per_gpu", tokens * 1e6 / step_us / W);
+      e.kv("sequences", double(groups))
+          .kv("step_tokens", double(o.step_tokens))
+          .kv("tokens_per_s_world", tokens * 1e6 / step_us);
+      e.kv("tokens_per_s_per_gpu", tokens * 1e6 / step_us / gpus);
       emit("parallel_step_prefill", shape, step_us, roof, e.str());
       char what[96];
       std::snprintf(what, sizeof what, "prefill %d x %d", groups, kPrefillTokens);
@@ -773,7 +794,8 @@ int main(int argc, char** argv) {
   const char* usage =
       "usage: parallel_step_bench [flash|pro] [nvfp4|mxfp4] [--dp N] [--ep N] [--tp N] "
       "[--comm nccl|inproc] [--layers N] [--batches 1,32,128] [--contexts 4096,65536] "
-      "[--iters N] [--no-prefill] [--no-trace] [--no-graphs] [--seed N] [--dry-run] "
+      "[--iters N] [--step-tokens N] [--no-prefill] [--no-trace] [--no-graphs] [--seed N] "
+      "[--dry-run] "
       "[--gpu-gib G] [--check-weights]\n";
   try {
     for (int i = 1; i < argc; ++i) {
@@ -806,6 +828,8 @@ int main(int argc, char** argv) {
         o.contexts = parse_list(value());
       else if (a == "--iters")
         o.iters = std::stoi(value());
+      else if (a == "--step-tokens")
+        o.step_tokens = std::stoi(value());
       else if (a == "--seed")
         o.seed = std::stoull(value());
       else if (a == "--no-prefill")
@@ -827,6 +851,8 @@ int main(int argc, char** argv) {
     }
     if (o.dp < 1 || o.ep < 1 || o.tp < 1) throw Error("--dp, --ep and --tp are at least 1");
     if (o.iters < 1 || o.iters > 200) throw Error(cat("--iters ", o.iters, ": 1 to 200"));
+    if (o.step_tokens < 128 || o.step_tokens > 8192)
+      throw Error(cat("--step-tokens ", o.step_tokens, ": 128 to 8192"));
     if (o.gpu_gib <= 0) throw Error("--gpu-gib must be positive");
     for (int b : o.batches)
       if (b < 1 || b > 1024) throw Error(cat("batch ", b, " outside [1, 1024]"));
