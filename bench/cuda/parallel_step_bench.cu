@@ -52,6 +52,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -377,6 +378,7 @@ struct RankComm {
   std::string label;  // "rank 0", or "thread #k" when the rank is unknown
   int ops = 0, comm_ops = 0;
   double busy_us = 0, comm_us = 0, copies_us = 0, exchange_us = 0;
+  double span_us = 0;  // its first op's start to its last op's end (the device side of the step)
   std::map<std::string, double> by_kind;
 };
 
@@ -433,6 +435,9 @@ std::vector<RankComm> comm_by_rank(const std::vector<bench::TracedOp>& ops,
       }
     }
     r.busy_us = covered_us(all);
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (const auto& [a, b] : all) lo = std::min(lo, a), hi = std::max(hi, b);
+    r.span_us = hi > lo ? double(hi - lo) / 1000.0 : 0.0;
     r.comm_us = covered_us(comm);
     r.copies_us = covered_us(copies);
     r.exchange_us = covered_us(exch);
@@ -591,11 +596,12 @@ void run(const Options& o) {
     sync_devices(gpus);
     const std::vector<bench::TracedOp> ops = trace.end();
     const std::vector<RankComm> ranks = comm_by_rank(ops, runner, nccl);
-    double worst_share = 0, worst_comm = 0;
+    double worst_share = 0, worst_comm = 0, worst_span = 0;
     for (const RankComm& r : ranks) {
       const double share = r.busy_us > 0 ? r.comm_us / r.busy_us : 0;
       worst_share = std::max(worst_share, share);
       worst_comm = std::max(worst_comm, r.comm_us);
+      worst_span = std::max(worst_span, r.span_us);
       std::snprintf(shape, sizeof shape,
                     "%s %s: %s communication %.1f us of %.1f us busy (%.1f %%), traced %s step",
                     prefix.c_str(), what.c_str(), r.label.c_str(), r.comm_us, r.busy_us,
@@ -603,6 +609,7 @@ void run(const Options& o) {
       Extra e = base_extra(phase, batch, ctx, "rank");
       e.kv("mode", mode);
       e.kv("rank", double(r.rank)).kv("rank_label", r.label).kv("busy_us", r.busy_us);
+      e.kv("span_us", r.span_us);
       e.kv("comm_us", r.comm_us).kv("comm_share_of_busy", share).kv("ops", double(r.ops));
       e.kv("comm_ops", double(r.comm_ops)).kv("copies_us", r.copies_us);
       e.kv("moe_exchange_kernels_us", r.exchange_us);
@@ -635,6 +642,9 @@ void run(const Options& o) {
     e.kv("comm_us_worst_rank", worst_comm).kv("comm_share_of_busy_worst_rank", worst_share);
     if (step_us > 0) e.kv("comm_share_of_step", worst_comm / step_us);
     e.kv("ranks_traced", double(ranks.size())).kv("mode", mode);
+    // The traced step's device side (the longest rank's first op to last op): the timed step's
+    // wall time less this is the host's part (inputs, logits download and sampling, launches).
+    e.kv("device_span_us_worst_rank", worst_span);
     emit("parallel_step_comm", shape, worst_comm, Cost{}, e.str());
   };
 
