@@ -46,6 +46,10 @@ struct TracedOp {
   int block = -1;      // -1: before the first marker of the region; kNoLaunch: launch unknown
   bool kernel = true;  // false: memcpy / memset
   double excl_us = 0;  // end - max(start, every earlier op's end), >= 0
+  // Where it ran and who launched it (several GPUs or ranks in one process): CUPTI's device and
+  // stream ids, and the id of the host thread whose launch call (kernel, copy or graph launch)
+  // it belongs to (0: unknown).
+  uint32_t device = 0, stream = 0, thread = 0;
 };
 
 // TracedOp::block of an op whose launch call CUPTI did not report.
@@ -122,6 +126,7 @@ struct State {
   std::vector<TracedOp> ops;
   std::vector<uint32_t> op_corr;
   std::map<uint32_t, uint64_t> launch_ns;      // correlation id -> API start
+  std::map<uint32_t, uint32_t> launch_thread;  // correlation id -> the API call's thread
   std::vector<EventRecordCall> event_records;  // every cudaEventRecord call (activity API)
   std::set<cudaEvent_t> markers;               // the block events (set_markers)
   std::set<uint32_t> marker_corr;              // correlation ids of their records (callback API)
@@ -133,12 +138,15 @@ inline State& state() {
 
 #if defined(DSV4_HAVE_CUPTI)
 // A copy or fill on the device: an op of the trace that is not a kernel.
-inline void add_copy(State& st, const char* what, uint64_t start, uint64_t end, uint32_t corr) {
+inline void add_copy(State& st, const char* what, uint64_t start, uint64_t end, uint32_t corr,
+                     uint32_t device, uint32_t stream) {
   TracedOp op;
   op.name = op.full = op.demangled = what;
   op.start = start;
   op.end = end;
   op.kernel = false;
+  op.device = device;
+  op.stream = stream;
   st.ops.push_back(op);
   st.op_corr.push_back(corr);
 }
@@ -163,24 +171,27 @@ inline void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size
         short_names(op.demangled, op.name, op.full);
         op.start = k->start;
         op.end = k->end;
+        op.device = k->deviceId;
+        op.stream = k->streamId;
         st.ops.push_back(op);
         st.op_corr.push_back(k->correlationId);
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(rec);
-        add_copy(st, "memcpy", m->start, m->end, m->correlationId);
+        add_copy(st, "memcpy", m->start, m->end, m->correlationId, m->deviceId, m->streamId);
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(rec);
-        add_copy(st, "memset", m->start, m->end, m->correlationId);
+        add_copy(st, "memset", m->start, m->end, m->correlationId, m->deviceId, m->streamId);
         break;
       }
       case CUPTI_ACTIVITY_KIND_RUNTIME:
       case CUPTI_ACTIVITY_KIND_DRIVER: {
         const auto* a = reinterpret_cast<const CUpti_ActivityAPI*>(rec);
         st.launch_ns[a->correlationId] = a->start;
+        st.launch_thread[a->correlationId] = a->threadId;
         if (rec->kind == CUPTI_ACTIVITY_KIND_RUNTIME &&
             (a->cbid == CUPTI_RUNTIME_TRACE_CBID_cudaEventRecord_v3020 ||
              a->cbid == CUPTI_RUNTIME_TRACE_CBID_cudaEventRecord_ptsz_v7000 ||
@@ -297,6 +308,7 @@ class KernelTrace {
       st.ops.clear();
       st.op_corr.clear();
       st.launch_ns.clear();
+      st.launch_thread.clear();
       st.event_records.clear();
       st.marker_corr.clear();
       st.recording = true;
@@ -342,6 +354,7 @@ class KernelTrace {
       const auto it = st.launch_ns.find(st.op_corr[i]);
       if (it != st.launch_ns.end()) {
         op.launch = it->second;
+        op.thread = st.launch_thread[st.op_corr[i]];
         const int before =
             int(std::lower_bound(marks.begin(), marks.end(), op.launch) - marks.begin());
         op.block = before - 1;

@@ -50,6 +50,12 @@ class PagedRunner : public Runner {
   const BlockManager& blocks(int dp_rank = 0) const { return groups_.at(size_t(dp_rank)).blocks; }
   SequenceCache& sequence(int seq);
   const SequenceCache& sequence(int seq) const;
+  // A new sequence in `src`'s group at `src`'s length that owns a copy of everything `src`
+  // holds: its own compressed pages (every layer's KV and indexer keys copied), window pages
+  // and compressor states. Unlike fork_sequence(), no page is shared, so a batch of clones reads
+  // as many bytes as a batch of distinct sequences (benchmarks fill a batch's caches from one
+  // prefilled sequence this way). Throws, changing nothing, when the pool lacks the pages.
+  int clone_sequence(int src);
 
  protected:
   PagedRunner(const ModelConfig& config, const CacheConfig& cache, const Limits& limits,
