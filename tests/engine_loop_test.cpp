@@ -364,6 +364,23 @@ TEST_F(EngineLoopTest, StopTokensAndZeroNewTokens) {
   EXPECT_EQ(none.finish[0], FinishReason::kLength);
 }
 
+// A pool planned for exactly the prompt (max_tokens = its length) holds a request for its
+// logits and no new tokens, also where one more token would need one more compressed page
+// (page_size 4: the C4 store's first page at 4 tokens, its second at 20): no decode follows,
+// so admission must not reserve one. The logits equal those of a larger pool.
+TEST_F(EngineLoopTest, PromptLogitsFitAPoolPlannedForExactlyThePrompt) {
+  std::unique_ptr<Engine> big = Engine::open(options(2));
+  for (int len : {3, 19, 20}) {
+    EngineOptions o = options(1);
+    o.max_tokens = len;
+    o.prefix_snapshots = 0;
+    std::unique_ptr<Engine> e = Engine::open(o);
+    std::vector<int32_t> prompt{0};
+    while (int(prompt.size()) < len) prompt.push_back(2 + int32_t(prompt.size() * 37 % 2000));
+    EXPECT_EQ(e->prompt_logits(prompt, 0), big->prompt_logits(prompt, 0)) << len << " tokens";
+  }
+}
+
 TEST_F(EngineLoopTest, ForcedOutputGoesThroughTheSampler) {
   std::unique_ptr<Engine> e = Engine::open(options(2));
   Case c = cases()[1];
