@@ -399,8 +399,10 @@ std::vector<RankComm> comm_by_rank(const std::vector<bench::TracedOp>& ops,
   if (!nccl)
     for (int w = runner.first_rank(); w < runner.first_rank() + runner.local_ranks(); ++w) {
       unsigned long long id = 0;
-      if (cudaStreamGetId(runner.model(w).stream(), &id) == cudaSuccess) stream_rank[id] = w;
-      cudaGetLastError();
+      if (cudaStreamGetId(runner.model(w).stream(), &id) == cudaSuccess)
+        stream_rank[id] = w;
+      else
+        cudaGetLastError();  // this call's own error only (no stream id: ranks by thread)
     }
   std::vector<RankComm> out;
   for (size_t i = 0; i < order.size(); ++i) {

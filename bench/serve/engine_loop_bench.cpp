@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,21 @@ bool has(int argc, char** argv, const char* name) {
   return false;
 }
 
+// An integer flag, the whole text parsed (a typo is an error, not 0).
+long long num(int argc, char** argv, const char* name, const char* def) {
+  const std::string s = arg(argc, argv, name, def);
+  size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (s.empty() || used != s.size())
+    throw std::runtime_error(std::string(name) + ": expected an integer, got '" + s + "'");
+  return v;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -49,22 +65,22 @@ int main(int argc, char** argv) {
       return 2;
     }
     o.random_weights.format = arg(argc, argv, "--format", "mxfp4");
-    o.random_weights.seed = std::strtoull(arg(argc, argv, "--weights-seed", "0"), nullptr, 10);
-    o.random_weights.layers = std::atoi(arg(argc, argv, "--layers", "0"));
+    o.random_weights.seed = uint64_t(num(argc, argv, "--weights-seed", "0"));
+    o.random_weights.layers = int(num(argc, argv, "--layers", "0"));
     o.random_weights.repeat_experts = has(argc, argv, "--repeat-experts");
-    o.random_weights.vocab = std::atoll(arg(argc, argv, "--vocab", "0"));
-    o.dp = std::atoi(arg(argc, argv, "--dp", "1"));
-    o.ep = std::atoi(arg(argc, argv, "--ep", "1"));
-    o.tp = std::atoi(arg(argc, argv, "--tp", "1"));
+    o.random_weights.vocab = num(argc, argv, "--vocab", "0");
+    o.dp = int(num(argc, argv, "--dp", "1"));
+    o.ep = int(num(argc, argv, "--ep", "1"));
+    o.tp = int(num(argc, argv, "--tp", "1"));
     o.backend = arg(argc, argv, "--backend", "cpu");
-    const int requests = std::atoi(arg(argc, argv, "--requests", "64"));
-    const int concurrency = std::atoi(arg(argc, argv, "--concurrency", "64"));
-    const int input_len = std::atoi(arg(argc, argv, "--input-len", "128"));
-    const int output_len = std::atoi(arg(argc, argv, "--output-len", "32"));
+    const int requests = int(num(argc, argv, "--requests", "64"));
+    const int concurrency = int(num(argc, argv, "--concurrency", "64"));
+    const int input_len = int(num(argc, argv, "--input-len", "128"));
+    const int output_len = int(num(argc, argv, "--output-len", "32"));
     o.max_sequences = (concurrency + o.dp - 1) / std::max(1, o.dp);  // per data-parallel rank
-    o.max_tokens = std::atoll(arg(argc, argv, "--max-model-len", "0"));
+    o.max_tokens = num(argc, argv, "--max-model-len", "0");
     if (o.max_tokens == 0) o.max_tokens = input_len + output_len;
-    o.cache_bytes = std::atoll(arg(argc, argv, "--cache-mb", "0")) << 20;
+    o.cache_bytes = num(argc, argv, "--cache-mb", "0") << 20;
 #if defined(DSV4_WITH_CUDA)
     dsv4::register_cuda_backend();
 #endif

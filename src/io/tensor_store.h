@@ -29,6 +29,13 @@ class TensorSink {
 
 class TensorStore final : public TensorSink {
  public:
+  TensorStore() = default;
+  // The views point into this store's buffers: a copy's would point into the original's.
+  TensorStore(const TensorStore&) = delete;
+  TensorStore& operator=(const TensorStore&) = delete;
+  TensorStore(TensorStore&&) = default;
+  TensorStore& operator=(TensorStore&&) = default;
+
   void add(const std::string& name, DType dtype, std::vector<int64_t> shape,
            std::vector<uint8_t> bytes) override;
   // The alias views `of`'s bytes: nothing is copied.

@@ -96,27 +96,29 @@ int PagedRunner::clone_sequence(int src) {
   Group& gr = groups_[size_t(g)];
   const SequenceCache& from = gr.seqs.at(src);
   SequenceCache s = gr.blocks.begin_sequence();
+  // Everything up to the copies inside the try: a failure returns the new sequence's slot and
+  // pages (nothing changes).
   try {
     // A new sequence holds no page: reserving takes fresh ones and asks for no copy.
     const std::vector<PageCopy> none = gr.blocks.reserve(s, from.tokens);
     DSV4_CHECK(none.empty(), "clone_sequence: a new sequence asked for copy-on-write copies");
+    std::vector<PageCopy> copies;
+    for (PageKind k : {PageKind::kC4, PageKind::kC128}) {
+      const std::vector<int>& a = from.pages[int(k)];
+      const std::vector<int>& b = s.pages[int(k)];
+      DSV4_CHECK(a.size() >= b.size(), "clone_sequence: the source holds ", a.size(), " ",
+                 page_kind_name(k), " pages for ", from.tokens, " tokens, the clone needs ",
+                 b.size());
+      for (size_t i = 0; i < b.size(); ++i) copies.push_back({k, a[i], b[i]});
+    }
+    s.tokens = from.tokens;
+    s.mtp_tokens = from.mtp_tokens;
+    if (!copies.empty()) copy_pages(g, copies);
+    copy_sequence(g, from, s);
   } catch (...) {
     gr.blocks.end_sequence(s);
     throw;
   }
-  std::vector<PageCopy> copies;
-  for (PageKind k : {PageKind::kC4, PageKind::kC128}) {
-    const std::vector<int>& a = from.pages[int(k)];
-    const std::vector<int>& b = s.pages[int(k)];
-    DSV4_CHECK(a.size() >= b.size(), "clone_sequence: the source holds ", a.size(), " ",
-               page_kind_name(k), " pages for ", from.tokens, " tokens, the clone needs ",
-               b.size());
-    for (size_t i = 0; i < b.size(); ++i) copies.push_back({k, a[i], b[i]});
-  }
-  s.tokens = from.tokens;
-  s.mtp_tokens = from.mtp_tokens;
-  if (!copies.empty()) copy_pages(g, copies);
-  copy_sequence(g, from, s);
   const int id = next_id_++;
   gr.seqs.emplace(id, std::move(s));
   seq_group_[id] = g;

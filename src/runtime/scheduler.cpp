@@ -167,9 +167,11 @@ bool Scheduler::admit_on(const Entry& e, int g, int64_t t, const std::vector<int
               x.c().seq, std::min(left, runner_.max_context() - computed(x.c())), k);
       }
       const int64_t free = u.pages_total[int(k)] - u.pages_used[int(k)];
-      // The first decode only where one follows: a request for no new tokens (prompt logits,
-      // echo) ends with its prefill, so a pool planned for exactly its prompt holds it.
-      const int64_t end = std::min(t + (r.opts.max_new_tokens > 0 ? 1 : 0), runner_.max_context());
+      // The next token's pages only where the choice computes one more: a request for no new
+      // tokens (prompt logits, echo) ends with its prompt, so a pool planned for exactly its
+      // prompt holds it; before an n > 1 request forks, t is its prompt less the last token.
+      const bool more = t < r.prompt_len() + r.opts.max_new_tokens;
+      const int64_t end = std::min(t + (more ? 1 : 0), runner_.max_context());
       // A hit shares the snapshot's pages; the partly filled last one is copied on write.
       const int64_t shared = snap >= 0 ? pages_for(k, hit) : 0;
       const bool partial =
