@@ -13,6 +13,7 @@
 #include "model/model_config.h"
 #include "model/model_source.h"
 #include "model/quant_scheme.h"
+#include "runtime/model_source_of.h"
 #if defined(DSV4_WITH_CUDA)
 #include "backends/cuda/backend.h"
 #endif
@@ -51,14 +52,7 @@ int run(const Args& a) {
   } else {
     EngineOptions e;
     model_options(a, e);
-    source.model_dir = e.model_dir;
-    const RandomWeightsOptions& r = e.random_weights;
-    source.random.preset = r.preset;
-    source.random.format = r.format == "nvfp4" ? ExpertFormat::kNvfp4 : ExpertFormat::kMxfp4;
-    source.random.seed = r.seed;
-    source.random.layers = r.layers;
-    source.random.repeat_experts = r.repeat_experts;
-    source.random.vocab = r.vocab;
+    source = model_source(e);
     config_path = source.random.enabled()
                       ? source.random.describe()
                       : (std::filesystem::path(e.model_dir) / "config.json").string();

@@ -13,6 +13,7 @@
 #include "model/node_wire.h"
 #include "model/parallel_layout.h"
 #include "runtime/engine_loop.h"
+#include "runtime/model_source_of.h"
 
 namespace dsv4 {
 namespace {
@@ -112,12 +113,6 @@ RandomWeights random_weights(const RandomWeightsOptions& o) {
   r.repeat_experts = o.repeat_experts;
   r.vocab = o.vocab;
   return r;
-}
-
-ModelSource model_source(const EngineOptions& o) {
-  ModelSource s{o.model_dir, random_weights(o.random_weights)};
-  s.check();
-  return s;
 }
 
 // What the nodes compare: config.json's text, or the random weights' options and config.
@@ -243,6 +238,12 @@ std::unique_ptr<Runner> start_node(const RunnerFactory& factory, const RunnerOpt
 }
 
 }  // namespace
+
+ModelSource model_source(const EngineOptions& o) {
+  ModelSource s{o.model_dir, random_weights(o.random_weights)};
+  s.check();
+  return s;
+}
 
 std::unique_ptr<Engine> Engine::open(const EngineOptions& o) {
   DSV4_CHECK(o.page_size > 0 && o.page_size <= 4096, "page size must be in [1, 4096]");
