@@ -630,17 +630,23 @@ TEST(MoeGemmChoice, RealShapes) {
     cm::MoeGemmPath path;
     int tile_n;
   };
-  // The tiled GEMM at every M (measured faster than the 2-warpgroup stream GEMM,
-  // moe_heuristic.cpp); its tile by rows per expert.
-  for (const Want& x : {Want{1, TL, 8}, Want{2, TL, 8}, Want{8, TL, 8}, Want{16, TL, 8},
-                        Want{128, TL, 8}, Want{512, TL, 32}, Want{4096, TL, 128}}) {
+  // The stream GEMM for decode batches (up to kStreamAutoMaxTokens tokens: tile 8 up to 8
+  // tokens, else 16), the tiled GEMM beyond (its tile by rows per expert).
+  static_assert(cm::kStreamAutoMaxTokens >= 16 && cm::kStreamAutoMaxTokens < 512);
+  for (const Want& x : {Want{1, ST, 8}, Want{2, ST, 8}, Want{8, ST, 8}, Want{16, ST, 16},
+                        Want{cm::kStreamAutoMaxTokens, ST, 16},
+                        Want{cm::kStreamAutoMaxTokens + 1, TL, 8}, Want{512, TL, 32},
+                        Want{4096, TL, 128}}) {
     const cm::MoeGemmChoice c = cm::moe_gemm_choice(flash, x.m, 6);
     EXPECT_EQ(c.path, x.path) << "flash m " << x.m;
     EXPECT_EQ(c.tile_n, x.tile_n) << "flash m " << x.m;
     EXPECT_EQ(cm::moe_default_tile_n(flash, x.m, 6), x.tile_n);
   }
-  EXPECT_EQ(cm::moe_gemm_choice(pro, 128, 6).path, TL);
+  EXPECT_EQ(cm::moe_gemm_choice(pro, 1, 6).path, ST);
+  EXPECT_EQ(cm::moe_gemm_choice(pro, cm::kStreamAutoMaxTokens, 6).path, ST);
   EXPECT_EQ(cm::moe_gemm_choice(pro, 4096, 6).path, TL);
+  // A geometry the stream GEMM cannot run (inter not a multiple of 128): the tiled GEMM.
+  EXPECT_EQ(cm::moe_gemm_choice(shape(16, 256, 64), 1, 4).path, TL);
   // Forced paths: each path's own tiles (stream: 8 up to 8 tokens, else 16), anything else an
   // error (no fallback).
   EXPECT_EQ(cm::moe_gemm_choice(flash, 8, 6, ST).tile_n, 8);
@@ -652,7 +658,8 @@ TEST(MoeGemmChoice, RealShapes) {
   EXPECT_THROW(cm::moe_gemm_choice(flash, 1, 6, ST, 32), Error);
   EXPECT_THROW(cm::moe_gemm_choice(flash, 1, 6, TL, 16), Error);
   EXPECT_TRUE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, 128, 6, ST)));
-  EXPECT_TRUE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, 128, 6)));  // tile 8
+  EXPECT_TRUE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, 128, 6)));  // stream
+  EXPECT_TRUE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, 129, 6)));  // tiled, tile 8
   EXPECT_FALSE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, 4096, 6)));
 }
 
@@ -1390,8 +1397,9 @@ TEST_F(MoeCudaSmoke, RejectsUnsupported) {
   EXPECT_THROW(cm::moe_gemm_choice(L->dev, 3, 4, TL, 16), Error);
   EXPECT_EQ(cm::moe_gemm_choice(L->dev, 3, 4, ST, 16).tile_n, 16);
   EXPECT_EQ(cm::moe_gemm_choice(L->dev, 3, 4, cm::MoeGemmPath::kAuto, 8).path, TL);
-  // The heuristic: the tiled GEMM (moe_heuristic.cpp); the stream GEMM's own tiles.
-  EXPECT_EQ(cm::moe_gemm_choice(L->dev, 3, 4).path, TL);
+  // The heuristic: the stream GEMM at decode sizes, the tiled GEMM beyond (moe_heuristic.cpp);
+  // the stream GEMM's own tiles.
+  EXPECT_EQ(cm::moe_gemm_choice(L->dev, 3, 4).path, ST);
   EXPECT_EQ(cm::moe_gemm_choice(L->dev, 3, 4, ST).tile_n, 8);
   EXPECT_EQ(cm::moe_gemm_choice(L->dev, 9, 4, ST).tile_n, 16);
   EXPECT_EQ(cm::moe_gemm_choice(L->dev, 1000, 4).path, TL);

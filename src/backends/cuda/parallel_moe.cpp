@@ -269,7 +269,9 @@ void CudaParallelMoe::decode_exchange(const CudaBlockWeights& b, const bf16* xs,
   o.stages = moe::kStagePlan | moe::kStageGateUp | moe::kStageQuantAct | moe::kStageDown;
   // The token tile of the pairs an owner expects with balanced routing (cap x top-k over its
   // experts), not of its padded batch.
-  o.tile_n = moe::moe_default_tile_n(b.moe_local, cap, Kl);
+  const moe::MoeGemmChoice gc = moe::moe_gemm_choice(b.moe_local, cap, Kl);
+  o.gemm_path = gc.path;
+  o.tile_n = gc.tile_n;
   moe::moe_forward(b.moe_local, o);
   exchange::partial_sums(ow.sel, ow.pair_pos, rows, Kl, ow.ye, dim, partial_, stream);
   // 4. Each sender's rows' sums back to it, then its combine.

@@ -55,7 +55,6 @@ __global__ void __launch_bounds__(T::THREADS, 1) moe_gemm_stream_kernel(const Ge
   __shared__ __align__(8) uint64_t empty_bar[T::STAGES];
   // The partial sums of warpgroups 1.. (by item parity; at least one slot for C = 1).
   __shared__ float red[2][T::CONSUMERS > 1 ? T::CONSUMERS - 1 : 1][128 * NACC];
-  __shared__ int32_t s_row[T::BN];  // producer: activation row of each tile position
   uint8_t* smem = smem_raw + ((1024 - (sm90::smem_u32(smem_raw) & 1023)) & 1023);
 
   const int tid = threadIdx.x;
@@ -81,23 +80,34 @@ __global__ void __launch_bounds__(T::THREADS, 1) moe_gemm_stream_kernel(const Ge
 
   if (tid >= CONSUMER_THREADS) {
     // ---- producer warp ----
-    const int lane = tid % 32;
+    // Lane l copies 16-byte chunk c = l % 8 of tile rows l / 8, l / 8 + 4, ...: its source
+    // rows and swizzled destinations are computed once per item, so a stage costs one add
+    // and one cp.async per (k-block, row) (the per-copy index arithmetic was the warp's
+    // bottleneck at a few rows per tile: consumers waited on full stages, H200 Nsight).
+    constexpr int RPL = (T::BN + 3) / 4;  // tile rows per lane
+    const int lane = tid % 32, c = lane % 8, r0 = lane / 8;
     uint32_t g = 0;  // stages filled so far (the consumers count the same sequence)
 #pragma unroll 1
     for (int item = blockIdx.x; item < total; item += gridDim.x) {
       const int4 tile = a.tiles[item / row_blocks];
       const int rb = item % row_blocks;
       const int first = tile.y, rows = tile.z;
-      __syncwarp();  // the previous item's reads of s_row are done
-      if (lane < T::BN)
-        s_row[lane] = lane < rows ? (a.act_row ? a.act_row[first + lane] : first + lane) : 0;
-      __syncwarp();
+      const __nv_bfloat16* src[RPL];
+      uint32_t dst[RPL];
+#pragma unroll
+      for (int j = 0; j < RPL; ++j) {
+        const int r = r0 + 4 * j;
+        const int row = r < rows ? (a.act_row ? a.act_row[first + r] : first + r) : 0;
+        src[j] = a.act + size_t(row) * a.k + c * 8;
+        dst[j] = uint32_t(r * 128 + ((c ^ (r & 7)) << 4));
+      }
       const uint8_t* wsrc = a.w + size_t(tile.x) * a.w_stride + size_t(rb) * KB * TILE;
 #pragma unroll 1
       for (int ch = 0; ch < nch; ++ch, ++g) {
         const int s = int(g % T::STAGES);
         sm90::mbar_wait(&empty_bar[s], ((g / T::STAGES) & 1u) ^ 1u);
         uint8_t* st = smem + s * STAGE;
+        const uint32_t st32 = sm90::smem_u32(st);
         const int kb0 = ch * T::KC, nk = min(T::KC, KB - kb0);
         if (lane == 0) {
           const uint32_t bytes = uint32_t(nk * TILE);
@@ -107,12 +117,13 @@ __global__ void __launch_bounds__(T::THREADS, 1) moe_gemm_stream_kernel(const Ge
         }
         // Rows past the tile's tokens are not loaded: an MMA column depends only on its own B
         // column, and those columns are never stored.
-        const int per_kb = rows * 8;
-#pragma unroll 1
-        for (int i = lane; i < nk * per_kb; i += 32) {
-          const int kbl = i / per_kb, r = (i % per_kb) / 8, c = i % 8;
-          sm90::cp_async_16(st + kbl * B_KB + r * 128 + ((c ^ (r & 7)) << 4),
-                            a.act + size_t(s_row[r]) * a.k + (kb0 + kbl) * 64 + c * 8);
+#pragma unroll
+        for (int kbl = 0; kbl < T::KC; ++kbl) {
+          if (kbl >= nk) break;
+#pragma unroll
+          for (int j = 0; j < RPL; ++j)
+            if (r0 + 4 * j < rows)
+              sm90::cp_async_16(st32 + kbl * B_KB + dst[j], src[j] + (kb0 + kbl) * 64);
         }
         sm90::cp_async_mbar_arrive_noinc(&full_bar[s]);
       }
@@ -198,6 +209,14 @@ __global__ void __launch_bounds__(T::THREADS, 1) moe_gemm_stream_kernel(const Ge
       sm90::warpgroup_commit_batch();
     };
 
+    // A stage is released once its wgmmas have retired, which the next stage's second wait
+    // proves (at most one group -- that stage's first -- still in flight), so the MMAs of one
+    // stage overlap the dequantisation of the next instead of draining every stage.
+    auto release = [&](int s) {
+      __syncwarp();
+      if (lane == 0) sm90::mbar_arrive(&empty_bar[s]);
+    };
+    int pending = -1;  // stage read by wgmmas that may still be in flight
 #pragma unroll 1
     for (int ch = 0; ch < nch; ++ch, ++g) {
       const int s = int(g % T::STAGES);
@@ -221,14 +240,20 @@ __global__ void __launch_bounds__(T::THREADS, 1) moe_gemm_stream_kernel(const Ge
         sm90::fence_proxy_async_smem();
         if constexpr (!GATE_UP) sm90::named_barrier_sync(1 + wg, 128);
         kblock(st, kb, std::integral_constant<int, 0>{});
-        kblock(st, kb + 1, std::integral_constant<int, 1>{});
+        kblock(st, kb + 1, std::integral_constant<int, 1>{});  // its wait retired stage `pending`
+        if (pending >= 0) release(pending);
+        pending = s;
+      } else {
         sm90::warpgroup_wait<0>();
-#pragma unroll
-        for (int i = 0; i < NACC; ++i) sm90::warpgroup_fence_operand(acc[i]);
+        if (pending >= 0) release(pending);
+        pending = -1;
+        release(s);
       }
-      __syncwarp();
-      if (lane == 0) sm90::mbar_arrive(&empty_bar[s]);
     }
+    sm90::warpgroup_wait<0>();
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) sm90::warpgroup_fence_operand(acc[i]);
+    if (pending >= 0) release(pending);
 
     // The other warpgroups' partial sums to warpgroup 0 (double-buffered by item parity: a
     // warpgroup rewrites a buffer only after passing the next item's barrier, which warpgroup

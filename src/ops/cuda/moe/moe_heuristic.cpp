@@ -38,6 +38,11 @@ int tiled_tile(const MoeDeviceWeights& w, int m, int top_k) {
 // every expert is one tile (one pass over its weights). Beyond, 16 keeps experts with a few
 // more rows than the mean in one pass; the tile's cost is shared memory, not bytes (only a
 // tile's real rows are loaded) nor ALU (the dequantisation is per weight, not per token).
+// Items are 64-row blocks; K runs in 128-wide blocks.
+bool stream_fits(const MoeDeviceWeights& w) {
+  return w.dim % 128 == 0 && w.inter % 128 == 0;
+}
+
 int stream_tile(int m) {
   return m <= 8 ? 8 : 16;
 }
@@ -60,27 +65,18 @@ MoeGemmChoice moe_gemm_choice(const MoeDeviceWeights& w, int m, int top_k, MoeGe
                               int tile_n) {
   MoeGemmChoice c;
   if (path == MoeGemmPath::kAuto) {
-    if (tile_n != 0) {  // the contract of MoeArgs::tile_n before the stream path existed
-      path = MoeGemmPath::kTiled;
-    } else {
-      // The tiled GEMM everywhere, as measured: H200, Flash NVFP4, gate/up + down, stream path
-      // with 2 consumer warpgroups vs tiled (us): M 1 71.9 vs 64.1, M 16 727.5 vs 674.8, M 128
-      // 2440 vs 2112. Both saturate near 1.9 TB/s on gate/up from M 8 on, which points at the
-      // in-register FP4 -> BF16 dequantisation they share (~17 integer/BF16 operations per 8
-      // weights, several at half rate), not at the weight stream (not profiled). The stream
-      // path now runs 4 consumer warpgroups; it becomes the decode choice here only once
-      // moe_bench shows it faster (forced with MoeGemmPath::kStream until then).
-      path = MoeGemmPath::kTiled;
-    }
+    // tile_n given: the contract of MoeArgs::tile_n before the stream path existed (tiled).
+    // Otherwise the stream path for decode batches where it fits (moe_config.h,
+    // kStreamAutoMaxTokens: measured faster there), the tiled GEMM beyond.
+    path = tile_n == 0 && m <= kStreamAutoMaxTokens && stream_fits(w) ? MoeGemmPath::kStream
+                                                                       : MoeGemmPath::kTiled;
   }
   c.path = path;
   if (path == MoeGemmPath::kStream) {
     c.tile_n = tile_n ? tile_n : stream_tile(m);
     DSV4_CHECK(c.tile_n == 8 || c.tile_n == 16, "moe: stream expert GEMM token tile ", c.tile_n,
                " (8 or 16 supported)");
-    // Items are 64-row blocks; K runs in 128-wide blocks (both validated at upload).
-    DSV4_CHECK((2 * w.inter) % 64 == 0 && w.dim % 64 == 0 && w.dim % 128 == 0 && w.inter % 128 == 0,
-               "moe: stream expert GEMM needs dim and inter multiples of 128 (", w.dim, ", ",
+    DSV4_CHECK(stream_fits(w), "moe: stream expert GEMM needs dim and inter multiples of 128 (", w.dim, ", ",
                w.inter, ")");
   } else {
     c.tile_n = tile_n ? tile_n : tiled_tile(w, m, top_k);
