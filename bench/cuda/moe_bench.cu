@@ -10,7 +10,8 @@
 // act quant + down GEMM), moe_stage_<stage>_<fmt> (route_plan, gateup, quantact, down,
 // combine alone; route_plan's bytes are the gate weight), then the two expert-GEMM paths side
 // by side on the same selections, each re-planned for its own token tile:
-// moe_experts_{stream,tiled}_<fmt>, moe_gemm_{gateup,down}_{stream,tiled}_<fmt> (TBps = the
+// moe_experts_{stream,streamsq,tiled}_<fmt>, moe_gemm_{gateup,down}_{stream,streamsq,tiled}_<fmt>
+// (TBps = the
 // selected experts' checkpoint bytes per second). Effective bytes = the
 // checkpoint bytes of the experts actually selected (4.25 bits/weight MXFP4, 4.5 NVFP4);
 // FLOPs = 2 * unique (token, expert) pairs * 3 * dim * inter; ceiling: BF16 tensor rate.
@@ -299,7 +300,7 @@ void run_config(const Config& c, ExpertFormat f, const std::vector<int>& ms,
          2.0 * c.E * c.dim, 2.0 * m * c.E * c.dim, false);
     emit("moe_stage_gateup_" + fmt, time_stages(cm::kStageGateUp), bytes * 2 / 3, flops * 2 / 3,
          false);
-    if (!cm::moe_fuses_act_quant(tile_n))  // else part of the down GEMM
+    if (!cm::moe_fuses_act_quant(cm::moe_gemm_choice(w, m, c.K)))  // else in the down GEMM
       emit("moe_stage_quantact_" + fmt, time_stages(cm::kStageQuantAct), 4.0 * pairs * c.inter, 0,
            false);
     emit("moe_stage_down_" + fmt, time_stages(cm::kStageDown), bytes / 3, flops / 3, false);
@@ -309,12 +310,23 @@ void run_config(const Config& c, ExpertFormat f, const std::vector<int>& ms,
     // The expert GEMM paths side by side: each copy re-planned for the path's token tile
     // (the tile list depends on it), then its GEMM stages timed. Up to 256 tokens (the stream
     // path re-streams an expert's weights for every 16 of its rows).
-    for (cm::MoeGemmPath path : {cm::MoeGemmPath::kStream, cm::MoeGemmPath::kTiled}) {
+    // "stream" quantises the down GEMM's activations inside it, "streamsq" in the separate
+    // launch (counted in moe_experts_streamsq, not in moe_gemm_down_streamsq).
+    struct Variant {
+      cm::MoeGemmPath path;
+      cm::MoeDownQuant quant;
+      const char* name;
+    };
+    for (const Variant& v : {Variant{cm::MoeGemmPath::kStream, cm::MoeDownQuant::kInDown, "stream"},
+                             Variant{cm::MoeGemmPath::kStream, cm::MoeDownQuant::kSeparate,
+                                     "streamsq"},
+                             Variant{cm::MoeGemmPath::kTiled, cm::MoeDownQuant::kAuto, "tiled"}}) {
       if (m > 256) break;
-      const std::string pn = cm::moe_gemm_path_name(path);
-      const cm::MoeGemmChoice gc = cm::moe_gemm_choice(w, m, c.K, path);
+      const std::string pn = v.name;
+      const cm::MoeGemmChoice gc = cm::moe_gemm_choice(w, m, c.K, v.path, 0, v.quant);
       for (auto& k : cp) {
-        k->args.gemm_path = path;
+        k->args.gemm_path = v.path;
+        k->args.down_quant = v.quant;
         cm::moe_forward(w, k->args);
       }
       DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -333,7 +345,10 @@ void run_config(const Config& c, ExpertFormat f, const std::vector<int>& ms,
       emit_path("moe_gemm_gateup", cm::kStageGateUp, bytes * 2 / 3, flops * 2 / 3);
       emit_path("moe_gemm_down", cm::kStageDown, bytes / 3, flops / 3);
     }
-    for (auto& k : cp) k->args.gemm_path = cm::MoeGemmPath::kAuto;
+    for (auto& k : cp) {
+      k->args.gemm_path = cm::MoeGemmPath::kAuto;
+      k->args.down_quant = cm::MoeDownQuant::kAuto;
+    }
   }
 }
 

@@ -657,10 +657,20 @@ TEST(MoeGemmChoice, RealShapes) {
   EXPECT_EQ(cm::moe_gemm_choice(flash, 1, 6, cm::MoeGemmPath::kAuto, 32).path, TL);
   EXPECT_THROW(cm::moe_gemm_choice(flash, 1, 6, ST, 32), Error);
   EXPECT_THROW(cm::moe_gemm_choice(flash, 1, 6, TL, 16), Error);
-  EXPECT_TRUE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, 128, 6, ST)));
-  EXPECT_TRUE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, 128, 6)));  // stream
+  // The down GEMM's activation quantisation: the stream path's in the GEMM up to
+  // kStreamQuantInDownMaxTokens, separate beyond, either when forced; the tiled path's by tile.
+  using DQ = cm::MoeDownQuant;
+  static_assert(cm::kStreamQuantInDownMaxTokens < cm::kStreamAutoMaxTokens);
+  const int qmax = cm::kStreamQuantInDownMaxTokens;
+  EXPECT_TRUE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, qmax, 6)));
+  EXPECT_FALSE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, qmax + 1, 6)));
+  EXPECT_FALSE(cm::moe_gemm_choice(flash, 1, 6, ST, 0, DQ::kSeparate).quant_in_down);
+  EXPECT_TRUE(cm::moe_gemm_choice(flash, 128, 6, ST, 0, DQ::kInDown).quant_in_down);
   EXPECT_TRUE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, 129, 6)));  // tiled, tile 8
   EXPECT_FALSE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, 4096, 6)));
+  EXPECT_THROW(cm::moe_gemm_choice(flash, 129, 6, TL, 0, DQ::kSeparate), Error);
+  EXPECT_THROW(cm::moe_gemm_choice(flash, 4096, 6, TL, 0, DQ::kInDown), Error);
+  EXPECT_TRUE(cm::moe_gemm_choice(flash, 4096, 6, TL, 0, DQ::kSeparate).tile_n == 128);
 }
 
 // ---- GPU tests --------------------------------------------------------------------------------
@@ -677,7 +687,17 @@ struct Spec {
   int mx_shift = 0;
   cm::MoeGemmPath path = cm::MoeGemmPath::kAuto;  // expert GEMM path (kAuto: the heuristic)
   ScoreFunc score = ScoreFunc::kSqrtSoftplus;
+  cm::MoeDownQuant quant = cm::MoeDownQuant::kAuto;  // where the down activations are quantised
 };
+
+Spec separate_quant(Spec s) {
+  s.quant = cm::MoeDownQuant::kSeparate;
+  return s;
+}
+Spec quant_in_down(Spec s) {
+  s.quant = cm::MoeDownQuant::kInDown;
+  return s;
+}
 
 Spec sigmoid(Spec s) {
   s.score = ScoreFunc::kSigmoid;
@@ -762,6 +782,7 @@ std::unique_ptr<Layer> make_layer(const Spec& s, uint32_t seed) {
 struct GpuOut {
   int pairs = 0, tiles = 0, flags = 0, tile_n = 0;
   cm::MoeGemmPath path = cm::MoeGemmPath::kAuto;
+  bool quant_in_down = true;
   std::vector<float> y, xq, act, actq, ye, wt, sorted_wt, logits, scores;
   std::vector<int32_t> sel, pair_pos, sorted_row, expert_first, tiles4;
 };
@@ -812,6 +833,7 @@ GpuOut run_gpu(const Layer& L, const std::vector<float>& x, const std::vector<in
   a.workspace_bytes = bytes;
   a.tile_n = L.s.tile_n;
   a.gemm_path = L.s.path;
+  a.down_quant = L.s.quant;
   a.pdl = pdl;
   Stream st;
   a.stream = st.s;
@@ -820,9 +842,10 @@ GpuOut run_gpu(const Layer& L, const std::vector<float>& x, const std::vector<in
   DSV4_CUDA_CHECK(cudaStreamSynchronize(st.s));
   const cm::MoeWorkspace w = cm::carve_moe_workspace(L.dev, m, K, ws.data());
   GpuOut o;
-  const cm::MoeGemmChoice gc = cm::moe_gemm_choice(L.dev, m, K, L.s.path, L.s.tile_n);
+  const cm::MoeGemmChoice gc = cm::moe_gemm_choice(L.dev, m, K, L.s.path, L.s.tile_n, L.s.quant);
   o.tile_n = gc.tile_n;
   o.path = gc.path;
+  o.quant_in_down = gc.quant_in_down;
   fetch_route(L.dev, m, K, ws.data(), o);
   const size_t P = size_t(std::clamp(o.pairs, 0, m * K));
   o.y = from_bf16_bits(dy.download());
@@ -1026,8 +1049,9 @@ void check_layer(const Spec& s, uint32_t seed) {
   cpu::expert_forward(L->cpu.shared, kLimit, x.data(), m, nullptr, shared.data());
 
   const GpuOut g = run_gpu(*L, x, tokens, shared);
-  std::printf("[%s] m %d, %s GEMM, tile_n %d, unique pairs %d, tiles %d\n", s.name.c_str(), m,
-              cm::moe_gemm_path_name(g.path), g.tile_n, g.pairs, g.tiles);
+  std::printf("[%s] m %d, %s GEMM, tile_n %d, down quantisation %s, unique pairs %d, tiles %d\n",
+              s.name.c_str(), m, cm::moe_gemm_path_name(g.path), g.tile_n,
+              g.quant_in_down ? "in the GEMM" : "separate", g.pairs, g.tiles);
   if (s.path != cm::MoeGemmPath::kAuto) {
     EXPECT_EQ(g.path, s.path) << "forced GEMM path";
   }
@@ -1188,6 +1212,27 @@ std::vector<Spec> specs() {
   v.push_back({"stream_pro_nv_m7", 7168, 3072, 8, 6, NV, false, 7, 0, 0, true, 0, ST});
   v.push_back({"tiled_flash_nv_m1", 4096, 2048, 16, 6, NV, false, 1, 0, 0, true, 0, TL});
   v.push_back({"tiled_e256_mx_m16", 256, 128, 256, 6, MX, false, 16, 0, 0, false, 0, TL});
+  // The stream path's down GEMM quantising its own activations beyond
+  // kStreamQuantInDownMaxTokens (forced), and on separately quantised ones (kAuto beyond it):
+  // forced at one token, and the heuristic's up to 128 tokens.
+  v.push_back(quant_in_down({"streamq_e256_nv_m7", 256, 128, 256, 6, NV, false, 7, 0, 0, false,
+                             0, ST}));
+  v.push_back(quant_in_down({"streamq_e384_mx_m16", 256, 128, 384, 6, MX, false, 16, 0, 0, false,
+                             0, ST}));
+  v.push_back(quant_in_down({"streamq_odd_nv_m7", 384, 384, 24, 6, NV, false, 7, 0, 0, false, 0,
+                             ST}));
+  v.push_back(quant_in_down({"streamq_flash_mx_m4", 4096, 2048, 16, 6, MX, false, 4, 0, 0, true,
+                             0, ST}));
+  v.push_back(separate_quant({"streamsq_e256_nv_m1", 256, 128, 256, 6, NV, false, 1, 0, 0, false,
+                              0, ST}));
+  v.push_back(separate_quant({"streamsq_e384_mx_m7", 256, 128, 384, 6, MX, false, 7, 0, 0, false,
+                              0, ST}));
+  v.push_back(separate_quant({"streamsq_odd_nv_m16", 384, 384, 24, 6, NV, false, 16, 0, 0, false,
+                              0, ST}));
+  v.push_back({"stream_auto_e256_nv_m40", 256, 128, 256, 6, NV, false, 40});
+  v.push_back({"stream_auto_e256_mx_hash_m128", 256, 128, 256, 6, MX, true, 128});
+  v.push_back({"stream_auto16_nv_m65", 256, 128, 16, 4, NV, false, 65, 1});
+  v.push_back({"stream_auto_flash_nv_m24", 4096, 2048, 16, 6, NV, false, 24, 0, 0, true});
   return v;
 }
 
@@ -1368,6 +1413,20 @@ TEST_F(MoeCudaSmoke, TinyLayerRuns) {
 }
 
 // Programmatic dependent launch only overlaps launches: the output is the same without it.
+// The quantised down-GEMM input of every (token, slot) pair, in pair order: a pair's position
+// in the sorted order (its rank within its expert) comes from an atomic counter, so two runs
+// may store an expert's rows in different orders (every output is per pair, so y is not
+// affected); -1 slots (a repeated expert) stay zero.
+std::vector<float> actq_by_pair(const GpuOut& g, int m, int K, int inter) {
+  std::vector<float> v(size_t(m) * K * inter, 0.0f);
+  for (int p = 0; p < m * K; ++p) {
+    const int pos = g.pair_pos[size_t(p)];
+    if (pos < 0) continue;
+    std::copy_n(g.actq.data() + size_t(pos) * inter, inter, v.data() + size_t(p) * inter);
+  }
+  return v;
+}
+
 TEST_F(MoeCudaSmoke, SameOutputWithoutPdl) {
   const Spec s{"pdl", 256, 128, 16, 4, NV, false, 65};
   auto L = make_layer(s, 8);
@@ -1378,6 +1437,8 @@ TEST_F(MoeCudaSmoke, SameOutputWithoutPdl) {
   const GpuOut a = run_gpu(*L, x, tokens, shared, true), b = run_gpu(*L, x, tokens, shared, false);
   expect_bits_equal(a.y, b.y, "y with and without PDL");
   expect_bits_equal(a.xq, b.xq, "xq with and without PDL");
+  expect_bits_equal(actq_by_pair(a, s.m, s.K, s.inter), actq_by_pair(b, s.m, s.K, s.inter),
+                    "each pair's quantised activations with and without PDL");
 }
 
 TEST_F(MoeCudaSmoke, RejectsUnsupported) {
@@ -1406,17 +1467,24 @@ TEST_F(MoeCudaSmoke, RejectsUnsupported) {
 }
 
 // The stream GEMM path too: the same output with and without programmatic dependent launch.
+// Both placements of the down GEMM's activation quantisation.
 TEST_F(MoeCudaSmoke, StreamSameOutputWithoutPdl) {
-  Spec s{"pdl_stream", 256, 128, 256, 6, MX, false, 7};
-  s.path = cm::MoeGemmPath::kStream;
-  auto L = make_layer(s, 18);
-  std::mt19937 rng(15);
-  const std::vector<float> x = gaussian(size_t(s.m) * s.dim, 1.0f, rng);
-  const std::vector<float> shared = gaussian(size_t(s.m) * s.dim, 0.1f, rng);
-  const std::vector<int32_t> tokens(s.m, 0);
-  const GpuOut a = run_gpu(*L, x, tokens, shared, true), b = run_gpu(*L, x, tokens, shared, false);
-  expect_bits_equal(a.y, b.y, "y with and without PDL");
-  expect_bits_equal(a.actq, b.actq, "actq with and without PDL");
+  for (cm::MoeDownQuant q : {cm::MoeDownQuant::kInDown, cm::MoeDownQuant::kSeparate}) {
+    SCOPED_TRACE(q == cm::MoeDownQuant::kInDown ? "quantised in the down GEMM" : "separately");
+    Spec s{"pdl_stream", 256, 128, 256, 6, MX, false, 7};
+    s.path = cm::MoeGemmPath::kStream;
+    s.quant = q;
+    auto L = make_layer(s, 18);
+    std::mt19937 rng(15);
+    const std::vector<float> x = gaussian(size_t(s.m) * s.dim, 1.0f, rng);
+    const std::vector<float> shared = gaussian(size_t(s.m) * s.dim, 0.1f, rng);
+    const std::vector<int32_t> tokens(s.m, 0);
+    const GpuOut a = run_gpu(*L, x, tokens, shared, true),
+                 b = run_gpu(*L, x, tokens, shared, false);
+    expect_bits_equal(a.y, b.y, "y with and without PDL");
+    expect_bits_equal(actq_by_pair(a, s.m, s.K, s.inter), actq_by_pair(b, s.m, s.K, s.inter),
+                      "each pair's quantised activations with and without PDL");
+  }
 }
 
 }  // namespace

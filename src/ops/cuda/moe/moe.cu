@@ -85,7 +85,7 @@ bool moe_fuses_act_quant(int tile_n) {
 }
 
 bool moe_fuses_act_quant(const MoeGemmChoice& c) {
-  return c.path == MoeGemmPath::kStream || moe_fuses_act_quant(c.tile_n);
+  return c.quant_in_down;
 }
 
 int moe_launch_count(const MoeDeviceWeights& w, int m, int top_k, MoeGemmPath path) {
@@ -230,7 +230,8 @@ void moe_forward(const MoeDeviceWeights& w, const MoeArgs& a) {
                  a.workspace_bytes >= moe_workspace_bytes(w, a.m, p.top_k),
              "moe_forward: workspace must be 256-byte aligned and hold moe_workspace_bytes() = ",
              moe_workspace_bytes(w, a.m, p.top_k), " bytes");
-  const MoeGemmChoice gc = moe_gemm_choice(w, a.m, p.top_k, a.gemm_path, a.tile_n);
+  const MoeGemmChoice gc =
+      moe_gemm_choice(w, a.m, p.top_k, a.gemm_path, a.tile_n, a.down_quant);
   router_path_choice(a.m, a.router_path);  // a forced router kernel that does not fit throws
   const int tile_n = gc.tile_n;
 
@@ -248,7 +249,8 @@ void moe_forward(const MoeDeviceWeights& w, const MoeArgs& a) {
   auto gemm = [&](const GemmArgs& g, bool gate_up) {
     const bool mx = w.format == ExpertFormat::kMxfp4;
     if (gc.path == MoeGemmPath::kStream)
-      (mx ? launch_moe_gemm_stream_mxfp4 : launch_moe_gemm_stream_nvfp4)(tile_n, gate_up, g, c);
+      (mx ? launch_moe_gemm_stream_mxfp4 : launch_moe_gemm_stream_nvfp4)(
+          tile_n, gate_up, !gate_up && gc.quant_in_down, g, c);
     else
       (mx ? launch_moe_gemm_mxfp4 : launch_moe_gemm_nvfp4)(tile_n, gate_up, g, c);
   };
@@ -269,7 +271,7 @@ void moe_forward(const MoeDeviceWeights& w, const MoeArgs& a) {
     g.ldo = w.inter;
     gemm(g, true);
   }
-  // Decode tiles quantise the activations inside the down GEMM (kStageDown does both).
+  // Where the choice puts it, the down GEMM quantises its activations (kStageDown does both).
   const bool fused_quant = moe_fuses_act_quant(gc);
   if ((a.stages & kStageQuantAct) && !fused_quant)
     launch_quant_rows(c, ws.act, ws.actq, pairs, w.inter, ws.counters);

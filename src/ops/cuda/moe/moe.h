@@ -77,6 +77,17 @@ enum class MoeGemmPath {
 };
 const char* moe_gemm_path_name(MoeGemmPath p);
 
+// Where the down GEMM's FP8-fake-quantised activations come from: the down GEMM itself (each
+// CTA quantises its activation tile in shared memory; no launch of its own) or the separate
+// quantisation launch (stage QuantAct). The stream path does either (kAuto: by tokens,
+// moe_config.h); the tiled path's token tile decides (decode tiles in the GEMM), so forcing the
+// other placement on it is an error.
+enum class MoeDownQuant {
+  kAuto,
+  kInDown,
+  kSeparate,
+};
+
 // Which kernel computes the router logits and scores (moe_route.cu; kAuto: by the row count).
 // Each sums the exact products in fp64 in its own fixed order, so each gives cpu::linear's fp32
 // logits but for ~1e-7 of them (two fp64 sums straddling an fp32 rounding boundary).
@@ -91,6 +102,7 @@ const char* router_path_name(RouterPath p);
 struct MoeGemmChoice {
   MoeGemmPath path = MoeGemmPath::kTiled;  // never kAuto
   int tile_n = 8;
+  bool quant_in_down = true;  // MoeDownQuant resolved
 };
 
 struct MoeArgs {
@@ -109,6 +121,7 @@ struct MoeArgs {
   // path's heuristic tile.
   MoeGemmPath gemm_path = MoeGemmPath::kAuto;
   int tile_n = 0;
+  MoeDownQuant down_quant = MoeDownQuant::kAuto;
   bool pdl = true;  // programmatic dependent launch between consecutive stages
   RouterPath router_path = RouterPath::kAuto;  // tests and benchmarks force each
 };
@@ -123,7 +136,8 @@ void moe_forward(const MoeDeviceWeights& w, const MoeArgs& a);
 // tile (MoeArgs::gemm_path, tile_n); throws dsv4::Error for a request that does not fit.
 // moe_heuristic.cpp.
 MoeGemmChoice moe_gemm_choice(const MoeDeviceWeights& w, int m, int top_k,
-                              MoeGemmPath path = MoeGemmPath::kAuto, int tile_n = 0);
+                              MoeGemmPath path = MoeGemmPath::kAuto, int tile_n = 0,
+                              MoeDownQuant quant = MoeDownQuant::kAuto);
 // The token tile the heuristic picks for m rows (tests and benchmarks report it).
 int moe_default_tile_n(const MoeDeviceWeights& w, int m, int top_k);
 // Whether the down GEMM of this choice quantises its activations itself (decode tiles and the

@@ -68,6 +68,13 @@ using StreamN16 = StreamTile<16, 5, 4>;
 // the stream producer's per-item addressing and the deferred stage release), stream vs tiled
 // (us): M 1 53.4 vs 65.5, M 4 169 vs 216, M 16 566 vs 681, M 64 1530 vs 1703, M 128 2121 vs 2128.
 constexpr int kStreamAutoMaxTokens = 128;
+// The stream path's down GEMM quantises its own activations up to this many tokens (no launch
+// of its own); beyond, every CTA of an expert's 64-row blocks repeats the quantisation of its
+// tile, with a barrier per stage, and the separate launch (once per row) is faster. H200,
+// moe_bench gate/up + quant + down, in the GEMM vs separate (us): Flash NVFP4 M 1 49.3 vs 56.7,
+// M 2 84.5 vs 85.6, M 4 151.6 vs 140.4, M 8 265 vs 232, M 128 1482 vs 1271; Pro NVFP4 M 1
+// 115.2 vs 110.0, M 2 190.8 vs 174.4, M 128 5444 vs 4467.
+constexpr int kStreamQuantInDownMaxTokens = 1;
 
 // ---- router (moe_route.cu): fp64 sums of the exact BF16 x BF16 products, no split partials ----
 // Three kernels (MoeArgs::router_path forces one; kAuto picks by rows). The K-parallel kernel (a

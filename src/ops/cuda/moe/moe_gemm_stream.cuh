@@ -9,7 +9,8 @@
 //  * consumer warpgroup w takes k-blocks 2w, 2w+1 of every stage (one 128-wide block, so the
 //    down GEMM's FP8 fake-quantisation of that block stays inside one warpgroup), dequantises
 //    the FP4 words in registers to BF16 A fragments (exact, fp4_pack.h) and issues m64nBNk16
-//    wgmmas with B from shared memory; each warp releases the stage on its empty barrier;
+//    wgmmas with B from shared memory; each warp releases a stage on its empty barrier one
+//    stage later, once the next stage's wait has retired its wgmmas (no drain per stage);
 //  * at the end of an item the other warpgroups hand their fp32 partial sums to warpgroup 0
 //    through shared memory (same fragment layout, one fp32 add each), which runs the epilogue of
 //    moe_gemm.cuh: SwiGLU + routing weight (gate/up) or the BF16 projection (down).
@@ -40,8 +41,11 @@ constexpr int stream_smem_bytes() {
 
 #if defined(__CUDACC__)
 
-template <ExpertFormat F, class T, bool GATE_UP>
+// QUANT_B (down GEMM only): the CTA FP8-fake-quantises its activation tile in shared memory
+// (GemmArgs::act unquantised); otherwise `act` holds the quantised rows already.
+template <ExpertFormat F, class T, bool GATE_UP, bool QUANT_B>
 __global__ void __launch_bounds__(T::THREADS, 1) moe_gemm_stream_kernel(const GemmArgs a) {
+  static_assert(!(GATE_UP && QUANT_B), "only the down GEMM quantises its activations");
   constexpr int TILE = pack_tile_bytes(F);
   constexpr int B_KB = T::BN * 128;  // one k-block of BN activation rows
   constexpr int B_BYTES = T::KC * B_KB;
@@ -137,7 +141,10 @@ __global__ void __launch_bounds__(T::THREADS, 1) moe_gemm_stream_kernel(const Ge
   }
 
   // ---- consumer warpgroups ----
-  const int wg = tid / 128, t = tid % 128, warp = t / 32, lane = t % 32;
+  // The warpgroup index through a broadcast, so the compiler keeps it (and the wgmma
+  // descriptors built from it) in uniform registers: no R2UR per wgmma.
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
+  const int t = tid % 128, warp = t / 32, lane = t % 32;
   const int rp = 8 * warp + lane / 4;  // this thread's row-pair scale record
   // A fragments in two buffers, alternating between the two k-blocks of a stage (the registers
   // of an in-flight wgmma's A operand must not be rewritten before a wait retires it).
@@ -225,7 +232,7 @@ __global__ void __launch_bounds__(T::THREADS, 1) moe_gemm_stream_kernel(const Ge
       const int nk = min(T::KC, KB - ch * T::KC);  // even: K % 128 == 0
       const int kb = 2 * wg;                       // this warpgroup's 128-wide block
       if (kb < nk) {                               // uniform over the warpgroup
-        if constexpr (!GATE_UP) {
+        if constexpr (QUANT_B) {
           // FP8 fake-quantisation of the block's rows in place (a warp per row), then to the
           // tensor cores; the CTAs of row block 0 also store the quantised rows.
 #pragma unroll 1
@@ -238,7 +245,7 @@ __global__ void __launch_bounds__(T::THREADS, 1) moe_gemm_stream_kernel(const Ge
         }
         // The activations (cp.async, or the stores above) are read next by the async proxy.
         sm90::fence_proxy_async_smem();
-        if constexpr (!GATE_UP) sm90::named_barrier_sync(1 + wg, 128);
+        if constexpr (QUANT_B) sm90::named_barrier_sync(1 + wg, 128);
         kblock(st, kb, std::integral_constant<int, 0>{});
         kblock(st, kb + 1, std::integral_constant<int, 1>{});  // its wait retired stage `pending`
         if (pending >= 0) release(pending);
@@ -306,9 +313,9 @@ __global__ void __launch_bounds__(T::THREADS, 1) moe_gemm_stream_kernel(const Ge
 }
 
 // One kernel instance; one CTA per SM (the grid is computed once per instance and device).
-template <ExpertFormat F, class T, bool GATE_UP>
+template <ExpertFormat F, class T, bool GATE_UP, bool QUANT_B>
 void launch_moe_gemm_stream_instance(const GemmArgs& a, const LaunchCtx& c) {
-  auto kernel = moe_gemm_stream_kernel<F, T, GATE_UP>;
+  auto kernel = moe_gemm_stream_kernel<F, T, GATE_UP, QUANT_B>;
   constexpr int smem = stream_smem_bytes<F, T>();
   static std::atomic<int> grids[kMaxDevices] = {};
   const int dev = current_device();
@@ -328,15 +335,27 @@ void launch_moe_gemm_stream_instance(const GemmArgs& a, const LaunchCtx& c) {
   launch_kernel(c, kernel, dim3(grid), dim3(T::THREADS), size_t(smem), a);
 }
 
+// gate_up: the gate/up GEMM (quant_b must be false); else the down GEMM, quantising its
+// activations itself when quant_b.
+template <ExpertFormat F, class T>
+void launch_moe_gemm_stream_tile(bool gate_up, bool quant_b, const GemmArgs& a,
+                                 const LaunchCtx& c) {
+  if (gate_up) {
+    DSV4_CHECK(!quant_b, "moe stream expert GEMM: the gate/up GEMM does not quantise");
+    return launch_moe_gemm_stream_instance<F, T, true, false>(a, c);
+  }
+  return quant_b ? launch_moe_gemm_stream_instance<F, T, false, true>(a, c)
+                 : launch_moe_gemm_stream_instance<F, T, false, false>(a, c);
+}
+
 template <ExpertFormat F>
-void launch_moe_gemm_stream_impl(int tile_n, bool gate_up, const GemmArgs& a, const LaunchCtx& c) {
+void launch_moe_gemm_stream_impl(int tile_n, bool gate_up, bool quant_b, const GemmArgs& a,
+                                 const LaunchCtx& c) {
   switch (tile_n) {
     case 8:
-      return gate_up ? launch_moe_gemm_stream_instance<F, StreamN8, true>(a, c)
-                     : launch_moe_gemm_stream_instance<F, StreamN8, false>(a, c);
+      return launch_moe_gemm_stream_tile<F, StreamN8>(gate_up, quant_b, a, c);
     case 16:
-      return gate_up ? launch_moe_gemm_stream_instance<F, StreamN16, true>(a, c)
-                     : launch_moe_gemm_stream_instance<F, StreamN16, false>(a, c);
+      return launch_moe_gemm_stream_tile<F, StreamN16>(gate_up, quant_b, a, c);
     default:
       throw Error(cat("moe stream expert GEMM: unsupported token tile ", tile_n));
   }
@@ -345,8 +364,10 @@ void launch_moe_gemm_stream_impl(int tile_n, bool gate_up, const GemmArgs& a, co
 #endif  // __CUDACC__
 
 // Host launchers (moe_gemm_stream_{mxfp4,nvfp4}.cu): tile_n in {8, 16}; n_rows % 64 == 0,
-// k % 128 == 0.
-void launch_moe_gemm_stream_mxfp4(int tile_n, bool gate_up, const GemmArgs& a, const LaunchCtx& c);
-void launch_moe_gemm_stream_nvfp4(int tile_n, bool gate_up, const GemmArgs& a, const LaunchCtx& c);
+// k % 128 == 0; quant_b: the down GEMM quantises its activations (GemmArgs::act unquantised).
+void launch_moe_gemm_stream_mxfp4(int tile_n, bool gate_up, bool quant_b, const GemmArgs& a,
+                                  const LaunchCtx& c);
+void launch_moe_gemm_stream_nvfp4(int tile_n, bool gate_up, bool quant_b, const GemmArgs& a,
+                                  const LaunchCtx& c);
 
 }  // namespace dsv4::cuda::moe

@@ -3,8 +3,9 @@
 
 namespace dsv4::cuda::moe {
 
-void launch_moe_gemm_stream_mxfp4(int tile_n, bool gate_up, const GemmArgs& a, const LaunchCtx& c) {
-  launch_moe_gemm_stream_impl<ExpertFormat::kMxfp4>(tile_n, gate_up, a, c);
+void launch_moe_gemm_stream_mxfp4(int tile_n, bool gate_up, bool quant_b, const GemmArgs& a,
+                                  const LaunchCtx& c) {
+  launch_moe_gemm_stream_impl<ExpertFormat::kMxfp4>(tile_n, gate_up, quant_b, a, c);
 }
 
 }  // namespace dsv4::cuda::moe

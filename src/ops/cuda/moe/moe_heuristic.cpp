@@ -62,7 +62,7 @@ const char* moe_gemm_path_name(MoeGemmPath p) {
 }
 
 MoeGemmChoice moe_gemm_choice(const MoeDeviceWeights& w, int m, int top_k, MoeGemmPath path,
-                              int tile_n) {
+                              int tile_n, MoeDownQuant quant) {
   MoeGemmChoice c;
   if (path == MoeGemmPath::kAuto) {
     // tile_n given: the contract of MoeArgs::tile_n before the stream path existed (tiled).
@@ -76,12 +76,19 @@ MoeGemmChoice moe_gemm_choice(const MoeDeviceWeights& w, int m, int top_k, MoeGe
     c.tile_n = tile_n ? tile_n : stream_tile(m);
     DSV4_CHECK(c.tile_n == 8 || c.tile_n == 16, "moe: stream expert GEMM token tile ", c.tile_n,
                " (8 or 16 supported)");
-    DSV4_CHECK(stream_fits(w), "moe: stream expert GEMM needs dim and inter multiples of 128 (", w.dim, ", ",
-               w.inter, ")");
+    DSV4_CHECK(stream_fits(w), "moe: stream expert GEMM needs dim and inter multiples of 128 (",
+               w.dim, ", ", w.inter, ")");
+    c.quant_in_down = quant == MoeDownQuant::kAuto ? m <= kStreamQuantInDownMaxTokens
+                                                   : quant == MoeDownQuant::kInDown;
   } else {
     c.tile_n = tile_n ? tile_n : tiled_tile(w, m, top_k);
     DSV4_CHECK(tiled_fits(w, c.tile_n), "moe: token tile ", c.tile_n, " (weight rows ",
                gemm_tile_rows(c.tile_n), ") does not fit inter ", w.inter, " / dim ", w.dim);
+    c.quant_in_down = moe_fuses_act_quant(c.tile_n);
+    DSV4_CHECK(quant == MoeDownQuant::kAuto || c.quant_in_down == (quant == MoeDownQuant::kInDown),
+               "moe: the tiled expert GEMM with token tile ", c.tile_n,
+               c.quant_in_down ? " quantises the down GEMM's activations itself"
+                               : " takes the separately quantised activations");
   }
   return c;
 }
