@@ -291,6 +291,18 @@ def test_make_tiny_takes_the_tokenizer_and_its_vocabulary(tiny_model, workdir):
     assert "--vocab 1000 is below the tokenizer's 129280 ids" in r.stderr
 
 
+def test_random_weights_serve_refuses_a_vocabulary_below_the_tokenizer_before_generating(workdir):
+    import subprocess
+    # The command line's check (make-tiny's words), not the server's after loading the model
+    # ("... ids, more than the model's vocabulary of 1000").
+    r = subprocess.run([cli_path(), "serve", "--random-weights", "pro", "--tokenizer",
+                        str(tokenizer_file()), "--vocab", "1000", "--port", "0"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "--vocab 1000 is below the tokenizer's 129280 ids" in r.stderr
+    assert "more than the model's vocabulary" not in r.stderr
+
+
 def test_random_weights_serve_as_the_make_tiny_checkpoint(server):
     # The shared server's checkpoint (make-tiny --preset flash --seed 3 --tokenizer T) generated
     # in memory: the vocabulary is the tokenizer's as make-tiny's, the completion the same.
