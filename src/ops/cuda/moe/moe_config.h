@@ -64,9 +64,10 @@ struct StreamTile {
 using StreamN8 = StreamTile<8, 6, 4>;
 using StreamN16 = StreamTile<16, 5, 4>;
 // kAuto runs the stream path up to this many tokens per layer (when dim and inter are
-// multiples of 128), the tiled GEMM beyond. H200, Flash NVFP4, gate/up + down at 8a41ea9 (before
-// the stream producer's per-item addressing and the deferred stage release), stream vs tiled
-// (us): M 1 53.4 vs 65.5, M 4 169 vs 216, M 16 566 vs 681, M 64 1530 vs 1703, M 128 2121 vs 2128.
+// multiples of 128), the tiled GEMM beyond. H200, Flash NVFP4, moe_bench gate/up + quant + down,
+// stream (separate quantisation) vs tiled (us), 63f38b7's kernels: M 1 56.7 vs 66.4, M 8 232 vs
+// 382, M 16 459 vs 680, M 64 1082 vs 1698, M 128 1271 vs 2130 (Pro M 128 4467 vs 7342). Beyond
+// 128 tokens not measured (moe_bench compares the paths up to 256: the next thing to read).
 constexpr int kStreamAutoMaxTokens = 128;
 // The stream path's down GEMM quantises its own activations up to this many tokens (no launch
 // of its own); beyond, every CTA of an expert's 64-row blocks repeats the quantisation of its
