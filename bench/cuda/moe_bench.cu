@@ -317,10 +317,10 @@ void run_config(const Config& c, ExpertFormat f, const std::vector<int>& ms,
       cm::MoeDownQuant quant;
       const char* name;
     };
-    for (const Variant& v : {Variant{cm::MoeGemmPath::kStream, cm::MoeDownQuant::kInDown, "stream"},
-                             Variant{cm::MoeGemmPath::kStream, cm::MoeDownQuant::kSeparate,
-                                     "streamsq"},
-                             Variant{cm::MoeGemmPath::kTiled, cm::MoeDownQuant::kAuto, "tiled"}}) {
+    for (const Variant& v :
+         {Variant{cm::MoeGemmPath::kStream, cm::MoeDownQuant::kInDown, "stream"},
+          Variant{cm::MoeGemmPath::kStream, cm::MoeDownQuant::kSeparate, "streamsq"},
+          Variant{cm::MoeGemmPath::kTiled, cm::MoeDownQuant::kAuto, "tiled"}}) {
       if (m > 256) break;
       const std::string pn = v.name;
       const cm::MoeGemmChoice gc = cm::moe_gemm_choice(w, m, c.K, v.path, 0, v.quant);

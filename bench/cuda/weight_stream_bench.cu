@@ -105,8 +105,8 @@ int sm_count() {
 
 template <int STAGE, int STAGES, int CW>
 void ring(const Case& c, const DeviceBuffer<uint8_t>& buf, int per_sm) {
-  DSV4_CHECK(c.item_bytes % STAGE == 0, "weight_stream_bench: ", c.name, " item of ",
-             c.item_bytes, " bytes is not a whole number of ", STAGE, "-byte stages");
+  DSV4_CHECK(c.item_bytes % STAGE == 0, "weight_stream_bench: ", c.name, " item of ", c.item_bytes,
+             " bytes is not a whole number of ", STAGE, "-byte stages");
   auto k = ring_kernel<STAGE, STAGES, CW>;
   const int smem = STAGE * STAGES;
   DSV4_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -114,8 +114,8 @@ void ring(const Case& c, const DeviceBuffer<uint8_t>& buf, int per_sm) {
   const int regions = int(buf.size() / total), grid = sm_count() * per_sm;
   bench::Result r;
   r.kernel = "weight_stream_ring";
-  r.shape = std::string(c.name) + " bytes=" + std::to_string(total) + " stage=" +
-            std::to_string(STAGE) + "x" + std::to_string(STAGES) +
+  r.shape = std::string(c.name) + " bytes=" + std::to_string(total) +
+            " stage=" + std::to_string(STAGE) + "x" + std::to_string(STAGES) +
             " consumer_warps=" + std::to_string(CW) + " ctas_per_sm=" + std::to_string(per_sm);
   r.us = bench::median_us([&](int i) {
     k<<<grid, CW * 32 + 32, smem>>>(buf.data() + size_t(i % regions) * total, c.item_bytes,
@@ -136,9 +136,9 @@ void ldg(const Case& c, const DeviceBuffer<uint8_t>& buf, DeviceBuffer<uint32_t>
   r.shape = std::string(c.name) + " bytes=" + std::to_string(total) + " threads=512" +
             " ctas_per_sm=2 unroll=" + std::to_string(UNROLL);
   r.us = bench::median_us([&](int i) {
-    ldg_kernel<UNROLL><<<grid, 512>>>(
-        reinterpret_cast<const uint4*>(buf.data() + size_t(i % regions) * total),
-        long(total / 16), sink.data());
+    ldg_kernel<UNROLL>
+        <<<grid, 512>>>(reinterpret_cast<const uint4*>(buf.data() + size_t(i % regions) * total),
+                        long(total / 16), sink.data());
   });
   r.bytes = double(total);
   r.peer = "hbm_ceiling";

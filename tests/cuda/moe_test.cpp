@@ -633,10 +633,10 @@ TEST(MoeGemmChoice, RealShapes) {
   // The stream GEMM for decode batches (up to kStreamAutoMaxTokens tokens: tile 8 up to 8
   // tokens, else 16), the tiled GEMM beyond (its tile by rows per expert).
   static_assert(cm::kStreamAutoMaxTokens >= 16 && cm::kStreamAutoMaxTokens < 512);
-  for (const Want& x : {Want{1, ST, 8}, Want{2, ST, 8}, Want{8, ST, 8}, Want{16, ST, 16},
-                        Want{cm::kStreamAutoMaxTokens, ST, 16},
-                        Want{cm::kStreamAutoMaxTokens + 1, TL, 8}, Want{512, TL, 32},
-                        Want{4096, TL, 128}}) {
+  for (const Want& x :
+       {Want{1, ST, 8}, Want{2, ST, 8}, Want{8, ST, 8}, Want{16, ST, 16},
+        Want{cm::kStreamAutoMaxTokens, ST, 16}, Want{cm::kStreamAutoMaxTokens + 1, TL, 8},
+        Want{512, TL, 32}, Want{4096, TL, 128}}) {
     const cm::MoeGemmChoice c = cm::moe_gemm_choice(flash, x.m, 6);
     EXPECT_EQ(c.path, x.path) << "flash m " << x.m;
     EXPECT_EQ(c.tile_n, x.tile_n) << "flash m " << x.m;
@@ -1215,20 +1215,20 @@ std::vector<Spec> specs() {
   // The stream path's down GEMM quantising its own activations beyond
   // kStreamQuantInDownMaxTokens (forced), and on separately quantised ones (kAuto beyond it):
   // forced at one token, and the heuristic's up to 128 tokens.
-  v.push_back(quant_in_down({"streamq_e256_nv_m7", 256, 128, 256, 6, NV, false, 7, 0, 0, false,
-                             0, ST}));
-  v.push_back(quant_in_down({"streamq_e384_mx_m16", 256, 128, 384, 6, MX, false, 16, 0, 0, false,
-                             0, ST}));
-  v.push_back(quant_in_down({"streamq_odd_nv_m7", 384, 384, 24, 6, NV, false, 7, 0, 0, false, 0,
-                             ST}));
-  v.push_back(quant_in_down({"streamq_flash_mx_m4", 4096, 2048, 16, 6, MX, false, 4, 0, 0, true,
-                             0, ST}));
-  v.push_back(separate_quant({"streamsq_e256_nv_m1", 256, 128, 256, 6, NV, false, 1, 0, 0, false,
-                              0, ST}));
-  v.push_back(separate_quant({"streamsq_e384_mx_m7", 256, 128, 384, 6, MX, false, 7, 0, 0, false,
-                              0, ST}));
-  v.push_back(separate_quant({"streamsq_odd_nv_m16", 384, 384, 24, 6, NV, false, 16, 0, 0, false,
-                              0, ST}));
+  v.push_back(
+      quant_in_down({"streamq_e256_nv_m7", 256, 128, 256, 6, NV, false, 7, 0, 0, false, 0, ST}));
+  v.push_back(
+      quant_in_down({"streamq_e384_mx_m16", 256, 128, 384, 6, MX, false, 16, 0, 0, false, 0, ST}));
+  v.push_back(
+      quant_in_down({"streamq_odd_nv_m7", 384, 384, 24, 6, NV, false, 7, 0, 0, false, 0, ST}));
+  v.push_back(
+      quant_in_down({"streamq_flash_mx_m4", 4096, 2048, 16, 6, MX, false, 4, 0, 0, true, 0, ST}));
+  v.push_back(
+      separate_quant({"streamsq_e256_nv_m1", 256, 128, 256, 6, NV, false, 1, 0, 0, false, 0, ST}));
+  v.push_back(
+      separate_quant({"streamsq_e384_mx_m7", 256, 128, 384, 6, MX, false, 7, 0, 0, false, 0, ST}));
+  v.push_back(
+      separate_quant({"streamsq_odd_nv_m16", 384, 384, 24, 6, NV, false, 16, 0, 0, false, 0, ST}));
   v.push_back({"stream_auto_e256_nv_m40", 256, 128, 256, 6, NV, false, 40});
   v.push_back({"stream_auto_e256_mx_hash_m128", 256, 128, 256, 6, MX, true, 128});
   v.push_back({"stream_auto16_nv_m65", 256, 128, 16, 4, NV, false, 65, 1});

@@ -15,8 +15,8 @@
 //     once — the one-rank combine;
 //  5. the group's ranks exchange their shares' rows.
 // An expert output row depends only on its input row and weight, but the owner's token tile
-// follows its own batch (moe_gemm_choice: path and tile), so it is not bit-identical to one rank unless
-// the tile variant is the same: held to the end-to-end tolerance. A rank with no rows still
+// follows its own batch (moe_gemm_choice: path and tile), so it is not bit-identical to one rank
+// unless the tile variant is the same: held to the end-to-end tolerance. A rank with no rows still
 // takes part in every exchange (with zero bytes). Not capturable into a CUDA graph (the host
 // synchronisation of step 2).
 //

@@ -230,8 +230,7 @@ void moe_forward(const MoeDeviceWeights& w, const MoeArgs& a) {
                  a.workspace_bytes >= moe_workspace_bytes(w, a.m, p.top_k),
              "moe_forward: workspace must be 256-byte aligned and hold moe_workspace_bytes() = ",
              moe_workspace_bytes(w, a.m, p.top_k), " bytes");
-  const MoeGemmChoice gc =
-      moe_gemm_choice(w, a.m, p.top_k, a.gemm_path, a.tile_n, a.down_quant);
+  const MoeGemmChoice gc = moe_gemm_choice(w, a.m, p.top_k, a.gemm_path, a.tile_n, a.down_quant);
   router_path_choice(a.m, a.router_path);  // a forced router kernel that does not fit throws
   const int tile_n = gc.tile_n;
 

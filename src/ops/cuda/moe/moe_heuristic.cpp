@@ -69,7 +69,7 @@ MoeGemmChoice moe_gemm_choice(const MoeDeviceWeights& w, int m, int top_k, MoeGe
     // Otherwise the stream path for decode batches where it fits (moe_config.h,
     // kStreamAutoMaxTokens: measured faster there), the tiled GEMM beyond.
     path = tile_n == 0 && m <= kStreamAutoMaxTokens && stream_fits(w) ? MoeGemmPath::kStream
-                                                                       : MoeGemmPath::kTiled;
+                                                                      : MoeGemmPath::kTiled;
   }
   c.path = path;
   if (path == MoeGemmPath::kStream) {
