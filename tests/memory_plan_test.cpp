@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -11,15 +13,18 @@
 #include "backends/cpu/loader.h"
 #include "backends/cpu/weights.h"
 #include "core/error.h"
+#include "core/formats.h"
 #include "dsv4/engine.h"
 #include "io/checkpoint.h"
 #include "model/cache_spec.h"
 #include "model/memory_plan.h"
 #include "model/model_config.h"
+#include "model/model_source.h"
 #include "model/parallel_layout.h"
 #include "model/speculation.h"
 #include "model/tiny_checkpoint.h"
 #include "model/weights.h"
+#include "ops/cpu/moe.h"
 #include "support/temp_dir.h"
 
 namespace dsv4::test {
@@ -46,6 +51,51 @@ TEST(MemoryPlan, CpuWeightsAreTheBytesTheCpuBackendHolds) {
     const MemoryPlan p = plan_memory(m.config, m.scheme, MemoryPlanOptions{});
     ASSERT_EQ(p.pools.size(), 1u);
     EXPECT_EQ(p.pools[0].weights, cpu::weight_bytes(m.model->weights())) << preset;
+  }
+}
+
+// Random weights with repeated experts (every routed expert of a block the same bytes): the CPU
+// weights hold one dequantised expert a block -- the plan's figure, byte for byte -- and every
+// expert id reads it; the MoE's output equals that of the same weights held once per expert.
+TEST(MemoryPlan, RepeatedExpertsAreOneCpuCopyABlock) {
+  for (const auto& [preset, fmt] :
+       {std::pair{"flash", ExpertFormat::kMxfp4}, std::pair{"pro", ExpertFormat::kNvfp4}}) {
+    SCOPED_TRACE(preset);
+    ModelSource src;
+    src.random.preset = preset;
+    src.random.format = fmt;
+    src.random.seed = 3;
+    src.random.repeat_experts = true;
+    const ModelHeader h = open_model_header(src);
+    const std::unique_ptr<Checkpoint> ckpt = open_model_checkpoint(src);
+    const WeightsRef ref = bind_weights(*ckpt, h.config, h.scheme);
+    const cpu::ModelWeights w = cpu::prepare_weights(h.config, ref);
+    MemoryPlanOptions o;
+    o.repeated_experts = true;
+    EXPECT_EQ(plan_memory(h.config, h.scheme, o).pools.at(0).weights, cpu::weight_bytes(w));
+    EXPECT_LT(cpu::weight_bytes(w), plan_memory(h.config, h.scheme, {}).pools.at(0).weights);
+    const int E = h.config.n_routed_experts;
+    for (const cpu::BlockWeights& b : w.blocks) {
+      ASSERT_EQ(b.ffn.experts.size(), 1u);
+      ASSERT_EQ(b.ffn.n_experts(), E);
+      for (int e = 0; e < E; ++e) EXPECT_EQ(&b.ffn.expert(e), &b.ffn.experts[0]);
+    }
+    // The block-0 MoE over a few rows against the same weights expanded to one copy per expert.
+    const cpu::MoeWeights& once = w.blocks[0].ffn;
+    cpu::MoeWeights each;
+    each.gate = once.gate, each.bias = once.bias, each.tid2eid = once.tid2eid;
+    each.shared = once.shared;
+    for (int e = 0; e < E; ++e) each.experts.push_back(once.expert(e));
+    const int n = 5, dim = h.config.dim;
+    std::vector<float> x(size_t(n) * dim);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = round_bf16(std::sin(0.37f * float(i)));
+    const std::vector<int32_t> tokens = {0, 5, 6, 7, 8};
+    const cpu::MoeParams p{h.config.n_activated_experts, h.config.score_func, h.config.route_scale,
+                           h.config.swiglu_limit};
+    std::vector<float> y1(x.size()), y2(x.size());
+    cpu::moe_forward(once, p, x.data(), tokens.data(), n, dim, y1.data());
+    cpu::moe_forward(each, p, x.data(), tokens.data(), n, dim, y2.data());
+    EXPECT_EQ(std::memcmp(y1.data(), y2.data(), 4 * y1.size()), 0);
   }
 }
 

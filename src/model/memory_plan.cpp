@@ -77,6 +77,16 @@ int expert_of(const std::string& name) {
   return std::atoi(name.c_str() + at + key.size());
 }
 
+// The CPU weights' inventory: with repeated experts every routed expert of a block is one
+// dequantised copy (cpu::MoeWeights::slot), so experts e > 0 hold nothing of their own.
+std::vector<ExpectedTensor> cpu_inventory(std::vector<ExpectedTensor> inventory, bool repeated) {
+  if (repeated)
+    inventory.erase(std::remove_if(inventory.begin(), inventory.end(),
+                                   [](const ExpectedTensor& t) { return expert_of(t.name) > 0; }),
+                    inventory.end());
+  return inventory;
+}
+
 // Tensors whose rows are split by heads (or output groups) under tensor parallelism.
 bool split_by_heads(const std::string& name) {
   for (const char* part :
@@ -216,6 +226,7 @@ MemoryPlanOptions memory_plan_options(const RunnerOptions& o, PlanBackend backen
   m.exact_linears = o.exact_linears;
   m.snapshot_slots = o.snapshot_slots;
   m.speculative_tokens = o.speculative_tokens;
+  m.repeated_experts = o.source().random.enabled() && o.source().random.repeat_experts;
   m.parallel = {o.dp, o.ep, o.tp};
   return m;
 }
@@ -270,10 +281,11 @@ MemoryPlan plan_memory(const ModelConfig& c, const QuantScheme& scheme,
     MemoryPool host;
     host.name = "host memory";
     for (int w = 0; w < W; ++w)
-      host.weights += W == 1 ? cpu_weight_bytes(inventory)
-                             : cpu_weight_bytes(rank_weight_inventory(inventory, layout, w));
-    host.weights_note = W == 1 ? "every weight dequantised to fp32"
-                               : cat("every weight dequantised to fp32, ", W, " ranks' shards");
+      host.weights += cpu_weight_bytes(cpu_inventory(
+          W == 1 ? inventory : rank_weight_inventory(inventory, layout, w), o.repeated_experts));
+    host.weights_note = cat("every weight dequantised to fp32",
+                            o.repeated_experts ? " (one routed expert a block)" : "",
+                            W == 1 ? "" : cat(", ", W, " ranks' shards"));
     host.cache = host.cache_min = cache * W;
     host.activations = (cpu_activation_bytes(c, p.step, o.max_tokens) + exchange) * W;
     host.reserve = kHostReserveBytes;
@@ -309,8 +321,10 @@ MemoryPlan plan_memory(const ModelConfig& c, const QuantScheme& scheme,
     DSV4_CHECK(W == 1, "verify mode runs one rank");
     MemoryPool host;
     host.name = "host memory";
-    host.weights = cpu_weight_bytes(inventory);
-    host.weights_note = "verify: the CPU ops' fp32 weights";
+    host.weights = cpu_weight_bytes(cpu_inventory(inventory, o.repeated_experts));
+    host.weights_note = o.repeated_experts
+                            ? "verify: the CPU ops' fp32 weights, one routed expert a block"
+                            : "verify: the CPU ops' fp32 weights";
     host.reserve = kHostReserveBytes;
     p.pools.push_back(host);
   }

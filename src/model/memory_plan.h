@@ -46,6 +46,9 @@ struct MemoryPlanOptions {
   bool exact_linears = false;
   int snapshot_slots = 0;      // prefix-cache snapshot slots beside max_sequences (plan_cache)
   int speculative_tokens = 0;  // > 0: speculation's buffers are counted (RunnerOptions)
+  // Every routed expert of a block is the same bytes (random weights with repeated experts):
+  // the CPU weights (and the verify mode's) hold one dequantised copy a block.
+  bool repeated_experts = false;
   // The parallel layout; max_sequences and the cache are per data-parallel rank.
   ParallelConfig parallel;
 };

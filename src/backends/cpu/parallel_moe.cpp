@@ -33,7 +33,7 @@ void moe_forward_parallel(const cpu::MoeWeights& w, const cpu::MoeParams& p, con
   const ParallelLayout& L = *rk.layout;
   Communicator& group = *rk.group;
   Communicator& ep = *rk.ep;
-  const int K = p.top_k, E = int(w.experts.size());
+  const int K = p.top_k, E = w.n_experts();
   // 1. Route every row (the group's ranks all hold them).
   std::vector<int32_t> sel(size_t(n) * K);
   std::vector<float> wt(size_t(n) * K);
@@ -112,7 +112,7 @@ void moe_forward_parallel(const cpu::MoeWeights& w, const cpu::MoeParams& p, con
       std::memcpy(xe.data() + size_t(j) * dim, items[size_t(j)].x, size_t(dim) * 4);
       we[size_t(j)] = items[size_t(j)].weight;
     }
-    cpu::expert_forward(w.experts[size_t(e)], p.swiglu_limit, xe.data(), m, we.data(), ye.data());
+    cpu::expert_forward(w.expert(e), p.swiglu_limit, xe.data(), m, we.data(), ye.data());
     for (int j = 0; j < m; ++j)
       std::copy_n(ye.data() + size_t(j) * dim, dim,
                   results[size_t(items[size_t(j)].src)].data() + items[size_t(j)].index * dim);

@@ -1,7 +1,9 @@
 #include "backends/cpu/weights.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <map>
 
 #include "core/error.h"
 #include "ops/cpu/dequant.h"
@@ -207,13 +209,32 @@ ModelWeights prepare_weights(const ModelConfig& c, const WeightsRef& ref, const 
         f.tid2eid[i] = static_cast<int32_t>(v);
       }
     }
+    // Experts whose tensors are the same bytes (random weights with repeated experts) share
+    // one dequantised copy (MoeWeights::slot).
+    std::map<std::array<const uint8_t*, 9>, int32_t> seen;
+    std::vector<int32_t> slot;
+    bool aliased = false;
     for (int e = 0; e < int(br.ffn.experts.size()); ++e) {
       const ExpertRef& x = br.ffn.experts[size_t(e)];
-      if (e >= sh.experts_lo && e < sh.experts_lo + E)
-        f.experts.push_back({fp4_linear(x.w1), fp4_linear(x.w2), fp4_linear(x.w3)});
-      else
+      slot.push_back(int32_t(f.experts.size()));
+      if (e < sh.experts_lo || e >= sh.experts_lo + E) {
         f.experts.emplace_back();  // another rank's
+        continue;
+      }
+      auto bytes = [](const TensorView* t) { return t ? t->data : nullptr; };
+      const std::array<const uint8_t*, 9> key = {
+          bytes(x.w1.weight), bytes(x.w1.scale), bytes(x.w1.scale_2),
+          bytes(x.w2.weight), bytes(x.w2.scale), bytes(x.w2.scale_2),
+          bytes(x.w3.weight), bytes(x.w3.scale), bytes(x.w3.scale_2)};
+      const auto [it, fresh] = seen.emplace(key, slot.back());
+      if (!fresh) {
+        slot.back() = it->second;
+        aliased = true;
+        continue;
+      }
+      f.experts.push_back({fp4_linear(x.w1), fp4_linear(x.w2), fp4_linear(x.w3)});
     }
+    if (aliased) f.slot = std::move(slot);
     f.shared = fp8_expert(br.ffn.shared_w1, br.ffn.shared_w2, br.ffn.shared_w3);
 
     if (br.mtp) {

@@ -1134,7 +1134,7 @@ void CudaVerifier::moe(const OpEvent& e) {
   const float* wt = e.t[3].as<float>();
   const int T = tokens_, dim = c_.dim, K = c_.n_activated_experts;
   const cpu::MoeWeights& mw = bw(block).ffn;
-  const int E = static_cast<int>(mw.experts.size()), NE = mw.gate.out;
+  const int E = mw.n_experts(), NE = mw.gate.out;
   const std::vector<float> xv = bf16(x, size_t(T) * dim), sh = bf16(shared, size_t(T) * dim);
   const std::vector<int32_t> gsel = download<int32_t>(sel, size_t(T) * K);
   const std::vector<float> gwt = f32(wt, size_t(T) * K);
@@ -1238,7 +1238,7 @@ void CudaVerifier::moe(const OpEvent& e) {
   for (int e = 0; e < E; ++e) {
     const int m = static_cast<int>(rows_of_e[e].size());
     if (!m) continue;
-    const cpu::ExpertWeights& ew = mw.experts[e];
+    const cpu::ExpertWeights& ew = mw.expert(e);
     const int inter = ew.w1.out;
     xe.resize(size_t(m) * dim);
     ye.resize(size_t(m) * dim);

@@ -80,7 +80,7 @@ void expert_forward(const ExpertWeights& e, float limit, const float* x, int m,
 
 void moe_forward(const MoeWeights& w, const MoeParams& p, const float* x, const int32_t* tokens,
                  int n, int dim, float* y, int32_t* route_experts, float* route_weights) {
-  const int K = p.top_k, E = static_cast<int>(w.experts.size());
+  const int K = p.top_k, E = w.n_experts();
   std::vector<int32_t> sel(size_t(n) * K);
   std::vector<float> wt(size_t(n) * K);
   for (int r = 0; r < n; ++r)
@@ -113,7 +113,7 @@ void moe_forward(const MoeWeights& w, const MoeParams& p, const float* x, const 
       std::copy_n(x + size_t(r) * dim, dim, xe.begin() + size_t(j) * dim);
       we[j] = wt[size_t(r) * K + slot_of[e][j]];
     }
-    expert_forward(w.experts[e], p.swiglu_limit, xe.data(), m, we.data(), ye.data());
+    expert_forward(w.expert(e), p.swiglu_limit, xe.data(), m, we.data(), ye.data());
     for (int j = 0; j < m; ++j) {
       const size_t o = size_t(rows_of[e][j]) * K + slot_of[e][j];
       std::copy_n(ye.begin() + size_t(j) * dim, dim, out.begin() + o * dim);

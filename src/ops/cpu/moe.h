@@ -2,6 +2,7 @@
 // SwiGLU experts (FP4) with the routing weight applied before w2, plus the shared expert.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -18,8 +19,17 @@ struct MoeWeights {
   Linear gate;                   // kF32 [experts, dim]
   std::vector<float> bias;       // [experts] (score routing) or empty
   std::vector<int32_t> tid2eid;  // [vocab, top-k] (hash routing) or empty
+  // Routed expert e is experts[e], or experts[slot[e]] when slot is given: experts whose
+  // checkpoint tensors are the same bytes (random weights with repeated experts) share one
+  // dequantised copy, so a real-geometry model fits the host for the CPU reference.
   std::vector<ExpertWeights> experts;
+  std::vector<int32_t> slot;
   ExpertWeights shared;  // FP8 linears
+
+  int n_experts() const { return static_cast<int>(slot.empty() ? experts.size() : slot.size()); }
+  const ExpertWeights& expert(int e) const {
+    return experts[slot.empty() ? std::size_t(e) : std::size_t(slot[std::size_t(e)])];
+  }
 };
 
 struct MoeParams {
