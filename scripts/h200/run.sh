@@ -7,6 +7,14 @@
 # depth [bench [args] | tests]: only e2e_depth_bench (V4-Flash and V4-Pro; $OUT/depth.md) or
 #   real_shapes_test (issue 14).
 # cli: builds the dsv4 CLI (build-cli/) and runs the README's GPU commands on make-tiny checkpoints.
+# verify-real [flash|pro|flash8k|all]: issue 14 point 7 -- `dsv4 generate --backend cuda --verify`
+#   (every op against its CPU op, within its bound) at the REAL V4 geometry: random weights from
+#   tests/data/deepseek-v4-{flash,pro}.config.json, Flash's first 5 layers (SWA-hash x2,
+#   CSA-hash, HCA, CSA: every kind), Pro's first 4 (HCA-hash x2, CSA-hash, HCA; 5 would need
+#   ~78 GiB of GPU memory), all 256 / 384 routed experts with --repeat-experts (one fp32 copy a
+#   block on the host), a 2048-token prompt and 4 decode steps; flash8k: the first 3 layers (to
+#   the first CSA layer) at 8192 tokens. Identical experts would hide an expert-index mix-up on the GPU; routing,
+#   grouping and every expert's tiles still run. Logs: $OUT/verify-real-*.log.
 # serve (after `scripts/h200/pack.sh serve`): builds dsv4 with the CUDA backend and the server
 #   (build-serve/) and runs the server suite (tests/server/) against `dsv4 serve --backend cuda`;
 #   [filter] is a pytest -k expression. Logs: $OUT/server-tests.log, $OUT/server-junit.xml.
@@ -107,6 +115,37 @@ if [ "$WHAT" = "cli" ]; then
       echo "$out" | tail -3
     done
   done
+  exit $rc
+fi
+if [ "$WHAT" = "verify-real" ]; then
+  setup_pcre2 || exit 1
+  cmake -S . -B build-cli -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
+    -DBUILD_TESTING=OFF -DDSV4_BENCH=OFF -DDSV4_SERVER=OFF > "$OUT/cli-configure.log" 2>&1 || { tail -20 "$OUT/cli-configure.log"; exit 1; }
+  cmake --build build-cli -j "$(nproc)" --target dsv4 > "$OUT/cli-build.log" 2>&1 || { grep -E "error" "$OUT/cli-build.log" | head -20; exit 1; }
+  echo "build: $(( $(date +%s) - START )) s"
+  for n in 2048 8192; do
+    python3 -c "print(','.join(str(10 + (i * 7919) % 120000) for i in range($n)))" > "/tmp/dsv4-prompt-$n.txt"
+  done
+  rc=0
+  run_case() {  # name layers tokens config format
+    local left=$(( ${DSV4_RUN_LIMIT_S:-585} - ($(date +%s) - START) - 10 ))
+    [ "$left" -gt 30 ] || { echo "$1: no time left"; rc=1; return; }
+    local t0=$(date +%s)
+    timeout "$left" build-cli/tools/dsv4 generate --random-weights "tests/data/deepseek-v4-$4.config.json" \
+      --format "$5" --layers "$2" --repeat-experts --prompt-file "/tmp/dsv4-prompt-$3.txt" \
+      --max-new-tokens 4 --ignore-eos --backend cuda --verify > "$OUT/verify-real-$1.log" 2>&1
+    local r=$?
+    [ "$r" = 0 ] || rc=1
+    echo "$1 ($4, $2 layers, $3 tokens, $5): rc $r in $(( $(date +%s) - t0 )) s"
+    tail -3 "$OUT/verify-real-$1.log"
+  }
+  case "${FILTER:-all}" in
+    flash) run_case flash 5 2048 flash nvfp4 ;;
+    pro) run_case pro 4 2048 pro nvfp4 ;;
+    flash8k) run_case flash8k 3 8192 flash mxfp4 ;;
+    all) run_case flash 5 2048 flash nvfp4; run_case pro 4 2048 pro nvfp4; run_case flash8k 3 8192 flash mxfp4 ;;
+    *) echo "verify-real: unknown case '$FILTER' (flash, pro, flash8k, all)"; exit 2 ;;
+  esac
   exit $rc
 fi
 if [ "$WHAT" = "depth" ]; then
