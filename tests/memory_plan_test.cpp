@@ -80,6 +80,23 @@ TEST(MemoryPlan, RepeatedExpertsAreOneCpuCopyABlock) {
       ASSERT_EQ(b.ffn.n_experts(), E);
       for (int e = 0; e < E; ++e) EXPECT_EQ(&b.ffn.expert(e), &b.ffn.experts[0]);
     }
+    // Expert-parallel ranks: each holds one copy of its range's expert a block.
+    for (const ParallelConfig& par : {ParallelConfig{1, 2, 1}, ParallelConfig{2, 2, 2}}) {
+      const ParallelLayout L(h.config, par);
+      int64_t held = 0;
+      for (int r = 0; r < L.world(); ++r) {
+        cpu::WeightShard sh;
+        sh.heads_lo = L.heads_lo(r), sh.heads = L.heads_per_rank();
+        sh.groups_lo = L.groups_lo(r), sh.groups = L.groups_per_rank();
+        sh.index_heads_lo = L.index_heads_lo(r), sh.index_heads = L.index_heads_per_rank();
+        sh.experts_lo = L.experts_lo(r), sh.experts = L.experts_per_rank();
+        held += cpu::weight_bytes(cpu::prepare_weights(h.config, ref, sh));
+      }
+      MemoryPlanOptions po;
+      po.repeated_experts = true;
+      po.parallel = par;
+      EXPECT_EQ(plan_memory(h.config, h.scheme, po).pools.at(0).weights, held) << L.describe();
+    }
     // The block-0 MoE over a few rows against the same weights expanded to one copy per expert.
     const cpu::MoeWeights& once = w.blocks[0].ffn;
     cpu::MoeWeights each;

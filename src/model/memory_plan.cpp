@@ -4,6 +4,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <string_view>
 
 #include "core/error.h"
@@ -77,13 +78,27 @@ int expert_of(const std::string& name) {
   return std::atoi(name.c_str() + at + key.size());
 }
 
-// The CPU weights' inventory: with repeated experts every routed expert of a block is one
-// dequantised copy (cpu::MoeWeights::slot), so experts e > 0 hold nothing of their own.
+// The CPU weights' inventory (one rank's): with repeated experts the routed experts of a block
+// are one dequantised copy (cpu::MoeWeights::slot), so only the block's first expert in the
+// inventory (expert 0, or a rank's first) is held.
 std::vector<ExpectedTensor> cpu_inventory(std::vector<ExpectedTensor> inventory, bool repeated) {
-  if (repeated)
-    inventory.erase(std::remove_if(inventory.begin(), inventory.end(),
-                                   [](const ExpectedTensor& t) { return expert_of(t.name) > 0; }),
-                    inventory.end());
+  if (!repeated) return inventory;
+  auto block_of = [](const std::string& name) {
+    return name.substr(0, name.find(".ffn.experts."));
+  };
+  std::map<std::string, int> first;
+  for (const ExpectedTensor& t : inventory) {
+    const int e = expert_of(t.name);
+    if (e < 0) continue;
+    const auto [it, fresh] = first.emplace(block_of(t.name), e);
+    if (!fresh) it->second = std::min(it->second, e);
+  }
+  inventory.erase(std::remove_if(inventory.begin(), inventory.end(),
+                                 [&](const ExpectedTensor& t) {
+                                   const int e = expert_of(t.name);
+                                   return e >= 0 && e != first.at(block_of(t.name));
+                                 }),
+                  inventory.end());
   return inventory;
 }
 
