@@ -84,14 +84,8 @@ TEST(MemoryPlan, RepeatedExpertsAreOneCpuCopyABlock) {
     for (const ParallelConfig& par : {ParallelConfig{1, 2, 1}, ParallelConfig{2, 2, 2}}) {
       const ParallelLayout L(h.config, par);
       int64_t held = 0;
-      for (int r = 0; r < L.world(); ++r) {
-        cpu::WeightShard sh;
-        sh.heads_lo = L.heads_lo(r), sh.heads = L.heads_per_rank();
-        sh.groups_lo = L.groups_lo(r), sh.groups = L.groups_per_rank();
-        sh.index_heads_lo = L.index_heads_lo(r), sh.index_heads = L.index_heads_per_rank();
-        sh.experts_lo = L.experts_lo(r), sh.experts = L.experts_per_rank();
-        held += cpu::weight_bytes(cpu::prepare_weights(h.config, ref, sh));
-      }
+      for (int r = 0; r < L.world(); ++r)
+        held += cpu::weight_bytes(cpu::prepare_weights(h.config, ref, cpu::shard_of(L, r)));
       MemoryPlanOptions po;
       po.repeated_experts = true;
       po.parallel = par;
@@ -132,14 +126,8 @@ TEST(MemoryPlan, ParallelCpuWeightsAreTheShardsTheRanksHold) {
         ParallelConfig{1, 1, 2}, ParallelConfig{2, 2, 2}}) {
     const ParallelLayout L(c, par);
     int64_t held = 0;
-    for (int w = 0; w < L.world(); ++w) {
-      cpu::WeightShard s;
-      s.heads_lo = L.heads_lo(w), s.heads = L.heads_per_rank();
-      s.groups_lo = L.groups_lo(w), s.groups = L.groups_per_rank();
-      s.index_heads_lo = L.index_heads_lo(w), s.index_heads = L.index_heads_per_rank();
-      s.experts_lo = L.experts_lo(w), s.experts = L.experts_per_rank();
-      held += cpu::weight_bytes(cpu::prepare_weights(c, ref, s));
-    }
+    for (int w = 0; w < L.world(); ++w)
+      held += cpu::weight_bytes(cpu::prepare_weights(c, ref, cpu::shard_of(L, w)));
     MemoryPlanOptions o;
     o.parallel = par;
     const MemoryPlan p = plan_memory(c, scheme, o);

@@ -52,19 +52,11 @@ int run(const Args& a) {
   init.repeat_experts = a.has("--repeat-experts");
   const uint64_t seed = a.unsigned_integer("--seed");
   const std::optional<std::string> tokenizer_path = a.opt("--tokenizer");
-  int64_t tokenizer_size = 0;
-  if (tokenizer_path) {
-    DSV4_CHECK(fs::is_regular_file(*tokenizer_path), "--tokenizer ", *tokenizer_path,
-               ": not a file");
-    tokenizer_size = load_tokenizer(*tokenizer_path).size();
-  }
-  const int64_t vocab = a.has("--vocab") ? a.integer("--vocab")
-                        : tokenizer_path ? tokenizer_size
-                                         : c.vocab_size;
+  const int64_t vocab = tokenizer_path     ? vocab_for_tokenizer(a, *tokenizer_path)
+                        : a.has("--vocab") ? a.integer("--vocab")
+                                           : c.vocab_size;
   DSV4_CHECK(vocab >= 2 && vocab <= (int64_t(1) << 24), "--vocab must be in [2, 2^24], got ",
              vocab);
-  DSV4_CHECK(vocab >= tokenizer_size, "--vocab ", vocab, " is below the tokenizer's ",
-             tokenizer_size, " ids (", tokenizer_path.value_or(""), ")");
   c.vocab_size = static_cast<int>(vocab);
   prepare_out_dir(out, a.has("--force"));
   write_tiny_checkpoint(c, fmt == "nvfp4" ? ExpertFormat::kNvfp4 : ExpertFormat::kMxfp4, seed, out,

@@ -78,7 +78,7 @@ int run(const Args& a) {
   o.verify = a.has("--verify");
   o.exact_linears = a.has("--exact-linears");
   o.speculative_tokens = static_cast<int>(a.integer("--speculative-tokens"));
-  o.repeated_experts = source.random.enabled() && source.random.repeat_experts;
+  o.repeated_experts = source.repeated_experts();
   if (o.backend == PlanBackend::kCpu)
     DSV4_CHECK(!o.verify && !o.exact_linears,
                "--verify and --exact-linears apply to --backend cuda");

@@ -34,18 +34,10 @@ int run(const Args& a) {
     o.tokenizer_path = a.str("--tokenizer");
     DSV4_CHECK(std::filesystem::is_regular_file(o.tokenizer_path), "--tokenizer ", o.tokenizer_path,
                ": not a file");
-    // As make-tiny --tokenizer: the embedding and head take the tokenizer's size unless --vocab,
-    // which must cover every id the tokenizer can produce -- checked here, before the weights
-    // are generated (the server's own check comes only once the model is loaded).
-    if (!o.engine.random_weights.preset.empty()) {
-      const int64_t tokenizer_size = load_tokenizer(o.tokenizer_path).size();
-      if (!a.has("--vocab"))
-        o.engine.random_weights.vocab = tokenizer_size;
-      else
-        DSV4_CHECK(o.engine.random_weights.vocab >= tokenizer_size, "--vocab ",
-                   o.engine.random_weights.vocab, " is below the tokenizer's ", tokenizer_size,
-                   " ids");
-    }
+    // As make-tiny --tokenizer, checked here, before the weights are generated (the server's
+    // own check comes only once the model is loaded).
+    if (!o.engine.random_weights.preset.empty())
+      o.engine.random_weights.vocab = vocab_for_tokenizer(a, o.tokenizer_path);
   }
   DSV4_CHECK(!o.engine.random_weights.preset.empty() || a.has("--model"), "internal: no model");
   DSV4_CHECK(o.engine.random_weights.preset.empty() || a.has("--tokenizer"),

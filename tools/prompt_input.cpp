@@ -69,6 +69,17 @@ tok::Tokenizer load_tokenizer(const std::string& path) {
   return tok::Tokenizer::from_file(dir ? path + "/tokenizer.json" : path);
 }
 
+int64_t vocab_for_tokenizer(const Args& a, const std::string& tokenizer_path) {
+  DSV4_CHECK(std::filesystem::is_regular_file(tokenizer_path), "--tokenizer ", tokenizer_path,
+             ": not a file");
+  const int64_t size = load_tokenizer(tokenizer_path).size();
+  if (!a.has("--vocab")) return size;
+  const int64_t vocab = a.integer("--vocab");
+  DSV4_CHECK(vocab >= size, "--vocab ", vocab, " is below the tokenizer's ", size, " ids (",
+             tokenizer_path, ")");
+  return vocab;
+}
+
 std::vector<int32_t> prompt_ids(const Args& a) {
   const char* kinds[] = {"--prompt-ids", "--prompt-file", "--prompt", "--messages"};
   int given = 0;

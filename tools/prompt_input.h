@@ -17,6 +17,11 @@ namespace dsv4::cli {
 // A tokenizer.json, or a directory holding one.
 tok::Tokenizer load_tokenizer(const std::string& path);
 
+// The embedding and head rows of weights made for the tokenizer at `tokenizer_path` (make-tiny
+// --tokenizer, serve --random-weights): --vocab if given, which must cover every id the
+// tokenizer can produce, else the tokenizer's size.
+int64_t vocab_for_tokenizer(const Args& a, const std::string& tokenizer_path);
+
 // The prompt of a model-running command (its prompt_flags()): exactly one of --prompt-ids,
 // --prompt-file, --prompt and --messages; text is tokenized with <--model>/tokenizer.json.
 // Throws dsv4::Error with a one-line reason (none or several given, no tokenizer in the model

@@ -241,7 +241,7 @@ MemoryPlanOptions memory_plan_options(const RunnerOptions& o, PlanBackend backen
   m.exact_linears = o.exact_linears;
   m.snapshot_slots = o.snapshot_slots;
   m.speculative_tokens = o.speculative_tokens;
-  m.repeated_experts = o.source().random.enabled() && o.source().random.repeat_experts;
+  m.repeated_experts = o.source().repeated_experts();
   m.parallel = {o.dp, o.ep, o.tp};
   return m;
 }

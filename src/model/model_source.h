@@ -39,6 +39,8 @@ struct ModelSource {
   // Throws unless exactly one of model_dir and random weights is given.
   void check() const;
   std::string describe() const { return random.enabled() ? random.describe() : model_dir; }
+  // Every routed expert of a block is the same bytes (MemoryPlanOptions::repeated_experts).
+  bool repeated_experts() const { return random.enabled() && random.repeat_experts; }
 };
 
 // What a runner plans with before any weight is read or generated.

@@ -690,11 +690,14 @@ struct Spec {
   cm::MoeDownQuant quant = cm::MoeDownQuant::kAuto;  // where the down activations are quantised
 };
 
+// The stream path with the down GEMM's activation quantisation placed one way.
 Spec separate_quant(Spec s) {
+  s.path = cm::MoeGemmPath::kStream;
   s.quant = cm::MoeDownQuant::kSeparate;
   return s;
 }
 Spec quant_in_down(Spec s) {
+  s.path = cm::MoeGemmPath::kStream;
   s.quant = cm::MoeDownQuant::kInDown;
   return s;
 }
@@ -1215,20 +1218,15 @@ std::vector<Spec> specs() {
   // The stream path's down GEMM quantising its own activations beyond
   // kStreamQuantInDownMaxTokens (forced), and on separately quantised ones (kAuto beyond it):
   // forced at one token, and the heuristic's up to 128 tokens.
-  v.push_back(
-      quant_in_down({"streamq_e256_nv_m7", 256, 128, 256, 6, NV, false, 7, 0, 0, false, 0, ST}));
-  v.push_back(
-      quant_in_down({"streamq_e384_mx_m16", 256, 128, 384, 6, MX, false, 16, 0, 0, false, 0, ST}));
-  v.push_back(
-      quant_in_down({"streamq_odd_nv_m7", 384, 384, 24, 6, NV, false, 7, 0, 0, false, 0, ST}));
-  v.push_back(
-      quant_in_down({"streamq_flash_mx_m4", 4096, 2048, 16, 6, MX, false, 4, 0, 0, true, 0, ST}));
-  v.push_back(
-      separate_quant({"streamsq_e256_nv_m1", 256, 128, 256, 6, NV, false, 1, 0, 0, false, 0, ST}));
-  v.push_back(
-      separate_quant({"streamsq_e384_mx_m7", 256, 128, 384, 6, MX, false, 7, 0, 0, false, 0, ST}));
-  v.push_back(
-      separate_quant({"streamsq_odd_nv_m16", 384, 384, 24, 6, NV, false, 16, 0, 0, false, 0, ST}));
+  for (const Spec& s : {Spec{"streamq_e256_nv_m7", 256, 128, 256, 6, NV, false, 7},
+                        Spec{"streamq_e384_mx_m16", 256, 128, 384, 6, MX, false, 16},
+                        Spec{"streamq_odd_nv_m7", 384, 384, 24, 6, NV, false, 7},
+                        Spec{"streamq_flash_mx_m4", 4096, 2048, 16, 6, MX, false, 4, 0, 0, true}})
+    v.push_back(quant_in_down(s));
+  for (const Spec& s : {Spec{"streamsq_e256_nv_m1", 256, 128, 256, 6, NV, false, 1},
+                        Spec{"streamsq_e384_mx_m7", 256, 128, 384, 6, MX, false, 7},
+                        Spec{"streamsq_odd_nv_m16", 384, 384, 24, 6, NV, false, 16}})
+    v.push_back(separate_quant(s));
   v.push_back({"stream_auto_e256_nv_m40", 256, 128, 256, 6, NV, false, 40});
   v.push_back({"stream_auto_e256_mx_hash_m128", 256, 128, 256, 6, MX, true, 128});
   v.push_back({"stream_auto16_nv_m65", 256, 128, 16, 4, NV, false, 65, 1});

@@ -8,19 +8,6 @@
 namespace dsv4 {
 namespace {
 
-cpu::WeightShard shard_of(const ParallelLayout& L, int w) {
-  cpu::WeightShard s;
-  s.heads_lo = L.heads_lo(w);
-  s.heads = L.heads_per_rank();
-  s.groups_lo = L.groups_lo(w);
-  s.groups = L.groups_per_rank();
-  s.index_heads_lo = L.index_heads_lo(w);
-  s.index_heads = L.index_heads_per_rank();
-  s.experts_lo = L.experts_lo(w);
-  s.experts = L.experts_per_rank();
-  return s;
-}
-
 // How long a rank waits in a collective for a silent peer on another node before failing.
 constexpr double kCollectiveTimeoutS = 600;
 
@@ -47,8 +34,8 @@ ParallelCpuRunner::ParallelCpuRunner(const ModelConfig& config, const WeightsRef
     r.group = r.world->split(L.dp_group(w), w);
     r.ep = r.world->split(L.ep_group(w), w);
     r.ctx = {&L, w, r.world.get(), r.tp.get(), r.group.get(), r.ep.get()};
-    r.model =
-        std::make_unique<CpuModel>(config, cpu::prepare_weights(config, weights, shard_of(L, w)));
+    r.model = std::make_unique<CpuModel>(
+        config, cpu::prepare_weights(config, weights, cpu::shard_of(L, w)));
     r.model->set_rank(&r.ctx);
     r.cache = std::make_unique<HostCache>(r.model->config(), cache);
   });

@@ -131,6 +131,19 @@ int resolve(int n, int all) {
 
 }  // namespace
 
+WeightShard shard_of(const ParallelLayout& L, int w) {
+  WeightShard s;
+  s.heads_lo = L.heads_lo(w);
+  s.heads = L.heads_per_rank();
+  s.groups_lo = L.groups_lo(w);
+  s.groups = L.groups_per_rank();
+  s.index_heads_lo = L.index_heads_lo(w);
+  s.index_heads = L.index_heads_per_rank();
+  s.experts_lo = L.experts_lo(w);
+  s.experts = L.experts_per_rank();
+  return s;
+}
+
 ModelWeights prepare_weights(const ModelConfig& c, const WeightsRef& ref, const WeightShard& sh) {
   const int H = resolve(sh.heads, c.n_heads), G = resolve(sh.groups, c.o_groups);
   const int HI = resolve(sh.index_heads, c.index_n_heads);
@@ -211,9 +224,9 @@ ModelWeights prepare_weights(const ModelConfig& c, const WeightsRef& ref, const 
     }
     // Experts whose tensors are the same bytes (random weights with repeated experts) share
     // one dequantised copy (MoeWeights::slot).
+    auto bytes = [](const TensorView* t) { return t ? t->data : nullptr; };
     std::map<std::array<const uint8_t*, 9>, int32_t> seen;
     std::vector<int32_t> slot;
-    bool aliased = false;
     for (int e = 0; e < int(br.ffn.experts.size()); ++e) {
       const ExpertRef& x = br.ffn.experts[size_t(e)];
       slot.push_back(int32_t(f.experts.size()));
@@ -221,7 +234,6 @@ ModelWeights prepare_weights(const ModelConfig& c, const WeightsRef& ref, const 
         f.experts.emplace_back();  // another rank's
         continue;
       }
-      auto bytes = [](const TensorView* t) { return t ? t->data : nullptr; };
       const std::array<const uint8_t*, 9> key = {
           bytes(x.w1.weight), bytes(x.w1.scale), bytes(x.w1.scale_2),
           bytes(x.w2.weight), bytes(x.w2.scale), bytes(x.w2.scale_2),
@@ -229,12 +241,11 @@ ModelWeights prepare_weights(const ModelConfig& c, const WeightsRef& ref, const 
       const auto [it, fresh] = seen.emplace(key, slot.back());
       if (!fresh) {
         slot.back() = it->second;
-        aliased = true;
         continue;
       }
       f.experts.push_back({fp4_linear(x.w1), fp4_linear(x.w2), fp4_linear(x.w3)});
     }
-    if (aliased) f.slot = std::move(slot);
+    if (f.experts.size() < slot.size()) f.slot = std::move(slot);  // some expert is shared
     f.shared = fp8_expert(br.ffn.shared_w1, br.ffn.shared_w2, br.ffn.shared_w3);
 
     if (br.mtp) {

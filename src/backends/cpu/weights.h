@@ -7,6 +7,7 @@
 
 #include "model/model_config.h"
 #include "model/op_event.h"
+#include "model/parallel_layout.h"
 #include "model/weights.h"
 #include "ops/cpu/compressor.h"
 #include "ops/cpu/linear.h"
@@ -75,6 +76,8 @@ struct WeightShard {
   int index_heads_lo = 0, index_heads = -1;
   int experts_lo = 0, experts = -1;
 };
+// Rank `w`'s shard under a parallel layout (both backends' parallel runners).
+WeightShard shard_of(const ParallelLayout& layout, int w);
 
 // Dequantises and validates values (NaN scales, expert ids in range); only the shard's share
 // of what is split (an expert outside it is not even read).

@@ -21,19 +21,6 @@ namespace {
 // runtime/engine.cpp: loading a checkpoint of hundreds of GB may take minutes).
 constexpr double kNodeStartWaitS = 1800;
 
-cpu::WeightShard shard_of(const ParallelLayout& L, int w) {
-  cpu::WeightShard s;
-  s.heads_lo = L.heads_lo(w);
-  s.heads = L.heads_per_rank();
-  s.groups_lo = L.groups_lo(w);
-  s.groups = L.groups_per_rank();
-  s.index_heads_lo = L.index_heads_lo(w);
-  s.index_heads = L.index_heads_per_rank();
-  s.experts_lo = L.experts_lo(w);
-  s.experts = L.experts_per_rank();
-  return s;
-}
-
 PagedRunner::Limits runner_limits(const CudaModelLimits& m, const CacheConfig& c) {
   PagedRunner::Limits l;
   l.max_step_tokens = m.max_tokens;
@@ -128,7 +115,7 @@ ParallelCudaRunner::ParallelCudaRunner(const ModelConfig& config, const WeightsR
       keep(r.group, r.world->split(L.dp_group(w), w));
       keep(r.ep, r.world->split(L.ep_group(w), w));
       r.ctx = {&L, w, r.tp.get(), r.group.get(), r.ep.get()};
-      CudaModelWeights mw = upload_cuda_weights(config, weights, false, shard_of(L, w));
+      CudaModelWeights mw = upload_cuda_weights(config, weights, false, cpu::shard_of(L, w));
       r.model = std::make_unique<CudaModel>(*r.device, config, std::move(mw), limits);
       r.model->set_rank(&r.ctx);
       // One extra sequence: the graphs' padding rows.
