@@ -95,7 +95,6 @@ __device__ __forceinline__ void quant_block_halfwarp_raw(uint4 raw, __nv_bfloat1
   *reinterpret_cast<uint4*>(out) = make_uint4(q[0], q[1], q[2], q[3]);
 }
 
-
 // The x quantisation of rows [r0, r0 + rows): its (row, 128-block) items spread over the warps
 // of the CTAs that share this row tile (blockIdx.x, blockIdx.z), so every CTA does a little.
 __device__ __forceinline__ void quant_rows_share(const RouterArgs& a, int r0, int rows) {
