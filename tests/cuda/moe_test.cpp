@@ -218,7 +218,8 @@ TEST(MoePack, ScaleRowPairHalvesAreTheBroadcastScales) {
       for (bool odd : {false, true}) {
         const uint32_t pair = mx ? cm::fp4_scale_row_pair<ExpertFormat::kMxfp4>(word, odd, bias)
                                  : cm::fp4_scale_row_pair<ExpertFormat::kNvfp4>(word, odd, bias);
-        const uint32_t b_lo = (word >> (odd ? 8 : 0)) & 0xffu, b_hi = (word >> (odd ? 24 : 16)) & 0xffu;
+        const uint32_t b_lo = (word >> (odd ? 8 : 0)) & 0xffu,
+                       b_hi = (word >> (odd ? 24 : 16)) & 0xffu;
         if (!fits(b_lo) || !fits(b_hi)) continue;
         ASSERT_EQ(pair & 0xffffu, broadcast(b_lo) & 0xffffu) << std::hex << word << " " << odd;
         ASSERT_EQ(pair >> 16, broadcast(b_hi) >> 16) << std::hex << word << " " << odd;
