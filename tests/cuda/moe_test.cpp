@@ -191,6 +191,45 @@ TEST(MoePack, EmulatedDequantIsExactMxfp4) {
   }
 }
 
+// The stream GEMM's two-scale expansion (fp4_scale_row_pair, one half picked per multiply)
+// gives, in each half, fp4_scale_bf16x2's value of that half's record byte -- for the biases the
+// packer produces (MXFP4 with shifted exponents included) and every byte whose scale fits a
+// BF16 half (b * mul + bias < 2^16, as fp4_scale_bf16x2 itself assumes).
+TEST(MoePack, ScaleRowPairHalvesAreTheBroadcastScales) {
+  std::mt19937 rng(13);
+  HostTensors h;
+  std::vector<std::pair<ExpertFormat, uint32_t>> biases;
+  for (int shift : {0, 12, -120}) {
+    const Fp4Ref w = make_fp4(h, "w", ExpertFormat::kMxfp4, 64, 64, 0.05f, 0, false, shift, rng);
+    biases.push_back({ExpertFormat::kMxfp4, cm::pack_fp4(w).epi.a.bias});
+  }
+  biases.push_back({ExpertFormat::kNvfp4, cm::kNvScaleBias * 0x10001u});
+  int checked = 0;
+  for (const auto& [f, bias] : biases) {
+    const bool mx = f == ExpertFormat::kMxfp4;
+    const uint32_t mul = mx ? 128u : 16u;
+    auto fits = [&](uint32_t b) { return b * mul + (bias & 0xffffu) < 0x10000u; };
+    auto broadcast = [&](uint32_t b) {
+      return mx ? cm::fp4_scale_bf16x2<ExpertFormat::kMxfp4>(b, bias)
+                : cm::fp4_scale_bf16x2<ExpertFormat::kNvfp4>(b, bias);
+    };
+    for (int i = 0; i < 20000; ++i) {
+      const uint32_t word = i < 256 ? uint32_t(i) * 0x01010101u : uint32_t(rng());
+      for (bool odd : {false, true}) {
+        const uint32_t pair = mx ? cm::fp4_scale_row_pair<ExpertFormat::kMxfp4>(word, odd, bias)
+                                 : cm::fp4_scale_row_pair<ExpertFormat::kNvfp4>(word, odd, bias);
+        const uint32_t b_lo = (word >> (odd ? 8 : 0)) & 0xffu,
+                       b_hi = (word >> (odd ? 24 : 16)) & 0xffu;
+        if (!fits(b_lo) || !fits(b_hi)) continue;
+        ASSERT_EQ(pair & 0xffffu, broadcast(b_lo) & 0xffffu) << std::hex << word << " " << odd;
+        ASSERT_EQ(pair >> 16, broadcast(b_hi) >> 16) << std::hex << word << " " << odd;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 50000);
+}
+
 TEST(MoePack, EmulatedDequantIsExactNvfp4) {
   std::mt19937 rng(12);
   HostTensors h;

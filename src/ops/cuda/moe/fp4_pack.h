@@ -118,6 +118,17 @@ DSV4_MOE_HD uint32_t fp4_scale_bf16x2(uint32_t byte, uint32_t bias) {
   return F == ExpertFormat::kMxfp4 ? both * 128u + bias : both * 16u + bias;
 }
 
+// Two BF16 scales of one row from a scale word (four record bytes b0..b3): row 0 of the pair
+// (odd = false) takes bytes 0 and 2, row 1 takes bytes 1 and 3; the low half gets the first
+// (group 2j), the high half the second (group 2j + 1). Each half equals the broadcast value of
+// fp4_scale_bf16x2 for its byte, so a kernel multiplies by one half (a BF16x2 operand picking
+// .H0_H0 / .H1_H1) and expands two scales with one multiply-add.
+template <ExpertFormat F>
+DSV4_MOE_HD uint32_t fp4_scale_row_pair(uint32_t word, bool odd, uint32_t bias) {
+  const uint32_t two = (odd ? word >> 8 : word) & 0x00FF00FFu;
+  return F == ExpertFormat::kMxfp4 ? two * 128u + bias : two * 16u + bias;
+}
+
 // Where element (row rr, column kc) of a 64x64 tile lives: thread, k16 step, A register,
 // half; and its scale record byte.
 struct TileSlot {

@@ -96,6 +96,36 @@ __device__ __forceinline__ void dequant_k16(uint32_t word, uint32_t s_r0, uint32
   a[3] = bf16x2_mul(v[3], s_r1);
 }
 
+// a * {s.lo, s.lo} (HI = false) or a * {s.hi, s.hi}, exact as bf16x2_mul (ptxas folds the
+// broadcast into the multiply's operand: HMUL2 ... R.H0_H0 / R.H1_H1).
+template <bool HI>
+__device__ __forceinline__ uint32_t bf16x2_mul_half(uint32_t a, uint32_t s) {
+  uint32_t d;
+  if constexpr (HI)
+    asm("{\n\t.reg .b16 lo, hi;\n\t.reg .b32 ss;\n\tmov.b32 {lo, hi}, %2;\n\t"
+        "mov.b32 ss, {hi, hi};\n\tfma.rn.bf16x2 %0, %1, ss, %3;\n\t}"
+        : "=r"(d)
+        : "r"(a), "r"(s), "r"(0x80008000u));
+  else
+    asm("{\n\t.reg .b16 lo, hi;\n\t.reg .b32 ss;\n\tmov.b32 {lo, hi}, %2;\n\t"
+        "mov.b32 ss, {lo, lo};\n\tfma.rn.bf16x2 %0, %1, ss, %3;\n\t}"
+        : "=r"(d)
+        : "r"(a), "r"(s), "r"(0x80008000u));
+  return d;
+}
+
+// dequant_k16 with each row's scale in one half of a two-scale word (fp4_scale_row_pair).
+template <bool HI>
+__device__ __forceinline__ void dequant_k16_half(uint32_t word, uint32_t s_r0, uint32_t s_r1,
+                                                 uint32_t (&a)[4]) {
+  uint32_t v[4];
+  fp4_word_to_bf16x2(word, v);
+  a[0] = bf16x2_mul_half<HI>(v[0], s_r0);
+  a[1] = bf16x2_mul_half<HI>(v[1], s_r1);
+  a[2] = bf16x2_mul_half<HI>(v[2], s_r0);
+  a[3] = bf16x2_mul_half<HI>(v[3], s_r1);
+}
+
 // {byte i, 0, byte i, 0} of x.
 __device__ __forceinline__ uint32_t byte_pair(uint32_t x, int i) {
   return __byte_perm(x, 0u, uint32_t(i) | (4u << 4) | (uint32_t(i) << 8) | (4u << 12));

@@ -191,23 +191,23 @@ __global__ void __launch_bounds__(T::THREADS, 1) moe_gemm_stream_kernel(const Ge
       for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
         for (int i = 0; i < 4; ++i) sm90::warpgroup_fence_operand(afr[B][kk][i]);
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        // BF16x2 scales of rows r0 and r1 for this k16 step (= fp4_scale_bf16x2).
-        constexpr uint32_t kMul = F == ExpertFormat::kMxfp4 ? 128u : 16u;
-        uint32_t s0, s1;
-        if constexpr (F == ExpertFormat::kMxfp4) {
-          const int gi = kk / 2;  // 32-wide group
-          s0 = byte_pair(sc_lo, 2 * gi) * kMul + ep.a.bias;
-          s1 = byte_pair(sc_lo, 2 * gi + 1) * kMul + ep.b.bias;
-        } else {
-          const uint32_t src = kk < 2 ? sc_lo : sc_hi;  // 16-wide group kk
-          const int gi = kk % 2;
-          s0 = byte_pair(src, 2 * gi) * kMul + ep.a.bias;
-          s1 = byte_pair(src, 2 * gi + 1) * kMul + ep.b.bias;
-        }
-        const uint32_t word = kk == 0 ? words.x : kk == 1 ? words.y : kk == 2 ? words.z : words.w;
-        dequant_k16(word, s0, s1, afr[B][kk]);
+      // Scales of rows r0 and r1, two groups a word (fp4_scale_row_pair): MXFP4's 32-wide
+      // groups 0 / 1 for k16 steps 0-1 / 2-3 (low / high half), NVFP4's 16-wide groups 0-1 in
+      // sc_lo and 2-3 in sc_hi (k16 step kk: half kk % 2).
+      const uint32_t s0a = fp4_scale_row_pair<F>(sc_lo, false, ep.a.bias);
+      const uint32_t s1a = fp4_scale_row_pair<F>(sc_lo, true, ep.b.bias);
+      if constexpr (F == ExpertFormat::kMxfp4) {
+        dequant_k16_half<false>(words.x, s0a, s1a, afr[B][0]);
+        dequant_k16_half<false>(words.y, s0a, s1a, afr[B][1]);
+        dequant_k16_half<true>(words.z, s0a, s1a, afr[B][2]);
+        dequant_k16_half<true>(words.w, s0a, s1a, afr[B][3]);
+      } else {
+        const uint32_t s0b = fp4_scale_row_pair<F>(sc_hi, false, ep.a.bias);
+        const uint32_t s1b = fp4_scale_row_pair<F>(sc_hi, true, ep.b.bias);
+        dequant_k16_half<false>(words.x, s0a, s1a, afr[B][0]);
+        dequant_k16_half<true>(words.y, s0a, s1a, afr[B][1]);
+        dequant_k16_half<false>(words.z, s0b, s1b, afr[B][2]);
+        dequant_k16_half<true>(words.w, s0b, s1b, afr[B][3]);
       }
       sm90::warpgroup_arrive();
 #pragma unroll

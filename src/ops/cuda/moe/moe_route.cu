@@ -95,12 +95,6 @@ __device__ __forceinline__ void quant_block_halfwarp_raw(uint4 raw, __nv_bfloat1
   *reinterpret_cast<uint4*>(out) = make_uint4(q[0], q[1], q[2], q[3]);
 }
 
-// FP8 fake-quantisation of one row (cols % 128 == 0) by one warp.
-__device__ __forceinline__ void quant_row_warp(const __nv_bfloat16* in, __nv_bfloat16* out,
-                                               int cols, int lane) {
-  for (int b = 0; b < cols; b += kActBlock) quant_block_warp(in + b, out + b, lane);
-}
-
 // The x quantisation of rows [r0, r0 + rows): its (row, 128-block) items spread over the warps
 // of the CTAs that share this row tile (blockIdx.x, blockIdx.z), so every CTA does a little.
 __device__ __forceinline__ void quant_rows_share(const RouterArgs& a, int r0, int rows) {
@@ -651,15 +645,20 @@ __global__ void __launch_bounds__(kPlanThreads, 1)
   plan_body(p, s_sel, s_wt);
 }
 
-// ---- FP8 fake-quantisation of the first counters[0] rows: one warp per row -----------------
+// ---- FP8 fake-quantisation of the first counters[0] rows (cols % 128 == 0) -----------------
+// One warp per (row, 128-block), so every block's load is in flight at once (a warp per row
+// walked a row's 16 blocks one load latency after another: 20 us at 192 or 768 rows of 2048).
 __global__ void __launch_bounds__(256)
     quant_rows_kernel(const __nv_bfloat16* in, __nv_bfloat16* out, int max_rows, int cols,
                       const int32_t* counters) {
   sm90::griddep_wait();
   sm90::griddep_launch_dependents();
-  const int r = blockIdx.x * 8 + threadIdx.x / 32;
+  const int nb = cols / kActBlock;
+  const long item = long(blockIdx.x) * 8 + threadIdx.x / 32;
+  const int r = int(item / nb), b = int(item % nb);
   if (r >= max_rows || r >= counters[0]) return;
-  quant_row_warp(in + size_t(r) * cols, out + size_t(r) * cols, cols, threadIdx.x % 32);
+  const size_t off = size_t(r) * cols + size_t(b) * kActBlock;
+  quant_block_warp(in + off, out + off, threadIdx.x % 32);
 }
 
 // ---- combine: one CTA per token row ----------------------------------------------------------
@@ -878,8 +877,11 @@ void launch_route_plan_small(const LaunchCtx& c, const MoeDeviceWeights& w, cons
 void launch_quant_rows(const LaunchCtx& c, const __nv_bfloat16* in, __nv_bfloat16* out,
                        int max_rows, int cols, const int32_t* counters) {
   if (max_rows == 0) return;
-  launch_kernel(c, quant_rows_kernel, dim3((max_rows + 7) / 8), dim3(256), 0, in, out, max_rows,
-                cols, counters);
+  DSV4_CHECK(cols % kActBlock == 0, "moe: activation quantisation of ", cols,
+             " columns (a multiple of ", kActBlock, " required)");
+  const long items = long(max_rows) * (cols / kActBlock);
+  launch_kernel(c, quant_rows_kernel, dim3(unsigned((items + 7) / 8)), dim3(256), 0, in, out,
+                max_rows, cols, counters);
 }
 
 void launch_combine(const LaunchCtx& c, const MoeWorkspace& ws, int m, int top_k,
