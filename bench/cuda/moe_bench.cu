@@ -3,7 +3,7 @@
 // w2; dequantised = BF16 weights of the same shapes; GEMMs only, no routing/SwiGLU), in the
 // same run. Shapes: V4-Flash (256 experts, top-6, dim 4096, inter 2048), V4-Pro (384, top-6,
 // 7168, 3072), and the golden sets' expert counts (tiny-flash 16 / top-4, tiny-pro 24 / top-6,
-// at their dim 256 / inter 128), tokens per layer M = 1, 4, 16, 64, 256, 4096; MXFP4 and NVFP4.
+// at their dim 256 / inter 128), tokens per layer M = 1 to 4096; MXFP4 and NVFP4.
 //
 // Lines (bench_util.h JSON): moe_layer_<fmt> (all stages), launch_floor (as many empty
 // kernels, for layers below the bandwidth-target sizes), moe_experts_<fmt> (gate/up GEMM +
@@ -308,25 +308,32 @@ void run_config(const Config& c, ExpertFormat f, const std::vector<int>& ms,
          2.0 * (pairs + 2.0 * m) * c.dim, 0, false);
 
     // The expert GEMM paths side by side: each copy re-planned for the path's token tile
-    // (the tile list depends on it), then its GEMM stages timed. Up to 256 tokens (the stream
-    // path re-streams an expert's weights for every 16 of its rows).
+    // (the tile list depends on it), then its GEMM stages timed, at every M (the stream path
+    // re-streams an expert's weights for every 16 of its rows: where that stops paying is what
+    // kStreamAutoMaxTokens is read from).
     // "stream" quantises the down GEMM's activations inside it, "streamsq" in the separate
     // launch (counted in moe_experts_streamsq, not in moe_gemm_down_streamsq).
+    // "streamsq8": the stream path held to 8-token tiles where the default takes 16 (an expert
+    // with more rows is streamed twice, a tile carries half the MMA work).
     struct Variant {
       cm::MoeGemmPath path;
       cm::MoeDownQuant quant;
+      int tile_n;
       const char* name;
     };
     for (const Variant& v :
-         {Variant{cm::MoeGemmPath::kStream, cm::MoeDownQuant::kInDown, "stream"},
-          Variant{cm::MoeGemmPath::kStream, cm::MoeDownQuant::kSeparate, "streamsq"},
-          Variant{cm::MoeGemmPath::kTiled, cm::MoeDownQuant::kAuto, "tiled"}}) {
-      if (m > 256) break;
+         {Variant{cm::MoeGemmPath::kStream, cm::MoeDownQuant::kInDown, 0, "stream"},
+          Variant{cm::MoeGemmPath::kStream, cm::MoeDownQuant::kSeparate, 0, "streamsq"},
+          Variant{cm::MoeGemmPath::kStream, cm::MoeDownQuant::kSeparate, 8, "streamsq8"},
+          Variant{cm::MoeGemmPath::kTiled, cm::MoeDownQuant::kAuto, 0, "tiled"}}) {
+      if (v.tile_n && v.tile_n == cm::moe_gemm_choice(w, m, c.K, v.path, 0, v.quant).tile_n)
+        continue;  // the same as the variant without a forced tile
       const std::string pn = v.name;
-      const cm::MoeGemmChoice gc = cm::moe_gemm_choice(w, m, c.K, v.path, 0, v.quant);
+      const cm::MoeGemmChoice gc = cm::moe_gemm_choice(w, m, c.K, v.path, v.tile_n, v.quant);
       for (auto& k : cp) {
         k->args.gemm_path = v.path;
         k->args.down_quant = v.quant;
+        k->args.tile_n = v.tile_n;
         cm::moe_forward(w, k->args);
       }
       DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -348,6 +355,7 @@ void run_config(const Config& c, ExpertFormat f, const std::vector<int>& ms,
     for (auto& k : cp) {
       k->args.gemm_path = cm::MoeGemmPath::kAuto;
       k->args.down_quant = cm::MoeDownQuant::kAuto;
+      k->args.tile_n = 0;
     }
   }
 }
@@ -365,7 +373,7 @@ int main(int argc, char** argv) {
         {"golden16", 16, 4, 256, 128, 1.5f},
         {"golden24", 24, 6, 256, 128, 2.5f},
     };
-    const std::vector<int> ms = {1, 2, 4, 8, 16, 64, 128, 256, 4096};
+    const std::vector<int> ms = {1, 2, 4, 8, 16, 64, 128, 256, 512, 1024, 2048, 4096};
     // A blocking stream: bench_util's events on the legacy stream order against it, and the
     // MoE stages use programmatic dependent launch on it as the engine would.
     cudaStream_t stream;

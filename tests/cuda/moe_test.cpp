@@ -701,8 +701,11 @@ TEST(MoeGemmChoice, RealShapes) {
   using DQ = cm::MoeDownQuant;
   static_assert(cm::kStreamQuantInDownMaxTokens < cm::kStreamAutoMaxTokens);
   const int qmax = cm::kStreamQuantInDownMaxTokens;
-  EXPECT_TRUE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, qmax, 6)));
+  if (qmax >= 1) {
+    EXPECT_TRUE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, qmax, 6)));
+  }
   EXPECT_FALSE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, qmax + 1, 6)));
+  EXPECT_EQ(cm::moe_gemm_choice(flash, 1, 6).path, ST);
   EXPECT_FALSE(cm::moe_gemm_choice(flash, 1, 6, ST, 0, DQ::kSeparate).quant_in_down);
   EXPECT_TRUE(cm::moe_gemm_choice(flash, 128, 6, ST, 0, DQ::kInDown).quant_in_down);
   EXPECT_TRUE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, 129, 6)));  // tiled, tile 8

@@ -141,9 +141,9 @@ MoeGemmChoice moe_gemm_choice(const MoeDeviceWeights& w, int m, int top_k,
 // The token tile the heuristic picks for m rows (tests and benchmarks report it).
 int moe_default_tile_n(const MoeDeviceWeights& w, int m, int top_k);
 // Whether the down GEMM of this choice quantises its activations itself (its quant_in_down: the
-// tiled path's decode tiles, the stream path up to kStreamQuantInDownMaxTokens; kStageQuantAct
-// then launches nothing, kStageDown does both and still fills MoeWorkspace::actq). The int
-// overload: the tiled path's tile.
+// tiled path's decode tiles; the stream path when forced, or in kAuto up to
+// kStreamQuantInDownMaxTokens, 0 today). kStageQuantAct then launches nothing, kStageDown does
+// both and still fills MoeWorkspace::actq. The int overload: the tiled path's tile.
 bool moe_fuses_act_quant(const MoeGemmChoice& c);
 bool moe_fuses_act_quant(int tile_n);
 // Kernel launches of a full moe_forward for m rows (benchmarks compare with the launch floor).

@@ -74,8 +74,11 @@ constexpr int kStreamAutoMaxTokens = 128;
 // tile, with a barrier per stage, and the separate launch (once per row) is faster. H200,
 // moe_bench gate/up + quant + down, in the GEMM vs separate (us): Flash NVFP4 M 1 49.3 vs 56.7,
 // M 2 84.5 vs 85.6, M 4 151.6 vs 140.4, M 8 265 vs 232, M 128 1482 vs 1271; Pro NVFP4 M 1
-// 115.2 vs 110.0, M 2 190.8 vs 174.4, M 128 5444 vs 4467.
-constexpr int kStreamQuantInDownMaxTokens = 1;
+// 115.2 vs 110.0, M 2 190.8 vs 174.4, M 128 5444 vs 4467. Since the separate launch takes a
+// warp per (row, 128-block) (300c7d4) it wins at one token too: Flash NVFP4 M 1 51.3 vs 47.1,
+// Pro 113.9 vs 95.5 (the down GEMM alone 30.8 vs 22.5 / 58.0 vs 41.5): 0 = never in kAuto,
+// the in-GEMM variant stays for a forced MoeDownQuant::kInDown.
+constexpr int kStreamQuantInDownMaxTokens = 0;
 
 // ---- router (moe_route.cu): fp64 sums of the exact BF16 x BF16 products, no split partials ----
 // Three kernels (MoeArgs::router_path forces one; kAuto picks by rows). The K-parallel kernel (a
