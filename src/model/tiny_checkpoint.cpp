@@ -1,7 +1,6 @@
 #include "model/tiny_checkpoint.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -9,10 +8,10 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <thread>
 
 #include "core/error.h"
 #include "core/formats.h"
+#include "core/parallel.h"
 #include "core/rng.h"
 #include "io/safetensors.h"
 #include "io/tensor_store.h"
@@ -50,19 +49,11 @@ class Generator {
   std::vector<float> parallel_gaussian(std::vector<float> v, double std) {
     const size_t chunks = (v.size() + kChunk - 1) / kChunk;
     const uint64_t base = rng_.below(uint64_t(1) << 62);
-    std::atomic<size_t> next{0};
-    auto work = [&] {
-      for (size_t c; (c = next++) < chunks;) {
-        Rng r(base + c * 0x9E3779B97F4A7C15ull);
-        const size_t end = std::min(v.size(), (c + 1) * kChunk);
-        for (size_t i = c * kChunk; i < end; ++i) v[i] = static_cast<float>(r.normal() * std);
-      }
-    };
-    std::vector<std::thread> threads;
-    const unsigned n = std::max(1u, std::thread::hardware_concurrency());
-    for (unsigned t = 1; t < n; ++t) threads.emplace_back(work);
-    work();
-    for (std::thread& t : threads) t.join();
+    parallel_for(int64_t(chunks), int64_t(v.size()) * 16, [&](int64_t c) {
+      Rng r(base + uint64_t(c) * 0x9E3779B97F4A7C15ull);
+      const size_t end = std::min(v.size(), size_t(c + 1) * kChunk);
+      for (size_t i = size_t(c) * kChunk; i < end; ++i) v[i] = static_cast<float>(r.normal() * std);
+    });
     return v;
   }
 

@@ -1,36 +1,21 @@
 #include "model/weight_quant.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <thread>
 #include <vector>
 
 #include "core/error.h"
 #include "core/formats.h"
+#include "core/parallel.h"
 
 namespace dsv4 {
 namespace {
 
-// body(r) for every row r in [0, rows): on every core when the tensor is large (real-shape
-// random weights), else here. Each row's bytes depend on that row alone: the same output as
-// one thread.
+// body(r) for every row r in [0, rows), over the host's cores when the tensor is large (real-shape
+// random weights). Each row's bytes depend on that row alone: the same output as one thread.
 template <typename Body>
 void for_each_row(int rows, size_t elems, const Body& body) {
-  const unsigned cores = std::thread::hardware_concurrency();
-  if (elems < (size_t(1) << 22) || cores < 2 || rows < 2) {
-    for (int r = 0; r < rows; ++r) body(r);
-    return;
-  }
-  std::atomic<int> next{0};
-  auto work = [&] {
-    for (int r; (r = next++) < rows;) body(r);
-  };
-  std::vector<std::thread> threads;
-  for (unsigned t = 1; t < std::min<unsigned>(cores, unsigned(rows)); ++t)
-    threads.emplace_back(work);
-  work();
-  for (std::thread& t : threads) t.join();
+  parallel_for(rows, int64_t(elems) * 4, [&](int64_t r) { body(int(r)); });
 }
 
 }  // namespace

@@ -3,10 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <exception>
-#include <thread>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "model/weights.h"
 #include "ops/cpu/sampler.h"
 
@@ -23,32 +22,6 @@ bool has_non_finite(const float* row, int n) {
     any |= uint32_t((b & 0x7f800000u) == 0x7f800000u);
   }
   return any != 0;
-}
-
-// fn(i) for i in [0, n), on several threads when n is large enough to pay for them (a decode
-// step of 128 rows: scanning and sampling 128 x 129,280 logits); the first exception is
-// rethrown after every thread has finished.
-template <typename F>
-void for_each_row(size_t n, const F& fn) {
-  const size_t threads =
-      std::min<size_t>({n / 8, size_t(std::max(1u, std::thread::hardware_concurrency())), 16});
-  if (threads <= 1) {
-    for (size_t i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  std::vector<std::exception_ptr> errors(threads);
-  std::vector<std::thread> pool;
-  for (size_t t = 0; t < threads; ++t)
-    pool.emplace_back([&, t] {
-      try {
-        for (size_t i = t; i < n; i += threads) fn(i);
-      } catch (...) {
-        errors[t] = std::current_exception();
-      }
-    });
-  for (std::thread& th : pool) th.join();
-  for (const std::exception_ptr& e : errors)
-    if (e) std::rethrow_exception(e);
 }
 
 }  // namespace
@@ -96,8 +69,9 @@ StepOutput sample_on_host(const StepBatch& b, const float* logits, int V,
   for (size_t i = 1; i < b.chunks.size(); ++i) row0[i] = row0[i - 1] + b.chunks[i - 1].n;
   // Rows with non-finite logits, found in parallel; the first of each input is named.
   std::vector<char> bad(b.rows.size(), 0);
-  for_each_row(b.rows.size(),
-               [&](size_t i) { bad[i] = has_non_finite(logits + i * size_t(V), V) ? 1 : 0; });
+  // (Over the host's cores at a large batch: a decode step of 128 rows scans 128 x 129,280 logits.)
+  parallel_for(int64_t(b.rows.size()), int64_t(b.rows.size()) * V,
+               [&](int64_t i) { bad[i] = has_non_finite(logits + i * size_t(V), V) ? 1 : 0; });
   for (size_t i = 0; i < b.rows.size(); ++i) {
     const int in = b.row_input[i];
     std::string& e = out.errors[size_t(in)];
@@ -116,7 +90,7 @@ StepOutput sample_on_host(const StepBatch& b, const float* logits, int V,
   out.samples.resize(b.samples.size());
   out.more.resize(b.samples.size());
   out.drafts.resize(b.samples.size());
-  for_each_row(b.samples.size(), [&](size_t i) {
+  parallel_for(int64_t(b.samples.size()), int64_t(b.samples.size()) * V, [&](int64_t i) {
     const SampleSpec& s = *b.samples[i];
     if (failed(b.sample_rows[i])) return;  // id -1
     out.samples[i] = cpu::sample_row(logits + size_t(b.sample_rows[i]) * V, V, *s.params, s.index,

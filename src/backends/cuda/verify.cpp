@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <iterator>
 #include <limits>
@@ -9,6 +10,7 @@
 #include <sstream>
 
 #include "core/formats.h"
+#include "core/parallel.h"
 #include "ops/common/score_func.h"
 #include "ops/cpu/attention.h"
 #include "ops/cpu/cache_codec.h"
@@ -489,6 +491,13 @@ void CudaVerifier::after(const OpEvent& e) {
   // clang-format on
   static_assert(std::size(kChecks) == size_t(OpKind::kFfnSublayer) + 1);
   if (const Check c = kChecks[size_t(e.kind)]) (this->*c)(e);
+  const auto now = std::chrono::steady_clock::now();
+  if (std::chrono::duration<double>(now - last_progress_).count() >= kProgressSeconds) {
+    last_progress_ = now;
+    std::fprintf(stderr, "verify: %lld op checks, at %s, %.0f s\n",
+                 static_cast<long long>(checked_), block_name(e.block).c_str(),
+                 std::chrono::duration<double>(now - start_).count());
+  }
 }
 
 // ---- ops -------------------------------------------------------------------------------------
@@ -894,7 +903,6 @@ void CudaVerifier::indexer(const OpEvent& e) {
   const std::vector<float> gs = bf16(scores, size_t(T) * score_stride);
   const std::vector<int32_t> gsel = download<int32_t>(topk, size_t(T) * K);
   std::vector<float> got_all, want_all, bound_all;
-  std::vector<Iv> iv;
   const StoreCopy key_store = copy_store(*this, cache_, block, 2);
   for (size_t s = 0; s < chunks_->size(); ++s) {
     const ChunkRef& ch = (*chunks_)[s];
@@ -905,21 +913,32 @@ void CudaVerifier::indexer(const OpEvent& e) {
       cpu::decode_index_key(il, key_store.at(e.data), key_store.at(e.scales),
                             keys.data() + size_t(i) * DI);
     }
-    std::vector<float> want(nkeys);
+    // Each token's scores and their bounds over the host's cores (2048 tokens x 512 keys x 64
+    // heads at real geometry), then judged in token order.
+    std::vector<std::vector<float>> want_of(size_t(ch.n)), bound_of(size_t(ch.n));
+    parallel_for(ch.n, int64_t(ch.n) * nkeys * HI * DI * 4, [&](int64_t t) {
+      const int r = row0_[s] + int(t);
+      const int nvis = int((ch.start + t + 1) / 4);
+      std::vector<float>& want = want_of[size_t(t)];
+      std::vector<float>& bound = bound_of[size_t(t)];
+      want.resize(nvis);
+      bound.resize(nvis);
+      cpu::indexer_scores(gq.data() + size_t(r) * HI * DI, gw.data() + size_t(r) * HI, HI, DI,
+                          keys.data(), nvis, want.data());
+      std::vector<Iv> iv(nvis);
+      indexer_interval(gq.data() + size_t(r) * HI * DI, gw.data() + size_t(r) * HI, HI, DI,
+                       keys.data(), nvis, iv.data());
+      for (int i = 0; i < nvis; ++i)
+        bound[i] =
+            static_cast<float>(std::max(iv[i].hi - want[i], want[i] - iv[i].lo) * (1 + 0x1p-20));
+    });
     for (int t = 0; t < ch.n; ++t) {
       const int r = row0_[s] + t;
       const int nvis = int((ch.start + t + 1) / 4);
-      cpu::indexer_scores(gq.data() + size_t(r) * HI * DI, gw.data() + size_t(r) * HI, HI, DI,
-                          keys.data(), nvis, want.data());
       const float* g = gs.data() + size_t(r) * score_stride;
-      iv.resize(nvis);
-      indexer_interval(gq.data() + size_t(r) * HI * DI, gw.data() + size_t(r) * HI, HI, DI,
-                       keys.data(), nvis, iv.data());
       got_all.insert(got_all.end(), g, g + nvis);
-      want_all.insert(want_all.end(), want.begin(), want.begin() + nvis);
-      for (int i = 0; i < nvis; ++i)
-        bound_all.push_back(
-            static_cast<float>(std::max(iv[i].hi - want[i], want[i] - iv[i].lo) * (1 + 0x1p-20)));
+      want_all.insert(want_all.end(), want_of[size_t(t)].begin(), want_of[size_t(t)].end());
+      bound_all.insert(bound_all.end(), bound_of[size_t(t)].begin(), bound_of[size_t(t)].end());
       // Top-k on the GPU's scores.
       std::vector<int32_t> cpu_sel(std::min(K, nvis));
       cpu::topk_desc(g, nvis, K, cpu_sel.data());
@@ -1004,10 +1023,13 @@ void CudaVerifier::attention(const OpEvent& e) {
       decode_dev(comp_store, cache_.compressed(block, *ch.cache, i), comp[i]);
       return comp[i].data();
     };
-    std::vector<const float*> keys;
+    // Keys decoded once here (the maps' nodes stay put), then each token's attention and its
+    // interval over the host's cores: 2048 tokens x 640 keys x 64 heads at real geometry.
+    std::vector<std::vector<const float*>> keys_of(size_t(ch.n));
     for (int t = 0; t < ch.n; ++t) {
       const int64_t p = P0 + t;
       const int r = row0_[s] + t;
+      std::vector<const float*>& keys = keys_of[size_t(t)];
       keys.assign(W, nullptr);
       const int64_t lo = std::max<int64_t>(0, p - W + 1);
       for (int64_t j = lo; j <= p; ++j) keys[j - lo] = window_key(j);
@@ -1019,11 +1041,15 @@ void CudaVerifier::attention(const OpEvent& e) {
           keys.push_back(i >= 0 && i < (p + 1) / 4 ? comp_key(i) : nullptr);
         }
       }
+    }
+    parallel_for(ch.n, int64_t(ch.n) * (W + K) * H * D * 8, [&](int64_t t) {
+      const int r = row0_[s] + int(t);
+      const std::vector<const float*>& keys = keys_of[size_t(t)];
       cpu::sparse_attention(sp, qv.data() + size_t(r) * H * D, keys.data(), int(keys.size()),
                             want.data() + size_t(r) * H * D);
       cpu::attention_interval(sp, qv.data() + size_t(r) * H * D, keys.data(), int(keys.size()),
                               oiv.data() + size_t(r) * H * D);
-    }
+    });
   }
   last_o_ = rows_of(*this, o, e.t[3].stride(), T, H * D, false);
   last_o_block_ = block;

@@ -40,6 +40,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -183,6 +184,11 @@ class CudaVerifier : public OpObserver {
   CacheStoreStats stores_[3];
   int64_t checked_ = 0;
   int64_t route_flips_ = 0;  // MoE rows whose selection differed on a near tie
+  // A progress line on stderr every kProgressSeconds: at real geometry one prefill step of
+  // verify runs for minutes (the CPU reference at 2048 tokens), silent otherwise.
+  static constexpr double kProgressSeconds = 20;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point last_progress_ = start_;
 };
 
 }  // namespace dsv4

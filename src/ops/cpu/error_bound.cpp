@@ -1,11 +1,11 @@
 #include "ops/cpu/error_bound.h"
 
 #include <cmath>
-#include <thread>
 #include <vector>
 
 #include "core/error.h"
 #include "core/formats.h"
+#include "core/parallel.h"
 #include "ops/cpu/attention.h"
 #include "ops/cpu/quant.h"
 
@@ -55,90 +55,78 @@ void linear_error_bound(const Linear& w, const float* x, int m, const TcSum& tc,
   }
   const int chunks = (N + kCols - 1) / kCols;
   const int64_t items = int64_t(m) * chunks;
-  auto work = [&](int64_t first, int64_t stride) {
+  // Threads only where the work pays for them (a decode row of a small linear runs inline).
+  parallel_for(items, items * kCols * int64_t(K), [&](int64_t item) {
     std::vector<double> C(kCols), B(kCols), Bmax(kCols), Bc(kCols), S(kCols), Ps(kCols), Mx(kCols),
         Mn(kCols), U(kCols), Cin(kCols), P(kCols);
-    for (int64_t item = first; item < items; item += stride) {
-      const int r = int(item / chunks), n0 = int(item % chunks) * kCols;
-      const float* ar = a.data() + size_t(r) * K;
-      const int nc = std::min(kCols, N - n0);
-      std::fill(S.begin(), S.end(), 0.0);  // sum |p| over K
-      std::fill(P.begin(), P.end(), 0.0);  // sum p over K
-      std::fill(Bmax.begin(), Bmax.end(), 0.0);
-      // Each accumulate-step width from the instruction's K down to min_group (the hardware's
-      // internal grouping is not documented): the largest bound of them.
-      for (int g = tc.slice; g >= tc.min_group; g /= 2) {
-        const int steps = (K + g - 1) / g;
-        const int chain = tc.chain_slices > 0 ? tc.chain_slices * (tc.slice / g) : steps;
-        std::fill(B.begin(), B.end(), 0.0);  // bound accumulated over every step
-        for (int s = 0; s < steps; ++s) {
-          const int k0 = s * g, k1 = std::min(K, k0 + g);
-          const bool chain_start = s % chain == 0;
-          if (chain_start) {
-            std::fill(C.begin(), C.end(), 0.0);    // exact partial of the current chain
-            std::fill(Bc.begin(), Bc.end(), 0.0);  // bound of the current chain
-          }
-          std::fill(Ps.begin(), Ps.end(), 0.0);
-          std::fill(Mx.begin(), Mx.end(), 0.0);
-          std::fill(Mn.begin(), Mn.end(), 0.0);
-          for (int k = k0; k < k1; ++k) {
-            const double ak = ar[k];
-            if (ak == 0.0) continue;
-            const float* wk = w.wt.data() + size_t(k) * N + n0;
-            for (int n = 0; n < nc; ++n) {
-              const double p = ak * double(wk[n]);
-              Ps[n] += p;
-              Mx[n] = std::max(Mx[n], std::fabs(p));
-            }
-            if (g == tc.slice)
-              for (int n = 0; n < nc; ++n) {
-                S[n] += std::fabs(ak * double(wk[n]));
-                P[n] += ak * double(wk[n]);
-              }
-          }
+    const int r = int(item / chunks), n0 = int(item % chunks) * kCols;
+    const float* ar = a.data() + size_t(r) * K;
+    const int nc = std::min(kCols, N - n0);
+    std::fill(S.begin(), S.end(), 0.0);  // sum |p| over K
+    std::fill(P.begin(), P.end(), 0.0);  // sum p over K
+    std::fill(Bmax.begin(), Bmax.end(), 0.0);
+    // Each accumulate-step width from the instruction's K down to min_group (the hardware's
+    // internal grouping is not documented): the largest bound of them.
+    for (int g = tc.slice; g >= tc.min_group; g /= 2) {
+      const int steps = (K + g - 1) / g;
+      const int chain = tc.chain_slices > 0 ? tc.chain_slices * (tc.slice / g) : steps;
+      std::fill(B.begin(), B.end(), 0.0);  // bound accumulated over every step
+      for (int s = 0; s < steps; ++s) {
+        const int k0 = s * g, k1 = std::min(K, k0 + g);
+        const bool chain_start = s % chain == 0;
+        if (chain_start) {
+          std::fill(C.begin(), C.end(), 0.0);    // exact partial of the current chain
+          std::fill(Bc.begin(), Bc.end(), 0.0);  // bound of the current chain
+        }
+        std::fill(Ps.begin(), Ps.end(), 0.0);
+        std::fill(Mx.begin(), Mx.end(), 0.0);
+        std::fill(Mn.begin(), Mn.end(), 0.0);
+        for (int k = k0; k < k1; ++k) {
+          const double ak = ar[k];
+          if (ak == 0.0) continue;
+          const float* wk = w.wt.data() + size_t(k) * N + n0;
           for (int n = 0; n < nc; ++n) {
-            // The GPU's incoming accumulator: the exact chain partial within the chain's bound.
-            Cin[n] = chain_start ? 0.0 : std::fabs(C[n]) + Bc[n];
-            U[n] = pow2_floor(std::max(Mx[n], Cin[n])) * trunc;
+            const double p = ak * double(wk[n]);
+            Ps[n] += p;
+            Mx[n] = std::max(Mx[n], std::fabs(p));
           }
-          for (int k = k0; k < k1; ++k) {
-            const double ak = ar[k];
-            if (ak == 0.0) continue;
-            const float* wk = w.wt.data() + size_t(k) * N + n0;
-            // What truncation at U drops of |p| (exact in double: U is a power of two).
+          if (g == tc.slice)
             for (int n = 0; n < nc; ++n) {
-              const double ap = std::fabs(ak * double(wk[n]));
-              Mn[n] += U[n] > 0 ? ap - std::floor(ap * (1 / U[n])) * U[n] : 0.0;
+              S[n] += std::fabs(ak * double(wk[n]));
+              P[n] += ak * double(wk[n]);
             }
-          }
+        }
+        for (int n = 0; n < nc; ++n) {
+          // The GPU's incoming accumulator: the exact chain partial within the chain's bound.
+          Cin[n] = chain_start ? 0.0 : std::fabs(C[n]) + Bc[n];
+          U[n] = pow2_floor(std::max(Mx[n], Cin[n])) * trunc;
+        }
+        for (int k = k0; k < k1; ++k) {
+          const double ak = ar[k];
+          if (ak == 0.0) continue;
+          const float* wk = w.wt.data() + size_t(k) * N + n0;
+          // What truncation at U drops of |p| (exact in double: U is a power of two).
           for (int n = 0; n < nc; ++n) {
-            double e = Mn[n] + std::min(Cin[n], U[n]);
-            C[n] += Ps[n];
-            e += pow2_floor(std::fabs(C[n]) + Bc[n] + e) * trunc;  // the result's truncation
-            Bc[n] += e;
-            B[n] += e;
+            const double ap = std::fabs(ak * double(wk[n]));
+            Mn[n] += U[n] > 0 ? ap - std::floor(ap * (1 / U[n])) * U[n] : 0.0;
           }
         }
-        for (int n = 0; n < nc; ++n) Bmax[n] = std::max(Bmax[n], B[n]);
+        for (int n = 0; n < nc; ++n) {
+          double e = Mn[n] + std::min(Cin[n], U[n]);
+          C[n] += Ps[n];
+          e += pow2_floor(std::fabs(C[n]) + Bc[n] + e) * trunc;  // the result's truncation
+          Bc[n] += e;
+          B[n] += e;
+        }
       }
-      for (int n = 0; n < nc; ++n) {
-        bound[size_t(r) * N + n0 + n] =
-            static_cast<float>((Bmax[n] + f32_terms * S[n] + K * 0x1p-52 * S[n]) * (1 + 0x1p-20));
-        if (exact) exact[size_t(r) * N + n0 + n] = P[n];
-      }
+      for (int n = 0; n < nc; ++n) Bmax[n] = std::max(Bmax[n], B[n]);
     }
-  };
-  // Threads only where the work pays for them (a decode row of a small linear runs inline).
-  const int64_t cost = items * kCols * int64_t(K);
-  const int threads = int(std::min<int64_t>(
-      {int64_t(std::max(1u, std::thread::hardware_concurrency())), items, cost / (1 << 20) + 1}));
-  if (threads <= 1) {
-    work(0, 1);
-    return;
-  }
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) pool.emplace_back(work, t, threads);
-  for (std::thread& t : pool) t.join();
+    for (int n = 0; n < nc; ++n) {
+      bound[size_t(r) * N + n0 + n] =
+          static_cast<float>((Bmax[n] + f32_terms * S[n] + K * 0x1p-52 * S[n]) * (1 + 0x1p-20));
+      if (exact) exact[size_t(r) * N + n0 + n] = P[n];
+    }
+  });
 }
 
 // ---- intervals -----------------------------------------------------------------------------

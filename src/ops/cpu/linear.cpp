@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/formats.h"
+#include "core/parallel.h"
 #include "ops/cpu/quant.h"
 #include "ops/cpu/simd.h"
 
@@ -46,13 +47,16 @@ void linear(const Linear& w, const float* x, int m, float* y) {
   const bool quant = w.kind == LinearKind::kFp8 || w.kind == LinearKind::kFp4;
   const int kb = linear_kblock(w);
   DSV4_CHECK(!quant || K % 128 == 0, "linear: K = ", K, " is not a multiple of 128");
-  // Rows are processed in tiles so each weight row is read once per tile; every output keeps
-  // its own accumulators and K order, so a row's result does not depend on the tiling.
+  // Work items of (8-row tile, 256-column chunk), over the host's cores: each weight row is read
+  // once per tile, a chunk's accumulators stay in L1 across the K loop, and every output keeps
+  // its own accumulators and K order, so a result does not depend on the tiling or the threads.
   constexpr int kTile = 8, kColChunk = 256;
-  std::vector<float> a(size_t(kTile) * K), acc(size_t(kTile) * N);
-  std::vector<double> part(size_t(kTile) * kColChunk);
-  for (int r0 = 0; r0 < m; r0 += kTile) {
-    const int rows = std::min(kTile, m - r0);
+  const int tiles = (m + kTile - 1) / kTile, chunks = (N + kColChunk - 1) / kColChunk;
+  parallel_for(int64_t(tiles) * chunks, int64_t(m) * N * K, [&](int64_t item) {
+    const int r0 = int(item / chunks) * kTile, n0 = int(item % chunks) * kColChunk;
+    const int rows = std::min(kTile, m - r0), nc = std::min(kColChunk, N - n0);
+    std::vector<float> a(size_t(rows) * K), acc(size_t(rows) * kColChunk, 0.0f);
+    std::vector<double> part(size_t(rows) * kColChunk);
     for (int r = 0; r < rows; ++r) {
       const float* xr = x + size_t(r0 + r) * K;
       if (quant)
@@ -60,35 +64,30 @@ void linear(const Linear& w, const float* x, int m, float* y) {
       else
         std::copy(xr, xr + K, a.begin() + size_t(r) * K);
     }
-    std::fill(acc.begin(), acc.end(), 0.0f);
-    // Output columns in chunks whose accumulators stay in L1 across the K loop.
-    for (int n0 = 0; n0 < N; n0 += kColChunk) {
-      const int nc = std::min(kColChunk, N - n0);
-      for (int k0 = 0; k0 < K; k0 += kb) {
-        // Products of two floats are exact in double; a block's sum is rounded once to fp32,
-        // which the power-of-two scales commute with.
-        std::fill(part.begin(), part.end(), 0.0);
-        for (int k = k0; k < k0 + kb; ++k) {
-          const float* wk = w.wt.data() + size_t(k) * N + n0;
-          for (int r = 0; r < rows; ++r) {
-            const double ak = a[size_t(r) * K + k];
-            if (ak != 0.0) axpy_f64(part.data() + size_t(r) * kColChunk, ak, wk, nc);
-          }
+    for (int k0 = 0; k0 < K; k0 += kb) {
+      // Products of two floats are exact in double; a block's sum is rounded once to fp32,
+      // which the power-of-two scales commute with.
+      std::fill(part.begin(), part.end(), 0.0);
+      for (int k = k0; k < k0 + kb; ++k) {
+        const float* wk = w.wt.data() + size_t(k) * N + n0;
+        for (int r = 0; r < rows; ++r) {
+          const double ak = a[size_t(r) * K + k];
+          if (ak != 0.0) axpy_f64(part.data() + size_t(r) * kColChunk, ak, wk, nc);
         }
-        for (int r = 0; r < rows; ++r)
-          for (int n = 0; n < nc; ++n)
-            acc[size_t(r) * N + n0 + n] += static_cast<float>(part[size_t(r) * kColChunk + n]);
       }
+      for (int r = 0; r < rows; ++r)
+        for (int n = 0; n < nc; ++n)
+          acc[size_t(r) * kColChunk + n] += static_cast<float>(part[size_t(r) * kColChunk + n]);
     }
     for (int r = 0; r < rows; ++r) {
-      float* yr = y + size_t(r0 + r) * N;
-      const float* ar = acc.data() + size_t(r) * N;
+      float* yr = y + size_t(r0 + r) * N + n0;
+      const float* ar = acc.data() + size_t(r) * kColChunk;
       if (w.kind == LinearKind::kF32)
-        std::copy(ar, ar + N, yr);
+        std::copy(ar, ar + nc, yr);
       else
-        for (int n = 0; n < N; ++n) yr[n] = round_bf16(ar[n]);
+        for (int n = 0; n < nc; ++n) yr[n] = round_bf16(ar[n]);
     }
-  }
+  });
 }
 
 }  // namespace dsv4::cpu
