@@ -520,10 +520,11 @@ std::vector<float> CudaVerifier::collapse_norm_bound(const cpu::HcParams& p,
                                                      const float* norm,
                                                      const std::vector<float>& want, int T) const {
   const int hc = p.hc, dim = p.dim, n = hc * dim;
-  std::vector<float> m(hc);
-  std::vector<double> pre(hc), dpre(hc);
-  std::vector<Iv> y1(dim), y(size_t(T) * dim);
-  for (int t = 0; t < T; ++t) {
+  std::vector<Iv> y(size_t(T) * dim);
+  parallel_for(T, int64_t(T) * n * hc * 4, [&](int64_t t) {
+    std::vector<float> m(hc);
+    std::vector<double> pre(hc), dpre(hc);
+    std::vector<Iv> y1(dim);
     const float* X = in.data() + size_t(t) * n;
     cpu::hc_mixes(p, X, hc, m.data());
     const double rs = 1.0 / std::sqrt(double(cpu::mean_square(X, n)) + p.norm_eps);
@@ -548,7 +549,7 @@ std::vector<float> CudaVerifier::collapse_norm_bound(const cpu::HcParams& p,
       y1[d] = cpu::round_ends_bf16(Iv::of(c, r + cpu::fp32_ops_bound(2 * hc, mag)));
     }
     rms_norm_interval(y1.data(), dim, norm, c_.norm_eps, y.data() + size_t(t) * dim);
-  }
+  });
   return interval_bound(y, want);
 }
 
@@ -559,17 +560,22 @@ void CudaVerifier::hc_pre(int block, bool ffn, const std::vector<float>& in, con
   const cpu::HcParams p = hc_params(c_, ffn ? b.hc_ffn : b.hc_attn);
   const float* norm_w = (ffn ? b.ffn_norm : b.attn_norm).data();
   std::vector<float> ey(size_t(T) * dim), ep(size_t(T) * hc), ec(size_t(T) * hc * hc);
-  for (int t = 0; t < T; ++t)
+  // Token by token over the host's cores (each token's work is independent, and 2048 tokens of
+  // 16K-wide streams at real geometry).
+  const int64_t token_cost = int64_t(T) * n * (2 + hc) * hc * 2;
+  parallel_for(T, token_cost, [&](int64_t t) {
     cpu::hc_pre(p, in.data() + size_t(t) * n, ey.data() + size_t(t) * dim,
                 ep.data() + size_t(t) * hc, ec.data() + size_t(t) * hc * hc);
+  });
   cpu::rms_norm(ey.data(), T, dim, norm_w, c_.norm_eps, ey.data());
   // post and comb: the mixes' bounds through 2 sigmoid (post) and through Sinkhorn (comb, to
   // first order: its Jacobian by central differences in double, plus 2 (hc + 1) fp32 roundings
   // per normalisation pass on either side, carried by at most the Jacobian's relative gain).
-  std::vector<float> bp(ep.size()), bc(ec.size()), m((2 + hc) * hc);
+  std::vector<float> bp(ep.size()), bc(ec.size());
   const int K2 = hc * hc, iters = p.sinkhorn_iters;
-  std::vector<double> z(K2), dz(K2), zp(K2), zm(K2), J(size_t(K2) * K2);
-  for (int t = 0; t < T; ++t) {
+  parallel_for(T, token_cost, [&](int64_t t) {
+    std::vector<float> m((2 + hc) * hc);
+    std::vector<double> z(K2), dz(K2), zp(K2), zm(K2), J(size_t(K2) * K2);
     const float* X = in.data() + size_t(t) * n;
     cpu::hc_mixes(p, X, (2 + hc) * hc, m.data());
     const double rs = 1.0 / std::sqrt(double(cpu::mean_square(X, n)) + p.norm_eps);
@@ -610,7 +616,7 @@ void CudaVerifier::hc_pre(int block, bool ffn, const std::vector<float>& in, con
       bc[size_t(t) * K2 + k] =
           static_cast<float>(1.1 * (lin + cpu::fp32_ops_bound(2 * iters * (hc + 1), ck) * gain));
     }
-  }
+  });
   const std::string u = ffn ? "ffn" : "attn";
   judge("hc_pre." + u + " + " + u + "_norm (y)", block, bf16(y, ey.size()), ey,
         collapse_norm_bound(p, in, norm_w, ey, T), cpu::Rounding::kNone, {T, dim});
@@ -1170,16 +1176,18 @@ void CudaVerifier::moe(const OpEvent& e) {
   mp.route_scale = c_.route_scale;
   mp.swiglu_limit = c_.swiglu_limit;
   std::vector<int32_t> rsel(size_t(T) * K), tokens;
-  std::vector<float> rwt(size_t(T) * K), logits(NE);
-  std::vector<double> rdw(size_t(T) * K), dl(NE), sc, dsc;
+  std::vector<float> rwt(size_t(T) * K);
+  std::vector<double> rdw(size_t(T) * K);
   for (const ChunkRef& ch : *chunks_) tokens.insert(tokens.end(), ch.tokens, ch.tokens + ch.n);
-  std::vector<float> cmp_got, cmp_want, cmp_bound;
-  for (int r = 0; r < T; ++r) {
-    int32_t* e = rsel.data() + size_t(r) * K;
-    float* w = rwt.data() + size_t(r) * K;
+  // Each row's routing, router logits (fp32 dot products of dim terms) and the scores' bounds
+  // from them, over the host's cores; judged row by row below.
+  std::vector<std::vector<double>> sc_of(static_cast<size_t>(T)), dsc_of(static_cast<size_t>(T));
+  parallel_for(T, int64_t(T) * NE * dim * 3, [&](int64_t r) {
     const float* xr = xv.data() + size_t(r) * dim;
-    cpu::moe_route(mw, mp, xr, tokens[r], e, w);
-    // Router logits (fp32 dot products of dim terms) and the scores' bounds from them.
+    cpu::moe_route(mw, mp, xr, tokens[size_t(r)], rsel.data() + size_t(r) * K,
+                   rwt.data() + size_t(r) * K);
+    std::vector<float> logits(NE);
+    std::vector<double> dl(NE);
     cpu::linear(mw.gate, xr, 1, logits.data());
     for (int j = 0; j < NE; ++j) {
       double sabs = 0;
@@ -1187,7 +1195,14 @@ void CudaVerifier::moe(const OpEvent& e) {
         sabs += std::fabs(double(xr[d]) * mw.gate.wt[size_t(d) * NE + j]);
       dl[j] = cpu::dot_error_bound(dim, sabs);
     }
-    scores_with_bound(mp.score_func, logits, dl, sc, dsc);
+    scores_with_bound(mp.score_func, logits, dl, sc_of[size_t(r)], dsc_of[size_t(r)]);
+  });
+  std::vector<float> cmp_got, cmp_want, cmp_bound;
+  for (int r = 0; r < T; ++r) {
+    int32_t* e = rsel.data() + size_t(r) * K;
+    float* w = rwt.data() + size_t(r) * K;
+    const std::vector<double>& sc = sc_of[size_t(r)];
+    const std::vector<double>& dsc = dsc_of[size_t(r)];
     const int32_t* g = gsel.data() + size_t(r) * K;
     const float* gw = gwt.data() + size_t(r) * K;
     // The GPU may list the selection in another order: compare as multisets, weights by expert.
