@@ -1,5 +1,6 @@
 #include "ops/cpu/error_bound.h"
 
+#include <bit>
 #include <cmath>
 #include <vector>
 
@@ -8,6 +9,7 @@
 #include "core/parallel.h"
 #include "ops/cpu/attention.h"
 #include "ops/cpu/quant.h"
+#include "ops/cpu/simd.h"
 
 namespace dsv4::cpu {
 
@@ -30,20 +32,111 @@ double f32_ulp(double v) {
 
 // ---- tensor-core sums ------------------------------------------------------------------------
 
+namespace {
+
+constexpr int kBoundCols = 256;
+
+// The largest power of two <= v for v >= 0 (0 for 0; inf and NaN kept): the exponent field
+// alone, selected on integers so that the loops vectorise. No subnormal double reaches it:
+// every value is a sum of products of two floats (a multiple of 2^-298) or such a power of two
+// times 2^-frac_bits.
+inline double pow2_floor_nonneg(double v) {
+  const uint64_t b = std::bit_cast<uint64_t>(v), e = b & 0x7FF0000000000000ull;
+  return std::bit_cast<double>(e == 0x7FF0000000000000ull ? b : e);
+}
+
+// linear_error_bound of one row `a` (K values) and nc <= kBoundCols columns of the transposed
+// weights `wt` (row stride N): out_b the bound before its final 2^-20 margin (f32_terms: the
+// fp32 roundings outside the chains, per unit of sum |p|), out_p the exact sums.
+// Compiled for AVX2 and the baseline ISA (simd.h): every step is exact or one IEEE operation on
+// its own column, so both versions give the same bits.
+DSV4_MULTIVERSION
+void bound_columns(const float* a, const float* wt, int N, int nc, int K, const TcSum& tc,
+                   double f32_terms, double* out_b, double* out_p) {
+  constexpr int kCols = kBoundCols;
+  const double trunc = std::ldexp(1.0, -tc.frac_bits);
+  alignas(64) double C[kCols], B[kCols], Bmax[kCols], Bc[kCols], S[kCols], Ps[kCols], Mx[kCols],
+      Mn[kCols], U[kCols], Ub[kCols], Cin[kCols], P[kCols];
+  for (int n = 0; n < kCols; ++n) S[n] = P[n] = Bmax[n] = 0.0;  // sum |p|, sum p over K
+  // Each accumulate-step width from the instruction's K down to min_group (the hardware's
+  // internal grouping is not documented): the largest bound of them.
+  for (int g = tc.slice; g >= tc.min_group; g /= 2) {
+    const int steps = (K + g - 1) / g;
+    const int chain = tc.chain_slices > 0 ? tc.chain_slices * (tc.slice / g) : steps;
+    for (int n = 0; n < kCols; ++n) B[n] = 0.0;  // bound accumulated over every step
+    for (int s = 0; s < steps; ++s) {
+      const int k0 = s * g, k1 = std::min(K, k0 + g);
+      if (s % chain == 0)
+        for (int n = 0; n < kCols; ++n) C[n] = Bc[n] = 0.0;  // the chain's exact partial, bound
+      for (int n = 0; n < kCols; ++n) Ps[n] = Mx[n] = Mn[n] = 0.0;
+      for (int k = k0; k < k1; ++k) {
+        const double ak = a[k];
+        if (ak == 0.0) continue;
+        const float* wk = wt + size_t(k) * N;
+        for (int n = 0; n < nc; ++n) {
+          const double p = ak * double(wk[n]);
+          Ps[n] += p;
+          Mx[n] = std::max(Mx[n], std::fabs(p));
+        }
+        if (g == tc.slice)
+          for (int n = 0; n < nc; ++n) {
+            const double p = ak * double(wk[n]);
+            S[n] += std::fabs(p);
+            P[n] += p;
+          }
+      }
+      for (int n = 0; n < nc; ++n) {
+        // The GPU's incoming accumulator: the exact chain partial within the chain's bound
+        // (0 at a chain's start, where both were just cleared).
+        Cin[n] = std::fabs(C[n]) + Bc[n];
+        U[n] = pow2_floor_nonneg(std::max(Mx[n], Cin[n])) * trunc;
+        Ub[n] = U[n] * 0x1p52;
+      }
+      for (int k = k0; k < k1; ++k) {
+        const double ak = a[k];
+        if (ak == 0.0) continue;
+        const float* wk = wt + size_t(k) * N;
+        // What truncation at U drops of |p|: |p| less its floor to a multiple of U, found by
+        // rounding at U's place (adding 2^52 U: |p| < 2^24 U here) and stepping down where that
+        // rounded up. Every step is exact (U is a power of two) and free of branches and libm
+        // calls, so the loop vectorises; U = 0 (every |p| of the step 0) adds 0.
+        for (int n = 0; n < nc; ++n) {
+          const double ap = std::fabs(ak * double(wk[n]));
+          const double t = (ap + Ub[n]) - Ub[n];
+          Mn[n] += ap - (t - (t > ap ? U[n] : 0.0));
+        }
+      }
+      for (int n = 0; n < nc; ++n) {
+        double e = Mn[n] + std::min(Cin[n], U[n]);
+        C[n] += Ps[n];
+        e += pow2_floor_nonneg(std::fabs(C[n]) + Bc[n] + e) * trunc;  // the result's truncation
+        Bc[n] += e;
+        B[n] += e;
+      }
+    }
+    for (int n = 0; n < nc; ++n) Bmax[n] = std::max(Bmax[n], B[n]);
+  }
+  for (int n = 0; n < nc; ++n) {
+    out_b[n] = Bmax[n] + f32_terms * S[n] + K * 0x1p-52 * S[n];
+    out_p[n] = P[n];
+  }
+}
+
+}  // namespace
+
 void linear_error_bound(const Linear& w, const float* x, int m, const TcSum& tc, float* bound,
                         double* exact) {
   const int N = w.out, K = w.in;
   const bool quant = w.kind == LinearKind::kFp8 || w.kind == LinearKind::kFp4;
   DSV4_CHECK(tc.slice > 0 && tc.frac_bits > 0 && tc.min_group > 0 && tc.min_group <= tc.slice,
              "linear_error_bound: bad sum model");
-  const double trunc = std::ldexp(1.0, -tc.frac_bits);
   const int slices = (K + tc.slice - 1) / tc.slice;
   const int promotions = tc.chain_slices > 0 ? (slices + tc.chain_slices - 1) / tc.chain_slices : 1;
   // fp32 roundings outside the chains: the GPU's promotions and reductions, the CPU's rounding
   // of each of its K blocks to fp32 and its fp32 accumulation of them (kF32/kBf16: one block).
   const int cpu_blocks = (K + linear_kblock(w) - 1) / linear_kblock(w);
   const double f32_terms = (promotions + tc.fp32_adds + 2.0 * cpu_blocks) * 0x1p-24;
-  constexpr int kCols = 256;
+  constexpr int kCols = kBoundCols;
   // The activations as cpu::linear quantises them, then (row, 256-column chunk) work items over
   // the host's cores: the bound costs a few GEMMs' worth of scalar work per linear.
   std::vector<float> a(size_t(m) * K);
@@ -56,74 +149,13 @@ void linear_error_bound(const Linear& w, const float* x, int m, const TcSum& tc,
   const int chunks = (N + kCols - 1) / kCols;
   const int64_t items = int64_t(m) * chunks;
   // Threads only where the work pays for them (a decode row of a small linear runs inline).
-  parallel_for(items, items * kCols * int64_t(K), [&](int64_t item) {
-    std::vector<double> C(kCols), B(kCols), Bmax(kCols), Bc(kCols), S(kCols), Ps(kCols), Mx(kCols),
-        Mn(kCols), U(kCols), Cin(kCols), P(kCols);
+  parallel_for(items, items * kCols * int64_t(K) * 4, [&](int64_t item) {
     const int r = int(item / chunks), n0 = int(item % chunks) * kCols;
-    const float* ar = a.data() + size_t(r) * K;
-    const int nc = std::min(kCols, N - n0);
-    std::fill(S.begin(), S.end(), 0.0);  // sum |p| over K
-    std::fill(P.begin(), P.end(), 0.0);  // sum p over K
-    std::fill(Bmax.begin(), Bmax.end(), 0.0);
-    // Each accumulate-step width from the instruction's K down to min_group (the hardware's
-    // internal grouping is not documented): the largest bound of them.
-    for (int g = tc.slice; g >= tc.min_group; g /= 2) {
-      const int steps = (K + g - 1) / g;
-      const int chain = tc.chain_slices > 0 ? tc.chain_slices * (tc.slice / g) : steps;
-      std::fill(B.begin(), B.end(), 0.0);  // bound accumulated over every step
-      for (int s = 0; s < steps; ++s) {
-        const int k0 = s * g, k1 = std::min(K, k0 + g);
-        const bool chain_start = s % chain == 0;
-        if (chain_start) {
-          std::fill(C.begin(), C.end(), 0.0);    // exact partial of the current chain
-          std::fill(Bc.begin(), Bc.end(), 0.0);  // bound of the current chain
-        }
-        std::fill(Ps.begin(), Ps.end(), 0.0);
-        std::fill(Mx.begin(), Mx.end(), 0.0);
-        std::fill(Mn.begin(), Mn.end(), 0.0);
-        for (int k = k0; k < k1; ++k) {
-          const double ak = ar[k];
-          if (ak == 0.0) continue;
-          const float* wk = w.wt.data() + size_t(k) * N + n0;
-          for (int n = 0; n < nc; ++n) {
-            const double p = ak * double(wk[n]);
-            Ps[n] += p;
-            Mx[n] = std::max(Mx[n], std::fabs(p));
-          }
-          if (g == tc.slice)
-            for (int n = 0; n < nc; ++n) {
-              S[n] += std::fabs(ak * double(wk[n]));
-              P[n] += ak * double(wk[n]);
-            }
-        }
-        for (int n = 0; n < nc; ++n) {
-          // The GPU's incoming accumulator: the exact chain partial within the chain's bound.
-          Cin[n] = chain_start ? 0.0 : std::fabs(C[n]) + Bc[n];
-          U[n] = pow2_floor(std::max(Mx[n], Cin[n])) * trunc;
-        }
-        for (int k = k0; k < k1; ++k) {
-          const double ak = ar[k];
-          if (ak == 0.0) continue;
-          const float* wk = w.wt.data() + size_t(k) * N + n0;
-          // What truncation at U drops of |p| (exact in double: U is a power of two).
-          for (int n = 0; n < nc; ++n) {
-            const double ap = std::fabs(ak * double(wk[n]));
-            Mn[n] += U[n] > 0 ? ap - std::floor(ap * (1 / U[n])) * U[n] : 0.0;
-          }
-        }
-        for (int n = 0; n < nc; ++n) {
-          double e = Mn[n] + std::min(Cin[n], U[n]);
-          C[n] += Ps[n];
-          e += pow2_floor(std::fabs(C[n]) + Bc[n] + e) * trunc;  // the result's truncation
-          Bc[n] += e;
-          B[n] += e;
-        }
-      }
-      for (int n = 0; n < nc; ++n) Bmax[n] = std::max(Bmax[n], B[n]);
-    }
-    for (int n = 0; n < nc; ++n) {
-      bound[size_t(r) * N + n0 + n] =
-          static_cast<float>((Bmax[n] + f32_terms * S[n] + K * 0x1p-52 * S[n]) * (1 + 0x1p-20));
+    double B[kCols], P[kCols];
+    bound_columns(a.data() + size_t(r) * K, w.wt.data() + n0, N, std::min(kCols, N - n0), K, tc,
+                  f32_terms, B, P);
+    for (int n = 0; n < std::min(kCols, N - n0); ++n) {
+      bound[size_t(r) * N + n0 + n] = static_cast<float>(B[n] * (1 + 0x1p-20));
       if (exact) exact[size_t(r) * N + n0 + n] = P[n];
     }
   });

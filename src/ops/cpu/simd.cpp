@@ -2,13 +2,6 @@
 
 namespace dsv4::cpu {
 
-// (Not under ThreadSanitizer: the ifunc resolvers run before its runtime is up and crash.)
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
-#define DSV4_MULTIVERSION __attribute__((target_clones("avx2", "default")))
-#else
-#define DSV4_MULTIVERSION
-#endif
-
 DSV4_MULTIVERSION
 void axpy_f64(double* acc, double a, const float* w, int n) {
   for (int i = 0; i < n; ++i) acc[i] += a * static_cast<double>(w[i]);

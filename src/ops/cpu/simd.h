@@ -3,6 +3,13 @@
 // order in every version (no FMA contraction), so results are identical on every machine.
 #pragma once
 
+// (Not under ThreadSanitizer: the ifunc resolvers run before its runtime is up and crash.)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
+#define DSV4_MULTIVERSION __attribute__((target_clones("avx2", "default")))
+#else
+#define DSV4_MULTIVERSION
+#endif
+
 namespace dsv4::cpu {
 
 // acc[i] += a * double(w[i]) for i < n.
