@@ -16,9 +16,10 @@
 // checkpoint bytes of the experts actually selected (4.25 bits/weight MXFP4, 4.5 NVFP4);
 // FLOPs = 2 * unique (token, expert) pairs * 3 * dim * inter; ceiling: BF16 tensor rate.
 //
-// Usage: moe_bench [filter ...]; a case runs when every filter names its config (flash, pro,
-// golden16, golden24), its format (mxfp4, nvfp4) or its token count (m1 ... m4096), or is
-// "decode" (token counts up to 128).
+// Usage: moe_bench [filter ...]; filters name configs (flash, pro, golden16, golden24), formats
+// (mxfp4, nvfp4) or token counts (m1 ... m4096, or "decode": up to 128). A case runs when, for
+// each of the three kinds that any filter names, one of those filters names it ("flash nvfp4
+// m512 m1024": both token counts of Flash NVFP4). An unknown filter is an error.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -161,12 +162,28 @@ struct Peer {  // cuBLAS BF16 weights of every expert, activations for the large
   DeviceBuffer<__nv_bfloat16> w13, w2, x, a, y1, y2;
 };
 
+bool is_m_filter(const std::string& f) {
+  return f == "decode" ||
+         (f.size() > 1 && f[0] == 'm' && f.find_first_not_of("0123456789", 1) == std::string::npos);
+}
+
 bool wanted(const std::vector<std::string>& filters, const std::string& cfg, const std::string& fmt,
             int m) {
-  for (const std::string& f : filters)
-    if (f != cfg && f != fmt && f != "m" + std::to_string(m) && !(f == "decode" && m <= 128))
-      return false;
-  return true;
+  bool any_cfg = false, cfg_ok = false, any_fmt = false, fmt_ok = false, any_m = false,
+       m_ok = false;
+  for (const std::string& f : filters) {
+    if (f == "mxfp4" || f == "nvfp4") {
+      any_fmt = true;
+      fmt_ok |= f == fmt;
+    } else if (is_m_filter(f)) {
+      any_m = true;
+      m_ok |= f == "m" + std::to_string(m) || (f == "decode" && m <= 128);
+    } else {
+      any_cfg = true;
+      cfg_ok |= f == cfg;
+    }
+  }
+  return (!any_cfg || cfg_ok) && (!any_fmt || fmt_ok) && (!any_m || m_ok);
 }
 
 void run_config(const Config& c, ExpertFormat f, const std::vector<int>& ms,
@@ -374,6 +391,13 @@ int main(int argc, char** argv) {
         {"golden24", 24, 6, 256, 128, 2.5f},
     };
     const std::vector<int> ms = {1, 2, 4, 8, 16, 64, 128, 256, 512, 1024, 2048, 4096};
+    for (const std::string& f : filters) {
+      bool known = f == "mxfp4" || f == "nvfp4" || f == "decode";
+      for (const Config& c : configs) known |= f == c.name;
+      for (int m : ms) known |= f == "m" + std::to_string(m);
+      if (!known)
+        throw Error(cat("unknown filter '", f, "' (see the usage at the top of moe_bench.cu)"));
+    }
     // A blocking stream: bench_util's events on the legacy stream order against it, and the
     // MoE stages use programmatic dependent launch on it as the engine would.
     cudaStream_t stream;
