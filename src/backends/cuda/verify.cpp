@@ -160,7 +160,8 @@ void sinkhorn_d(double* c, int hc, int iters, double eps) {
 // inputs known only to within dx [m, in] (most dx are 0).
 void add_input_spread(const cpu::Linear& L, const std::vector<double>& dx, int m,
                       std::vector<float>& bound) {
-  for (int r = 0; r < m; ++r)
+  // Row by row over the host's cores (a GEMM's worth of work: the MoE's w2 over every pair).
+  parallel_for(m, int64_t(m) * L.in * L.out, [&](int64_t r) {
     for (int k = 0; k < L.in; ++k) {
       const double d = dx[size_t(r) * L.in + k];
       if (d == 0) continue;
@@ -169,6 +170,7 @@ void add_input_spread(const cpu::Linear& L, const std::vector<double>& dx, int m
       for (int n = 0; n < L.out; ++n)
         b[n] += static_cast<float>(d * std::fabs(wk[n]) * (1 + 0x1p-20));
     }
+  });
 }
 
 // Router scores of one row's logits (cpu::moe_route) and a bound of each from the logits' bound.
@@ -1294,8 +1296,8 @@ void CudaVerifier::moe(const OpEvent& e) {
     cpu::linear_error_bound(ew.w1, xe.data(), m, cpu::kBf16Mma, bg.data(), g_exact.data());
     cpu::linear_error_bound(ew.w3, xe.data(), m, cpu::kBf16Mma, bu.data(), u_exact.data());
     std::vector<Iv> v(g.size()), qv(g.size());
-    for (int j = 0; j < m; ++j) {
-      const size_t ws = size_t(rows_of_e[e][j]) * K + slot_of_e[e][j];
+    parallel_for(m, int64_t(m) * inter * 64, [&](int64_t j) {
+      const size_t ws = size_t(rows_of_e[e][size_t(j)]) * K + slot_of_e[e][size_t(j)];
       const double we = rwt[ws];
       const Iv W = Iv::of(we, rdw[ws]);
       for (int i = 0; i < inter; ++i) {
@@ -1318,7 +1320,7 @@ void CudaVerifier::moe(const OpEvent& e) {
             S, 2 * (2 + 1.2 * maxabs(G)) * 0x1p-23 * maxabs(S) + cpu::fp32_ops_bound(2, maxabs(S)));
         v[o] = cpu::round_ends_bf16(cpu::widen_f32(cpu::widen_f32(S * U, 1) * W, 1));
       }
-    }
+    });
     for (int j = 0; j < m; ++j) {
       cpu::fake_quant_interval(v.data() + size_t(j) * inter, inter, 128, false,
                                qv.data() + size_t(j) * inter);
