@@ -669,21 +669,27 @@ TEST(MoeGemmChoice, RealShapes) {
     cm::MoeGemmPath path;
     int tile_n;
   };
-  // The stream GEMM for decode batches (up to kStreamAutoMaxTokens tokens: tile 8 up to 8
-  // tokens, else 16), the tiled GEMM beyond (its tile by rows per expert).
-  static_assert(cm::kStreamAutoMaxTokens >= 16 && cm::kStreamAutoMaxTokens < 512);
+  // The stream GEMM up to kStreamAutoMaxRowsPerExpert rows per expert (tile 8 up to 8 tokens,
+  // else 16): Flash (256 experts, top-6) up to 1024 tokens, Pro (384) up to 1536; the tiled GEMM
+  // beyond (its tile by rows per expert).
+  static_assert(cm::kStreamAutoMaxRowsPerExpert == 24, "the token counts below assume 24");
   for (const Want& x :
-       {Want{1, ST, 8}, Want{2, ST, 8}, Want{8, ST, 8}, Want{16, ST, 16},
-        Want{cm::kStreamAutoMaxTokens, ST, 16}, Want{cm::kStreamAutoMaxTokens + 1, TL, 8},
-        Want{512, TL, 32}, Want{4096, TL, 128}}) {
+       {Want{1, ST, 8}, Want{2, ST, 8}, Want{8, ST, 8}, Want{16, ST, 16}, Want{512, ST, 16},
+        Want{1024, ST, 16}, Want{1025, TL, 32}, Want{2048, TL, 128}, Want{4096, TL, 128}}) {
     const cm::MoeGemmChoice c = cm::moe_gemm_choice(flash, x.m, 6);
     EXPECT_EQ(c.path, x.path) << "flash m " << x.m;
     EXPECT_EQ(c.tile_n, x.tile_n) << "flash m " << x.m;
     EXPECT_EQ(cm::moe_default_tile_n(flash, x.m, 6), x.tile_n);
   }
   EXPECT_EQ(cm::moe_gemm_choice(pro, 1, 6).path, ST);
-  EXPECT_EQ(cm::moe_gemm_choice(pro, cm::kStreamAutoMaxTokens, 6).path, ST);
+  EXPECT_EQ(cm::moe_gemm_choice(pro, 1536, 6).path, ST);
+  EXPECT_EQ(cm::moe_gemm_choice(pro, 1537, 6).path, TL);
   EXPECT_EQ(cm::moe_gemm_choice(pro, 4096, 6).path, TL);
+  // Fewer tokens than experts: rows per expert counts the experts the pairs can reach (a golden
+  // set's 16 experts, top-4: 96 tokens are 24 rows each, 97 are 25).
+  const cm::MoeDeviceWeights golden = shape(16, 256, 128);
+  EXPECT_EQ(cm::moe_gemm_choice(golden, 96, 4).path, ST);
+  EXPECT_EQ(cm::moe_gemm_choice(golden, 97, 4).path, TL);
   // A geometry the stream GEMM cannot run (inter not a multiple of 128): the tiled GEMM.
   EXPECT_EQ(cm::moe_gemm_choice(shape(16, 256, 64), 1, 4).path, TL);
   // Forced paths: each path's own tiles (stream: 8 up to 8 tokens, else 16), anything else an
@@ -699,7 +705,6 @@ TEST(MoeGemmChoice, RealShapes) {
   // The down GEMM's activation quantisation: the stream path's in the GEMM up to
   // kStreamQuantInDownMaxTokens, separate beyond, either when forced; the tiled path's by tile.
   using DQ = cm::MoeDownQuant;
-  static_assert(cm::kStreamQuantInDownMaxTokens < cm::kStreamAutoMaxTokens);
   const int qmax = cm::kStreamQuantInDownMaxTokens;
   if (qmax >= 1) {
     EXPECT_TRUE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, qmax, 6)));
@@ -708,7 +713,7 @@ TEST(MoeGemmChoice, RealShapes) {
   EXPECT_EQ(cm::moe_gemm_choice(flash, 1, 6).path, ST);
   EXPECT_FALSE(cm::moe_gemm_choice(flash, 1, 6, ST, 0, DQ::kSeparate).quant_in_down);
   EXPECT_TRUE(cm::moe_gemm_choice(flash, 128, 6, ST, 0, DQ::kInDown).quant_in_down);
-  EXPECT_TRUE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, 129, 6)));  // tiled, tile 8
+  EXPECT_TRUE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, 129, 6, TL)));  // tile 8
   EXPECT_FALSE(cm::moe_fuses_act_quant(cm::moe_gemm_choice(flash, 4096, 6)));
   EXPECT_THROW(cm::moe_gemm_choice(flash, 129, 6, TL, 0, DQ::kSeparate), Error);
   EXPECT_THROW(cm::moe_gemm_choice(flash, 4096, 6, TL, 0, DQ::kInDown), Error);
@@ -1259,7 +1264,7 @@ std::vector<Spec> specs() {
   v.push_back({"tiled_e256_mx_m16", 256, 128, 256, 6, MX, false, 16, 0, 0, false, 0, TL});
   // The stream path's down GEMM quantising its own activations beyond
   // kStreamQuantInDownMaxTokens (forced), and on separately quantised ones (kAuto beyond it):
-  // forced at one token, and the heuristic's up to 128 tokens.
+  // forced at one token, and the heuristic's.
   for (const Spec& s : {Spec{"streamq_e256_nv_m7", 256, 128, 256, 6, NV, false, 7},
                         Spec{"streamq_e384_mx_m16", 256, 128, 384, 6, MX, false, 16},
                         Spec{"streamq_odd_nv_m7", 384, 384, 24, 6, NV, false, 7},

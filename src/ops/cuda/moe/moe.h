@@ -72,7 +72,8 @@ enum MoeStage : unsigned {
 // kAuto; an explicit choice that does not fit the shape is an error, never a fallback).
 enum class MoeGemmPath {
   kAuto,
-  kStream,  // decode: warp-specialised, bulk-copy weight stream (moe_gemm_stream.cuh); tiles 8, 16
+  kStream,  // few rows per expert: warp-specialised bulk-copy weight stream (moe_gemm_stream.cuh);
+            // tiles 8, 16
   kTiled,   // moe_gemm.cuh; tiles 8, 32, 64, 128
 };
 const char* moe_gemm_path_name(MoeGemmPath p);

@@ -63,12 +63,17 @@ struct StreamTile {
 // ~110 KB of weights in flight per SM (HBM latency x per-SM share of 4.8 TB/s ~ 55 KB).
 using StreamN8 = StreamTile<8, 6, 4>;
 using StreamN16 = StreamTile<16, 5, 4>;
-// kAuto runs the stream path up to this many tokens per layer (when dim and inter are
-// multiples of 128), the tiled GEMM beyond. H200, Flash NVFP4, moe_bench gate/up + quant + down,
-// stream (separate quantisation) vs tiled (us), 63f38b7's kernels: M 1 56.7 vs 66.4, M 8 232 vs
-// 382, M 16 459 vs 680, M 64 1082 vs 1698, M 128 1271 vs 2130 (Pro M 128 4467 vs 7342). Beyond
-// 128 tokens not measured (moe_bench compares the paths up to 256: the next thing to read).
-constexpr int kStreamAutoMaxTokens = 128;
+// kAuto runs the stream path while the mean rows per active expert (tokens x top-k over the
+// experts they can reach) is at most this (and dim and inter are multiples of 128), the tiled
+// GEMM beyond: the stream path re-streams an expert's weights for every 16 of its rows, the
+// tiled one reads them once per 128-row tile. H200, Flash NVFP4, moe_bench gate/up + quant +
+// down, stream (separate quantisation) vs tiled (us), 63f38b7's kernels: M 1 56.7 vs 66.4, M 8
+// 232 vs 382, M 16 459 vs 680, M 64 1082 vs 1698, M 128 1271 vs 2130 (Pro M 128 4467 vs 7342);
+// 300c7d4: M 256 (6 rows an expert) 1312 vs 2791; 1cdc8a6: M 512 (12) 1509 vs 3962, M 1024
+// (24) 2729 vs 5205, M 2048 (48) 4687 vs 3410 (the tiled tile 32 up to 32 rows, 128 beyond). So 24:
+// Flash up to 1024 tokens, Pro up to 1536 (Pro measured only up to 128 tokens; the same
+// rows-per-expert reasoning, not measured there).
+constexpr int kStreamAutoMaxRowsPerExpert = 24;
 // The stream path's down GEMM quantises its own activations up to this many tokens (no launch
 // of its own); beyond, every CTA of an expert's 64-row blocks repeats the quantisation of its
 // tile, with a barrier per stage, and the separate launch (once per row) is faster. H200,

@@ -66,10 +66,12 @@ MoeGemmChoice moe_gemm_choice(const MoeDeviceWeights& w, int m, int top_k, MoeGe
   MoeGemmChoice c;
   if (path == MoeGemmPath::kAuto) {
     // tile_n given: the contract of MoeArgs::tile_n before the stream path existed (tiled).
-    // Otherwise the stream path for decode batches where it fits (moe_config.h,
-    // kStreamAutoMaxTokens: measured faster there), the tiled GEMM beyond.
-    path = tile_n == 0 && m <= kStreamAutoMaxTokens && stream_fits(w) ? MoeGemmPath::kStream
-                                                                      : MoeGemmPath::kTiled;
+    // Otherwise the stream path up to a few rows per expert where it fits (moe_config.h,
+    // kStreamAutoMaxRowsPerExpert: measured faster there), the tiled GEMM beyond.
+    path =
+        tile_n == 0 && rows_per_expert(w, m, top_k) <= kStreamAutoMaxRowsPerExpert && stream_fits(w)
+            ? MoeGemmPath::kStream
+            : MoeGemmPath::kTiled;
   }
   c.path = path;
   if (path == MoeGemmPath::kStream) {
