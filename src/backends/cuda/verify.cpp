@@ -432,6 +432,23 @@ std::string CudaVerifier::summary() const {
        << 100.0 * s.identical_fraction() << "% identical; " << s.elements_one_step << " of "
        << s.elements << " elements one step apart, " << s.elements_beyond << " beyond";
   }
+  os << "\n" << time_report();
+  return os.str();
+}
+
+std::string CudaVerifier::time_report() const {
+  static constexpr const char* kKindNames[] = {
+      "step begin",  "step end", "embed",      "hc_pre",  "hc_post",   "linear",   "rms_norm",
+      "q_norm_rope", "kv",       "compressor", "indexer", "attention", "wo_a",     "window",
+      "swiglu",      "moe",      "hc_head",    "logits",  "mtp",       "attn sub", "ffn sub"};
+  static_assert(std::size(kKindNames) == size_t(OpKind::kFfnSublayer) + 1);
+  std::ostringstream os;
+  os.precision(3);
+  os << "verify host seconds by op kind:";
+  for (size_t k = 0; k < std::size(kKindNames); ++k)
+    if (kind_seconds_[k] >= 0.0005) os << " " << kKindNames[k] << " " << kind_seconds_[k];
+  os << "; linears:";
+  for (const auto& [name, sec] : linear_seconds_) os << " " << name << " " << sec;
   return os.str();
 }
 
@@ -492,13 +509,17 @@ void CudaVerifier::after(const OpEvent& e) {
       &CudaVerifier::mtp_combine, nullptr,                     nullptr};
   // clang-format on
   static_assert(std::size(kChecks) == size_t(OpKind::kFfnSublayer) + 1);
+  const auto t0 = std::chrono::steady_clock::now();
   if (const Check c = kChecks[size_t(e.kind)]) (this->*c)(e);
   const auto now = std::chrono::steady_clock::now();
+  const double spent = std::chrono::duration<double>(now - t0).count();
+  kind_seconds_[size_t(e.kind)] += spent;
+  if (e.kind == OpKind::kLinear) linear_seconds_[op_name(LinearId(e.id))] += spent;
   if (std::chrono::duration<double>(now - last_progress_).count() >= kProgressSeconds) {
     last_progress_ = now;
-    std::fprintf(stderr, "verify: %lld op checks, at %s, %.0f s\n",
+    std::fprintf(stderr, "verify: %lld op checks, at %s, %.0f s\n  %s\n",
                  static_cast<long long>(checked_), block_name(e.block).c_str(),
-                 std::chrono::duration<double>(now - start_).count());
+                 std::chrono::duration<double>(now - start_).count(), time_report().c_str());
   }
 }
 

@@ -107,6 +107,8 @@ class CudaVerifier : public OpObserver {
   const CacheStoreStats& store_stats(int kind) const { return stores_[kind]; }
   int64_t ops_checked() const { return checked_; }
   std::string summary() const;
+  // Host seconds spent per op kind so far (also the last line of summary()).
+  std::string time_report() const;
 
  private:
   // One check per op kind (model/op_event.h gives each kind's tensors).
@@ -187,6 +189,10 @@ class CudaVerifier : public OpObserver {
   // A progress line on stderr every kProgressSeconds: at real geometry one prefill step of
   // verify runs for minutes (the CPU reference at 2048 tokens), silent otherwise.
   static constexpr double kProgressSeconds = 20;
+  // Host seconds spent checking each op kind (indexed by OpKind; linears by LinearId in
+  // linear_seconds_): where verify's time goes at real geometry, in summary().
+  double kind_seconds_[size_t(OpKind::kFfnSublayer) + 1] = {};
+  std::map<std::string, double> linear_seconds_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point last_progress_ = start_;
 };
