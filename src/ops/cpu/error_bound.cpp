@@ -69,21 +69,46 @@ void bound_columns(const float* a, const float* wt, int N, int nc, int K, const 
       if (s % chain == 0)
         for (int n = 0; n < kCols; ++n) C[n] = Bc[n] = 0.0;  // the chain's exact partial, bound
       for (int n = 0; n < kCols; ++n) Ps[n] = Mx[n] = Mn[n] = 0.0;
-      for (int k = k0; k < k1; ++k) {
-        const double ak = a[k];
-        if (ak == 0.0) continue;
-        const float* wk = wt + size_t(k) * N;
-        for (int n = 0; n < nc; ++n) {
-          const double p = ak * double(wk[n]);
-          Ps[n] += p;
-          Mx[n] = std::max(Mx[n], std::fabs(p));
+      for (int k = k0; k < k1;) {
+        // Four products a column at a time where four rows in a row have non-zero activations
+        // (the same additions in the same order as one at a time, a quarter of the stores).
+        if (k + 4 <= k1 && a[k] != 0.0 && a[k + 1] != 0.0 && a[k + 2] != 0.0 && a[k + 3] != 0.0) {
+          const double a0 = a[k], a1 = a[k + 1], a2 = a[k + 2], a3 = a[k + 3];
+          const float *w0 = wt + size_t(k) * N, *w1 = w0 + N, *w2 = w1 + N, *w3 = w2 + N;
+          for (int n = 0; n < nc; ++n) {
+            const double p0 = a0 * double(w0[n]), p1 = a1 * double(w1[n]), p2 = a2 * double(w2[n]),
+                         p3 = a3 * double(w3[n]);
+            Ps[n] = (((Ps[n] + p0) + p1) + p2) + p3;
+            Mx[n] = std::max(
+                std::max(std::max(std::max(Mx[n], std::fabs(p0)), std::fabs(p1)), std::fabs(p2)),
+                std::fabs(p3));
+          }
+          if (g == tc.slice)
+            for (int n = 0; n < nc; ++n) {
+              const double p0 = a0 * double(w0[n]), p1 = a1 * double(w1[n]),
+                           p2 = a2 * double(w2[n]), p3 = a3 * double(w3[n]);
+              S[n] = (((S[n] + std::fabs(p0)) + std::fabs(p1)) + std::fabs(p2)) + std::fabs(p3);
+              P[n] = (((P[n] + p0) + p1) + p2) + p3;
+            }
+          k += 4;
+          continue;
         }
-        if (g == tc.slice)
+        const double ak = a[k];
+        if (ak != 0.0) {
+          const float* wk = wt + size_t(k) * N;
           for (int n = 0; n < nc; ++n) {
             const double p = ak * double(wk[n]);
-            S[n] += std::fabs(p);
-            P[n] += p;
+            Ps[n] += p;
+            Mx[n] = std::max(Mx[n], std::fabs(p));
           }
+          if (g == tc.slice)
+            for (int n = 0; n < nc; ++n) {
+              const double p = ak * double(wk[n]);
+              S[n] += std::fabs(p);
+              P[n] += p;
+            }
+        }
+        ++k;
       }
       for (int n = 0; n < nc; ++n) {
         // The GPU's incoming accumulator: the exact chain partial within the chain's bound
@@ -92,19 +117,32 @@ void bound_columns(const float* a, const float* wt, int N, int nc, int K, const 
         U[n] = pow2_floor_nonneg(std::max(Mx[n], Cin[n])) * trunc;
         Ub[n] = U[n] * 0x1p52;
       }
-      for (int k = k0; k < k1; ++k) {
-        const double ak = a[k];
-        if (ak == 0.0) continue;
-        const float* wk = wt + size_t(k) * N;
-        // What truncation at U drops of |p|: |p| less its floor to a multiple of U, found by
-        // rounding at U's place (adding 2^52 U: |p| < 2^24 U here) and stepping down where that
-        // rounded up. Every step is exact (U is a power of two) and free of branches and libm
-        // calls, so the loop vectorises; U = 0 (every |p| of the step 0) adds 0.
-        for (int n = 0; n < nc; ++n) {
-          const double ap = std::fabs(ak * double(wk[n]));
-          const double t = (ap + Ub[n]) - Ub[n];
-          Mn[n] += ap - (t - (t > ap ? U[n] : 0.0));
+      // What truncation at U drops of |p|: |p| less its floor to a multiple of U, found by
+      // rounding at U's place (adding 2^52 U: |p| < 2^24 U here) and stepping down where that
+      // rounded up. Every step is exact (U is a power of two) and free of branches and libm
+      // calls, so the loop vectorises; U = 0 (every |p| of the step 0) adds 0.
+      const auto loss = [](double ap, double u, double ub) {
+        const double t = (ap + ub) - ub;
+        return ap - (t - (t > ap ? u : 0.0));
+      };
+      for (int k = k0; k < k1;) {
+        if (k + 4 <= k1 && a[k] != 0.0 && a[k + 1] != 0.0 && a[k + 2] != 0.0 && a[k + 3] != 0.0) {
+          const double a0 = a[k], a1 = a[k + 1], a2 = a[k + 2], a3 = a[k + 3];
+          const float *w0 = wt + size_t(k) * N, *w1 = w0 + N, *w2 = w1 + N, *w3 = w2 + N;
+          for (int n = 0; n < nc; ++n)
+            Mn[n] = (((Mn[n] + loss(std::fabs(a0 * double(w0[n])), U[n], Ub[n])) +
+                      loss(std::fabs(a1 * double(w1[n])), U[n], Ub[n])) +
+                     loss(std::fabs(a2 * double(w2[n])), U[n], Ub[n])) +
+                    loss(std::fabs(a3 * double(w3[n])), U[n], Ub[n]);
+          k += 4;
+          continue;
         }
+        const double ak = a[k];
+        if (ak != 0.0) {
+          const float* wk = wt + size_t(k) * N;
+          for (int n = 0; n < nc; ++n) Mn[n] += loss(std::fabs(ak * double(wk[n])), U[n], Ub[n]);
+        }
+        ++k;
       }
       for (int n = 0; n < nc; ++n) {
         double e = Mn[n] + std::min(Cin[n], U[n]);
