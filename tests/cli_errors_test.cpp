@@ -236,6 +236,13 @@ TEST_F(CliErrors, ArgumentsAndPrompts) {
        "--layers applies to --random-weights"},
       {"serve --random-weights flash --port 0",
        "--random-weights: serving needs a tokenizer (give --tokenizer FILE)"},
+      {gen + " --prompt-ids 0 --verify-layers 1-2", "--verify-layers applies to --verify"},
+      {gen + " --prompt-ids 0 --backend cuda --verify --verify-layers 3-1",
+       "--verify-layers: 3-1 ends before it starts"},
+      {gen + " --prompt-ids 0 --backend cuda --verify --verify-layers 1-x",
+       "--verify-layers: '1-x' is not A-B or A (block numbers from 0)"},
+      {gen + " --prompt-ids 0 --backend cuda --verify --verify-layers -1",
+       "--verify-layers: '-1' is not A-B or A (block numbers from 0)"},
       {"bogus-command", "unknown command 'bogus-command'"},
       {std::string(5000, 'z'), "unknown command 'zzzz"},
   };

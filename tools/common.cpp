@@ -151,6 +151,9 @@ std::vector<Flag> engine_flags() {
                1 << 30});
   f.push_back(
       {"--verify", "", "cuda: re-run every op on the CPU and stop at the first divergence"});
+  f.push_back({"--verify-layers", "A-B",
+               "with --verify: check only the ops of blocks A..B (or one block A; MTP blocks "
+               "after the layers); the rest run unchecked, the embedding and head are checked"});
   f.push_back({"--no-cuda-graphs", "", "cuda: run decode steps eagerly"});
   f.push_back({"--exact-linears", "", "cuda: FP8 linears summed as the reference does (W8A16)"});
   f = f + parallel_flags();
@@ -186,6 +189,22 @@ EngineOptions engine_options(const Args& a, int64_t max_tokens) {
   o.max_sequences = 1;
   o.max_tokens = std::max<int64_t>(max_tokens, 1);
   o.verify = a.has("--verify");
+  if (a.has("--verify-layers")) {
+    DSV4_CHECK(o.verify, "--verify-layers applies to --verify");
+    const std::string v = a.str("--verify-layers");
+    const size_t dash = v.find('-');
+    const auto number = [&](const std::string& s) {
+      DSV4_CHECK(
+          !s.empty() && s.size() <= 6 && s.find_first_not_of("0123456789") == std::string::npos,
+          "--verify-layers: '", v, "' is not A-B or A (block numbers from 0)");
+      return std::stoi(s);
+    };
+    o.verify_first_layer = number(v.substr(0, dash));
+    o.verify_last_layer =
+        dash == std::string::npos ? o.verify_first_layer : number(v.substr(dash + 1));
+    DSV4_CHECK(o.verify_first_layer <= o.verify_last_layer, "--verify-layers: ", v,
+               " ends before it starts");
+  }
   o.cuda_graphs = !a.has("--no-cuda-graphs");
   o.exact_linears = a.has("--exact-linears");
   parallel_options(a, o);

@@ -80,6 +80,10 @@ struct EngineOptions {
   // CUDA backend only.
   bool verify = false;      // re-run every op on the CPU from the GPU's inputs; the first
                             // divergence is thrown as a dsv4::Error naming block, op, metric
+  // With verify: check only the ops of blocks verify_first_layer..verify_last_layer (inclusive;
+  // -1: to the last, MTP blocks counted after the layers); the others run unchecked, and the
+  // embedding and the head are always checked. Splits a verify at real geometry over runs.
+  int verify_first_layer = 0, verify_last_layer = -1;
   bool cuda_graphs = true;  // decode steps replayed as CUDA graphs
   // FP8 linears as the reference sums them (W8A16 on BF16 tensor cores: exact products, fp32
   // sums) instead of on FP8 tensor cores (faster; Hopper's FP8 MMA keeps ~14 bits inside each

@@ -26,6 +26,8 @@ struct RunnerOptions {
   int64_t cache_bytes = 0;     // 0: room for max_sequences x max_tokens
   int max_step_tokens = 0;     // 0: the backend's default
   bool verify = false;         // CUDA
+  int verify_first_layer = 0;  // CUDA, with verify: the blocks checked (EngineOptions)
+  int verify_last_layer = -1;
   bool cuda_graphs = true;     // CUDA
   bool exact_linears = false;  // CUDA
   // MTP drafts per step the engine will ask for (0: no speculation); the memory plan counts

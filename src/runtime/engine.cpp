@@ -268,6 +268,8 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& o) {
   ro.cache_bytes = o.cache_bytes;
   ro.max_step_tokens = o.max_step_tokens;
   ro.verify = o.verify;
+  ro.verify_first_layer = o.verify_first_layer;
+  ro.verify_last_layer = o.verify_last_layer;
   ro.cuda_graphs = o.cuda_graphs;
   ro.exact_linears = o.exact_linears;
   ro.speculative_tokens = o.speculative_tokens;

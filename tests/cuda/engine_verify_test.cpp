@@ -180,6 +180,53 @@ TEST_P(EngineVerify, CatchesInjectedFaults) {
   }
 }
 
+// --verify-layers: a fault in a block outside the checked range goes unjudged (those ops run
+// unchecked; later blocks are judged from the GPU's own inputs, so they still pass), the same
+// fault inside it is caught; a range outside the model's blocks is refused.
+TEST_P(EngineVerify, ChecksOnlyTheChosenBlocks) {
+  CudaStackOptions o;
+  o.exact_linears = GetParam().exact_linears;
+  o.verify = true;
+  o.max_seqs = 1;
+  const ModelConfig c = tiny_preset(GetParam().preset);
+  int csa = 0;
+  while (c.ratio(csa) != 4) ++csa;
+  const std::vector<int32_t> p = prompt(40, c.vocab_size, 9);
+  int64_t all_checks = 0;
+  {
+    auto s = open_cuda_stack(dir_.path(), o);
+    const int seq = s->runner->open_sequence();
+    s->runner->step({{seq, p, false}});
+    all_checks = s->verifier->ops_checked();
+  }
+  for (const bool inside : {false, true}) {
+    auto s = open_cuda_stack(dir_.path(), o);
+    EXPECT_THROW(s->verifier->set_blocks(0, c.num_blocks()), Error);
+    EXPECT_THROW(s->verifier->set_blocks(2, 1), Error);
+    if (inside)
+      s->verifier->set_blocks(csa, csa);
+    else if (csa + 1 < c.num_blocks())
+      s->verifier->set_blocks(csa + 1, -1);
+    else
+      s->verifier->set_blocks(0, csa - 1);
+    const CudaBlockWeights& b = s->model->weights().blocks[csa];
+    DSV4_CUDA_CHECK(cudaMemset(const_cast<uint8_t*>(b.wq_b.codes.data()) + 1000, 0x7e, 64));
+    const int seq = s->runner->open_sequence();
+    try {
+      s->runner->step({{seq, p, false}});
+      EXPECT_FALSE(inside) << "a corrupted wq_b in the checked block went unnoticed";
+      const std::string sum = s->verifier->summary();
+      EXPECT_NE(sum.find("the other blocks ran unchecked"), std::string::npos) << sum;
+      EXPECT_GT(s->verifier->ops_checked(), 0);
+      EXPECT_LT(s->verifier->ops_checked(), all_checks);
+    } catch (const VerifyError& e) {
+      EXPECT_TRUE(inside) << "a block outside the range was judged: " << e.what();
+      const std::string m = e.what();
+      EXPECT_NE(m.find("attn.wq_b"), std::string::npos) << m;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Presets, EngineVerify,
                          ::testing::Values(Case{"flash", ExpertFormat::kNvfp4},
                                            Case{"pro", ExpertFormat::kMxfp4},

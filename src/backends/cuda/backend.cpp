@@ -168,6 +168,7 @@ std::unique_ptr<Runner> open_cuda_runner(const RunnerOptions& o) {
     // The model's config, not this function's: the verifier keeps a reference.
     owned->verifier = std::make_unique<CudaVerifier>(owned->model->config(), owned->cpu_weights,
                                                      runner->cache(), owned->model->stream());
+    owned->verifier->set_blocks(o.verify_first_layer, o.verify_last_layer);
     runner->set_verifier(owned->verifier.get());
   }
   runner->adopt(std::move(owned));

@@ -421,6 +421,9 @@ void CudaVerifier::compare_entry(const std::string& op, int block, int kind, con
 std::string CudaVerifier::summary() const {
   std::ostringstream os;
   os << "verify: " << checked_ << " op checks, no divergence";
+  if (first_block_ > 0 || last_block_ < c_.num_blocks() - 1)
+    os << " (the ops of blocks " << first_block_ << ".." << last_block_
+       << " and the embedding and head; the other blocks ran unchecked)";
   for (const auto& [name, s] : ops_) {
     os << "\n  " << name << ": " << s.count << " checks, worst relative L2 " << s.worst_rel_l2
        << ", worst |d| / bound " << s.worst_ratio;
@@ -488,7 +491,18 @@ void CudaVerifier::hc_pre(const OpEvent& e) {
          e.t[1].as<bf16_dev>(), e.t[2].as<float>(), e.t[3].as<float>());
 }
 
+void CudaVerifier::set_blocks(int first, int last) {
+  const int n = c_.num_blocks();
+  if (last < 0) last = n - 1;
+  DSV4_CHECK(first >= 0 && first <= last && last < n, "verify: blocks ", first, "..", last,
+             " are not within the model's blocks 0..", n - 1, " (", c_.n_layers, " layers + ",
+             c_.n_mtp_layers, " MTP)");
+  first_block_ = first;
+  last_block_ = last;
+}
+
 void CudaVerifier::before(const OpEvent& e) {
+  if (!checks(e.block)) return;
   const TensorRef& t = e.t[0];
   if (e.kind == OpKind::kQNormRope)
     q_in_ = rows_of(*this, t.data, t.stride(), int(t.rows), int(t.cols), false);
@@ -510,7 +524,10 @@ void CudaVerifier::after(const OpEvent& e) {
   // clang-format on
   static_assert(std::size(kChecks) == size_t(OpKind::kFfnSublayer) + 1);
   const auto t0 = std::chrono::steady_clock::now();
-  if (const Check c = kChecks[size_t(e.kind)]) (this->*c)(e);
+  // hc_post carries the next block's fused hc_pre: it gates its two checks itself.
+  const bool wanted =
+      checks(e.block) || (e.kind == OpKind::kHcPost && e.next_block >= 0 && checks(e.next_block));
+  if (const Check c = kChecks[size_t(e.kind)]; c && wanted) (this->*c)(e);
   const auto now = std::chrono::steady_clock::now();
   const double spent = std::chrono::duration<double>(now - t0).count();
   kind_seconds_[size_t(e.kind)] += spent;
@@ -658,6 +675,11 @@ void CudaVerifier::hc_post(const OpEvent& e) {
                            comb = f32(e.t[3].as<float>(), size_t(T) * hc * hc);
   const bf16_dev* out = e.t[4].as<bf16_dev>();
   std::vector<float> want(size_t(T) * hc * dim), bound(want.size());
+  if (!checks(block)) {  // only the fused hc_pre of the next block (in range)
+    hc_pre(e.next_block, e.next_ffn, bf16(out, want.size()), e.t[5].as<bf16_dev>(),
+           e.t[6].as<float>(), e.t[7].as<float>());
+    return;
+  }
   for (int t = 0; t < T; ++t) {
     cpu::hc_post(hc, dim, sub.data() + size_t(t) * dim, res.data() + size_t(t) * hc * dim,
                  post.data() + size_t(t) * hc, comb.data() + size_t(t) * hc * hc,
@@ -677,7 +699,7 @@ void CudaVerifier::hc_post(const OpEvent& e) {
   judge(std::string("hc_post.") + (ffn ? "ffn" : "attn"), block, got, want, bound,
         cpu::Rounding::kBf16, {T, hc, dim});
   // The fused next hc_pre, from the streams the kernel wrote.
-  if (e.next_block >= 0)
+  if (e.next_block >= 0 && checks(e.next_block))
     hc_pre(e.next_block, e.next_ffn, got, e.t[5].as<bf16_dev>(), e.t[6].as<float>(),
            e.t[7].as<float>());
 }

@@ -87,6 +87,14 @@ class CudaVerifier : public OpObserver {
   CudaVerifier(const ModelConfig& config, const cpu::ModelWeights& cpu_weights,
                const DeviceCache& cache, cudaStream_t stream, VerifyTolerances tol = {});
 
+  // Check only the ops of blocks first..last (inclusive; last -1: to the last block, MTP blocks
+  // after the layers); the others run unchecked (their cache stores too), the embedding and the
+  // head are always checked. Throws on a range outside the model's blocks.
+  void set_blocks(int first, int last);
+  bool checks(int block) const {
+    return block < 0 || (block >= first_block_ && block <= last_block_);
+  }
+
   // The FP8 linears run on the exact W8A16 path (--exact-linears) rather than the FP8 tensor
   // cores: their sums are judged by the BF16 MMA model (set by the model it verifies).
   void set_exact_linears(bool exact) { exact_linears_ = exact; }
@@ -185,6 +193,7 @@ class CudaVerifier : public OpObserver {
   std::map<std::string, OpStats> ops_;
   CacheStoreStats stores_[3];
   int64_t checked_ = 0;
+  int first_block_ = 0, last_block_ = 1 << 30;
   int64_t route_flips_ = 0;  // MoE rows whose selection differed on a near tie
   // A progress line on stderr every kProgressSeconds: at real geometry one prefill step of
   // verify runs for minutes (the CPU reference at 2048 tokens), silent otherwise.
