@@ -17,7 +17,8 @@
 #   experts would hide an expert-index mix-up on the GPU; routing, grouping and every expert's
 #   tiles still run. The checks run on the host's cores: measured ~100 s a Flash layer at 2048
 #   tokens on the 16-core H200 machine (stop 27, before the bounds' last 1.25x), so run one case
-#   per call; VERIFY_LAYERS / VERIFY_TOKENS override a case's layers / prompt length. verify
+#   per call; VERIFY_LAYERS / VERIFY_TOKENS override a case's layers / prompt length, and
+#   VERIFY_BLOCKS=A-B checks only blocks A..B (--verify-layers: a long case over several calls). verify
 #   prints its progress and host seconds per op kind every 20 s. Logs: $OUT/verify-real-*.log.
 # serve (after `scripts/h200/pack.sh serve`): builds dsv4 with the CUDA backend and the server
 #   (build-serve/) and runs the server suite (tests/server/) against `dsv4 serve --backend cuda`;
@@ -140,7 +141,8 @@ if [ "$WHAT" = "verify-real" ]; then
     local t0=$(date +%s)
     timeout "$left" build-cli/tools/dsv4 generate --random-weights "tests/data/deepseek-v4-$4.config.json" \
       --format "$5" --layers "$2" --repeat-experts --prompt-file "/tmp/dsv4-prompt-$3.txt" \
-      --max-new-tokens 4 --ignore-eos --backend cuda --verify > "$OUT/verify-real-$1.log" 2>&1
+      --max-new-tokens 4 --ignore-eos --backend cuda --verify ${VERIFY_BLOCKS:+--verify-layers "$VERIFY_BLOCKS"} \
+      > "$OUT/verify-real-$1.log" 2>&1
     local r=$?
     [ "$r" = 0 ] || rc=1
     echo "$1 ($4, $2 layers, $3 tokens, $5): rc $r in $(( $(date +%s) - t0 )) s"
