@@ -327,7 +327,7 @@ void run_config(const Config& c, ExpertFormat f, const std::vector<int>& ms,
     // The expert GEMM paths side by side: each copy re-planned for the path's token tile
     // (the tile list depends on it), then its GEMM stages timed, at every M (the stream path
     // re-streams an expert's weights for every 16 of its rows: where that stops paying is what
-    // kStreamAutoMaxTokens is read from).
+    // kStreamAutoMaxRowsPerExpert is read from).
     // "stream" quantises the down GEMM's activations inside it, "streamsq" in the separate
     // launch (counted in moe_experts_streamsq, not in moe_gemm_down_streamsq).
     // "streamsq8": the stream path held to 8-token tiles where the default takes 16 (an expert
