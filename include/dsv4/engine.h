@@ -78,8 +78,8 @@ struct EngineOptions {
   int master_port = 29500;
   double node_timeout_s = 120;
   // CUDA backend only.
-  bool verify = false;      // re-run every op on the CPU from the GPU's inputs; the first
-                            // divergence is thrown as a dsv4::Error naming block, op, metric
+  bool verify = false;  // re-run every op on the CPU from the GPU's inputs; the first
+                        // divergence is thrown as a dsv4::Error naming block, op, metric
   // With verify: check only the ops of blocks verify_first_layer..verify_last_layer (inclusive;
   // -1: to the last, MTP blocks counted after the layers); the others run unchecked, and the
   // embedding and the head are always checked. Splits a verify at real geometry over runs.
