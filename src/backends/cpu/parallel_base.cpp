@@ -320,6 +320,12 @@ void ParallelRunnerBase::follow() {
           watch_ = nullptr;
         } catch (const std::exception& e) {
           watch_ = nullptr;
+          // Node 0 gone: its ranks' connections fail this node's collectives, often before the
+          // watch has seen the control connection close; a collective's failure waits up to a
+          // second for that (node 0 sends nothing during a step: readable means closed).
+          if (!lost && dynamic_cast<const CollectiveAborted*>(&e) &&
+              !rendezvous()->readable(1.0).empty() && rendezvous()->closed(0))
+            lost = true;
           if (lost) throw Error(cat("multi-node run: node ", me, " lost node 0 during a step"));
           w.u8(0);
           w.u8(dynamic_cast<const CollectiveAborted*>(&e) ? 1 : 0);
