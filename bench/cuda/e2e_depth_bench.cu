@@ -759,7 +759,10 @@ void run(const Options& o) {
   const ExpertFormat fmt = nv ? ExpertFormat::kNvfp4 : ExpertFormat::kMxfp4;
   const Model m = o.model == "pro" ? pro_model(nv) : flash_model(nv);
   const int full_layers = int(m.real_ratios.size());
-  const int64_t max_ctx = *std::max_element(o.contexts.begin(), o.contexts.end());
+  // Every sequence's capacity: the longest decode context, and the prefill's 8192 tokens when
+  // it runs (a 4K-only decode sweep used to fail at the prefill, after the decode cases).
+  const int64_t max_ctx = std::max(*std::max_element(o.contexts.begin(), o.contexts.end()),
+                                   o.prefill ? int64_t(kPrefillTokens) : int64_t(0));
   if (o.dry_run_gib <= 0) {
     DSV4_CUDA_CHECK(cudaSetDevice(0));
     DSV4_CUDA_CHECK(cudaFree(nullptr));
