@@ -670,26 +670,26 @@ TEST(MoeGemmChoice, RealShapes) {
     int tile_n;
   };
   // The stream GEMM up to kStreamAutoMaxRowsPerExpert rows per expert (tile 8 up to 8 tokens,
-  // else 16): Flash (256 experts, top-6) up to 1024 tokens, Pro (384) up to 1536; the tiled GEMM
-  // beyond (its tile by rows per expert).
-  static_assert(cm::kStreamAutoMaxRowsPerExpert == 24, "the token counts below assume 24");
-  for (const Want& x :
-       {Want{1, ST, 8}, Want{2, ST, 8}, Want{8, ST, 8}, Want{16, ST, 16}, Want{512, ST, 16},
-        Want{1024, ST, 16}, Want{1025, TL, 32}, Want{2048, TL, 128}, Want{4096, TL, 128}}) {
+  // else 16): Flash (256 experts, top-6) up to 1365 tokens, Pro (384) up to 2048; the tiled GEMM
+  // beyond (its tile by rows per expert: 128 there).
+  static_assert(cm::kStreamAutoMaxRowsPerExpert == 32, "the token counts below assume 32");
+  for (const Want& x : {Want{1, ST, 8}, Want{2, ST, 8}, Want{8, ST, 8}, Want{16, ST, 16},
+                        Want{512, ST, 16}, Want{1024, ST, 16}, Want{1365, ST, 16},
+                        Want{1366, TL, 128}, Want{2048, TL, 128}, Want{4096, TL, 128}}) {
     const cm::MoeGemmChoice c = cm::moe_gemm_choice(flash, x.m, 6);
     EXPECT_EQ(c.path, x.path) << "flash m " << x.m;
     EXPECT_EQ(c.tile_n, x.tile_n) << "flash m " << x.m;
     EXPECT_EQ(cm::moe_default_tile_n(flash, x.m, 6), x.tile_n);
   }
   EXPECT_EQ(cm::moe_gemm_choice(pro, 1, 6).path, ST);
-  EXPECT_EQ(cm::moe_gemm_choice(pro, 1536, 6).path, ST);
-  EXPECT_EQ(cm::moe_gemm_choice(pro, 1537, 6).path, TL);
+  EXPECT_EQ(cm::moe_gemm_choice(pro, 2048, 6).path, ST);
+  EXPECT_EQ(cm::moe_gemm_choice(pro, 2049, 6).path, TL);
   EXPECT_EQ(cm::moe_gemm_choice(pro, 4096, 6).path, TL);
   // Fewer tokens than experts: rows per expert counts the experts the pairs can reach (a golden
-  // set's 16 experts, top-4: 96 tokens are 24 rows each, 97 are 25).
+  // set's 16 experts, top-4: 128 tokens are 32 rows each, 129 are 33).
   const cm::MoeDeviceWeights golden = shape(16, 256, 128);
-  EXPECT_EQ(cm::moe_gemm_choice(golden, 96, 4).path, ST);
-  EXPECT_EQ(cm::moe_gemm_choice(golden, 97, 4).path, TL);
+  EXPECT_EQ(cm::moe_gemm_choice(golden, 128, 4).path, ST);
+  EXPECT_EQ(cm::moe_gemm_choice(golden, 129, 4).path, TL);
   // A geometry the stream GEMM cannot run (inter not a multiple of 128): the tiled GEMM.
   EXPECT_EQ(cm::moe_gemm_choice(shape(16, 256, 64), 1, 4).path, TL);
   // Forced paths: each path's own tiles (stream: 8 up to 8 tokens, else 16), anything else an
