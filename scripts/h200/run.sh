@@ -15,11 +15,14 @@
 #   --repeat-experts (one fp32 copy a block on the host), a 2048-token prompt and 4 decode
 #   steps; flash8k: the first 3 layers (to the first CSA layer) at 8192 tokens. Identical
 #   experts would hide an expert-index mix-up on the GPU; routing, grouping and every expert's
-#   tiles still run. The checks run on the host's cores: measured ~100 s a Flash layer at 2048
-#   tokens on the 16-core H200 machine (stop 27, before the bounds' last 1.25x), so run one case
-#   per call; VERIFY_LAYERS / VERIFY_TOKENS override a case's layers / prompt length, and
-#   VERIFY_BLOCKS=A-B checks only blocks A..B (--verify-layers: a long case over several calls). verify
-#   prints its progress and host seconds per op kind every 20 s. Logs: $OUT/verify-real-*.log.
+#   tiles still run. The checks run on the host's cores (16 on the H200 machine), one case per
+#   call, each sized to fit one: flash checks every block (blocks 2-3 alone took 225 s with
+#   loading at stop 28; all four not timed yet), pro only block 2, its CSA layer (341 s; every block would take ~1200 s: the HCA
+#   blocks with VERIFY_BLOCKS=0-1 and 3-3, one call each), flash8k only block 2 (478 s).
+#   VERIFY_LAYERS / VERIFY_TOKENS override a case's layers / prompt length, VERIFY_BLOCKS=A-B its
+#   checked blocks (--verify-layers; the embedding and head always). verify prints its progress
+#   and host seconds per op kind every 20 s. Logs: $OUT/verify-real-*.log;
+#   bench/results/verify-real-h200.md holds what ran.
 # serve (after `scripts/h200/pack.sh serve`): builds dsv4 with the CUDA backend and the server
 #   (build-serve/) and runs the server suite (tests/server/) against `dsv4 serve --backend cuda`;
 #   [filter] is a pytest -k expression. Logs: $OUT/server-tests.log, $OUT/server-junit.xml.
@@ -132,8 +135,8 @@ if [ "$WHAT" = "verify-real" ]; then
     python3 -c "print(','.join(str(10 + (i * 7919) % 120000) for i in range($n)))" > "/tmp/dsv4-prompt-$n.txt"
   done
   rc=0
-  run_case() {  # name layers tokens config format
-    set -- "$1" "${VERIFY_LAYERS:-$2}" "${VERIFY_TOKENS:-$3}" "$4" "$5"
+  run_case() {  # name layers tokens config format [blocks]
+    set -- "$1" "${VERIFY_LAYERS:-$2}" "${VERIFY_TOKENS:-$3}" "$4" "$5" "${VERIFY_BLOCKS:-${6:-}}"
     [ -f "/tmp/dsv4-prompt-$3.txt" ] ||
       python3 -c "print(','.join(str(10 + (i * 7919) % 120000) for i in range($3)))" > "/tmp/dsv4-prompt-$3.txt"
     local left=$(( ${DSV4_RUN_LIMIT_S:-585} - ($(date +%s) - START) - 10 ))
@@ -141,18 +144,19 @@ if [ "$WHAT" = "verify-real" ]; then
     local t0=$(date +%s)
     timeout "$left" build-cli/tools/dsv4 generate --random-weights "tests/data/deepseek-v4-$4.config.json" \
       --format "$5" --layers "$2" --repeat-experts --prompt-file "/tmp/dsv4-prompt-$3.txt" \
-      --max-new-tokens 4 --ignore-eos --backend cuda --verify ${VERIFY_BLOCKS:+--verify-layers "$VERIFY_BLOCKS"} \
+      --max-new-tokens 4 --ignore-eos --backend cuda --verify ${6:+--verify-layers "$6"} \
       > "$OUT/verify-real-$1.log" 2>&1
     local r=$?
     [ "$r" = 0 ] || rc=1
-    echo "$1 ($4, $2 layers, $3 tokens, $5): rc $r in $(( $(date +%s) - t0 )) s"
+    echo "$1 ($4, $2 layers, $3 tokens, $5, blocks ${6:-all} checked): rc $r in $(( $(date +%s) - t0 )) s"
     tail -3 "$OUT/verify-real-$1.log"
   }
   case "${FILTER:-all}" in
     flash) run_case flash 4 2048 flash nvfp4 ;;
-    pro) run_case pro 4 2048 pro nvfp4 ;;
-    flash8k) run_case flash8k 3 8192 flash mxfp4 ;;
-    all) run_case flash 4 2048 flash nvfp4; run_case pro 4 2048 pro nvfp4; run_case flash8k 3 8192 flash mxfp4 ;;
+    pro) run_case pro 4 2048 pro nvfp4 2-2 ;;
+    flash8k) run_case flash8k 3 8192 flash mxfp4 2-2 ;;
+    # Each case takes most of a call: all three need DSV4_RUN_LIMIT_S beyond the device tool's.
+    all) run_case flash 4 2048 flash nvfp4; run_case pro 4 2048 pro nvfp4 2-2; run_case flash8k 3 8192 flash mxfp4 2-2 ;;
     *) echo "verify-real: unknown case '$FILTER' (flash, pro, flash8k, all)"; exit 2 ;;
   esac
   exit $rc
