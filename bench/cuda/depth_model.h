@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda/bench_util.h"
+#include "cuda/real_config.h"
 #include "model/model_config.h"
 #include "ops/common/weight_refs.h"
 
@@ -24,62 +25,25 @@ namespace dsv4::depth {
 // The real model's layer kinds, in order (compress ratio, hash-routed).
 struct Model {
   std::string name;
-  ModelConfig base;              // n_layers / compress_ratios set per run
+  ModelConfig base;              // the real model's; config_with_layers cuts it per run
   std::vector<int> real_ratios;  // the real decoder's compress_ratios (MTP excluded)
   int hash_layers = 3;
 };
 
-inline Model flash_model(bool nvfp4) {
-  ModelConfig c;
-  c.vocab_size = 129280;
-  c.dim = 4096;
-  c.n_mtp_layers = 1;
-  c.n_heads = 64;
-  c.head_dim = 512;
-  c.rope_head_dim = 64;
-  c.q_lora_rank = 1024;
-  c.o_groups = 8;
-  c.o_lora_rank = 1024;
-  c.window_size = 128;
-  c.index_n_heads = 64;
-  c.index_head_dim = 128;
-  c.index_topk = 512;
-  c.rope_theta = 10000;
-  c.compress_rope_theta = 160000;
-  c.rope_factor = 16;
-  c.original_seq_len = 65536;
-  c.hc_mult = 4;
-  c.hc_sinkhorn_iters = 20;
-  c.n_routed_experts = 256;
-  c.n_shared_experts = 1;
-  c.n_activated_experts = 6;
-  c.moe_inter_dim = 2048;
-  c.route_scale = 1.5f;
-  c.swiglu_limit = 10;
-  c.max_position_embeddings = 1 << 20;
-  c.moe_quant_algo = nvfp4 ? "NVFP4" : "";
-  Model m{"flash", c, {}, 3};
-  // ../shared/spec/v4_arch.md 1.2: layers 0, 1 SWA; even 2..42 CSA; odd 3..41 HCA.
-  for (int i = 0; i < 43; ++i) m.real_ratios.push_back(i < 2 ? 0 : i % 2 == 0 ? 4 : 128);
-  return m;
+// The real model's layer mix from its config file (real_config.h): V4-Flash layers 0, 1 SWA,
+// even 2..42 CSA, odd 3..41 HCA; V4-Pro layers 0, 1 HCA, even 2..60 CSA, odd 3..59 HCA; the
+// first 3 hash-routed (../shared/spec/v4_arch.md 1.2).
+inline Model real_model(const std::string& name, bool nvfp4) {
+  const ModelConfig c = bench::real_config(name, nvfp4);
+  return Model{name, c,
+               std::vector<int>(c.compress_ratios.begin(), c.compress_ratios.begin() + c.n_layers),
+               c.n_hash_layers};
 }
-
+inline Model flash_model(bool nvfp4) {
+  return real_model("flash", nvfp4);
+}
 inline Model pro_model(bool nvfp4) {
-  Model m = flash_model(nvfp4);
-  ModelConfig& c = m.base;
-  m.name = "pro";
-  c.dim = 7168;
-  c.n_heads = 128;
-  c.q_lora_rank = 1536;
-  c.o_groups = 16;
-  c.index_topk = 1024;
-  c.n_routed_experts = 384;
-  c.moe_inter_dim = 3072;
-  c.route_scale = 2.5f;
-  // Layers 0, 1 HCA; even 2..60 CSA; odd 3..59 HCA.
-  m.real_ratios.clear();
-  for (int i = 0; i < 61; ++i) m.real_ratios.push_back(i < 2 ? 128 : i % 2 == 0 ? 4 : 128);
-  return m;
+  return real_model("pro", nvfp4);
 }
 
 inline ModelConfig config_with_layers(const Model& m, int n) {

@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -37,6 +38,7 @@
 #include "backends/cuda/weights.h"
 #include "core/error.h"
 #include "cuda/bench_util.h"
+#include "cuda/real_config.h"
 #include "model/cache_spec.h"
 #include "model/weights.h"
 #include "ops/cuda/common/cuda_check.h"
@@ -205,55 +207,27 @@ struct Shape {
   std::vector<std::pair<int, int>> full_mix;  // (ratio, count) of the real model
 };
 
+// The measured model: `ratios` layers of the real geometry (real_config.h), no hash routing, no
+// MTP block; the real model's layer count and mix from the same file.
+Shape real_shape(const std::string& name, bool nvfp4, std::vector<int> ratios) {
+  ModelConfig c = bench::real_config(name, nvfp4);
+  Shape s{name, c, c.n_layers, {}};
+  std::map<int, int> mix;
+  for (int b = 0; b < c.n_layers; ++b) ++mix[c.ratio(b)];
+  s.full_mix.assign(mix.begin(), mix.end());
+  s.config.n_layers = int(ratios.size());
+  s.config.n_mtp_layers = 0;
+  s.config.n_hash_layers = 0;
+  s.config.compress_ratios = std::move(ratios);
+  return s;
+}
+
 Shape flash_shape(bool nvfp4) {
-  ModelConfig c;
-  c.vocab_size = 129280;
-  c.dim = 4096;
-  c.n_layers = 3;
-  c.n_mtp_layers = 0;
-  c.n_heads = 64;
-  c.head_dim = 512;
-  c.rope_head_dim = 64;
-  c.q_lora_rank = 1024;
-  c.o_groups = 8;
-  c.o_lora_rank = 1024;
-  c.window_size = 128;
-  c.compress_ratios = {0, 4, 128};
-  c.index_n_heads = 64;
-  c.index_head_dim = 128;
-  c.index_topk = 512;
-  c.rope_theta = 10000;
-  c.compress_rope_theta = 160000;
-  c.rope_factor = 16;
-  c.original_seq_len = 65536;
-  c.hc_mult = 4;
-  c.hc_sinkhorn_iters = 20;
-  c.n_routed_experts = 256;
-  c.n_shared_experts = 1;
-  c.n_activated_experts = 6;
-  c.moe_inter_dim = 2048;
-  c.n_hash_layers = 0;
-  c.route_scale = 1.5f;
-  c.swiglu_limit = 10;
-  c.max_position_embeddings = 1 << 20;
-  c.moe_quant_algo = nvfp4 ? "NVFP4" : "";
-  return {"flash", c, 43, {{0, 2}, {4, 21}, {128, 20}}};
+  return real_shape("flash", nvfp4, {0, 4, 128});
 }
 
 Shape pro_shape(bool nvfp4) {
-  Shape s = flash_shape(nvfp4);
-  ModelConfig& c = s.config;
-  c.dim = 7168;
-  c.n_layers = 2;
-  c.compress_ratios = {4, 128};
-  c.n_heads = 128;
-  c.q_lora_rank = 1536;
-  c.o_groups = 16;
-  c.index_topk = 1024;
-  c.n_routed_experts = 384;
-  c.moe_inter_dim = 3072;
-  c.route_scale = 2.5f;
-  return {"pro", c, 61, {{4, 30}, {128, 31}}};
+  return real_shape("pro", nvfp4, {4, 128});
 }
 
 // ---- rooflines ------------------------------------------------------------------------------
