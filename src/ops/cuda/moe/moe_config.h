@@ -71,7 +71,7 @@ using StreamN16 = StreamTile<16, 5, 4>;
 // 232 vs 382, M 16 459 vs 680, M 64 1082 vs 1698, M 128 1271 vs 2130 (Pro M 128 4467 vs 7342);
 // 300c7d4: M 256 (6 rows an expert) 1312 vs 2791; 1cdc8a6: M 512 (12) 1509 vs 3962, M 1024
 // (24) 2729 vs 5205, M 2048 (48) 4687 vs 3410 (the tiled tile 32 up to 32 rows, 128 beyond).
-// Pro NVFP4, fdf8a31: M 256 (5) 5080 vs 8817, M 512 (8) 5360 vs 13224, M 1024 (16) 7738 vs
+// Pro NVFP4, fdf8a31: M 256 (4) 5080 vs 8817, M 512 (8) 5360 vs 13224, M 1024 (16) 7738 vs
 // 16485, M 2048 (32) 12993 vs 27225. So 32, the tiled path's tile-32 range, where it lost at
 // every M measured (tile 128, beyond, won at Flash's 48 rows): Flash up to 1365 tokens, Pro up
 // to 2048.
