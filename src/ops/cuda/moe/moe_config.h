@@ -72,10 +72,14 @@ using StreamN16 = StreamTile<16, 5, 4>;
 // 300c7d4: M 256 (6 rows an expert) 1312 vs 2791; 1cdc8a6: M 512 (12) 1509 vs 3962, M 1024
 // (24) 2729 vs 5205, M 2048 (48) 4687 vs 3410 (the tiled tile 32 up to 32 rows, 128 beyond).
 // Pro NVFP4, fdf8a31: M 256 (4) 5080 vs 8817, M 512 (8) 5360 vs 13224, M 1024 (16) 7738 vs
-// 16485, M 2048 (32) 12993 vs 27225. So 32, the tiled path's tile-32 range, where it lost at
-// every M measured (tile 128, beyond, won at Flash's 48 rows): Flash up to 1365 tokens, Pro up
-// to 2048.
-constexpr int kStreamAutoMaxRowsPerExpert = 32;
+// 16485, M 2048 (32) 12993 vs 27225. So the stream path wherever the tiled path would take its
+// tile 32, which lost at every M measured (tile 128, beyond, won at Flash's 48 rows): Flash up
+// to 1365 tokens, Pro up to 2048.
+// The tiled path's token tile by mean rows per active expert (moe_heuristic.cpp tiled_tile):
+// 8 up to kTiledTile8MaxRows, 32 up to kTiledTile32MaxRows, 128 beyond.
+constexpr int kTiledTile8MaxRows = 8;
+constexpr int kTiledTile32MaxRows = 32;
+constexpr int kStreamAutoMaxRowsPerExpert = kTiledTile32MaxRows;
 // The stream path's down GEMM quantises its own activations up to this many tokens (no launch
 // of its own); beyond, every CTA of an expert's 64-row blocks repeats the quantisation of its
 // tile, with a barrier per stage, and the separate launch (once per row) is faster. H200,

@@ -28,7 +28,7 @@ int tiled_tile(const MoeDeviceWeights& w, int m, int top_k) {
   // does not divide both projections is skipped for the next smaller one. The 128 tile
   // narrows its MMA to the quarters a tile's rows need, so it also serves 33..128 rows.
   const long per = rows_per_expert(w, m, top_k);
-  const int want = per <= 8 ? 8 : per <= 32 ? 32 : 128;
+  const int want = per <= kTiledTile8MaxRows ? 8 : per <= kTiledTile32MaxRows ? 32 : 128;
   for (int t : {128, 64, 32, 8})
     if (t <= want && tiled_fits(w, t)) return t;
   return 8;  // BM = 64 divides every validated shape
