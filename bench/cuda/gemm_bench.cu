@@ -43,6 +43,7 @@
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/gemm/fp8_gemm.h"
 #include "ops/cuda/gemm/fp8_gemm_heuristic.h"
+#include "ops/cuda/gemm/fp8_gemm_prefill.h"
 #include "ops/cuda/gemm/stream_gemm.h"
 #include "ops/cuda/head/head.h"
 
@@ -397,6 +398,42 @@ void bench_linear(const char* model, const Shape& s, int m, const Options& o, cu
          t_stream, flops, double(wbytes), fp8, "fp8_gemm[tensorcore]", t_tc);
     emit("fp8_gemm[tensorcore]", shape, t_tc, flops, double(wbytes), fp8, "fp8_gemm[stream]",
          t_stream);
+    // The tensor-core kernel's other work splits at these sizes (persistent data-parallel tiles,
+    // split-K at 2..8), each against the scheduler the heuristic picked.
+    if (n % 8 == 0) {
+      struct Variant {
+        const char* name;
+        cuda::detail::PrefillScheduler sched;
+        int splits;
+      };
+      using cuda::detail::PrefillScheduler;
+      for (const Variant& v : {Variant{"persistent", PrefillScheduler::kPersistent, 0},
+                               Variant{"splitk2", PrefillScheduler::kStreamK, 2},
+                               Variant{"splitk4", PrefillScheduler::kStreamK, 4},
+                               Variant{"splitk8", PrefillScheduler::kStreamK, 8}}) {
+        cuda::detail::PrefillArgs pa;
+        pa.a = a.codes.data();
+        pa.a_scales_t = a.scales.data();
+        pa.a_ld = a.ld;
+        pa.m = m;
+        pa.n = n;
+        pa.k = k;
+        pa.ldy = n;
+        pa.y = by;
+        pa.scheduler = v.sched;
+        pa.splits = v.splits;
+        DeviceBuffer<uint8_t> vw(std::max<size_t>(cuda::detail::prefill_workspace_bytes(pa), 16));
+        const double t_v = bench::GraphSet(copies, [&](int c, cudaStream_t st) {
+                             cuda::detail::PrefillArgs pc = pa;
+                             const Fp8WeightView wv = w.view(c);
+                             pc.w = wv.codes;
+                             pc.w_scales_t = wv.scales_t;
+                             cuda::detail::prefill_gemm(pc, vw.data(), vw.size(), st);
+                           }).median_us(o.iters);
+        emit(std::string("fp8_gemm[tensorcore ") + v.name + "]", shape, t_v, flops, double(wbytes),
+             fp8, "fp8_gemm[tensorcore]", t_tc);
+      }
+    }
   }
   if (streams && m <= cuda::gemm_cfg::kStreamMaxTokens) {
     // The old heuristic's split on the same kernel, where it differs.

@@ -115,7 +115,9 @@ typename G::Gemm::Arguments make_args(const PrefillArgs& p) {
   args.epilogue.thread.beta = 0.0f;
   if constexpr (std::is_same_v<G, StreamKGemm>) {
     using Params = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90StreamKParams;
-    args.scheduler.decomposition_mode = Params::DecompositionMode::StreamK;
+    args.scheduler.decomposition_mode =
+        p.splits > 1 ? Params::DecompositionMode::SplitK : Params::DecompositionMode::StreamK;
+    if (p.splits > 1) args.scheduler.splits = p.splits;
     args.scheduler.reduction_mode = Params::ReductionMode::Deterministic;
   }
   return args;

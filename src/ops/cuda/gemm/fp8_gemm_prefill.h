@@ -25,6 +25,10 @@ struct PrefillArgs {
   int m = 0, n = 0, k = 0;
   bool pdl = false;
   PrefillScheduler scheduler = PrefillScheduler::kAuto;
+  // Stream-K scheduler only: > 1 splits each output tile's K evenly over that many CTAs (CUTLASS's
+  // split-K decomposition, the same deterministic fixup) instead of stream-K's even share of
+  // all K iterations; 0 = stream-K. For measuring decode-sized m (gemm_bench).
+  int splits = 0;
 };
 
 size_t prefill_workspace_bytes(const PrefillArgs& p);
