@@ -4,7 +4,7 @@
 // insert), prefill 4K / 8K tokens (staged entries + decoded keys, what a prefill chunk uses).
 // Inputs and outputs rotate through more memory than the L2 holds. No external peer computes
 // these ops; they are judged against the HBM roofline (bytes they must move) or, below 32 MB,
-// against the launch floor.
+// against the launch floor. The head counts are real_config.h's.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cuda/bench_util.h"
+#include "cuda/real_config.h"
 #include "kvcache/cache_layout.h"
 #include "ops/cuda/attn_frontend/attn_frontend.h"
 #include "ops/cuda/common/device_buffer.h"
@@ -146,8 +147,8 @@ int main() {
     for (int sq : {1, 2})
       decode.push_back({"decode b" + std::to_string(b) + " s_q" + std::to_string(sq), b, sq});
   for (int n : {4096, 8192}) prefill.push_back({"prefill " + std::to_string(n), 1, n});
-  for (const auto& [model, heads] :
-       {std::pair{std::string("flash"), 64}, std::pair{std::string("pro"), 128}}) {
+  for (const std::string model : {"flash", "pro"}) {
+    const int heads = bench::real_config(model, false).n_heads;
     for (const auto& b : decode) bench_q(heads, model, b);
     for (const auto& b : prefill) bench_q(heads, model, b);
   }

@@ -3,7 +3,7 @@
 // b = 1..256 with s_q 1 and 2, prefill 4K / 8K), both our paths where they apply, side by side
 // with cuBLAS BF16 on the same grouped shape (strided-batched GEMM over the groups, weight
 // dequantised to BF16 once). Also the in-place inverse RoPE alone. Weights and activations
-// rotate through more memory than the L2 holds.
+// rotate through more memory than the L2 holds. The heads, groups and ranks are real_config.h's.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -18,6 +18,7 @@
 
 #include "cuda/bench_util.h"
 #include "cuda/cublas_check.h"
+#include "cuda/real_config.h"
 #include "ops/cuda/attn_frontend/attn_frontend.h"
 #include "ops/cuda/attn_output/attn_output.h"
 #include "ops/cuda/common/device_buffer.h"
@@ -33,6 +34,12 @@ struct Model {
   int in_g() const { return heads / groups * 512; }
   int rows() const { return groups * o_lora; }
 };
+
+// A real model's output projection (real_config.h); the head width 512 is the kernels'.
+Model real_model(const char* name) {
+  const ModelConfig c = bench::real_config(name, false);
+  return {name, c.n_heads, c.o_groups, c.o_lora_rank};
+}
 
 std::vector<uint8_t> random_fp8(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -169,8 +176,8 @@ void bench_model(const Model& m, cublasHandle_t handle) {
 int main() {
   cublasHandle_t handle;
   CUBLAS_CHECK(cublasCreate(&handle));
-  bench_model({"flash", 64, 8, 1024}, handle);
-  bench_model({"pro", 128, 16, 1024}, handle);
+  bench_model(real_model("flash"), handle);
+  bench_model(real_model("pro"), handle);
   cublasDestroy(handle);
   return 0;
 }

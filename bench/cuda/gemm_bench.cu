@@ -1,6 +1,7 @@
-// FP8 block-scaled GEMM and head logits at DeepSeek-V4 Flash and Pro shapes, side by side in the
-// same run with cuBLAS BF16 (cublasGemmEx on the dequantised weight) and cuBLASLt FP8 (per-tensor
-// scale) on the same shapes. Weights are rotated through more memory than the L2 holds.
+// FP8 block-scaled GEMM and head logits at DeepSeek-V4 Flash and Pro shapes (real_config.h), side
+// by side in the same run with cuBLAS BF16 (cublasGemmEx on the dequantised weight) and cuBLASLt
+// FP8 (per-tensor scale) on the same shapes. Weights are rotated through more memory than the L2
+// holds.
 //
 // One JSON line per (kernel, shape): µs, TFLOPS, TB/s on the weight bytes, the roofline
 // max(weight bytes / 4.3 TB/s, flops / tensor rate) and the fraction of it reached.
@@ -40,6 +41,7 @@
 #include "cuda/bench_util.h"
 #include "cuda/cublas_check.h"
 #include "cuda/device_fill.cuh"
+#include "cuda/real_config.h"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/gemm/fp8_gemm.h"
 #include "ops/cuda/gemm/fp8_gemm_heuristic.h"
@@ -544,8 +546,7 @@ void bench_split_sweep(const char* model, const Shape& s, int m, const Options& 
   }
 }
 
-void bench_head(const char* model, int dim, int m, const Options& o, cublasHandle_t cb) {
-  const int vocab = 129280;
+void bench_head(const char* model, int vocab, int dim, int m, const Options& o, cublasHandle_t cb) {
   const size_t welems = size_t(vocab) * dim;
   DeviceBuffer<uint16_t> w(welems), x(size_t(m) * dim);
   DeviceBuffer<float> logits(size_t(m) * vocab);
@@ -570,20 +571,41 @@ void bench_head(const char* model, int dim, int m, const Options& o, cublasHandl
                                                 dim, &zero, logits.data(), CUDA_R_32F, vocab,
                                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
                     }).median_us(o.iters);
-  const std::string shape =
-      std::string(model) + " head m=" + std::to_string(m) + " n=129280 k=" + std::to_string(dim);
+  const std::string shape = std::string(model) + " head m=" + std::to_string(m) +
+                            " n=" + std::to_string(vocab) + " k=" + std::to_string(dim);
   const double flops = 2.0 * m * double(vocab) * dim, bytes = double(welems) * 2;
   emit(m <= 64 ? "head_logits(stream)" : "head_logits(cublas)", shape, t, flops, bytes,
        bench::kBf16Tflops, "cublas_bf16_f32out", tp);
 }
 
 // A model's FP8 weights and the engine's pairs of them that read one input (attention: wq_a +
-// wkv on x, wq_b + indexer wq_b on the q latent).
+// wkv on x, wq_b + indexer wq_b on the q latent), and its BF16 head [vocab, dim].
 struct Model {
   const char* name;
+  int vocab, dim;
   std::vector<Shape> shapes;
   std::vector<std::pair<int, int>> pairs;  // indices into shapes
 };
+
+// A real model (real_config.h) with each weight [n, k] as the engine binds it
+// (model/weights.cpp; the fused shared w1 + w3 as backends/cuda/weights.cpp stacks them).
+Model real_model(const char* name) {
+  const ModelConfig c = bench::real_config(name, false);
+  const int dim = c.dim, inter = c.moe_inter_dim;
+  return {name,
+          c.vocab_size,
+          dim,
+          {{"wq_a", c.q_lora_rank, dim},
+           {"wq_b", c.n_heads * c.head_dim, c.q_lora_rank},
+           {"wkv", c.head_dim, dim},
+           {"wo_b", dim, c.o_groups * c.o_lora_rank},
+           {"indexer_wq_b", c.index_n_heads * c.index_head_dim, c.q_lora_rank},
+           {"shared_w1|w3", inter, dim},
+           {"shared_w13_fused", 2 * inter, dim},
+           {"shared_w2", dim, inter},
+           {"mtp_e|h_proj", dim, dim}},
+          {{0, 2}, {1, 4}}};
+}
 
 }  // namespace
 
@@ -592,28 +614,7 @@ int main(int argc, char** argv) {
   cublasHandle_t cb;
   CUBLAS_CHECK(cublasCreate(&cb));
   LtFp8 lt;
-  const Model flash = {"flash",
-                       {{"wq_a", 1024, 4096},
-                        {"wq_b", 32768, 1024},
-                        {"wkv", 512, 4096},
-                        {"wo_b", 4096, 8192},
-                        {"indexer_wq_b", 8192, 1024},
-                        {"shared_w1|w3", 2048, 4096},
-                        {"shared_w13_fused", 4096, 4096},
-                        {"shared_w2", 4096, 2048},
-                        {"mtp_e|h_proj", 4096, 4096}},
-                       {{0, 2}, {1, 4}}};
-  const Model pro = {"pro",
-                     {{"wq_a", 1536, 7168},
-                      {"wq_b", 65536, 1536},
-                      {"wkv", 512, 7168},
-                      {"wo_b", 7168, 16384},
-                      {"indexer_wq_b", 8192, 1536},
-                      {"shared_w1|w3", 3072, 7168},
-                      {"shared_w13_fused", 6144, 7168},
-                      {"shared_w2", 7168, 3072},
-                      {"mtp_e|h_proj", 7168, 7168}},
-                     {{0, 2}, {1, 4}}};
+  const Model flash = real_model("flash"), pro = real_model("pro");
   std::vector<const Model*> models;
   if (o.flash) models.push_back(&flash);
   if (o.pro) models.push_back(&pro);
@@ -639,7 +640,7 @@ int main(int argc, char** argv) {
   for (int k : {4096, 8192, 16384}) bench_linear("target", {"prefill", 7168, k}, 4096, o, cb, lt);
   if (o.head)
     for (const Model* md : models)
-      for (int m : o.ms) bench_head(md->name, md == &flash ? 4096 : 7168, m, o, cb);
+      for (int m : o.ms) bench_head(md->name, md->vocab, md->dim, m, o, cb);
   cublasDestroy(cb);
   return 0;
 }

@@ -1,5 +1,5 @@
-// Lightning indexer at V4-Flash / V4-Pro shapes (issue 3, deliverable 7): the three stages
-// (query path, logits, top-k) and the whole indexer, one JSON line each per shape.
+// Lightning indexer at V4-Flash / V4-Pro shapes (real_config.h; issue 3, deliverable 7): the
+// three stages (query path, logits, top-k) and the whole indexer, one JSON line each per shape.
 //
 // Decode: b sequences x s_q (next_n) tokens at context 16K, 64K and 128K (64 indexer heads,
 // top-512 Flash / top-1024 Pro), MXFP4 keys on shuffled 64-entry pages, rotated past L2.
@@ -28,6 +28,7 @@
 #include "kvcache/cache_layout.h"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/indexer/indexer.h"
+#include "real_config.h"
 
 using namespace dsv4;
 using namespace dsv4::cuda;
@@ -69,16 +70,23 @@ __global__ void fill_bytes_hash(uint8_t* p, int64_t n, int64_t page_bytes, int p
   }
 }
 
-constexpr int kHeads = 64, kPage = 64;
+constexpr int kPage = 64;
 
 struct Shape {
   std::string name;
+  int heads;  // indexer heads
   int b, sq;
   int64_t ctx;
   int topk;
   bool prefill;
   double peer_logits_us;
 };
+
+// A shape of a real model (real_config.h): its indexer heads and top-k.
+Shape model_shape(const char* name, const ModelConfig& c, int b, int sq, int64_t ctx, bool prefill,
+                  double peer_logits_us) {
+  return {name, c.index_n_heads, b, sq, ctx, c.index_topk, prefill, peer_logits_us};
+}
 
 void run(const Shape& sh, std::mt19937& rng) {
   const int T = sh.b * sh.sq;
@@ -102,10 +110,10 @@ void run(const Shape& sh, std::mt19937& rng) {
     std::shuffle(ids.begin(), ids.end(), rng);
     tables.emplace_back(ids);
   }
-  const size_t qn = size_t(T) * kHeads * 128;
-  DeviceBuffer<uint16_t> d_q(qn), d_wp(size_t(T) * kHeads), d_qfp4(qn), d_w(size_t(T) * kHeads);
+  const size_t qn = size_t(T) * sh.heads * 128;
+  DeviceBuffer<uint16_t> d_q(qn), d_wp(size_t(T) * sh.heads), d_qfp4(qn), d_w(size_t(T) * sh.heads);
   bench::fill_bf16_triangular_kernel<<<1024, 256>>>(d_q.data(), int64_t(qn), 3u);
-  bench::fill_bf16_triangular_kernel<<<64, 256>>>(d_wp.data(), int64_t(T) * kHeads, 4u);
+  bench::fill_bf16_triangular_kernel<<<64, 256>>>(d_wp.data(), int64_t(T) * sh.heads, 4u);
   std::vector<float> inv(32);
   for (int i = 0; i < 32; ++i) inv[i] = std::pow(160000.0f, -float(2 * i) / 64.0f);
   DeviceBuffer<float> d_inv(inv);
@@ -116,7 +124,7 @@ void run(const Shape& sh, std::mt19937& rng) {
 
   IndexerParams p;
   p.batch = {d_cu.data(), d_pos0.data(), sh.b, T, sh.sq, sh.ctx - 1};
-  p.n_heads = kHeads;
+  p.n_heads = sh.heads;
   p.topk = sh.topk;
   p.q = reinterpret_cast<const __nv_bfloat16*>(d_q.data());
   p.wproj = reinterpret_cast<const __nv_bfloat16*>(d_wp.data());
@@ -144,8 +152,8 @@ void run(const Shape& sh, std::mt19937& rng) {
       for (int t = t0; t < t0 + nt; ++t) vis_sum += double((pos0[s] + t + 1) / 4);
     }
   char shape[200];
-  std::snprintf(shape, sizeof shape, "%s h64 b=%d sq=%d ctx=%lld topk=%d", sh.name.c_str(), sh.b,
-                sh.sq, (long long)sh.ctx, sh.topk);
+  std::snprintf(shape, sizeof shape, "%s h%d b=%d sq=%d ctx=%lld topk=%d", sh.name.c_str(),
+                sh.heads, sh.b, sh.sq, (long long)sh.ctx, sh.topk);
   auto emit = [&](const char* kernel, double us, double flops, double bytes, const char* peer,
                   double peer_us) {
     bench::Result r;
@@ -174,12 +182,12 @@ void run(const Shape& sh, std::mt19937& rng) {
     return;
   }
   const double tq = bench::median_us([&](int) { indexer_query(p, nullptr); });
-  emit("indexer_query", tq, 0, double(qn) * 4 + double(T) * kHeads * 4, "", 0);
+  emit("indexer_query", tq, 0, double(qn) * 4 + double(T) * sh.heads * 4, "", 0);
   const double tl = bench::median_us([&](int i) {
     bind(i % copies);
     indexer_logits(p, nullptr);
   });
-  emit("indexer_logits", tl, 2.0 * vis_sum * kHeads * 128, key_bytes,
+  emit("indexer_logits", tl, 2.0 * vis_sum * sh.heads * 128, key_bytes,
        sh.peer_logits_us > 0 ? "DeepGEMM SM90 paged MQA logits [pub, H20]" : "", sh.peer_logits_us);
   const double tk = bench::median_us([&](int) { indexer_topk(p, nullptr); });
   emit("indexer_topk", tk, 0, vis_sum * 2, "", 0);
@@ -196,7 +204,7 @@ void run(const Shape& sh, std::mt19937& rng) {
     bind(i % copies);
     lightning_indexer(p, nullptr);
   });
-  emit("lightning_indexer", ta, 2.0 * vis_sum * kHeads * 128, key_bytes, "", 0);
+  emit("lightning_indexer", ta, 2.0 * vis_sum * sh.heads * 128, key_bytes, "", 0);
 }
 
 }  // namespace
@@ -214,12 +222,15 @@ int main(int argc, char** argv) {
     }
   }
   std::mt19937 rng(11);
+  const ModelConfig flash = bench::real_config("flash", false),
+                    pro = bench::real_config("pro", false);
   if (g_topk_only) {  // batch 1-2 decode top-k over 4K / 16K / 32K entries, both paths
     for (int64_t ctx : {16384LL, 65536LL, 131072LL})
       for (int sq : {1, 2})
         for (int b : {1, 2}) {
-          run({"decode_flash", b, sq, ctx, 512, false, 0}, rng);
-          if (ctx == 131072 && sq == 1) run({"decode_pro", b, sq, ctx, 1024, false, 0}, rng);
+          run(model_shape("decode_flash", flash, b, sq, ctx, false, 0), rng);
+          if (ctx == 131072 && sq == 1)
+            run(model_shape("decode_pro", pro, b, sq, ctx, false, 0), rng);
         }
     return 0;
   }
@@ -228,13 +239,14 @@ int main(int argc, char** argv) {
       for (int b : {1, 2, 32, 64, 128, 256}) {
         if (quick && (b == 32 || b == 64 || sq == 4)) continue;
         // Device memory of the key cache: b * ctx/4 * 68 B (2.3 GB at b=256, 128K).
-        run({"decode_flash", b, sq, ctx, 512, false, 0}, rng);
+        run(model_shape("decode_flash", flash, b, sq, ctx, false, 0), rng);
       }
-  run({"decode_pro", 128, 2, 65536, 1024, false, 0}, rng);
+  run(model_shape("decode_pro", pro, 128, 2, 65536, false, 0), rng);
   // DeepGEMM's published point (H20): B=256, 8K context, next_n 1 / 2.
-  run({"decode_flash", 256, 1, 8192, 512, false, 131.0}, rng);
-  run({"decode_flash", 256, 2, 8192, 512, false, 252.0}, rng);
-  for (int64_t n : {4096LL, 8192LL}) run({"prefill_flash", 1, int(n), n, 512, true, 0}, rng);
-  if (!quick) run({"prefill_pro", 1, 8192, 8192, 1024, true, 0}, rng);
+  run(model_shape("decode_flash", flash, 256, 1, 8192, false, 131.0), rng);
+  run(model_shape("decode_flash", flash, 256, 2, 8192, false, 252.0), rng);
+  for (int64_t n : {4096LL, 8192LL})
+    run(model_shape("prefill_flash", flash, 1, int(n), n, true, 0), rng);
+  if (!quick) run(model_shape("prefill_pro", pro, 1, 8192, 8192, true, 0), rng);
   return 0;
 }

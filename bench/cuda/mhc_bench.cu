@@ -6,6 +6,7 @@
 // pair, so peer/ours is ~1 there). Inputs are rotated through more memory than the L2 holds; every
 // op is replayed from a CUDA graph. --dims benchmarks other widths instead (e.g. 128, 384: the
 // per-token kernel of widths the cluster kernel does not take), or as well with --model.
+// The Flash and Pro widths and the vocabulary are real_config.h's.
 // At the widths the split-K path takes (mhc_cfg::uses_split_kernel: Flash, Pro) hc_pre,
 // hc_post_pre and hc_head run on it (what the engine runs), with the cluster kernel at the same
 // shape as the peer ("cluster"), timed once per graph and, up to 512 tokens, as a chain of kChain
@@ -26,6 +27,7 @@
 #include "cuda/bench_util.h"
 #include "cuda/cuda_support.h"
 #include "cuda/device_fill.cuh"
+#include "cuda/real_config.h"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/head/head.h"
 #include "ops/cuda/mhc/mhc.h"
@@ -54,8 +56,9 @@ void emit(const std::string& kernel, const std::string& shape, double us, double
   r.emit();
 }
 
-// One token count at one width: every op, its bytes, the unfused peer of the fused op.
-void bench_width(const char* model, int dim, int tokens, int iters) {
+// One token count at one width: every op, its bytes, the unfused peer of the fused op; the
+// embedding table has `vocab` rows.
+void bench_width(const char* model, int dim, int vocab, int tokens, int iters) {
   const size_t sd = size_t(tokens) * kHc * dim, xd = size_t(tokens) * dim;
   const int mix = (2 + kHc) * kHc;
   // Rotation: the streams and fn (at decode, fn is most of the bytes).
@@ -225,9 +228,8 @@ void bench_width(const char* model, int dim, int tokens, int iters) {
   emit("hc_head+norm", shape, t_head, b_streams + b_x + double(hfn.size()) * 4 + dim * 2.0, "", 0);
   emit("rms_norm", shape, t_norm, 2 * b_x + dim * 2.0, "", 0);
 
-  // Embedding gather + repeat into the 4 streams (vocab 129280).
+  // Embedding gather + repeat into the 4 streams.
   {
-    const int vocab = 129280;
     DeviceBuffer<uint16_t> table(size_t(vocab) * dim);
     bench::fill_bf16_kernel<<<1024, 256>>>(bf16_ptr(table), table.size(), 9, 1e-3f);
     std::vector<int32_t> ids(tokens);
@@ -280,10 +282,12 @@ int main(int argc, char** argv) {
     }
   }
   if (!dims.empty() && !model_given) flash = pro = false;
+  // The real widths and vocabulary; --dims widths embed from the same vocabulary.
+  const ModelConfig fc = bench::real_config("flash", false), pc = bench::real_config("pro", false);
   for (int t : tokens) {
-    if (flash) bench_width("flash", 4096, t, iters);
-    if (pro) bench_width("pro", 7168, t, iters);
-    for (int d : dims) bench_width(("dim" + std::to_string(d)).c_str(), d, t, iters);
+    if (flash) bench_width("flash", fc.dim, fc.vocab_size, t, iters);
+    if (pro) bench_width("pro", pc.dim, pc.vocab_size, t, iters);
+    for (int d : dims) bench_width(("dim" + std::to_string(d)).c_str(), d, fc.vocab_size, t, iters);
   }
   return 0;
 }

@@ -2,8 +2,9 @@
 // vs cuBLAS BF16 running the same selected experts one by one (w13 fused [2*inter, dim], then
 // w2; dequantised = BF16 weights of the same shapes; GEMMs only, no routing/SwiGLU), in the
 // same run. Shapes: V4-Flash (256 experts, top-6, dim 4096, inter 2048), V4-Pro (384, top-6,
-// 7168, 3072), and the golden sets' expert counts (tiny-flash 16 / top-4, tiny-pro 24 / top-6,
-// at their dim 256 / inter 128), tokens per layer M = 1 to 4096; MXFP4 and NVFP4.
+// 7168, 3072) as real_config.h reads them, and the golden sets' expert counts (tiny-flash 16 /
+// top-4, tiny-pro 24 / top-6, at their dim 256 / inter 128), tokens per layer M = 1 to 4096; MXFP4
+// and NVFP4.
 //
 // Lines (bench_util.h JSON): moe_layer_<fmt> (all stages), launch_floor (as many empty
 // kernels, for layers below the bandwidth-target sizes), moe_experts_<fmt> (gate/up GEMM +
@@ -34,6 +35,7 @@
 #include "core/formats.h"
 #include "cuda/bench_util.h"
 #include "cuda/cublas_check.h"
+#include "cuda/real_config.h"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/common/sm90/sync.cuh"
 #include "ops/cuda/moe/moe.h"
@@ -50,6 +52,22 @@ struct Config {
   int E, K, dim, inter;
   float route_scale;
 };
+
+// A real model's routed experts (real_config.h); the expert format is the run's, not the file's.
+Config real_moe(const char* name) {
+  const ModelConfig c = bench::real_config(name, false);
+  return {name, c.n_routed_experts, c.n_activated_experts, c.dim, c.moe_inter_dim, c.route_scale};
+}
+
+// The measured configs: the real models, then the golden sets' expert counts (synthetic widths).
+std::vector<Config> moe_configs() {
+  return {
+      real_moe("flash"),
+      real_moe("pro"),
+      {"golden16", 16, 4, 256, 128, 1.5f},
+      {"golden24", 24, 6, 256, 128, 2.5f},
+  };
+}
 
 // Host tensors of a layer: `distinct` random experts referenced cyclically by all E (the
 // device gets E separately packed copies; values do not matter for timing).
@@ -384,12 +402,7 @@ int main(int argc, char** argv) {
   using namespace dsv4;
   try {
     std::vector<std::string> filters(argv + 1, argv + argc);
-    const std::vector<Config> configs = {
-        {"flash", 256, 6, 4096, 2048, 1.5f},
-        {"pro", 384, 6, 7168, 3072, 2.5f},
-        {"golden16", 16, 4, 256, 128, 1.5f},
-        {"golden24", 24, 6, 256, 128, 2.5f},
-    };
+    const std::vector<Config> configs = moe_configs();
     const std::vector<int> ms = {1, 2, 4, 8, 16, 64, 128, 256, 512, 1024, 2048, 4096};
     for (const std::string& f : filters) {
       bool known = f == "mxfp4" || f == "nvfp4" || f == "decode";

@@ -1,7 +1,7 @@
 // MoE router benchmark: the route stage (logits, scores, x quantisation, top-k / hash
-// selection, weights) and the grouping, as moe_forward runs them, at the real shapes: V4-Flash
-// (256 experts, dim 4096) and V4-Pro (384, 7168), top-6, score-routed and hash-routed layers,
-// tokens M = 1, 8, 32, 128 (decode batches), 512 and 4096 (prefill).
+// selection, weights) and the grouping, as moe_forward runs them, at the real shapes
+// (real_config.h): V4-Flash (256 experts, dim 4096) and V4-Pro (384, 7168), top-6, score-routed
+// and hash-routed layers, tokens M = 1, 8, 32, 128 (decode batches), 512 and 4096 (prefill).
 //
 // Lines (bench_util.h JSON): moe_router_<config>_<score|hash> = route + plan as moe_forward runs
 // them (the launches a layer runs before its expert GEMMs), moe_router_only_<path>_<...> = the
@@ -26,6 +26,7 @@
 #include "core/error.h"
 #include "core/formats.h"
 #include "cuda/bench_util.h"
+#include "cuda/real_config.h"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/moe/moe.h"
 #include "ops/cuda/moe/moe_kernels.h"
@@ -41,6 +42,12 @@ struct Config {
   int E, K, dim;
   float route_scale;
 };
+
+// A real model's router (real_config.h); the expert format does not enter the route stage.
+Config real_router(const char* name) {
+  const ModelConfig c = bench::real_config(name, false);
+  return {name, c.n_routed_experts, c.n_activated_experts, c.dim, c.route_scale};
+}
 
 // A case: the inputs and the workspace (shared: replays run one after another) and `copies`
 // copies of the layer's router weights (gate, bias or tid2eid), rotated through.
@@ -160,8 +167,7 @@ int main(int argc, char** argv) {
   using namespace dsv4;
   try {
     const std::vector<std::string> filters(argv + 1, argv + argc);
-    const std::vector<Config> configs = {{"flash", 256, 6, 4096, 1.5f},
-                                         {"pro", 384, 6, 7168, 2.5f}};
+    const std::vector<Config> configs = {real_router("flash"), real_router("pro")};
     std::fprintf(stderr, "moe_router_bench on %s\n", bench::gpu_name().c_str());
     for (const Config& c : configs)
       for (bool hash : {false, true})

@@ -17,6 +17,7 @@
 
 #include "cuda/bench_util.h"
 #include "cuda/device_fill.cuh"
+#include "cuda/real_config.h"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/sampling/device_sampler.h"
 
@@ -25,15 +26,14 @@ using namespace dsv4::cuda;
 
 namespace {
 
-constexpr int kVocab = 129280;
-
 double median(std::vector<float> t) {
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }
 
-void bench_mode(const std::string& name, const SamplingParams& params, int batch, int iters) {
-  const size_t n = size_t(batch) * kVocab;
+void bench_mode(const std::string& name, const SamplingParams& params, int vocab, int batch,
+                int iters) {
+  const size_t n = size_t(batch) * vocab;
   const int copies = bench::rotation_copies(n * sizeof(float));
   std::vector<DeviceBuffer<float>> logits;
   for (int c = 0; c < copies; ++c) {
@@ -41,7 +41,7 @@ void bench_mode(const std::string& name, const SamplingParams& params, int batch
     bench::fill_f32_kernel<<<1024, 256>>>(logits.back().data(), n, 17 + c, -12.f, 12.f);
   }
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
-  DeviceSampler sampler(kVocab, batch, batch);
+  DeviceSampler sampler(vocab, batch, batch);
   std::vector<DeviceSampler::Sample> samples;
   for (int r = 0; r < batch; ++r) samples.push_back({r, &params, r, nullptr, -1});
   cudaEvent_t a, b;
@@ -77,7 +77,7 @@ void bench_mode(const std::string& name, const SamplingParams& params, int batch
   cudaEventDestroy(b);
   bench::Result r;
   r.kernel = "sampling_" + name;
-  r.shape = "batch=" + std::to_string(batch) + " vocab=" + std::to_string(kVocab);
+  r.shape = "batch=" + std::to_string(batch) + " vocab=" + std::to_string(vocab);
   r.us = median(t);
   r.bytes = double(n) * sizeof(float);
   r.peer = "download all rows (host path)";
@@ -111,11 +111,13 @@ int main(int argc, char** argv) {
   topp.temperature = 1.0f;
   topp.top_p = 0.95f;
   topp.seed = 7;
+  // The real vocabulary (real_config.h; Flash and Pro share it).
+  const int vocab = bench::real_config("flash", false).vocab_size;
   for (int batch : {1, 8, 32, 128, 256}) {
-    bench_mode("greedy_plain", plain, batch, iters);
-    bench_mode("greedy", greedy, batch, iters);
-    bench_mode("T0.8_topk50_topp0.9", topk_topp, batch, iters);
-    bench_mode("T1_topp0.95", topp, batch, iters);
+    bench_mode("greedy_plain", plain, vocab, batch, iters);
+    bench_mode("greedy", greedy, vocab, batch, iters);
+    bench_mode("T0.8_topk50_topp0.9", topk_topp, vocab, batch, iters);
+    bench_mode("T1_topp0.95", topp, vocab, batch, iters);
   }
   return 0;
 }

@@ -14,6 +14,7 @@
 // N(0, 1); the workspace is the one the planner sizes.
 // FLOPs = 2 * heads * (512 + 512) * keys summed over the query tokens, keys = window fill +
 // compressed entries. Bytes = every query's keys once (584 B) + q + out.
+// The heads and CSA top-k are real_config.h's.
 //
 // Usage: sparse_attention_bench [--quick] [--no-prefill] [--batches 8,32,...]
 // (--quick: batches 2 and 128 only; --no-prefill: the decode shapes only; --batches: these)
@@ -26,6 +27,7 @@
 #include "bench_util.h"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/sparse_attention/sparse_attention.h"
+#include "real_config.h"
 #include "sparse_attention_inputs.cuh"
 
 using namespace dsv4;
@@ -150,6 +152,9 @@ int main(int argc, char** argv) {
   }
   std::mt19937 rng(7);
   const char* fm = "FlashMLA H200 side by side (anchors.md)";
+  // The real heads and CSA top-k (real_config.h).
+  const ModelConfig fc = bench::real_config("flash", false), pc = bench::real_config("pro", false);
+  const int fh = fc.n_heads, ftopk = fc.index_topk, ph = pc.n_heads, ptopk = pc.index_topk;
   // FlashMLA decode, s_k = 16384, from anchors.md's side-by-side table (0 = not measured).
   struct Row {
     const char* name;
@@ -157,14 +162,14 @@ int main(int argc, char** argv) {
     double b2, b64, b128, b256;
   };
   const Row rows[] = {
-      {"flash_csa", 64, 4, 512, 1, 0, 23.5, 52.8, 54.5, 96.0},
-      {"flash_csa", 64, 4, 512, 2, 0, 24.3, 52.8, 93.9, 175.0},
-      {"flash_hca", 64, 128, 0, 1, 0, 20.5, 28.8, 30.7, 52.2},
-      {"flash_hca", 64, 128, 0, 2, 0, 20.8, 29.9, 49.3, 87.5},
-      {"flash_hca1024", 64, 128, 0, 1, 1024, 21.4, 49.7, 77.4, 118.4},
-      {"flash_hca1024", 64, 128, 0, 2, 1024, 24.2, 73.3, 119.6, 196.0},
-      {"pro_csa", 128, 4, 1024, 1, 0, 0, 0, 0, 0},
-      {"pro_csa", 128, 4, 1024, 2, 0, 26.6, 112.3, 213.1, 415.9},
+      {"flash_csa", fh, 4, ftopk, 1, 0, 23.5, 52.8, 54.5, 96.0},
+      {"flash_csa", fh, 4, ftopk, 2, 0, 24.3, 52.8, 93.9, 175.0},
+      {"flash_hca", fh, 128, 0, 1, 0, 20.5, 28.8, 30.7, 52.2},
+      {"flash_hca", fh, 128, 0, 2, 0, 20.8, 29.9, 49.3, 87.5},
+      {"flash_hca1024", fh, 128, 0, 1, 1024, 21.4, 49.7, 77.4, 118.4},
+      {"flash_hca1024", fh, 128, 0, 2, 1024, 24.2, 73.3, 119.6, 196.0},
+      {"pro_csa", ph, 4, ptopk, 1, 0, 0, 0, 0, 0},
+      {"pro_csa", ph, 4, ptopk, 2, 0, 26.6, 112.3, 213.1, 415.9},
   };
   const auto pool_host = encoded_pool(rng);
   DeviceBuffer<uint8_t> pool(pool_host);
@@ -185,7 +190,7 @@ int main(int argc, char** argv) {
   for (int sq : {4096, 8192}) {
     if (!prefill) break;
     for (int pro = 0; pro < 2; ++pro) {
-      const int heads = pro ? 128 : 64, topk = pro ? 1024 : 512;
+      const int heads = pro ? ph : fh, topk = pro ? ptopk : ftopk;
       const int64_t ctx = sq == 4096 ? 8192 : 16384;
       const double peer = sq == 4096 ? (pro ? 1947.0 : 634.0) : 0.0;
       run({pro ? "pro_csa_prefill" : "flash_csa_prefill", heads, 4, topk, 1, sq, ctx, peer,

@@ -2,10 +2,10 @@
 // CTAs that stream contiguous 64-row items through a ring of bulk-copy stages, as
 // moe_gemm_stream.cuh does, with the consumers only releasing the stages (no dequantisation,
 // no MMA) -- and, beside it, a plain ld.global stream of the same bytes. The byte volumes are
-// the routed experts' packed NVFP4 weights of one MoE stage at the real shapes: a single
-// token's 6 experts (where launch and ramp-up are a large share) and a 128-token batch's
-// ~243 distinct experts. The gap between this and moe_bench's moe_gemm_*_stream rows is the
-// GEMM's own cost; the gap between this and the HBM figure is the copy pattern's.
+// the routed experts' packed NVFP4 weights of one MoE stage at the real shapes (real_config.h):
+// a single token's 6 experts (where launch and ramp-up are a large share) and a 128-token
+// batch's ~243 distinct experts. The gap between this and moe_bench's moe_gemm_*_stream rows is
+// the GEMM's own cost; the gap between this and the HBM figure is the copy pattern's.
 //
 // Lines (bench_util.h JSON): weight_stream_ring (stage bytes x stages, CTAs per SM) and
 // weight_stream_ldg, TBps over the streamed bytes. Usage: weight_stream_bench.
@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "cuda/bench_util.h"
+#include "cuda/real_config.h"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/common/sm90/mbarrier.cuh"
 #include "ops/cuda/common/sm90/tma.cuh"
@@ -96,6 +97,17 @@ struct Case {
   long items;
 };
 
+constexpr long kTileBytes = 2304;  // a 64 x 64 NVFP4 tile: 2048 B of codes, 256 B of scales
+
+// `experts` experts' gate/up projections of a real model (rows 2 x inter over K = dim) and their
+// down projections (rows dim over K = inter), in 64-row items.
+Case gateup_case(const char* name, const ModelConfig& c, long experts) {
+  return {name, c.dim / 64 * kTileBytes, experts * (2 * c.moe_inter_dim / 64)};
+}
+Case down_case(const char* name, const ModelConfig& c, long experts) {
+  return {name, c.moe_inter_dim / 64 * kTileBytes, experts * (c.dim / 64)};
+}
+
 int sm_count() {
   int dev = 0, n = 0;
   DSV4_CUDA_CHECK(cudaGetDevice(&dev));
@@ -153,14 +165,14 @@ int main() {
   using namespace dsv4;
   try {
     // Flash: gate/up rows 2 x 2048 over K 4096, down rows 4096 over K 2048 (64 items an
-    // expert each); 6 experts at one token, ~243 at 128 tokens (random routing). Pro: dims
-    // 7168 / 3072.
-    const long fgu = 4096 / 64 * 2304, fdn = 2048 / 64 * 2304;
-    const long pgu = 7168 / 64 * 2304, pdn = 3072 / 64 * 2304;
+    // expert each); top-6 experts at one token, ~243 at 128 tokens (random routing:
+    // E (1 - (1 - k/E)^128) = 243.7). Pro: dims 7168 / 3072.
+    const ModelConfig f = bench::real_config("flash", true), p = bench::real_config("pro", true);
+    const int fk = f.n_activated_experts, pk = p.n_activated_experts;
     const Case cases[] = {
-        {"flash_gateup_m1", fgu, 6 * 64},     {"flash_down_m1", fdn, 6 * 64},
-        {"flash_gateup_m128", fgu, 243 * 64}, {"flash_down_m128", fdn, 243 * 64},
-        {"pro_gateup_m1", pgu, 6 * 96},       {"pro_down_m1", pdn, 6 * 112},
+        gateup_case("flash_gateup_m1", f, fk),    down_case("flash_down_m1", f, fk),
+        gateup_case("flash_gateup_m128", f, 243), down_case("flash_down_m128", f, 243),
+        gateup_case("pro_gateup_m1", p, pk),      down_case("pro_down_m1", p, pk),
     };
     // Rotation: several copies of the largest volume (~2.3 GB) so no run starts from L2.
     DeviceBuffer<uint8_t> buf(size_t(6) << 30);
