@@ -1010,6 +1010,25 @@ TEST(Fp8GemmHeuristic, PathAtRealShapes) {
   }
 }
 
+// The tensor-core kernel's scheduler (host only): persistent tiles for one row of tiles with K
+// up to kPrefillPersistentMaxK (measured faster at m = 128), stream-K for fewer tiles than SMs
+// otherwise, persistent for a full wave.
+TEST(Fp8GemmHeuristic, TensorCoreScheduler) {
+  constexpr int kSms = 132;
+  const int max_k = cuda::kPrefillPersistentMaxK;
+  for (int m : {65, 100, 128})
+    for (int k : {512, 1024, 4096}) {
+      EXPECT_FALSE(cuda::prefill_use_stream_k(m, 1024, k, kSms)) << "m=" << m << " k=" << k;
+      EXPECT_FALSE(cuda::prefill_use_stream_k(m, 512, k, kSms)) << "m=" << m << " k=" << k;
+    }
+  EXPECT_TRUE(cuda::prefill_use_stream_k(128, 4096, max_k + 128, kSms));  // Pro's K 7168 range
+  EXPECT_TRUE(cuda::prefill_use_stream_k(128, 4096, 8192, kSms));         // Flash wo_b
+  EXPECT_TRUE(cuda::prefill_use_stream_k(129, 1024, 4096, kSms));         // two rows of tiles
+  EXPECT_TRUE(cuda::prefill_use_stream_k(256, 2048, 1024, kSms));
+  EXPECT_FALSE(cuda::prefill_use_stream_k(4096, 7168, 4096, kSms));  // a full wave of tiles
+  EXPECT_FALSE(cuda::prefill_use_stream_k(256, 1024, 256, kSms));    // too little K to split
+}
+
 TEST(Fp8GemmHeuristic, GroupingAtRealShapes) {
   // The engine's pairs share a launch: wq_a + wkv (few tiles, long K: one launch fills the SMs
   // that two would leave idle) and wq_b + indexer wq_b (bandwidth-bound: the launch saved

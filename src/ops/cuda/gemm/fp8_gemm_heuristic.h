@@ -179,10 +179,19 @@ inline Fp8GemmPath fp8_gemm_pick_path(int m, int n, int /*k*/) {
 
 // The tensor-core kernel's persistent scheduler runs whole 128x128 output tiles; when there are
 // fewer tiles than SMs (decode batches of 65..~512 rows, small N) stream-K splits K so that
-// every SM works.
+// every SM works — except for one row of tiles (m <= 128) with K up to kPrefillPersistentMaxK,
+// where stream-K's partial tiles (128 x 128 fp32 each, as many bytes as 64 K of the weight
+// tile), its turnstile fixup and the memset of its barriers cost more than the idle SMs: H200,
+// gemm_bench m = 128 graph replays, Flash weights, persistent vs stream-K µs (af55cb6): wq_a
+// (8 tiles, K 4096) 19.6 vs 22.4, wkv (4, 4096) 19.1 vs 22.5, indexer wq_b (64, 1024) 10.8 vs
+// 12.0, shared w1|w3 (16, 4096) 18.0 vs 20.4, w13 fused (32, 4096) 18.3 vs 20.9, w2 (32, 2048)
+// 13.2 vs 16.0; at K 8192 stream-K stays ahead (wo_b, 32 tiles: 28.8 vs 26.1). Larger m and K
+// between 4096 and 8192 (Pro's 7168) are unmeasured: stream-K as before.
+constexpr int kPrefillPersistentMaxK = 4096;
 inline bool prefill_use_stream_k(int m, int n, int k, int sm_count) {
   const long long tiles = (long long)((m + gemm_cfg::kPrefillTileM - 1) / gemm_cfg::kPrefillTileM) *
                           ((n + gemm_cfg::kPrefillTileN - 1) / gemm_cfg::kPrefillTileN);
+  if (m <= gemm_cfg::kPrefillTileM && k <= kPrefillPersistentMaxK) return false;
   return tiles < sm_count && k >= 4 * gemm_cfg::kPrefillTileK;
 }
 
