@@ -403,7 +403,7 @@ int main(int argc, char** argv) {
   try {
     std::vector<std::string> filters(argv + 1, argv + argc);
     const std::vector<Config> configs = moe_configs();
-    const std::vector<int> ms = {1, 2, 4, 8, 16, 64, 128, 256, 512, 1024, 2048, 4096};
+    const std::vector<int> ms = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096};
     for (const std::string& f : filters) {
       bool known = f == "mxfp4" || f == "nvfp4" || f == "decode";
       for (const Config& c : configs) known |= f == c.name;
