@@ -1027,6 +1027,13 @@ TEST(Fp8GemmHeuristic, TensorCoreScheduler) {
   EXPECT_TRUE(cuda::prefill_use_stream_k(256, 2048, 1024, kSms));
   EXPECT_FALSE(cuda::prefill_use_stream_k(4096, 7168, 4096, kSms));  // a full wave of tiles
   EXPECT_FALSE(cuda::prefill_use_stream_k(256, 1024, 256, kSms));    // too little K to split
+  // The real weights at the b = 128 decode shape: persistent wherever K <= the measured bound,
+  // stream-K for the longer K below a wave of tiles (Flash wo_b, Pro's K 7168 and 16384).
+  for (const RealWeight& w : real_weights()) {
+    const bool under_a_wave = (w.n + 127) / 128 < kSms;
+    EXPECT_EQ(cuda::prefill_use_stream_k(128, w.n, w.k, kSms), w.k > max_k && under_a_wave)
+        << w.name;
+  }
 }
 
 TEST(Fp8GemmHeuristic, GroupingAtRealShapes) {

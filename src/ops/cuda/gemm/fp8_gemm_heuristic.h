@@ -189,9 +189,9 @@ inline Fp8GemmPath fp8_gemm_pick_path(int m, int n, int /*k*/) {
 // between 4096 and 8192 (Pro's 7168) are unmeasured: stream-K as before.
 constexpr int kPrefillPersistentMaxK = 4096;
 inline bool prefill_use_stream_k(int m, int n, int k, int sm_count) {
+  if (m <= gemm_cfg::kPrefillTileM && k <= kPrefillPersistentMaxK) return false;
   const long long tiles = (long long)((m + gemm_cfg::kPrefillTileM - 1) / gemm_cfg::kPrefillTileM) *
                           ((n + gemm_cfg::kPrefillTileN - 1) / gemm_cfg::kPrefillTileN);
-  if (m <= gemm_cfg::kPrefillTileM && k <= kPrefillPersistentMaxK) return false;
   return tiles < sm_count && k >= 4 * gemm_cfg::kPrefillTileK;
 }
 
