@@ -669,11 +669,14 @@ TEST(MoeGemmChoice, RealShapes) {
     cm::MoeGemmPath path;
     int tile_n;
   };
-  // The stream GEMM up to kStreamAutoMaxRowsPerExpert rows per expert (tile 8 up to 8 tokens,
-  // else 16): Flash (256 experts, top-6) up to 1365 tokens, Pro (384) up to 2048; the tiled GEMM
-  // beyond (its tile by rows per expert: 128 there).
+  // The stream GEMM up to kStreamAutoMaxRowsPerExpert rows per expert (tile 8 up to 8 tokens
+  // and up to kStreamTile8MaxRows rows per expert, else 16): Flash (256 experts, top-6) up to
+  // 1365 tokens, Pro (384) up to 2048; the tiled GEMM beyond (its tile by rows per expert: 128
+  // there).
   static_assert(cm::kStreamAutoMaxRowsPerExpert == 32, "the token counts below assume 32");
-  for (const Want& x : {Want{1, ST, 8}, Want{2, ST, 8}, Want{8, ST, 8}, Want{16, ST, 16},
+  static_assert(cm::kStreamTile8MaxRows == 4, "the token counts below assume 4");
+  for (const Want& x : {Want{1, ST, 8}, Want{2, ST, 8}, Want{8, ST, 8}, Want{16, ST, 8},
+                        Want{128, ST, 8}, Want{170, ST, 8}, Want{171, ST, 16}, Want{256, ST, 16},
                         Want{512, ST, 16}, Want{1024, ST, 16}, Want{1365, ST, 16},
                         Want{1366, TL, 128}, Want{2048, TL, 128}, Want{4096, TL, 128}}) {
     const cm::MoeGemmChoice c = cm::moe_gemm_choice(flash, x.m, 6);
@@ -684,6 +687,8 @@ TEST(MoeGemmChoice, RealShapes) {
   EXPECT_EQ(cm::moe_gemm_choice(pro, 1, 6).path, ST);
   EXPECT_EQ(cm::moe_gemm_choice(pro, 2048, 6).path, ST);
   EXPECT_EQ(cm::moe_gemm_choice(pro, 2049, 6).path, TL);
+  EXPECT_EQ(cm::moe_gemm_choice(pro, 256, 6).tile_n, 8);   // 4 rows an expert
+  EXPECT_EQ(cm::moe_gemm_choice(pro, 257, 6).tile_n, 16);  // 5
   EXPECT_EQ(cm::moe_gemm_choice(pro, 4096, 6).path, TL);
   // Fewer tokens than experts: rows per expert counts the experts the pairs can reach (a golden
   // set's 16 experts, top-4: 128 tokens are 32 rows each, 129 are 33).
@@ -692,10 +697,11 @@ TEST(MoeGemmChoice, RealShapes) {
   EXPECT_EQ(cm::moe_gemm_choice(golden, 129, 4).path, TL);
   // A geometry the stream GEMM cannot run (inter not a multiple of 128): the tiled GEMM.
   EXPECT_EQ(cm::moe_gemm_choice(shape(16, 256, 64), 1, 4).path, TL);
-  // Forced paths: each path's own tiles (stream: 8 up to 8 tokens, else 16), anything else an
-  // error (no fallback).
+  // Forced paths: each path's own tiles (stream: 8 up to 8 tokens or 4 rows an expert, else 16),
+  // anything else an error (no fallback).
   EXPECT_EQ(cm::moe_gemm_choice(flash, 8, 6, ST).tile_n, 8);
-  EXPECT_EQ(cm::moe_gemm_choice(flash, 9, 6, ST).tile_n, 16);
+  EXPECT_EQ(cm::moe_gemm_choice(flash, 9, 6, ST).tile_n, 8);
+  EXPECT_EQ(cm::moe_gemm_choice(flash, 171, 6, ST).tile_n, 16);
   EXPECT_EQ(cm::moe_gemm_choice(flash, 4096, 6, ST).tile_n, 16);
   EXPECT_EQ(cm::moe_gemm_choice(flash, 1, 6, TL).tile_n, 8);
   EXPECT_EQ(cm::moe_gemm_choice(flash, 1, 6, TL, 128).tile_n, 128);
@@ -1507,7 +1513,8 @@ TEST_F(MoeCudaSmoke, RejectsUnsupported) {
   // the stream GEMM's own tiles.
   EXPECT_EQ(cm::moe_gemm_choice(L->dev, 3, 4).path, ST);
   EXPECT_EQ(cm::moe_gemm_choice(L->dev, 3, 4, ST).tile_n, 8);
-  EXPECT_EQ(cm::moe_gemm_choice(L->dev, 9, 4, ST).tile_n, 16);
+  EXPECT_EQ(cm::moe_gemm_choice(L->dev, 9, 4, ST).tile_n, 8);    // 3 rows an expert
+  EXPECT_EQ(cm::moe_gemm_choice(L->dev, 17, 4, ST).tile_n, 16);  // 5
   EXPECT_EQ(cm::moe_gemm_choice(L->dev, 1000, 4).path, TL);
 }
 

@@ -80,6 +80,13 @@ using StreamN16 = StreamTile<16, 5, 4>;
 constexpr int kTiledTile8MaxRows = 8;
 constexpr int kTiledTile32MaxRows = 32;
 constexpr int kStreamAutoMaxRowsPerExpert = kTiledTile32MaxRows;
+// The stream path's token tile: 8 up to 8 tokens (every expert one tile) and while the mean rows
+// per active expert are at most this, 16 beyond (an expert over 8 rows streams its weights once
+// per tile). H200, experts with separate quantisation, 16- vs 8-token tiles (us): Flash NVFP4
+// (7ad6d24) M 32 (1 row) 680 vs 617, M 64 (2) 1037 vs 946, M 128 (3) 1227 vs 1135; Pro NVFP4
+// (fdf8a31) M 128 (2) 4512 vs 4330, M 256 (4) 5080 vs 4758; beyond, 8 loses: Flash M 256 (6)
+// 1317 vs 1391, Pro M 512 (8) 5360 vs 7096.
+constexpr int kStreamTile8MaxRows = 4;
 // The stream path's down GEMM quantises its own activations up to this many tokens (no launch
 // of its own); beyond, every CTA of an expert's 64-row blocks repeats the quantisation of its
 // tile, with a barrier per stage, and the separate launch (once per row) is faster. H200,

@@ -43,8 +43,8 @@ bool stream_fits(const MoeDeviceWeights& w) {
   return w.dim % 128 == 0 && w.inter % 128 == 0;
 }
 
-int stream_tile(int m) {
-  return m <= 8 ? 8 : 16;
+int stream_tile(const MoeDeviceWeights& w, int m, int top_k) {
+  return m <= 8 || rows_per_expert(w, m, top_k) <= kStreamTile8MaxRows ? 8 : 16;
 }
 
 }  // namespace
@@ -75,7 +75,7 @@ MoeGemmChoice moe_gemm_choice(const MoeDeviceWeights& w, int m, int top_k, MoeGe
   }
   c.path = path;
   if (path == MoeGemmPath::kStream) {
-    c.tile_n = tile_n ? tile_n : stream_tile(m);
+    c.tile_n = tile_n ? tile_n : stream_tile(w, m, top_k);
     DSV4_CHECK(c.tile_n == 8 || c.tile_n == 16, "moe: stream expert GEMM token tile ", c.tile_n,
                " (8 or 16 supported)");
     DSV4_CHECK(stream_fits(w), "moe: stream expert GEMM needs dim and inter multiples of 128 (",
