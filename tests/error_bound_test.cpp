@@ -105,6 +105,32 @@ TEST(ErrorBound, EmulatedFp8TensorCoreSumsStayInsideTheBound) {
   }
 }
 
+// The bound of a row does not depend on the rows computed with it: linear_error_bound works on
+// tiles of several rows (sharing each step's weights in the cache), so 11 rows (a tile and a
+// partial one) at 300 columns (two full column chunks and a partial one), with zero runs in the
+// activations (the 4-wide and single-product paths), give the bits of each row computed alone.
+TEST(ErrorBound, RowsComputedTogetherMatchEachRowAlone) {
+  const int out = 300, in = 512, m = 11;
+  const Linear w = random_fp8_linear(out, in, 41);
+  std::vector<float> x = random_bf16(size_t(m) * in, 43);
+  for (int r = 0; r < m; ++r)
+    for (int k = 0; k < in; ++k)
+      if ((k * 7 + r * 3) % 13 < 2 + r % 3) x[size_t(r) * in + k] = 0.0f;
+  for (const TcSum& tc : {kFp8WgmmaBlock, kFp8WgmmaSlice, kBf16Mma}) {
+    std::vector<float> all(size_t(m) * out), one(out);
+    std::vector<double> all_p(all.size()), one_p(out);
+    linear_error_bound(w, x.data(), m, tc, all.data(), all_p.data());
+    for (int r = 0; r < m; ++r) {
+      linear_error_bound(w, x.data() + size_t(r) * in, 1, tc, one.data(), one_p.data());
+      for (int n = 0; n < out; ++n) {
+        ASSERT_EQ(all[size_t(r) * out + n], one[n]) << "row " << r << " column " << n;
+        ASSERT_EQ(all_p[size_t(r) * out + n], one_p[n]) << "row " << r << " column " << n;
+      }
+    }
+    EXPECT_GT(all[0], 0.0f);
+  }
+}
+
 // Rows built so every output nearly cancels: y = x.w with x = a row minus its projection, so the
 // exact sums are tiny next to sum|p| and the 13-bit steps leave errors of many BF16 ulps of y.
 TEST(ErrorBound, CancellationHeavyOutputsAreAcceptedWithinTheBound) {

@@ -34,7 +34,10 @@ double f32_ulp(double v) {
 
 namespace {
 
-constexpr int kBoundCols = 256;
+// Work items of bound_rows: kBoundRows rows x kBoundCols columns (a step's weights, up to 32 x
+// 128 floats, and the rows' state stay in the core's caches).
+constexpr int kBoundCols = 128;
+constexpr int kBoundRows = 8;
 
 // The largest power of two <= v for v >= 0 (0 for 0; inf and NaN kept): the exponent field
 // alone, selected on integers so that the loops vectorise. No subnormal double reaches it:
@@ -45,119 +48,146 @@ inline double pow2_floor_nonneg(double v) {
   return std::bit_cast<double>(e == 0x7FF0000000000000ull ? b : e);
 }
 
-// linear_error_bound of one row `a` (K values) and nc <= kBoundCols columns of the transposed
-// weights `wt` (row stride N): out_b the bound before its final 2^-20 margin (f32_terms: the
-// fp32 roundings outside the chains, per unit of sum |p|), out_p the exact sums.
-// Compiled for AVX2 and the baseline ISA (simd.h): every step is exact or one IEEE operation on
-// its own column, so both versions give the same bits.
+// The columns' running state of one row in bound_rows: the chain's exact partial (C) and its
+// bound (Bc), the bound over every step of this accumulate-step width (B), the largest over
+// the widths (Bmax), sum |p| (S) and sum p (P) over K.
+struct BoundState {
+  alignas(64) double C[kBoundCols], Bc[kBoundCols], B[kBoundCols], Bmax[kBoundCols], S[kBoundCols],
+      P[kBoundCols];
+};
+
+// One accumulate step (products k0 .. k1) of one row `a` (K values) on nc <= kBoundCols columns
+// of the transposed weights `wt` (row stride N). sums: also add the products to S and P (the
+// first width only). Compiled for AVX-512F, AVX2 and the baseline ISA (simd.h): every step is exact
+// or one IEEE operation on its own column, so both versions give the same bits.
 DSV4_MULTIVERSION
-void bound_columns(const float* a, const float* wt, int N, int nc, int K, const TcSum& tc,
-                   double f32_terms, double* out_b, double* out_p) {
+void bound_step(const float* a, const float* wt, int N, int nc, int k0, int k1, bool sums,
+                bool chain_start, double trunc, BoundState& st) {
+  constexpr int kCols = kBoundCols;
+  double *C = st.C, *Bc = st.Bc, *B = st.B, *S = st.S, *P = st.P;
+  alignas(64) double Ps[kCols], Mx[kCols], Mn[kCols], U[kCols], Ub[kCols], Cin[kCols];
+  if (chain_start)
+    for (int n = 0; n < kCols; ++n) C[n] = Bc[n] = 0.0;  // the chain's exact partial, bound
+  for (int n = 0; n < kCols; ++n) Ps[n] = Mx[n] = Mn[n] = 0.0;
+  for (int k = k0; k < k1;) {
+    // Four products a column at a time where four rows in a row have non-zero activations
+    // (the same additions in the same order as one at a time, a quarter of the stores).
+    if (k + 4 <= k1 && a[k] != 0.0 && a[k + 1] != 0.0 && a[k + 2] != 0.0 && a[k + 3] != 0.0) {
+      const double a0 = a[k], a1 = a[k + 1], a2 = a[k + 2], a3 = a[k + 3];
+      const float *w0 = wt + size_t(k) * N, *w1 = w0 + N, *w2 = w1 + N, *w3 = w2 + N;
+      for (int n = 0; n < nc; ++n) {
+        const double p0 = a0 * double(w0[n]), p1 = a1 * double(w1[n]), p2 = a2 * double(w2[n]),
+                     p3 = a3 * double(w3[n]);
+        Ps[n] = (((Ps[n] + p0) + p1) + p2) + p3;
+        Mx[n] = std::max(
+            std::max(std::max(std::max(Mx[n], std::fabs(p0)), std::fabs(p1)), std::fabs(p2)),
+            std::fabs(p3));
+      }
+      if (sums)
+        for (int n = 0; n < nc; ++n) {
+          const double p0 = a0 * double(w0[n]), p1 = a1 * double(w1[n]), p2 = a2 * double(w2[n]),
+                       p3 = a3 * double(w3[n]);
+          S[n] = (((S[n] + std::fabs(p0)) + std::fabs(p1)) + std::fabs(p2)) + std::fabs(p3);
+          P[n] = (((P[n] + p0) + p1) + p2) + p3;
+        }
+      k += 4;
+      continue;
+    }
+    const double ak = a[k];
+    if (ak != 0.0) {
+      const float* wk = wt + size_t(k) * N;
+      for (int n = 0; n < nc; ++n) {
+        const double p = ak * double(wk[n]);
+        Ps[n] += p;
+        Mx[n] = std::max(Mx[n], std::fabs(p));
+      }
+      if (sums)
+        for (int n = 0; n < nc; ++n) {
+          const double p = ak * double(wk[n]);
+          S[n] += std::fabs(p);
+          P[n] += p;
+        }
+    }
+    ++k;
+  }
+  for (int n = 0; n < nc; ++n) {
+    // The GPU's incoming accumulator: the exact chain partial within the chain's bound
+    // (0 at a chain's start, where both were just cleared).
+    Cin[n] = std::fabs(C[n]) + Bc[n];
+    U[n] = pow2_floor_nonneg(std::max(Mx[n], Cin[n])) * trunc;
+    Ub[n] = U[n] * 0x1p52;
+  }
+  // What truncation at U drops of |p|: |p| less its floor to a multiple of U, found by
+  // rounding at U's place (adding 2^52 U: |p| < 2^24 U here) and stepping down where that
+  // rounded up. Every step is exact (U is a power of two) and free of branches and libm
+  // calls, so the loop vectorises; U = 0 (every |p| of the step 0) adds 0.
+  const auto loss = [](double ap, double u, double ub) {
+    const double t = (ap + ub) - ub;
+    return ap - (t - (t > ap ? u : 0.0));
+  };
+  for (int k = k0; k < k1;) {
+    if (k + 4 <= k1 && a[k] != 0.0 && a[k + 1] != 0.0 && a[k + 2] != 0.0 && a[k + 3] != 0.0) {
+      const double a0 = a[k], a1 = a[k + 1], a2 = a[k + 2], a3 = a[k + 3];
+      const float *w0 = wt + size_t(k) * N, *w1 = w0 + N, *w2 = w1 + N, *w3 = w2 + N;
+      for (int n = 0; n < nc; ++n)
+        Mn[n] = (((Mn[n] + loss(std::fabs(a0 * double(w0[n])), U[n], Ub[n])) +
+                  loss(std::fabs(a1 * double(w1[n])), U[n], Ub[n])) +
+                 loss(std::fabs(a2 * double(w2[n])), U[n], Ub[n])) +
+                loss(std::fabs(a3 * double(w3[n])), U[n], Ub[n]);
+      k += 4;
+      continue;
+    }
+    const double ak = a[k];
+    if (ak != 0.0) {
+      const float* wk = wt + size_t(k) * N;
+      for (int n = 0; n < nc; ++n) Mn[n] += loss(std::fabs(ak * double(wk[n])), U[n], Ub[n]);
+    }
+    ++k;
+  }
+  for (int n = 0; n < nc; ++n) {
+    double e = Mn[n] + std::min(Cin[n], U[n]);
+    C[n] += Ps[n];
+    e += pow2_floor_nonneg(std::fabs(C[n]) + Bc[n] + e) * trunc;  // the result's truncation
+    Bc[n] += e;
+    B[n] += e;
+  }
+}
+
+// linear_error_bound of `rows` rows of `a` (row stride K) and nc <= kBoundCols columns of the
+// transposed weights `wt` (row stride N): out_b [rows][kBoundCols] the bound before its final
+// 2^-20 margin (f32_terms: the fp32 roundings outside the chains, per unit of sum |p|), out_p
+// the exact sums. Each row's arithmetic is bound_step's sequence for that row alone; the rows
+// only share the loop over steps, so a step's weights are read from memory once for all of them
+// (one row at a time streamed the whole K x columns block once per width: memory-bound).
+void bound_rows(const float* a, int rows, const float* wt, int N, int nc, int K, const TcSum& tc,
+                double f32_terms, double* out_b, double* out_p) {
   constexpr int kCols = kBoundCols;
   const double trunc = std::ldexp(1.0, -tc.frac_bits);
-  alignas(64) double C[kCols], B[kCols], Bmax[kCols], Bc[kCols], S[kCols], Ps[kCols], Mx[kCols],
-      Mn[kCols], U[kCols], Ub[kCols], Cin[kCols], P[kCols];
-  for (int n = 0; n < kCols; ++n) S[n] = P[n] = Bmax[n] = 0.0;  // sum |p|, sum p over K
+  std::vector<BoundState> st(rows);
+  for (BoundState& s : st)
+    for (int n = 0; n < kCols; ++n) s.S[n] = s.P[n] = s.Bmax[n] = 0.0;
   // Each accumulate-step width from the instruction's K down to min_group (the hardware's
   // internal grouping is not documented): the largest bound of them.
   for (int g = tc.slice; g >= tc.min_group; g /= 2) {
     const int steps = (K + g - 1) / g;
     const int chain = tc.chain_slices > 0 ? tc.chain_slices * (tc.slice / g) : steps;
-    for (int n = 0; n < kCols; ++n) B[n] = 0.0;  // bound accumulated over every step
+    for (BoundState& s : st)
+      for (int n = 0; n < kCols; ++n) s.B[n] = 0.0;  // bound accumulated over every step
     for (int s = 0; s < steps; ++s) {
       const int k0 = s * g, k1 = std::min(K, k0 + g);
-      if (s % chain == 0)
-        for (int n = 0; n < kCols; ++n) C[n] = Bc[n] = 0.0;  // the chain's exact partial, bound
-      for (int n = 0; n < kCols; ++n) Ps[n] = Mx[n] = Mn[n] = 0.0;
-      for (int k = k0; k < k1;) {
-        // Four products a column at a time where four rows in a row have non-zero activations
-        // (the same additions in the same order as one at a time, a quarter of the stores).
-        if (k + 4 <= k1 && a[k] != 0.0 && a[k + 1] != 0.0 && a[k + 2] != 0.0 && a[k + 3] != 0.0) {
-          const double a0 = a[k], a1 = a[k + 1], a2 = a[k + 2], a3 = a[k + 3];
-          const float *w0 = wt + size_t(k) * N, *w1 = w0 + N, *w2 = w1 + N, *w3 = w2 + N;
-          for (int n = 0; n < nc; ++n) {
-            const double p0 = a0 * double(w0[n]), p1 = a1 * double(w1[n]), p2 = a2 * double(w2[n]),
-                         p3 = a3 * double(w3[n]);
-            Ps[n] = (((Ps[n] + p0) + p1) + p2) + p3;
-            Mx[n] = std::max(
-                std::max(std::max(std::max(Mx[n], std::fabs(p0)), std::fabs(p1)), std::fabs(p2)),
-                std::fabs(p3));
-          }
-          if (g == tc.slice)
-            for (int n = 0; n < nc; ++n) {
-              const double p0 = a0 * double(w0[n]), p1 = a1 * double(w1[n]),
-                           p2 = a2 * double(w2[n]), p3 = a3 * double(w3[n]);
-              S[n] = (((S[n] + std::fabs(p0)) + std::fabs(p1)) + std::fabs(p2)) + std::fabs(p3);
-              P[n] = (((P[n] + p0) + p1) + p2) + p3;
-            }
-          k += 4;
-          continue;
-        }
-        const double ak = a[k];
-        if (ak != 0.0) {
-          const float* wk = wt + size_t(k) * N;
-          for (int n = 0; n < nc; ++n) {
-            const double p = ak * double(wk[n]);
-            Ps[n] += p;
-            Mx[n] = std::max(Mx[n], std::fabs(p));
-          }
-          if (g == tc.slice)
-            for (int n = 0; n < nc; ++n) {
-              const double p = ak * double(wk[n]);
-              S[n] += std::fabs(p);
-              P[n] += p;
-            }
-        }
-        ++k;
-      }
-      for (int n = 0; n < nc; ++n) {
-        // The GPU's incoming accumulator: the exact chain partial within the chain's bound
-        // (0 at a chain's start, where both were just cleared).
-        Cin[n] = std::fabs(C[n]) + Bc[n];
-        U[n] = pow2_floor_nonneg(std::max(Mx[n], Cin[n])) * trunc;
-        Ub[n] = U[n] * 0x1p52;
-      }
-      // What truncation at U drops of |p|: |p| less its floor to a multiple of U, found by
-      // rounding at U's place (adding 2^52 U: |p| < 2^24 U here) and stepping down where that
-      // rounded up. Every step is exact (U is a power of two) and free of branches and libm
-      // calls, so the loop vectorises; U = 0 (every |p| of the step 0) adds 0.
-      const auto loss = [](double ap, double u, double ub) {
-        const double t = (ap + ub) - ub;
-        return ap - (t - (t > ap ? u : 0.0));
-      };
-      for (int k = k0; k < k1;) {
-        if (k + 4 <= k1 && a[k] != 0.0 && a[k + 1] != 0.0 && a[k + 2] != 0.0 && a[k + 3] != 0.0) {
-          const double a0 = a[k], a1 = a[k + 1], a2 = a[k + 2], a3 = a[k + 3];
-          const float *w0 = wt + size_t(k) * N, *w1 = w0 + N, *w2 = w1 + N, *w3 = w2 + N;
-          for (int n = 0; n < nc; ++n)
-            Mn[n] = (((Mn[n] + loss(std::fabs(a0 * double(w0[n])), U[n], Ub[n])) +
-                      loss(std::fabs(a1 * double(w1[n])), U[n], Ub[n])) +
-                     loss(std::fabs(a2 * double(w2[n])), U[n], Ub[n])) +
-                    loss(std::fabs(a3 * double(w3[n])), U[n], Ub[n]);
-          k += 4;
-          continue;
-        }
-        const double ak = a[k];
-        if (ak != 0.0) {
-          const float* wk = wt + size_t(k) * N;
-          for (int n = 0; n < nc; ++n) Mn[n] += loss(std::fabs(ak * double(wk[n])), U[n], Ub[n]);
-        }
-        ++k;
-      }
-      for (int n = 0; n < nc; ++n) {
-        double e = Mn[n] + std::min(Cin[n], U[n]);
-        C[n] += Ps[n];
-        e += pow2_floor_nonneg(std::fabs(C[n]) + Bc[n] + e) * trunc;  // the result's truncation
-        Bc[n] += e;
-        B[n] += e;
-      }
+      for (int r = 0; r < rows; ++r)
+        bound_step(a + size_t(r) * K, wt, N, nc, k0, k1, g == tc.slice, s % chain == 0, trunc,
+                   st[r]);
     }
-    for (int n = 0; n < nc; ++n) Bmax[n] = std::max(Bmax[n], B[n]);
+    for (BoundState& s : st)
+      for (int n = 0; n < nc; ++n) s.Bmax[n] = std::max(s.Bmax[n], s.B[n]);
   }
-  for (int n = 0; n < nc; ++n) {
-    out_b[n] = Bmax[n] + f32_terms * S[n] + K * 0x1p-52 * S[n];
-    out_p[n] = P[n];
-  }
+  for (int r = 0; r < rows; ++r)
+    for (int n = 0; n < nc; ++n) {
+      const BoundState& s = st[r];
+      out_b[size_t(r) * kCols + n] = s.Bmax[n] + f32_terms * s.S[n] + K * 0x1p-52 * s.S[n];
+      out_p[size_t(r) * kCols + n] = s.P[n];
+    }
 }
 
 }  // namespace
@@ -175,8 +205,8 @@ void linear_error_bound(const Linear& w, const float* x, int m, const TcSum& tc,
   const int cpu_blocks = (K + linear_kblock(w) - 1) / linear_kblock(w);
   const double f32_terms = (promotions + tc.fp32_adds + 2.0 * cpu_blocks) * 0x1p-24;
   constexpr int kCols = kBoundCols;
-  // The activations as cpu::linear quantises them, then (row, 256-column chunk) work items over
-  // the host's cores: the bound costs a few GEMMs' worth of scalar work per linear.
+  // The activations as cpu::linear quantises them, then (8-row tile, 128-column chunk) work items
+  // over the host's cores: the bound costs a few GEMMs' worth of scalar work per linear.
   std::vector<float> a(size_t(m) * K);
   for (int r = 0; r < m; ++r) {
     if (quant)
@@ -185,17 +215,21 @@ void linear_error_bound(const Linear& w, const float* x, int m, const TcSum& tc,
       std::copy(x + size_t(r) * K, x + size_t(r + 1) * K, a.begin() + size_t(r) * K);
   }
   const int chunks = (N + kCols - 1) / kCols;
-  const int64_t items = int64_t(m) * chunks;
+  const int tiles = (m + kBoundRows - 1) / kBoundRows;
+  const int64_t items = int64_t(tiles) * chunks;
   // Threads only where the work pays for them (a decode row of a small linear runs inline).
-  parallel_for(items, items * kCols * int64_t(K) * 4, [&](int64_t item) {
-    const int r = int(item / chunks), n0 = int(item % chunks) * kCols;
-    double B[kCols], P[kCols];
-    bound_columns(a.data() + size_t(r) * K, w.wt.data() + n0, N, std::min(kCols, N - n0), K, tc,
-                  f32_terms, B, P);
-    for (int n = 0; n < std::min(kCols, N - n0); ++n) {
-      bound[size_t(r) * N + n0 + n] = static_cast<float>(B[n] * (1 + 0x1p-20));
-      if (exact) exact[size_t(r) * N + n0 + n] = P[n];
-    }
+  parallel_for(items, int64_t(m) * chunks * kCols * int64_t(K) * 4, [&](int64_t item) {
+    const int r0 = int(item / chunks) * kBoundRows, n0 = int(item % chunks) * kCols;
+    const int rows = std::min(kBoundRows, m - r0), nc = std::min(kCols, N - n0);
+    std::vector<double> B(size_t(rows) * kCols), P(size_t(rows) * kCols);
+    bound_rows(a.data() + size_t(r0) * K, rows, w.wt.data() + n0, N, nc, K, tc, f32_terms, B.data(),
+               P.data());
+    for (int r = 0; r < rows; ++r)
+      for (int n = 0; n < nc; ++n) {
+        const size_t o = size_t(r0 + r) * N + n0 + n;
+        bound[o] = static_cast<float>(B[size_t(r) * kCols + n] * (1 + 0x1p-20));
+        if (exact) exact[o] = P[size_t(r) * kCols + n];
+      }
   });
 }
 

@@ -1,11 +1,11 @@
-// Hot inner loops of the CPU backend, compiled for AVX2 and for the baseline ISA and chosen at
-// run time (GCC function multi-versioning). Each does the same IEEE operations in the same
+// Hot inner loops of the CPU backend, compiled for AVX-512F, AVX2 and the baseline ISA and chosen
+// at run time (GCC function multi-versioning). Each does the same IEEE operations in the same
 // order in every version (no FMA contraction), so results are identical on every machine.
 #pragma once
 
 // (Not under ThreadSanitizer: the ifunc resolvers run before its runtime is up and crash.)
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
-#define DSV4_MULTIVERSION __attribute__((target_clones("avx2", "default")))
+#define DSV4_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define DSV4_MULTIVERSION
 #endif
