@@ -249,15 +249,23 @@ cuda::detail::PrefillArgs prefill_args(const DevAct& a, const DevWeight& w, void
 
 // The tensor-core kernel into a poisoned y (its workspace poisoned too); the output bits.
 std::vector<uint16_t> prefill_bits(const DevAct& a, const DevWeight& w,
-                                   cuda::detail::PrefillScheduler sched) {
+                                   cuda::detail::PrefillScheduler sched, int splits = 0) {
   DeviceBuffer<uint16_t> dy(size_t(a.m) * w.n);
   dy.fill_bytes(0xff);
-  const cuda::detail::PrefillArgs p = prefill_args(a, w, dy.data(), sched);
+  cuda::detail::PrefillArgs p = prefill_args(a, w, dy.data(), sched);
+  p.splits = splits;
   DeviceBuffer<uint8_t> ws(std::max<size_t>(cuda::detail::prefill_workspace_bytes(p), 16));
   ws.fill_bytes(0x33);
   cuda::detail::prefill_gemm(p, ws.data(), ws.size(), nullptr);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
   return dy.download();
+}
+
+int device_sms() {
+  int dev = 0, n = 0;
+  DSV4_CUDA_CHECK(cudaGetDevice(&dev));
+  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  return n;
 }
 
 const char* sched_name(cuda::detail::PrefillScheduler s) {
@@ -741,6 +749,36 @@ TEST_F(CudaGemm, TensorCoreBothSchedulersAreDeterministic) {
   }
 }
 
+TEST_F(CudaGemm, TensorCoreSplitK) {
+  // CUTLASS's split-K decomposition (kAuto takes 2 at up to two rows of tiles with K > 4096,
+  // prefill_split_k): at the real long K (Pro 7168, Flash wo_b 8192, Pro wo_b 16384), one and
+  // two rows of tiles, forced 2 and 4 and kAuto's own choice: within tolerance of the CPU,
+  // bit-identical run to run, and kAuto's output identical to the forced split it picks.
+  uint64_t seed = 560;
+  const std::vector<std::array<int, 3>> shapes = {
+      {128, 512, 7168}, {256, 1024, 8192}, {100, 256, 16384}, {65, 136, 4224}};
+  for (const auto& sh : shapes) {
+    const int m = sh[0], n = sh[1], k = sh[2];
+    ASSERT_EQ(cuda::prefill_split_k(m, n, k, 132), 2) << "m=" << m << " n=" << n << " k=" << k;
+    Rng rng(seed++);
+    const QuantWeight w = random_weight(rng, n, k);
+    const std::vector<float> x = random_block_acts(rng, m, k, true);
+    const DevWeight dw(w, n, k);
+    const std::vector<float> ref = cpu_linear(x, m, w, n, k);
+    const DevAct a(x, m, k);
+    for (int splits : {2, 4}) {
+      const auto bits = prefill_bits(a, dw, cuda::detail::PrefillScheduler::kStreamK, splits);
+      expect_bf16_close(from_bf16_bits(bits), ref, n,
+                        cat("tensorcore split-K ", splits, " m=", m, " n=", n, " k=", k));
+      EXPECT_TRUE(prefill_bits(a, dw, cuda::detail::PrefillScheduler::kStreamK, splits) == bits)
+          << "split-K " << splits << " m=" << m << ": repeated run differs";
+      if (splits == cuda::prefill_split_k(m, n, k, device_sms()))
+        EXPECT_TRUE(prefill_bits(a, dw, cuda::detail::PrefillScheduler::kAuto) == bits)
+            << "kAuto at m=" << m << " k=" << k << " is not split-K " << splits;
+    }
+  }
+}
+
 TEST_F(CudaGemm, TensorCorePadScalesDoNotLeak) {
   // The kernel reads the activation scales of rows [m, fp8_scale_ld(m)) (the TMA extent must be
   // a multiple of 4): NaN there must leave every stored row bit-identical, with both schedulers.
@@ -1010,30 +1048,42 @@ TEST(Fp8GemmHeuristic, PathAtRealShapes) {
   }
 }
 
-// The tensor-core kernel's scheduler (host only): persistent tiles for one row of tiles with K
-// up to kPrefillPersistentMaxK (measured faster at m = 128), stream-K for fewer tiles than SMs
-// otherwise, persistent for a full wave.
+// The tensor-core kernel's scheduler (host only): persistent tiles for up to two rows of tiles
+// with K up to kPrefillPersistentMaxK (measured faster at m = 128 and 256), stream-K for fewer
+// tiles than SMs otherwise — split in 2 along K at up to two rows of tiles (measured faster than
+// stream-K's own decomposition there) — and persistent for a full wave.
 TEST(Fp8GemmHeuristic, TensorCoreScheduler) {
   constexpr int kSms = 132;
   const int max_k = cuda::kPrefillPersistentMaxK;
-  for (int m : {65, 100, 128})
+  for (int m : {65, 100, 128, 129, 200, 256})
     for (int k : {512, 1024, 4096}) {
       EXPECT_FALSE(cuda::prefill_use_stream_k(m, 1024, k, kSms)) << "m=" << m << " k=" << k;
       EXPECT_FALSE(cuda::prefill_use_stream_k(m, 512, k, kSms)) << "m=" << m << " k=" << k;
+      EXPECT_EQ(cuda::prefill_split_k(m, 1024, k, kSms), 0) << "m=" << m << " k=" << k;
     }
   EXPECT_TRUE(cuda::prefill_use_stream_k(128, 4096, max_k + 128, kSms));  // Pro's K 7168 range
   EXPECT_TRUE(cuda::prefill_use_stream_k(128, 4096, 8192, kSms));         // Flash wo_b
-  EXPECT_TRUE(cuda::prefill_use_stream_k(129, 1024, 4096, kSms));         // two rows of tiles
-  EXPECT_TRUE(cuda::prefill_use_stream_k(256, 2048, 1024, kSms));
+  EXPECT_TRUE(cuda::prefill_use_stream_k(257, 1024, 4096, kSms));         // three rows of tiles
+  EXPECT_TRUE(cuda::prefill_use_stream_k(384, 2048, 1024, kSms));
   EXPECT_FALSE(cuda::prefill_use_stream_k(4096, 7168, 4096, kSms));  // a full wave of tiles
-  EXPECT_FALSE(cuda::prefill_use_stream_k(256, 1024, 256, kSms));    // too little K to split
-  // The real weights at the b = 128 decode shape: persistent wherever K <= the measured bound,
-  // stream-K for the longer K below a wave of tiles (Flash wo_b, Pro's K 7168 and 16384).
-  for (const RealWeight& w : real_weights()) {
-    const bool under_a_wave = (w.n + 127) / 128 < kSms;
-    EXPECT_EQ(cuda::prefill_use_stream_k(128, w.n, w.k, kSms), w.k > max_k && under_a_wave)
-        << w.name;
-  }
+  EXPECT_FALSE(cuda::prefill_use_stream_k(384, 1024, 256, kSms));    // too little K to split
+  // Split-K 2 exactly where stream-K is taken at up to two rows of tiles.
+  EXPECT_EQ(cuda::prefill_split_k(128, 4096, 8192, kSms), 2);
+  EXPECT_EQ(cuda::prefill_split_k(256, 4096, 8192, kSms), 2);
+  EXPECT_EQ(cuda::prefill_split_k(65, 512, 7168, kSms), 2);
+  EXPECT_EQ(cuda::prefill_split_k(257, 4096, 8192, kSms), 0);    // stream-K proper
+  EXPECT_EQ(cuda::prefill_split_k(257, 1024, 4096, kSms), 0);    // stream-K proper
+  EXPECT_EQ(cuda::prefill_split_k(128, 32768, 8192, kSms), 0);   // a full wave: persistent
+  EXPECT_EQ(cuda::prefill_split_k(4096, 7168, 16384, kSms), 0);  // prefill
+  // The real weights at the b = 128 and 256 decode shapes: persistent wherever K <= the measured
+  // bound, split-K 2 for the longer K below a wave of tiles (Flash wo_b, Pro's K 7168 and 16384).
+  for (const RealWeight& w : real_weights())
+    for (int m : {128, 256}) {
+      const bool under_a_wave = (m / 128) * ((w.n + 127) / 128) < kSms;
+      const bool split = w.k > max_k && under_a_wave;
+      EXPECT_EQ(cuda::prefill_use_stream_k(m, w.n, w.k, kSms), split) << w.name << " m=" << m;
+      EXPECT_EQ(cuda::prefill_split_k(m, w.n, w.k, kSms), split ? 2 : 0) << w.name << " m=" << m;
+    }
 }
 
 TEST(Fp8GemmHeuristic, GroupingAtRealShapes) {

@@ -179,20 +179,34 @@ inline Fp8GemmPath fp8_gemm_pick_path(int m, int n, int /*k*/) {
 
 // The tensor-core kernel's persistent scheduler runs whole 128x128 output tiles; when there are
 // fewer tiles than SMs (decode batches of 65..~512 rows, small N) stream-K splits K so that
-// every SM works — except for one row of tiles (m <= 128) with K up to kPrefillPersistentMaxK,
-// where stream-K's partial tiles (128 x 128 fp32 each, as many bytes as 64 K of the weight
-// tile), its turnstile fixup and the memset of its barriers cost more than the idle SMs: H200,
-// gemm_bench m = 128 graph replays, Flash weights, persistent vs stream-K µs (af55cb6): wq_a
-// (8 tiles, K 4096) 19.6 vs 22.4, wkv (4, 4096) 19.1 vs 22.5, indexer wq_b (64, 1024) 10.8 vs
-// 12.0, shared w1|w3 (16, 4096) 18.0 vs 20.4, w13 fused (32, 4096) 18.3 vs 20.9, w2 (32, 2048)
-// 13.2 vs 16.0; at K 8192 stream-K stays ahead (wo_b, 32 tiles: 28.8 vs 26.1). Larger m and K
-// between 4096 and 8192 (Pro's 7168) are unmeasured: stream-K as before.
+// every SM works — except for up to two rows of tiles (m <= 256) with K up to
+// kPrefillPersistentMaxK, where stream-K's partial tiles (128 x 128 fp32 each, as many bytes as
+// 64 K of the weight tile), its turnstile fixup and the memset of its barriers cost more than
+// the idle SMs. H200, gemm_bench graph replays, persistent vs stream-K µs: Flash at m = 128
+// (af55cb6) wq_a (8 tiles, K 4096) 19.6 vs 22.4, wkv (4, 4096) 19.1 vs 22.5, indexer wq_b (64,
+// 1024) 10.8 vs 12.0, shared w1|w3 (16, 4096) 18.0 vs 20.4, w13 fused (32, 4096) 18.3 vs 20.9,
+// w2 (32, 2048) 13.2 vs 16.0; Flash at m = 256 (27ab7ca) wq_a 18.7 vs 19.8, wkv 18.0 vs 19.8,
+// indexer wq_b 10.5 vs 11.5, w1|w3 17.8 vs 20.1, w13 18.3 vs 20.5, w2 12.7 vs 16.0; Pro at m =
+// 128 (K 1536 and 3072) level: 11.9 vs 11.8, 15.6 vs 15.6.
 constexpr int kPrefillPersistentMaxK = 4096;
+constexpr int kPrefillPersistentMaxM = 2 * gemm_cfg::kPrefillTileM;
 inline bool prefill_use_stream_k(int m, int n, int k, int sm_count) {
-  if (m <= gemm_cfg::kPrefillTileM && k <= kPrefillPersistentMaxK) return false;
+  if (m <= kPrefillPersistentMaxM && k <= kPrefillPersistentMaxK) return false;
   const long long tiles = (long long)((m + gemm_cfg::kPrefillTileM - 1) / gemm_cfg::kPrefillTileM) *
                           ((n + gemm_cfg::kPrefillTileN - 1) / gemm_cfg::kPrefillTileN);
   return tiles < sm_count && k >= 4 * gemm_cfg::kPrefillTileK;
+}
+
+// Where stream-K is taken at up to two rows of tiles (so K > kPrefillPersistentMaxK), CUTLASS's
+// split-K decomposition in 2 (each tile's K halved over two CTAs, the same deterministic fixup)
+// beats stream-K's even share of all K iterations. H200 gemm_bench (27ab7ca), split-K 2 vs
+// stream-K µs: Flash wo_b (K 8192) m = 128 24.5 vs 26.1, m = 256 24.8 vs 26.0; Pro at m = 128
+// wq_a (K 7168) 21.9 vs 26.3, wkv 22.5 vs 26.2, shared w1|w3 22.2 vs 24.9, w13 fused 24.7 vs 25.9,
+// MTP e|h 25.9 vs 27.2, wo_b (K 16384) 41.4 vs 45.1 (split-K 4 within 0.2 µs of 2 at K 7168,
+// behind at 16384). Pro at m = 256 is not measured (taken to follow m = 128 and Flash's m = 256).
+// 0: stream-K's own decomposition.
+inline int prefill_split_k(int m, int n, int k, int sm_count) {
+  return m <= kPrefillPersistentMaxM && prefill_use_stream_k(m, n, k, sm_count) ? 2 : 0;
 }
 
 }  // namespace dsv4::cuda

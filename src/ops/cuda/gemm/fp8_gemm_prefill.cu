@@ -157,6 +157,15 @@ bool use_stream_k(const PrefillArgs& p) {
   return p.scheduler == PrefillScheduler::kStreamK;
 }
 
+// p with kAuto's K decomposition filled in (prefill_split_k), so that the workspace size and the
+// launch see the same arguments.
+PrefillArgs resolved(const PrefillArgs& p) {
+  PrefillArgs q = p;
+  if (q.scheduler == PrefillScheduler::kAuto && q.splits == 0)
+    q.splits = prefill_split_k(q.m, q.n, q.k, sm_count());
+  return q;
+}
+
 template <class G>
 void run(const PrefillArgs& p, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   check_layout(p);
@@ -180,7 +189,8 @@ void run(const PrefillArgs& p, void* workspace, size_t workspace_bytes, cudaStre
 
 }  // namespace
 
-size_t prefill_workspace_bytes(const PrefillArgs& p) {
+size_t prefill_workspace_bytes(const PrefillArgs& args) {
+  const PrefillArgs p = resolved(args);
   return use_stream_k(p)
              ? StreamKGemm::Gemm::get_workspace_size(make_device_args<StreamKGemm>(p))
              : PersistentGemm::Gemm::get_workspace_size(make_device_args<PersistentGemm>(p));
@@ -199,8 +209,9 @@ bool prefill_can_implement(const PrefillArgs& p) {
   return can_implement<PersistentGemm>(p) && can_implement<StreamKGemm>(p);
 }
 
-void prefill_gemm(const PrefillArgs& p, void* workspace, size_t workspace_bytes,
+void prefill_gemm(const PrefillArgs& args, void* workspace, size_t workspace_bytes,
                   cudaStream_t stream) {
+  const PrefillArgs p = resolved(args);
   if (use_stream_k(p))
     run<StreamKGemm>(p, workspace, workspace_bytes, stream);
   else

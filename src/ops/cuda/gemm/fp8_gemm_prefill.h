@@ -27,7 +27,8 @@ struct PrefillArgs {
   PrefillScheduler scheduler = PrefillScheduler::kAuto;
   // Stream-K scheduler only: > 1 splits each output tile's K evenly over that many CTAs (CUTLASS's
   // split-K decomposition, the same deterministic fixup) instead of stream-K's even share of
-  // all K iterations; 0 = stream-K. For measuring decode-sized m (gemm_bench).
+  // all K iterations; 0 = what the scheduler choice implies (kAuto: prefill_split_k where it
+  // takes stream-K, kStreamK: stream-K's own decomposition).
   int splits = 0;
 };
 
