@@ -160,15 +160,23 @@ void sinkhorn_d(double* c, int hc, int iters, double eps) {
 // inputs known only to within dx [m, in] (most dx are 0).
 void add_input_spread(const cpu::Linear& L, const std::vector<double>& dx, int m,
                       std::vector<float>& bound) {
-  // Row by row over the host's cores (a GEMM's worth of work: the MoE's w2 over every pair).
-  parallel_for(m, int64_t(m) * L.in * L.out, [&](int64_t r) {
+  // (8-row tile, 512-column chunk) work items over the host's cores (a GEMM's worth of work: the
+  // MoE's w2 over every pair): a weight row's chunk is read once for the tile's rows, and each
+  // element still adds its terms in k order.
+  constexpr int kRows = 8, kCols = 512;
+  const int tiles = (m + kRows - 1) / kRows, chunks = (L.out + kCols - 1) / kCols;
+  parallel_for(int64_t(tiles) * chunks, int64_t(m) * L.in * L.out, [&](int64_t item) {
+    const int r0 = int(item / chunks) * kRows, n0 = int(item % chunks) * kCols;
+    const int r1 = std::min(m, r0 + kRows), n1 = std::min(L.out, n0 + kCols);
     for (int k = 0; k < L.in; ++k) {
-      const double d = dx[size_t(r) * L.in + k];
-      if (d == 0) continue;
       const float* wk = L.wt.data() + size_t(k) * L.out;
-      float* b = bound.data() + size_t(r) * L.out;
-      for (int n = 0; n < L.out; ++n)
-        b[n] += static_cast<float>(d * std::fabs(wk[n]) * (1 + 0x1p-20));
+      for (int r = r0; r < r1; ++r) {
+        const double d = dx[size_t(r) * L.in + k];
+        if (d == 0) continue;
+        float* b = bound.data() + size_t(r) * L.out;
+        for (int n = n0; n < n1; ++n)
+          b[n] += static_cast<float>(d * std::fabs(wk[n]) * (1 + 0x1p-20));
+      }
     }
   });
 }
