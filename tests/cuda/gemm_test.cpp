@@ -772,9 +772,10 @@ TEST_F(CudaGemm, TensorCoreSplitK) {
                         cat("tensorcore split-K ", splits, " m=", m, " n=", n, " k=", k));
       EXPECT_TRUE(prefill_bits(a, dw, cuda::detail::PrefillScheduler::kStreamK, splits) == bits)
           << "split-K " << splits << " m=" << m << ": repeated run differs";
-      if (splits == cuda::prefill_split_k(m, n, k, device_sms()))
+      if (splits == cuda::prefill_split_k(m, n, k, device_sms())) {
         EXPECT_TRUE(prefill_bits(a, dw, cuda::detail::PrefillScheduler::kAuto) == bits)
             << "kAuto at m=" << m << " k=" << k << " is not split-K " << splits;
+      }
     }
   }
 }

@@ -85,8 +85,9 @@ inline void expect_bf16_close(const std::vector<float>& got, const std::vector<f
                 got[c.first_bad], " want ", ref[c.first_bad]);
   EXPECT_EQ(c.nan, 0) << what << ": NaN outputs (poison left?)" << where;
   EXPECT_LE(c.rel_l2, 4e-3) << what << ": relative L2" << where;
-  if (judge_fraction)
+  if (judge_fraction) {
     EXPECT_GE(c.within_ulp, 0.99) << what << ": fraction within 1 BF16 ulp" << where;
+  }
   std::printf("[ metric ] %s rel_l2=%.3g within_1ulp=%.5f (|ref|>=rms/16: %.5f) exact=%.5f\n",
               what.c_str(), c.rel_l2, c.within_ulp, c.within_ulp_large, c.exact);
 }
