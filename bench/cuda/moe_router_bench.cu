@@ -6,7 +6,8 @@
 // Lines (bench_util.h JSON): moe_router_<config>_<score|hash> = route + plan as moe_forward runs
 // them (the launches a layer runs before its expert GEMMs), moe_router_only_<path>_<...> = the
 // route stage alone (logits kernel + selection) with each logits kernel forced (gemv, mma,
-// tiled); the shape names the logits kernel. Each case is one CUDA graph per copy of the gate
+// tiled; moe_router_only_mma8_/mma16_ = the fp64 MMA kernel at 8 / 16 rows a CTA, 33 <= M <= 512);
+// the shape names the logits kernel. Each case is one CUDA graph per copy of the gate
 // (rotated through more memory than the L2 holds, as the layers of a decode step are); bytes = the
 // gate weight (BF16), FLOPs = 2 M E dim (fp64 FMAs: the ceiling is the HBM time of the gate at
 // decode, the fp64 rate at prefill, not the BF16 tensor rate the roofline column assumes).
@@ -127,11 +128,12 @@ void run_case(const Config& c, bool hash, int m) {
                                 hash ? " hash" : " score", " logits=", cm::router_kernel_name(m),
                                 " fused_select_plan=", cm::route_plan_fused(m, c.E) ? 1 : 0);
   const int iters = m >= 4096 ? 20 : 100;
-  auto time_stages = [&](unsigned stages, cm::RouterPath path) {
+  auto time_stages = [&](unsigned stages, cm::RouterPath path, int mma_rows = 0) {
     bench::GraphSet g(copies, [&](int i, cudaStream_t s) {
       cm::MoeArgs a = k->args;
       a.stages = stages;
       a.router_path = path;
+      a.router_mma_rows = mma_rows;
       a.stream = s;
       cm::moe_forward(k->w[size_t(i)], a);
     });
@@ -158,6 +160,13 @@ void run_case(const Config& c, bool hash, int m) {
              " logits=", cm::router_kernel_name(m, path)),
          time_stages(cm::kStageRoute, path));
   }
+  // The fp64 MMA kernel at each tile height (8 rows x up to 32 experts, 16 x 32) where both apply.
+  if (m > 32 && m <= 512)
+    for (int rows : {8, 16})
+      emit(cat("moe_router_only_mma", rows, "_", tag),
+           cat(c.name, " E=", c.E, " K=", c.K, " dim=", c.dim, " M=", m, hash ? " hash" : " score",
+               " logits=router_mma<", rows, "x32>"),
+           time_stages(cm::kStageRoute, cm::RouterPath::kMma, rows));
 }
 
 }  // namespace

@@ -125,6 +125,8 @@ struct MoeArgs {
   MoeDownQuant down_quant = MoeDownQuant::kAuto;
   bool pdl = true;  // programmatic dependent launch between consecutive stages
   RouterPath router_path = RouterPath::kAuto;  // tests and benchmarks force each
+  // kMma's rows per CTA (8 or 16; 0: router_mma_tile's choice by m) — for benchmarks.
+  int router_mma_rows = 0;
 };
 
 size_t moe_workspace_bytes(const MoeDeviceWeights& w, int m, int top_k);

@@ -823,7 +823,12 @@ void launch_router(const LaunchCtx& c, const MoeDeviceWeights& w, const MoeArgs&
         launch_gemv<8, 4, 1>(c, r);
       break;
     case RouterPath::kMma: {
-      const int2 t = router_mma_tile(a.m);
+      DSV4_CHECK(a.router_mma_rows == 0 || a.router_mma_rows == 8 || a.router_mma_rows == 16,
+                 "moe router: the fp64 MMA kernel takes 8 or 16 rows a CTA, not ",
+                 a.router_mma_rows);
+      int2 t = router_mma_tile(a.m);
+      if (a.router_mma_rows == 16) t = make_int2(2, 4);  // the only 16-row variant
+      if (a.router_mma_rows == 8) t.x = 1;
       const dim3 grid((w.n_experts + 8 * t.y - 1) / (8 * t.y), (a.m + 8 * t.x - 1) / (8 * t.x),
                       kRouterCluster);
       if (t.y == 1)
