@@ -17,10 +17,9 @@
 #   experts would hide an expert-index mix-up on the GPU; routing, grouping and every expert's
 #   tiles still run. The checks run on the host's cores (16 on the H200 machine), one case per
 #   call, each sized to fit one: flash checks every block (blocks 2-3 alone took 225 s with
-#   loading at stop 28; all four not timed yet), pro only block 2, its CSA layer (341 s; its
-#   HCA block 3 alone needs ~450 s of checks, which with the build and the weights is more
-#   than one call: at stop 29 VERIFY_BLOCKS=3-3 was cut after 46 checks; its blocks need a
-#   host with more cores or checks split within a block), flash8k only block 2 (478 s).
+#   loading at stop 28; all four not timed yet), pro only block 2, its CSA layer (341 s;
+#   VERIFY_BLOCKS=3-3, its HCA block, took 414 s after an 81 s build at stop 30, once the
+#   host's bounds ran on row tiles), flash8k only block 2 (478 s).
 #   VERIFY_LAYERS / VERIFY_TOKENS override a case's layers / prompt length, VERIFY_BLOCKS=A-B its
 #   checked blocks (--verify-layers; the embedding and head always). verify prints its progress
 #   and host seconds per op kind every 20 s. Logs: $OUT/verify-real-*.log;
