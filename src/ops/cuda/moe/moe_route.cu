@@ -749,7 +749,9 @@ PlanArgs plan_args(const MoeDeviceWeights& w, const MoeArgs& a, const MoeWorkspa
 
 // The MMA kernel's tile in m8 x n8 blocks (x: rows / 8, y: experts / 8): enough CTAs at decode
 // (Flash at 8 rows: 32 x 4), fewer re-reads and conversions of x beyond 8 rows and of the gate
-// beyond 128.
+// beyond 128. At 128 rows the 16-row tile measured slower than 8 rows on the H200
+// (moe_router_bench, 72a0033, route stage µs, 8 vs 16 rows: Flash 27.6 vs 29.4, Pro 54.4 vs
+// 56.4): the CTAs it loses count for more than the conversions it saves.
 int2 router_mma_tile(int m) {
   return m <= 8     ? make_int2(1, 1)
          : m <= 32  ? make_int2(1, 2)
