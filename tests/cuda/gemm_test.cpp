@@ -261,15 +261,41 @@ std::vector<uint16_t> prefill_bits(const DevAct& a, const DevWeight& w,
   return dy.download();
 }
 
-int device_sms() {
-  int dev = 0, n = 0;
-  DSV4_CUDA_CHECK(cudaGetDevice(&dev));
-  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-  return n;
-}
-
 const char* sched_name(cuda::detail::PrefillScheduler s) {
   return s == cuda::detail::PrefillScheduler::kStreamK ? "stream-K" : "persistent";
+}
+
+// One tensor-core problem: a random weight and activations (in that order from `seed`), the
+// CPU's result, and both on the device.
+struct TcProblem {
+  int m, n, k;
+  Rng rng;
+  QuantWeight w;
+  std::vector<float> x, ref;
+  DevWeight dw;
+  DevAct a;
+  TcProblem(int m_, int n_, int k_, uint64_t seed)
+      : m(m_),
+        n(n_),
+        k(k_),
+        rng(seed),
+        w(random_weight(rng, n, k)),
+        x(random_block_acts(rng, m, k, true)),
+        ref(cpu_linear(x, m, w, n, k)),
+        dw(w, n, k),
+        a(x, m, k) {}
+};
+
+// The tensor-core kernel's bits for `pb` with a scheduler (and forced K splits), run twice:
+// within tolerance of the CPU, and the second run bit-identical to the first.
+std::vector<uint16_t> deterministic_bits(const TcProblem& pb, cuda::detail::PrefillScheduler sched,
+                                         int splits, const std::string& name) {
+  const auto bits = prefill_bits(pb.a, pb.dw, sched, splits);
+  expect_bf16_close(from_bf16_bits(bits), pb.ref, pb.n,
+                    cat("tensorcore ", name, " m=", pb.m, " n=", pb.n, " k=", pb.k));
+  EXPECT_TRUE(prefill_bits(pb.a, pb.dw, sched, splits) == bits)
+      << name << " m=" << pb.m << " k=" << pb.k << ": repeated run differs";
+  return bits;
 }
 
 // ---- smoke: one small shape per kernel, cheap to read in a log ----------------------------------
@@ -724,28 +750,10 @@ TEST_F(CudaGemm, TensorCoreBothSchedulersAreDeterministic) {
   const std::vector<std::array<int, 3>> shapes = {
       {65, 1024, 2048}, {300, 520, 1024}, {1024, 2304, 256}};
   for (const auto& sh : shapes) {
-    const int m = sh[0], n = sh[1], k = sh[2];
-    Rng rng(seed++);
-    const QuantWeight w = random_weight(rng, n, k);
-    const std::vector<float> x = random_block_acts(rng, m, k, true);
-    const DevWeight dw(w, n, k);
-    const std::vector<float> ref = cpu_linear(x, m, w, n, k);
-    const DevAct a(x, m, k);
+    const TcProblem pb(sh[0], sh[1], sh[2], seed++);
     for (auto sched :
-         {cuda::detail::PrefillScheduler::kPersistent, cuda::detail::PrefillScheduler::kStreamK}) {
-      std::vector<uint16_t> first;
-      for (int rep = 0; rep < 2; ++rep) {
-        const auto bits = prefill_bits(a, dw, sched);
-        const char* name = sched_name(sched);
-        if (rep == 0) {
-          first = bits;
-          expect_bf16_close(from_bf16_bits(bits), ref, n,
-                            cat("tensorcore ", name, " m=", m, " n=", n, " k=", k));
-        } else {
-          EXPECT_TRUE(bits == first) << name << " m=" << m << ": repeated run differs";
-        }
-      }
-    }
+         {cuda::detail::PrefillScheduler::kPersistent, cuda::detail::PrefillScheduler::kStreamK})
+      deterministic_bits(pb, sched, 0, sched_name(sched));
   }
 }
 
@@ -760,20 +768,12 @@ TEST_F(CudaGemm, TensorCoreSplitK) {
   for (const auto& sh : shapes) {
     const int m = sh[0], n = sh[1], k = sh[2];
     ASSERT_EQ(cuda::prefill_split_k(m, n, k, 132), 2) << "m=" << m << " n=" << n << " k=" << k;
-    Rng rng(seed++);
-    const QuantWeight w = random_weight(rng, n, k);
-    const std::vector<float> x = random_block_acts(rng, m, k, true);
-    const DevWeight dw(w, n, k);
-    const std::vector<float> ref = cpu_linear(x, m, w, n, k);
-    const DevAct a(x, m, k);
+    const TcProblem pb(m, n, k, seed++);
     for (int splits : {2, 4}) {
-      const auto bits = prefill_bits(a, dw, cuda::detail::PrefillScheduler::kStreamK, splits);
-      expect_bf16_close(from_bf16_bits(bits), ref, n,
-                        cat("tensorcore split-K ", splits, " m=", m, " n=", n, " k=", k));
-      EXPECT_TRUE(prefill_bits(a, dw, cuda::detail::PrefillScheduler::kStreamK, splits) == bits)
-          << "split-K " << splits << " m=" << m << ": repeated run differs";
-      if (splits == cuda::prefill_split_k(m, n, k, device_sms())) {
-        EXPECT_TRUE(prefill_bits(a, dw, cuda::detail::PrefillScheduler::kAuto) == bits)
+      const auto bits = deterministic_bits(pb, cuda::detail::PrefillScheduler::kStreamK, splits,
+                                           cat("split-K ", splits));
+      if (splits == cuda::prefill_split_k(m, n, k, cuda::detail::sm_count())) {
+        EXPECT_TRUE(prefill_bits(pb.a, pb.dw, cuda::detail::PrefillScheduler::kAuto) == bits)
             << "kAuto at m=" << m << " k=" << k << " is not split-K " << splits;
       }
     }
@@ -786,12 +786,10 @@ TEST_F(CudaGemm, TensorCorePadScalesDoNotLeak) {
   uint64_t seed = 580;
   for (int m : {65, 1, 3}) {
     const int n = 256, k = 512, kb = k / 128;
-    Rng rng(seed++);
-    const QuantWeight w = random_weight(rng, n, k);
-    const std::vector<float> x = random_block_acts(rng, m, k, true);
-    const DevWeight dw(w, n, k);
-    const std::vector<float> ref = cpu_linear(x, m, w, n, k);
-    DevAct a(x, m, k);
+    TcProblem pb(m, n, k, seed++);
+    const DevWeight& dw = pb.dw;
+    const std::vector<float>& ref = pb.ref;
+    DevAct& a = pb.a;
     const int ld = a.ld;
     ASSERT_GT(ld, m);
     const std::vector<float> zero_pad = a.scales_t.download();
