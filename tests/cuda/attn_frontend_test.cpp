@@ -532,6 +532,75 @@ TEST_F(CudaAttnFrontend, InsertStagedMatchesDirectInsert) {
   }
 }
 
+// q_norm_rope_kv_insert (one launch) against q_norm_rope then kv_norm_rope_insert: the same
+// bytes in q, the ring pool (every page, owned or not), the staged entries and the decoded keys,
+// from poisoned outputs. Token counts across the KV row's 8-token CTAs (1, 7, 8, 9, 130), head
+// counts that leave a partial head group (8, 20) and the real ones (64, 128), padding tokens.
+TEST_F(CudaAttnFrontend, FusedQAndKvEqualsTwoLaunches) {
+  std::mt19937 rng(9);
+  const auto table = v4_yarn_table();
+  const int page_size = 16;
+  for (int heads : {8, 20, 64, 128})
+    for (int T : {1, 7, 8, 9, 130}) {
+      std::vector<int32_t> seq(T), pos(T);
+      for (int t = 0; t < T; ++t) seq[t] = t % 5 == 4 ? -1 : t % 3, pos[t] = 300 + 41 * t;
+      Ring ring(page_size, 3, rng);
+      const std::vector<float> q = random_rows(rng, T * heads, D), kv = random_rows(rng, T, D);
+      std::vector<float> w(D);
+      for (auto& x : w) x = round_bf16(0.5f + float(rng() % 1000) / 1000.0f);
+      auto cs = gpu_cos_sin(table, pos);
+      DeviceBuffer<uint16_t> dkv(to_bf16_bits(kv)), dw(to_bf16_bits(w));
+      DeviceBuffer<int32_t> dseq(seq), dpos(pos), dtable(ring.table);
+      struct Out {
+        DeviceBuffer<uint16_t> q, dec;
+        DeviceBuffer<uint8_t> pages, staged;
+      };
+      Out out[2];
+      for (int run = 0; run < 2; ++run) {
+        Out& o = out[run];
+        o.q = DeviceBuffer<uint16_t>(to_bf16_bits(q));  // in place, as the engine runs it
+        o.dec = DeviceBuffer<uint16_t>(kv.size());
+        o.pages = DeviceBuffer<uint8_t>(ring.pages);
+        o.staged = DeviceBuffer<uint8_t>(size_t(T) * 584);
+        o.dec.fill_bytes(0xff);
+        o.staged.fill_bytes(0xff);
+        cuda::QNormRopeParams qp;
+        qp.q = bf16_ptr(o.q);
+        qp.out = bf16_ptr(o.q);
+        qp.cos_sin = reinterpret_cast<const float2*>(cs.data());
+        qp.num_tokens = T;
+        qp.num_heads = heads;
+        qp.eps = kEps;
+        qp.pdl = run == 1;
+        cuda::KvInsertParams kp;
+        kp.kv = bf16_ptr(dkv);
+        kp.norm_weight = bf16_ptr(dw);
+        kp.cos_sin = qp.cos_sin;
+        kp.eps = kEps;
+        kp.num_tokens = T;
+        kp.token_seq = dseq.data();
+        kp.positions = dpos.data();
+        kp.window = ring.window;
+        kp.cache = cuda::kv_store_view(o.pages.data(), page_size, dtable.data(), ring.stride);
+        kp.staged = o.staged.data();
+        kp.decoded = bf16_ptr(o.dec);
+        kp.pdl = qp.pdl;
+        if (run == 0) {
+          cuda::q_norm_rope(qp);
+          cuda::kv_norm_rope_insert(kp);
+        } else {
+          cuda::q_norm_rope_kv_insert(qp, kp);
+        }
+      }
+      DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::string what = cat("heads ", heads, " tokens ", T);
+      EXPECT_TRUE(out[0].q.download() == out[1].q.download()) << what << ": q";
+      EXPECT_TRUE(out[0].pages.download() == out[1].pages.download()) << what << ": ring pool";
+      EXPECT_TRUE(out[0].staged.download() == out[1].staged.download()) << what << ": staged";
+      EXPECT_TRUE(out[0].dec.download() == out[1].dec.download()) << what << ": decoded";
+    }
+}
+
 TEST_F(CudaAttnFrontend, RejectsBadParams) {
   DeviceBuffer<uint16_t> kv(D);
   DeviceBuffer<uint8_t> pages(4096);
@@ -552,6 +621,25 @@ TEST_F(CudaAttnFrontend, RejectsBadParams) {
   EXPECT_THROW(cuda::kv_norm_rope_insert(p), Error);  // no norm weight / cos_sin
   p.num_tokens = 0;
   EXPECT_NO_THROW(cuda::kv_quant_insert(p));  // empty batch: nothing to do
+  // The fused front end: the same tokens and one pdl setting for both halves.
+  DeviceBuffer<uint16_t> q(size_t(2) * D), w(D);
+  DeviceBuffer<float> cs(64 * 2);
+  cuda::QNormRopeParams qp;
+  qp.q = bf16_ptr(q);
+  qp.out = bf16_ptr(q);
+  qp.cos_sin = reinterpret_cast<const float2*>(cs.data());
+  qp.num_tokens = 2;
+  qp.num_heads = 1;
+  p.num_tokens = 1;
+  p.norm_weight = bf16_ptr(w);
+  p.cos_sin = qp.cos_sin;
+  EXPECT_THROW(cuda::q_norm_rope_kv_insert(qp, p), Error);  // 2 query tokens, 1 KV token
+  p.num_tokens = 2;
+  p.pdl = true;
+  EXPECT_THROW(cuda::q_norm_rope_kv_insert(qp, p), Error);  // pdl differs
+  p.pdl = false;
+  p.norm_weight = nullptr;
+  EXPECT_THROW(cuda::q_norm_rope_kv_insert(qp, p), Error);  // no kv_norm weight
 }
 
 }  // namespace

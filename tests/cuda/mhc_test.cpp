@@ -39,6 +39,7 @@
 #include "ops/cpu/norm.h"
 #include "ops/cuda/common/device.h"
 #include "ops/cuda/common/device_buffer.h"
+#include "ops/cuda/gemm/fp8_gemm.h"
 #include "ops/cuda/mhc/mhc.h"
 #include "ops/cuda/mhc/mhc_config.h"
 #include "ops/cuda/mhc/mhc_split.h"
@@ -663,6 +664,110 @@ TEST_F(CudaMhc, SplitInsideGraphCapture) {
   DSV4_CUDA_CHECK(cudaStreamDestroy(s));
 }
 
+// The FP8 quantisation of y fused into hc_pre / hc_post_pre (FusedQuant): y bit-identical to the
+// op without it, and the codes and scales byte-identical to quantize_act_fp8 of that y (itself
+// byte-identical to cpu::quantize_fp8, gemm_test), pad rows of the scales included. Each path:
+// the split-K finishing kernel quantises, the cluster and per-token paths launch the
+// quantisation after the op.
+void check_quant_fused(int dim, int tokens, bool post_pre, bool norm, cuda::HcPath path,
+                       uint64_t seed) {
+  Rng rng(seed);
+  const Unit u = random_unit(rng, (2 + kHc) * kHc, dim, 3);
+  const std::vector<float> res = random_streams(rng, tokens, dim);
+  const std::vector<float> x = random_bf16(rng, size_t(tokens) * dim, 1.0f);
+  std::vector<float> post(size_t(tokens) * kHc), comb(size_t(tokens) * kHc * kHc);
+  for (auto& v : post) v = float(rng.uniform(0.0, 2.0));
+  for (auto& v : comb) v = float(rng.uniform(0.0, 1.0));
+  std::vector<float> nw(dim);
+  for (auto& v : nw) v = round_bf16(float(rng.uniform(0.5, 1.5)));
+  const DevUnit du(u);
+  DeviceBuffer<uint16_t> dnw(to_bf16_bits(nw)), dx(to_bf16_bits(x));
+  DeviceBuffer<float> dpost(post), dcomb(comb);
+  const int qld = cuda::fp8_scale_ld(tokens) + 4;  // rows past fp8_scale_ld stay untouched
+  // Run 0 without, run 1 with the fused quantisation; each on fresh copies of the inputs.
+  std::vector<uint16_t> y[2];
+  DeviceBuffer<uint8_t> codes(size_t(tokens) * dim), want_codes(size_t(tokens) * dim);
+  DeviceBuffer<float> st(size_t(dim / 128) * qld), want_st(size_t(dim / 128) * qld);
+  codes.fill_bytes(0xee);
+  want_codes.fill_bytes(0xee);
+  st.fill_bytes(0xff);
+  want_st.fill_bytes(0xff);
+  for (int run = 0; run < 2; ++run) {
+    DeviceBuffer<uint16_t> dres(to_bf16_bits(res)), dy(size_t(tokens) * dim);
+    DeviceBuffer<float> npost(post.size()), ncomb(comb.size());
+    dy.fill_bytes(0xff);
+    cuda::FusedQuant q;
+    if (run == 1) q = {codes.data(), st.data(), qld};
+    if (post_pre) {
+      cuda::HcPostPreParams p;
+      p.post.shape = shape(dim);
+      p.post.tokens = tokens;
+      p.post.x = bf16_ptr(dx);
+      p.post.res = bf16_ptr(dres);
+      p.post.post = dpost.data();
+      p.post.comb = dcomb.data();
+      p.post.out = bf16_ptr(dres);
+      p.unit = du.params();
+      if (norm) p.norm = {bf16_ptr(dnw), 1e-6f};
+      p.y = bf16_ptr(dy);
+      p.next_post = npost.data();
+      p.next_comb = ncomb.data();
+      p.quant = q;
+      p.path = path;
+      cuda::hc_post_pre(p, nullptr);
+    } else {
+      cuda::HcPreParams p;
+      p.shape = shape(dim);
+      p.tokens = tokens;
+      p.streams = bf16_ptr(dres);
+      p.unit = du.params();
+      if (norm) p.norm = {bf16_ptr(dnw), 1e-6f};
+      p.y = bf16_ptr(dy);
+      p.post = npost.data();
+      p.comb = ncomb.data();
+      p.quant = q;
+      p.path = path;
+      cuda::hc_pre(p, nullptr);
+    }
+    if (run == 0) {
+      cuda::ActQuantParams aq;
+      aq.x = bf16_ptr(dy);
+      aq.m = tokens;
+      aq.k = dim;
+      aq.codes = want_codes.data();
+      aq.scales_t = want_st.data();
+      aq.ld_scales = qld;
+      cuda::quantize_act_fp8(aq, nullptr);
+    }
+    DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+    y[run] = dy.download();
+  }
+  const std::string what = cat(post_pre ? "hc_post_pre" : "hc_pre", " + FP8 quant dim=", dim,
+                               " tokens=", tokens, norm ? " +norm" : "", path_name(path));
+  EXPECT_TRUE(y[0] == y[1]) << what << ": y changed by the fused quantisation";
+  EXPECT_TRUE(codes.download() == want_codes.download()) << what << ": codes";
+  const std::vector<float> got = st.download(), want = want_st.download();
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+      << what << ": scales (pad rows included)";
+}
+
+TEST_F(CudaMhc, FusedQuantOfY) {
+  uint64_t seed = 700;
+  using cuda::HcPath;
+  // Flash / Pro widths at decode, speculative and prefill counts, each path; 8320: the per-token
+  // kernel (above the split path's widths, no cluster tiling) under kAuto.
+  for (HcPath path : {HcPath::kAuto, HcPath::kSplit, HcPath::kCluster})
+    for (int dim : {4096, 7168})
+      for (int tokens : {1, 3, 130}) {
+        check_quant_fused(dim, tokens, false, true, path, seed++);
+        check_quant_fused(dim, tokens, true, true, path, seed++);
+      }
+  check_quant_fused(4096, 2, true, false, HcPath::kSplit, seed++);  // no fused norm
+  check_quant_fused(128, 5, false, true, HcPath::kSplit, seed++);   // one 128 block
+  check_quant_fused(8320, 7, true, true, HcPath::kAuto, seed++);
+  check_quant_fused(8320, 7, false, false, HcPath::kAuto, seed++);
+}
+
 TEST_F(CudaMhc, EmptyIsNoOp) {
   cuda::HcPreParams p;
   p.shape = shape(4096);
@@ -789,6 +894,47 @@ TEST(MhcApi, ValidatesInputs) {
   q.shape = shape(128 + 4);
   q.tokens = 1;
   EXPECT_THROW(cuda::hc_post(q, nullptr), Error);  // not a multiple of 8
+}
+
+// The fused FP8 quantisation's arguments are refused before any launch (fake, aligned pointers:
+// no CUDA call happens).
+TEST(MhcApi, ValidatesFusedQuant) {
+  auto* bf = reinterpret_cast<__nv_bfloat16*>(uintptr_t(1) << 20);
+  auto* f32 = reinterpret_cast<float*>(uintptr_t(2) << 20);
+  auto* u8 = reinterpret_cast<uint8_t*>(uintptr_t(3) << 20);
+  cuda::HcPreParams p;
+  p.tokens = 3;
+  p.streams = bf;
+  p.y = bf;
+  p.post = f32;
+  p.comb = f32;
+  p.unit = {f32, f32, f32};
+  p.shape = shape(4096 + 32);  // the split path takes it; the quantisation needs dim % 128 == 0
+  p.quant = {u8, f32, 4};
+  EXPECT_THROW(cuda::hc_pre(p, nullptr), Error);
+  p.shape = shape(4096);
+  p.quant = {u8, nullptr, 4};  // codes without scales
+  EXPECT_THROW(cuda::hc_pre(p, nullptr), Error);
+  p.quant = {u8, f32, 2};  // ld below the token count
+  EXPECT_THROW(cuda::hc_pre(p, nullptr), Error);
+  p.quant = {u8, f32, 6};  // not a multiple of 4
+  EXPECT_THROW(cuda::hc_pre(p, nullptr), Error);
+  p.quant = {u8 + 8, f32, 4};  // misaligned codes
+  EXPECT_THROW(cuda::hc_pre(p, nullptr), Error);
+  cuda::HcPostPreParams pp;
+  pp.post.shape = shape(4096 + 32);
+  pp.post.tokens = 3;
+  pp.post.x = bf;
+  pp.post.res = bf;
+  pp.post.post = f32;
+  pp.post.comb = f32;
+  pp.post.out = bf;
+  pp.unit = {f32, f32, f32};
+  pp.y = bf;
+  pp.next_post = f32;
+  pp.next_comb = f32;
+  pp.quant = {u8, f32, 4};
+  EXPECT_THROW(cuda::hc_post_pre(pp, nullptr), Error);
 }
 
 }  // namespace

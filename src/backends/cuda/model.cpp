@@ -294,6 +294,7 @@ CudaModel::Fp8Act CudaModel::quantize(const bf16* x, int64_t ldx, int m, int k, 
   // The kernel waits for its producer's completion before reading x; the GEMM after it launches
   // early in turn (programmatic dependent launch across the layer's dense kernels).
   q.pdl = pdl;
+  if (slot == 0) x_fp8_ = false;
   if (limits_.exact_linears) {
     // The exact path multiplies the decoded (BF16) quantised activations instead of the codes.
     cuda::fake_quant_act_bf16(x, ldx, m, k, act_.act_xq[slot], stream_);
@@ -308,6 +309,22 @@ CudaModel::Fp8Act CudaModel::fused_act(const bf16* x, int64_t ldx, int m, int k,
              "] exceeds the planned [", act_m_max_, ", ", act_k_max_, "]");
   return {
       act_.act_codes[slot], act_.act_scales[slot], cuda::fp8_scale_ld(m), m, nullptr, 0, x, ldx};
+}
+
+CudaModel::Fp8Act CudaModel::sublayer_act(const bf16* x, int m, bool pdl) {
+  if (x == act_.x && x_fp8_) return fused_act(x, cfg_.dim, m, cfg_.dim, 0);
+  return quantize(x, cfg_.dim, m, cfg_.dim, 0, pdl);
+}
+
+cuda::FusedQuant CudaModel::x_quant(int m) {
+  x_fp8_ =
+      !limits_.exact_linears && cfg_.dim % 128 == 0 && m <= act_m_max_ && cfg_.dim <= act_k_max_;
+  cuda::FusedQuant q;
+  if (!x_fp8_) return q;
+  q.codes = act_.act_codes[0];
+  q.scales_t = act_.act_scales[0];
+  q.ld_scales = cuda::fp8_scale_ld(m);
+  return q;
 }
 
 void CudaModel::gemm2(const Fp8Act& a, const GemmOut& o0, const GemmOut& o1, int block) {
@@ -414,6 +431,7 @@ void CudaModel::hc_pre(int block, bool ffn, const DeviceStep& st, const bf16* st
   p.y = act_.x;
   p.post = act_.post[pp_];
   p.comb = act_.comb[pp_];
+  p.quant = x_quant(st.num_tokens);
   const int T = st.num_tokens, hc = cfg_.hc_mult;
   op(op_event(OpKind::kHcPre, block, ffn,
               {bf16_ref(streams, T, hc * cfg_.dim), bf16_ref(p.y, T, cfg_.dim),
@@ -452,6 +470,7 @@ void CudaModel::hc_post(int block, bool ffn, const DeviceStep& st, const bf16* s
   p.y = act_.x;
   p.next_post = act_.post[pp_ ^ 1];
   p.next_comb = act_.comb[pp_ ^ 1];
+  p.quant = x_quant(T);
   e.next_block = next_block;
   e.next_ffn = next_ffn;
   e.t[5] = bf16_ref(p.y, T, dim);
@@ -486,7 +505,10 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
 
   // The q and window KV projections share the quantised x (one grouped launch); then q_norm,
   // with the quantisation of its output fused in.
-  const Fp8Act ax = quantize(x, c.dim, T, c.dim, 0, HA == H);
+  // (Tensor parallel pads the heads with a memset just before: a fresh quantisation launched
+  // without PDL follows it, as every kernel after a non-kernel op does.)
+  if (HA != H) x_fp8_ = false;
+  const Fp8Act ax = sublayer_act(x, T, HA == H);
   gemm2(ax, {&b.wq_a, act_.qr, QL, LinearId::kWqA}, {&b.wkv, act_.kv, D, LinearId::kWkv}, block);
   cuda::RmsNormParams rn;
   rn.x = act_.qr;
@@ -525,9 +547,6 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   qp.num_heads = HA;
   qp.eps = c.norm_eps;
   qp.pdl = true;  // after the wq_b GEMM
-  // Observers see the real heads (row stride HA heads).
-  op(op_event(OpKind::kQNormRope, block, 0, {bf16_ref(act_.q, T, int64_t(H) * D, int64_t(HA) * D)}),
-     [&] { cuda::q_norm_rope(qp, stream_); });
 
   // Window KV entries. One token per sequence: straight into the ring (its slot held position
   // p - window, outside every query's window). Otherwise staged: a staging page the attention
@@ -539,7 +558,7 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   kp.cos_sin = cs;
   kp.eps = c.norm_eps;
   kp.num_tokens = T;
-  kp.pdl = true;  // after q_norm_rope
+  kp.pdl = true;  // after the GEMMs, in q_norm_rope's launch
   if (direct) {
     kp.token_seq = st.token_seq;
     kp.positions = st.positions;
@@ -555,9 +574,13 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
     kp.cache = cuda::kv_store_view(act_.staging, int(Tmax), zeros_, 1);
     kp.staged = act_.staged;
   }
-  op(op_event(OpKind::kKvEntries, block, 0,
-              {bf16_ref(act_.kv, T, D), u8_ref(direct ? nullptr : act_.staged, T, kKvEntry)}),
-     [&] { cuda::kv_norm_rope_insert(kp, stream_); });
+  // q_norm_rope and the window KV entries in one launch (both read only what the GEMMs wrote);
+  // observed as the two ops. Observers see the real heads (row stride HA heads).
+  op({op_event(OpKind::kQNormRope, block, 0,
+               {bf16_ref(act_.q, T, int64_t(H) * D, int64_t(HA) * D)}),
+      op_event(OpKind::kKvEntries, block, 0,
+               {bf16_ref(act_.kv, T, D), u8_ref(direct ? nullptr : act_.staged, T, kKvEntry)})},
+     [&] { cuda::q_norm_rope_kv_insert(qp, kp, stream_); });
 
   // Compressors (and indexer keys) before attention.
   if (ratio > 0) {
@@ -747,7 +770,7 @@ void CudaModel::moe(int block, const DeviceStep& st, const bf16* x, bf16* out) {
   const CudaBlockWeights& b = w_.blocks[block];
   const int T = st.num_tokens, inter = b.shared_inter;
   // Shared expert: [w1; w3] -> SwiGLU -> w2.
-  const Fp8Act ax = quantize(x, c.dim, T, c.dim, 0);
+  const Fp8Act ax = sublayer_act(x, T, true);
   op({linear_event(block, LinearId::kSharedW1, x, c.dim, T, c.dim, act_.gu, 2 * inter, inter,
                    false),
       linear_event(block, LinearId::kSharedW3, x, c.dim, T, c.dim, act_.gu + inter, 2 * inter,
@@ -934,6 +957,7 @@ void CudaModel::mtp_forward(int j, const DeviceStep& st, const bf16* main_stream
       DSV4_CHECK(rows <= act_m_max_ && c.dim <= act_k_max_, "MTP norm of [", rows, ", ", c.dim,
                  "] exceeds the planned activations");
       rn.q_codes = act_.act_codes[slot];
+      if (slot == 0) x_fp8_ = false;
       rn.q_scales_t = act_.act_scales[slot];
       rn.q_ld_scales = cuda::fp8_scale_ld(rows);
     }

@@ -172,6 +172,12 @@ class CudaModel {
   // The codes and scales a producer kernel quantised into activation slot `slot` (fused
   // quantisation), as quantize() would return them.
   Fp8Act fused_act(const __nv_bfloat16* x, int64_t ldx, int m, int k, int slot) const;
+  // A sub-layer's input [m, dim] quantised: the codes the mHC op fused into slot 0 when x is
+  // act_.x and they are still there, else quantize(x) into slot 0.
+  Fp8Act sublayer_act(const __nv_bfloat16* x, int m, bool pdl);
+  // The FP8 quantisation the mHC ops fuse for their output act_.x (none for exact linears or
+  // widths not a multiple of 128); sets x_fp8_ accordingly.
+  cuda::FusedQuant x_quant(int m);
   int64_t attn_splits_for(int tokens, int heads_per_cta) const;
 
   // Every tensor-parallel rank's [rows, width] slab (mine) as out [rows, tp x width], rank
@@ -230,6 +236,9 @@ class CudaModel {
   int64_t comp_ld_ = 0, score_stride_ = 0, act_k_max_ = 0, act_m_max_ = 0;
   int64_t act_bytes_ = 0;
   int cur_ = 0, pp_ = 0;  // current streams buffer, current post/comb buffer
+  // Activation slot 0 holds the FP8 codes of act_.x: the mHC op that wrote act_.x quantised it
+  // (fused), and nothing has written slot 0 since.
+  bool x_fp8_ = false;
   OpObservers observers_;
   OpObserver* observer_ = nullptr;  // &observers_ when any is registered
   CudaVerifier* verifier_ = nullptr;

@@ -44,15 +44,11 @@ __global__ void __launch_bounds__(kRopeThreads)
   out[idx] = num::rope_cos_sin(positions[t], inv_freq[i]);
 }
 
-// One warp per head row; kQRowsPerWarp rows per warp loaded together.
-__global__ void __launch_bounds__(kQWarps * 32) q_norm_rope_kernel(QNormRopeParams p) {
-  // Launched programmatically (p.pdl): q is read once the kernel before is complete; the next
-  // kernel may launch at once (it waits for this grid's completion in turn).
-  sm90::griddep_wait();
-  sm90::griddep_launch_dependents();
+// Token t's heads [head_group * kQHeadsPerCta, +kQHeadsPerCta) by the CTA's kQWarps warps: one
+// warp per head row, kQRowsPerWarp rows per warp loaded together.
+__device__ __forceinline__ void q_norm_rope_heads(const QNormRopeParams& p, int t, int head_group) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int t = blockIdx.x;
-  const int h0 = blockIdx.y * kQHeadsPerCta + warp * kQRowsPerWarp;
+  const int h0 = head_group * kQHeadsPerCta + warp * kQRowsPerWarp;
   const size_t tok = size_t(t) * p.num_heads;
   uint4 v[kQRowsPerWarp][2];
 #pragma unroll
@@ -101,13 +97,17 @@ __global__ void __launch_bounds__(kQWarps * 32) q_norm_rope_kernel(QNormRopePara
   }
 }
 
-template <bool kNormRope>
-__global__ void __launch_bounds__(kKvWarps * 32) kv_entry_kernel(KvInsertParams p) {
-  sm90::griddep_wait();  // as q_norm_rope_kernel
+__global__ void __launch_bounds__(kQWarps * 32) q_norm_rope_kernel(QNormRopeParams p) {
+  // Launched programmatically (p.pdl): q is read once the kernel before is complete; the next
+  // kernel may launch at once (it waits for this grid's completion in turn).
+  sm90::griddep_wait();
   sm90::griddep_launch_dependents();
-  const int lane = threadIdx.x & 31;
-  const int t = blockIdx.x * kKvWarps + (threadIdx.x >> 5);
-  if (t >= p.num_tokens) return;
+  q_norm_rope_heads(p, blockIdx.x, blockIdx.y);
+}
+
+// Token t's window-KV entry by the calling warp.
+template <bool kNormRope>
+__device__ __forceinline__ void kv_entry_row(const KvInsertParams& p, int t, int lane) {
   const uint4* row = reinterpret_cast<const uint4*>(p.kv + size_t(t) * kHeadDim);
   float x0[8], x1[8];
   num::unpack8(__ldg(row + lane), x0);
@@ -143,6 +143,30 @@ __global__ void __launch_bounds__(kKvWarps * 32) kv_entry_kernel(KvInsertParams 
     d[lane] = num::pack8(y0);
     d[32 + lane] = num::pack8(y1);
   }
+}
+
+template <bool kNormRope>
+__global__ void __launch_bounds__(kKvWarps * 32) kv_entry_kernel(KvInsertParams p) {
+  sm90::griddep_wait();  // as q_norm_rope_kernel
+  sm90::griddep_launch_dependents();
+  const int t = blockIdx.x * kKvWarps + (threadIdx.x >> 5);
+  if (t >= p.num_tokens) return;
+  kv_entry_row<kNormRope>(p, t, threadIdx.x & 31);
+}
+
+// Both front-end steps of the decode path in one grid (T, head groups + 1): rows y < head
+// groups are q_norm_rope's CTAs; row y == head groups holds the window-KV entries, one token
+// per warp (CTA x: tokens [kQWarps x, kQWarps x + kQWarps)).
+__global__ void __launch_bounds__(kQWarps * 32)
+    q_norm_rope_kv_kernel(QNormRopeParams q, KvInsertParams kv) {
+  sm90::griddep_wait();
+  sm90::griddep_launch_dependents();
+  if (blockIdx.y < gridDim.y - 1) {
+    q_norm_rope_heads(q, blockIdx.x, blockIdx.y);
+    return;
+  }
+  const int t = blockIdx.x * kQWarps + (threadIdx.x >> 5);
+  if (t < kv.num_tokens) kv_entry_row<true>(kv, t, threadIdx.x & 31);
 }
 
 __global__ void __launch_bounds__(kKvWarps * 32) kv_insert_staged_kernel(KvInsertStagedParams p) {
@@ -205,15 +229,39 @@ void rope_cos_sin(const RopeTableParams& p, cudaStream_t stream) {
   DSV4_CUDA_CHECK(cudaGetLastError());
 }
 
-void q_norm_rope(const QNormRopeParams& p, cudaStream_t stream) {
-  DSV4_CHECK(p.num_tokens >= 0 && p.num_heads > 0, "q_norm_rope: tokens ", p.num_tokens, ", heads ",
+namespace {
+
+// q_norm_rope's arguments; its grid (tokens, head groups).
+dim3 check_q_params(const QNormRopeParams& p, const char* fn) {
+  DSV4_CHECK(p.num_tokens >= 0 && p.num_heads > 0, fn, ": tokens ", p.num_tokens, ", heads ",
              p.num_heads);
-  if (p.num_tokens == 0) return;
-  DSV4_CHECK(p.q && p.out && p.cos_sin, "q_norm_rope: null pointer");
-  DSV4_CHECK(aligned(p.q, 16) && aligned(p.out, 16), "q_norm_rope: q/out must be 16-byte aligned");
   const dim3 grid(p.num_tokens, (p.num_heads + kQHeadsPerCta - 1) / kQHeadsPerCta);
-  DSV4_CHECK(grid.y <= 65535, "q_norm_rope: too many heads (", p.num_heads, ")");
+  if (p.num_tokens == 0) return grid;
+  DSV4_CHECK(p.q && p.out && p.cos_sin, fn, ": null pointer");
+  DSV4_CHECK(aligned(p.q, 16) && aligned(p.out, 16), fn, ": q/out must be 16-byte aligned");
+  DSV4_CHECK(grid.y <= 65534, fn, ": too many heads (", p.num_heads, ")");
+  return grid;
+}
+
+}  // namespace
+
+void q_norm_rope(const QNormRopeParams& p, cudaStream_t stream) {
+  const dim3 grid = check_q_params(p, "q_norm_rope");
+  if (p.num_tokens == 0) return;
   launch(q_norm_rope_kernel, grid, dim3(kQWarps * 32), p.pdl, stream, p);
+}
+
+void q_norm_rope_kv_insert(const QNormRopeParams& q, const KvInsertParams& kv,
+                           cudaStream_t stream) {
+  dim3 grid = check_q_params(q, "q_norm_rope_kv_insert");
+  check_kv_params(kv, true, "q_norm_rope_kv_insert");
+  DSV4_CHECK(q.num_tokens == kv.num_tokens, "q_norm_rope_kv_insert: ", q.num_tokens,
+             " query tokens but ", kv.num_tokens, " KV tokens");
+  DSV4_CHECK(q.pdl == kv.pdl, "q_norm_rope_kv_insert: one launch, one pdl setting");
+  if (q.num_tokens == 0) return;
+  grid.y += 1;  // the KV row
+  launch_kernel(LaunchConfig{grid, dim3(kQWarps * 32), 0, stream, q.pdl}, q_norm_rope_kv_kernel, q,
+                kv);
 }
 
 void kv_norm_rope_insert(const KvInsertParams& p, cudaStream_t stream) {

@@ -80,6 +80,12 @@ void kv_norm_rope_insert(const KvInsertParams& p, cudaStream_t stream = nullptr)
 // cpu::encode_kv_entry on the same BF16 values.
 void kv_quant_insert(const KvInsertParams& p, cudaStream_t stream = nullptr);
 
+// q_norm_rope(q) and kv_norm_rope_insert(kv) in one launch (the decode path: both read what the
+// GEMMs before them wrote, so one programmatic launch replaces two): the same bytes as the two
+// calls. Both take the same tokens and the same pdl setting.
+void q_norm_rope_kv_insert(const QNormRopeParams& q, const KvInsertParams& kv,
+                           cudaStream_t stream = nullptr);
+
 // staged [num_tokens, 584] -> ring slots (token_seq < 0: skipped).
 struct KvInsertStagedParams {
   const uint8_t* staged = nullptr;

@@ -36,6 +36,7 @@
 #include "ops/cuda/common/sm90/cp_async.cuh"
 #include "ops/cuda/common/sm90/sync.cuh"
 #include "ops/cuda/common/sm90/warp_mma.cuh"
+#include "ops/cuda/gemm/fp8_gemm.h"
 #include "ops/cuda/mhc/mhc_config.h"
 #include "ops/cuda/mhc/mhc_math.cuh"
 #include "ops/cuda/mhc/mhc_split.h"
@@ -68,6 +69,7 @@ struct KParams {
   __nv_bfloat16* y = nullptr;
   float* post_out = nullptr;
   float* comb_out = nullptr;
+  FusedQuant quant;  // of y: in the split path's finishing kernel, else a launch after the op
   HcPath path = HcPath::kAuto;
 };
 
@@ -811,7 +813,25 @@ void dispatch_split(KParams kp, cudaStream_t stream) {
   t.y = kp.y;
   t.post = kp.post_out;
   t.comb = kp.comb_out;
+  t.q_codes = kp.quant.codes;
+  t.q_scales_t = kp.quant.scales_t;
+  t.q_ld_scales = kp.quant.ld_scales;
   mhc_split::launch(t, stream);
+}
+
+// The fused quantisation where the path's kernels do not quantise: quantize_act_fp8 of y right
+// after them (chained programmatically), the same bytes.
+void quantize_after(const KParams& kp, cudaStream_t stream) {
+  if (kp.quant.codes == nullptr) return;
+  ActQuantParams q;
+  q.x = kp.y;
+  q.m = kp.tokens;
+  q.k = kp.dim;
+  q.codes = kp.quant.codes;
+  q.scales_t = kp.quant.scales_t;
+  q.ld_scales = kp.quant.ld_scales;
+  q.pdl = true;
+  quantize_act_fp8(q, stream);
 }
 
 template <Mode kMode>
@@ -828,6 +848,7 @@ void dispatch(KParams kp, cudaStream_t stream) {
   const int ds = slice_dims(kp.dim);
   if (ds == 0) {
     dispatch_token<kMode>(kp, stream);
+    quantize_after(kp, stream);
     return;
   }
   kp.ds = ds;
@@ -836,6 +857,19 @@ void dispatch(KParams kp, cudaStream_t stream) {
     launch_cluster<kMode, 32>(kp, stream);
   else
     launch_cluster<kMode, 64>(kp, stream);
+  quantize_after(kp, stream);
+}
+
+void fill_quant(KParams& kp, const FusedQuant& q, const char* what) {
+  if (q.codes == nullptr) return;
+  DSV4_CHECK(kp.dim % 128 == 0, what,
+             ": the fused FP8 quantisation needs dim % 128 == 0, dim = ", kp.dim);
+  DSV4_CHECK(q.scales_t != nullptr, what, ": fused FP8 quantisation without scales");
+  DSV4_CHECK(aligned16(q.codes) && aligned16(q.scales_t), what,
+             ": quantisation codes and scales must be 16-byte aligned");
+  DSV4_CHECK(q.ld_scales >= kp.tokens && q.ld_scales % 4 == 0, what, ": scales ld ", q.ld_scales,
+             " must be >= tokens (", kp.tokens, ") and a multiple of 4");
+  kp.quant = q;
 }
 
 void fill_unit(KParams& kp, const HcUnitParams& u, const FusedNorm& n, const char* what) {
@@ -878,6 +912,7 @@ void hc_pre(const HcPreParams& p, cudaStream_t stream) {
   kp.post_out = p.post;
   kp.comb_out = p.comb;
   kp.path = p.path;
+  fill_quant(kp, p.quant, "hc_pre");
   dispatch<Mode::kPre>(kp, stream);
 }
 
@@ -914,6 +949,7 @@ void hc_post_pre(const HcPostPreParams& p, cudaStream_t stream) {
   kp.post_out = p.next_post;
   kp.comb_out = p.next_comb;
   kp.path = p.path;
+  fill_quant(kp, p.quant, "hc_post_pre");
   dispatch<Mode::kPostPre>(kp, stream);
 }
 

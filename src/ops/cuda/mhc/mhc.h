@@ -41,6 +41,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 namespace dsv4::cuda {
 
 // Which kernels run. kAuto: the split-K path (mhc_split.h) at the widths it takes
@@ -71,6 +73,17 @@ struct FusedNorm {
   float eps = 1e-6f;
 };
 
+// Optional FP8 quantisation of y fused into the op (the FP8 GEMM that reads y needs no separate
+// quantize_act_fp8 launch): codes and scales exactly as quantize_act_fp8 writes them for y
+// (fp8_gemm.h; rows [tokens, fp8_scale_ld(tokens)) of the scales written as 0). Needs dim % 128
+// == 0. The split-K path quantises in its finishing kernel; the other paths launch
+// quantize_act_fp8 after the op (the same bytes).
+struct FusedQuant {
+  uint8_t* codes = nullptr;   // [tokens, dim] e4m3; null: no quantisation
+  float* scales_t = nullptr;  // fp32 [dim / 128, ld_scales]
+  int ld_scales = 0;          // >= tokens, a multiple of 4
+};
+
 struct HcPreParams {
   HcShape shape;
   int tokens = 0;
@@ -80,6 +93,7 @@ struct HcPreParams {
   __nv_bfloat16* y = nullptr;  // [tokens, dim]
   float* post = nullptr;       // [tokens, hc]
   float* comb = nullptr;       // [tokens, hc, hc]
+  FusedQuant quant;            // of y (optional)
   HcPath path = HcPath::kAuto;
 };
 void hc_pre(const HcPreParams& p, cudaStream_t stream);
@@ -104,6 +118,7 @@ struct HcPostPreParams {
   __nv_bfloat16* y = nullptr;  // [tokens, dim]
   float* next_post = nullptr;  // [tokens, hc]
   float* next_comb = nullptr;  // [tokens, hc, hc]
+  FusedQuant quant;            // of y (optional)
   HcPath path = HcPath::kAuto;
 };
 void hc_post_pre(const HcPostPreParams& p, cudaStream_t stream);

@@ -18,6 +18,7 @@
 #include "ops/cuda/common/per_device.h"
 #include "ops/cuda/common/sm90/sync.cuh"
 #include "ops/cuda/common/sm90/warp_mma.cuh"
+#include "ops/cuda/gemm/act_quant.cuh"
 #include "ops/cuda/mhc/mhc_config.h"
 #include "ops/cuda/mhc/mhc_math.cuh"
 
@@ -53,6 +54,9 @@ struct FinishArgs {
   __nv_bfloat16* y = nullptr;
   float* post = nullptr;
   float* comb = nullptr;
+  uint8_t* q_codes = nullptr;  // optional FP8 quantisation of y
+  float* q_scales_t = nullptr;
+  int q_ld_scales = 0;
 };
 
 template <Kind kKind>
@@ -252,6 +256,33 @@ __global__ void __launch_bounds__(kSplitProjThreads) hc_split_proj_kernel(const 
 }
 
 // ---- 2. finish: one CTA per token ------------------------------------------------------------
+// The FP8 quantisation of this token's y (values already BF16-rounded) by the collapse threads
+// (whole warps: kCollapse is a multiple of 32). Thread ct holds chunks ct + i kCollapse of 8
+// elements; kCollapse is a multiple of 16, so each half-warp holds the 16 chunks of one
+// 128-element block, or (past the row's end: chunks % 16 == 0) none. Every lane runs every
+// quantize_block8 (full-warp shuffles); lanes past the end quantise zeros and store nothing.
+template <int kMaxC>
+__device__ __forceinline__ void quantize_y(const FinishArgs& p, const float (&yv)[kMaxC][8], int ct,
+                                           int chunks) {
+  static_assert((kSplitFinishThreads - 32) % 32 == 0, "collapse threads: whole warps");
+  if (p.q_codes == nullptr) return;  // uniform over the grid
+  constexpr int kCollapse = kSplitFinishThreads - 32;
+  const int64_t t = blockIdx.x;
+#pragma unroll
+  for (int i = 0; i < kMaxC; ++i) {
+    const int c = ct + i * kCollapse;
+    float v[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = c < chunks ? yv[i][e] : 0.0f;
+    uint32_t ex = 0;
+    const uint2 codes = act_quant::quantize_block8(v, ex);
+    if (c >= chunks) continue;
+    *reinterpret_cast<uint2*>(p.q_codes + t * p.dim + int64_t(c) * 8) = codes;
+    if (c % 16 == 0)
+      act_quant::store_block_scale(p.q_scales_t, p.q_ld_scales, c / 16, t, int(gridDim.x), ex);
+  }
+}
+
 template <Kind kKind>
 __global__ void __launch_bounds__(kSplitFinishThreads) hc_split_finish_kernel(const FinishArgs p) {
   constexpr bool kHead = kKind == Kind::kHead;
@@ -361,6 +392,7 @@ __global__ void __launch_bounds__(kSplitFinishThreads) hc_split_finish_kernel(co
       const int c = ct + i * kCollapse;
       if (c < chunks) Y[c] = pack8(yv[i]);
     }
+    if constexpr (!kHead) quantize_y(p, yv, ct, chunks);
     return;
   }
   // Fused RMSNorm: sum of squares of y (fp64, fixed order: lanes by butterfly, then warps).
@@ -390,6 +422,16 @@ __global__ void __launch_bounds__(kSplitFinishThreads) hc_split_finish_kernel(co
 #pragma unroll
     for (int e = 0; e < 8; ++e) yv[i][e] = fmul(wv[e], fmul(yv[i][e], rs));
     Y[c] = pack8(yv[i]);
+  }
+  if constexpr (!kHead) {
+    if (p.q_codes != nullptr) {  // uniform over the grid
+                                 // The codes are of the stored (BF16) y.
+#pragma unroll
+      for (int i = 0; i < kMaxC; ++i)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) yv[i][e] = __bfloat162float(__float2bfloat16_rn(yv[i][e]));
+      quantize_y(p, yv, ct, chunks);
+    }
   }
 }
 
@@ -490,6 +532,9 @@ void launch_kind(const Params& p, const Geometry& geo, float* part_mix, double* 
   f.y = p.y;
   f.post = p.post;
   f.comb = p.comb;
+  f.q_codes = p.q_codes;
+  f.q_scales_t = p.q_scales_t;
+  f.q_ld_scales = p.q_ld_scales;
   launch_pdl(hc_split_finish_kernel<kKind>, dim3(p.tokens, 1, 1), kSplitFinishThreads, stream, f);
 }
 
@@ -519,6 +564,12 @@ Geometry geometry(int dim, int tokens, int sm_count) {
 void launch(const Params& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
   DSV4_CHECK(split_supports_dim(p.dim), "mHC split path: dim ", p.dim, " is not a width it takes");
+  DSV4_CHECK(p.q_codes == nullptr ||
+                 (p.kind != Kind::kHead && p.dim % 128 == 0 && p.q_scales_t != nullptr &&
+                  p.q_ld_scales >= p.tokens && p.q_ld_scales % 4 == 0),
+             "mHC split path: the fused FP8 quantisation needs hc_pre / hc_post_pre, dim % 128 "
+             "== 0 (dim ",
+             p.dim, ") and scales with ld >= tokens, a multiple of 4 (ld ", p.q_ld_scales, ")");
   const Geometry geo = geometry(p.dim, p.tokens, device_sm_count());
   DSV4_CHECK(geo.tiles <= 65535, "mHC split path: ", p.tokens,
              " tokens need more than 65535 tiles");

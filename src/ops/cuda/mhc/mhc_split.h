@@ -14,12 +14,15 @@
 //  2. finish, one CTA per token: sums the splits' partials in a fixed order (10 ranges of splits,
 //     each in split order, in fp64; then the ranges in order), so the result does not depend on
 //     scheduling; computes the RMS factor and the gates (warp 0), runs Sinkhorn on 16 lanes of
-//     warp 0 while warps 1-7 collapse y = bf16(sum_j pre_j h_j) (and the fused RMSNorm).
+//     warp 0 while warps 1-7 collapse y = bf16(sum_j pre_j h_j) (and the fused RMSNorm, and the
+//     FP8 quantisation of y: a half-warp holds one 128-element block).
 // Every fp32 step after the projection is the CPU's operation in its order (mhc_math.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+
+#include <cstdint>
 
 namespace dsv4::cuda::mhc_split {
 
@@ -45,6 +48,11 @@ struct Params {
   __nv_bfloat16* y = nullptr;  // [tokens, dim]
   float* post = nullptr;       // [tokens, 4] (not kHead); may be post_prev
   float* comb = nullptr;       // [tokens, 4, 4] (not kHead); may be comb_prev
+  // Optional (not kHead; dim % 128 == 0): y's FP8 codes and transposed scales, as
+  // quantize_act_fp8 writes them (mhc.h FusedQuant), by the finishing kernel.
+  uint8_t* q_codes = nullptr;
+  float* q_scales_t = nullptr;
+  int q_ld_scales = 0;
 };
 
 // Grid of the projection kernel for a shape (host arithmetic, no CUDA call): token rows per
