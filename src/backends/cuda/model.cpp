@@ -14,6 +14,7 @@
 #include "ops/cuda/attn_output/attn_output.h"
 #include "ops/cuda/common/cuda_check.h"
 #include "ops/cuda/compressor/compressor.h"
+#include "ops/cuda/gemm/bf16_stream_linear.h"
 #include "ops/cuda/gemm/fp8_gemm.h"
 #include "ops/cuda/gemm/fp8_gemm_config.h"
 #include "ops/cuda/gemm/w8a16_linear.h"
@@ -583,17 +584,43 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
      [&] { cuda::q_norm_rope_kv_insert(qp, kp, stream_); });
 
   // Compressors (and indexer keys) before attention.
+  bool wproj_done = false;  // weights_proj ran with the compressors' projection
   if (ratio > 0) {
     // One GEMM of the stacked projections [wkv; wgate (; indexer wkv; wgate)]: one event each.
     const int mw = b.main_width, iw = b.index_width;
     auto proj = [&](LinearId id, int64_t off, int width) {
       return linear_event(block, id, x, c.dim, T, c.dim, act_.comp + off, comp_ld_, width, true);
     };
+    // Decode-sized steps: one weight-streaming launch for the stacked projections and, on CSA
+    // layers with every indexer head on this rank, the indexer's weights_proj (same x); larger
+    // steps: cuBLAS, weights_proj with the indexer below.
+    const bool stream_proj = T <= cuda::kBf16StreamMaxM;
+    wproj_done = stream_proj && ratio == 4 && b.index_wq_b.n == c.index_n_heads * c.index_head_dim;
     const auto launch = [&] {
-      blas_->linear(x, c.dim, T, b.comp_proj.ptr(), b.comp_rows, c.dim, act_.comp, comp_ld_, true,
-                    stream_);
+      if (!stream_proj)
+        return blas_->linear(x, c.dim, T, b.comp_proj.ptr(), b.comp_rows, c.dim, act_.comp,
+                             comp_ld_, true, stream_);
+      cuda::Bf16StreamLinearParams lp;
+      lp.x = x;
+      lp.ldx = c.dim;
+      lp.m = T;
+      lp.k = c.dim;
+      lp.out[0] = {b.comp_proj.ptr(), b.comp_rows, act_.comp, comp_ld_, true};
+      if (wproj_done) {
+        lp.out[1] = {b.weights_proj.ptr(), c.index_n_heads, act_.wproj, c.index_n_heads, false};
+        lp.count = 2;
+      }
+      lp.pdl = true;
+      cuda::bf16_stream_linear(lp, stream_);
     };
-    if (ratio == 4)
+    const OpEvent wproj_event = linear_event(block, LinearId::kWeightsProj, x, c.dim, T, c.dim,
+                                             act_.wproj, c.index_n_heads, c.index_n_heads, false);
+    if (ratio == 4 && wproj_done)
+      op({proj(LinearId::kCompWkv, 0, mw), proj(LinearId::kCompWgate, mw, mw),
+          proj(LinearId::kIndexCompWkv, 2 * mw, iw),
+          proj(LinearId::kIndexCompWgate, 2 * mw + iw, iw), wproj_event},
+         launch);
+    else if (ratio == 4)
       op({proj(LinearId::kCompWkv, 0, mw), proj(LinearId::kCompWgate, mw, mw),
           proj(LinearId::kIndexCompWkv, 2 * mw, iw),
           proj(LinearId::kIndexCompWgate, 2 * mw + iw, iw)},
@@ -642,7 +669,7 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
       tp_gather(tp_mine_, T, HIl * DI, act_.qi);
       blas_->linear(x, c.dim, T, b.weights_proj.ptr(), HIl, c.dim, tp_mine_, HIl, false, stream_);
       tp_gather(tp_mine_, T, HIl, act_.wproj);
-    } else {
+    } else if (!wproj_done) {
       // index_wq_b ran with wq_b (index_grouped).
       op(linear_event(block, LinearId::kWeightsProj, x, c.dim, T, c.dim, act_.wproj, HI, HI, false),
          [&] {
