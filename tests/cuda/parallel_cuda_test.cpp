@@ -236,6 +236,13 @@ TEST_F(ParallelCuda, InProcessDeviceCollectivesMoveBytesExactly) {
     sub_rank[size_t(r)] = sub->rank();
     sub_size[size_t(r)] = sub->size();
     cuda::DeviceBuffer<int> one(std::vector<int>{r}), both(size_t(sub->size()));
+    // The groups' collectives do not meet each other on the host: without this world meeting,
+    // rank 1 (alone in its group) can be inside the split's cudaHostAlloc or these buffers'
+    // cudaMalloc / cudaMemcpy (calls that may wait for the whole device) while rank 2 already
+    // spins on the device for rank 0's launch — which waits behind rank 1's call: the hang seen
+    // on one H200 at stop 31 (the test never finished). After it, every rank's host work until
+    // the next meeting is launches and its own stream's synchronisation.
+    c.launch_barrier();
     sub->all_gather(one.data(), both.data(), 4, s);
     DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
     // Rank 1 is alone in its group: without this meeting it can reach cudaFree (a context-wide
