@@ -19,7 +19,8 @@
 #   call, each sized to fit one: flash checks every block (blocks 2-3 alone took 225 s with
 #   loading at stop 28; all four not timed yet), pro only block 2, its CSA layer (341 s;
 #   VERIFY_BLOCKS=3-3, its HCA block, took 414 s after an 81 s build at stop 30, once the
-#   host's bounds ran on row tiles), flash8k only block 2 (478 s).
+#   host's bounds ran on row tiles; VERIFY_BLOCKS=0-0 434 s at stop 31), flash8k only block 2
+#   (478 s). Flash's first score-routed CSA block: VERIFY_LAYERS=5 VERIFY_BLOCKS=4-4 (206 s).
 #   VERIFY_LAYERS / VERIFY_TOKENS override a case's layers / prompt length, VERIFY_BLOCKS=A-B its
 #   checked blocks (--verify-layers; the embedding and head always). verify prints its progress
 #   and host seconds per op kind every 20 s. Logs: $OUT/verify-real-*.log;
