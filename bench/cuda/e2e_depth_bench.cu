@@ -353,8 +353,10 @@ using namespace depth;
 
 // The op class of a traced kernel (by its demangled name). The project's two CUTLASS kernels
 // are told apart by their mainloop (wo_a's mixed-input FP8 x BF16 one; both have e4m3 in their
-// types); other GEMMs inside a layer are cuBLAS's (the compressor projections, counted with
-// attention). CUTLASS's names can defeat the demangler and stay mangled
+// types); other GEMMs inside a layer are the compressor projections (with the indexer's
+// weights_proj), counted with attention: bf16_stream_linear at m <= 8, else cuBLAS's (its nvjet
+// and splitKreduce kernels, and the indexer's topk_cluster, fell into "other" until stop 31).
+// CUTLASS's names can defeat the demangler and stay mangled
 // ("_ZN7cutlass13device_kernel..."): the tests below match both spellings.
 std::string op_class(const bench::TracedOp& op) {
   const std::string& n = op.demangled;
@@ -367,7 +369,8 @@ std::string op_class(const bench::TracedOp& op) {
   if (has("wo_a")) return "wo_a";
   if (has("sparse_attn") || has("kv_entry") || has("kv_insert") || has("q_norm_rope") ||
       has("inverse_rope") || has("rope_table") || has("compressor") || has("indexer") ||
-      has("topk_segment") || has("topk_merge"))
+      has("topk_segment") || has("topk_merge") || has("topk_cluster") ||
+      has("bf16_stream_linear") || has("nvjet") || has("splitKreduce"))
     return "attention";
   if (has("router") || has("route_") || has("plan_kernel") || has("moe") || has("combine_kernel") ||
       has("swiglu"))
