@@ -155,6 +155,66 @@ const char* path_name(cuda::HcPath path) {
 
 class CudaMhc : public test::GpuTest {};
 
+// The GPU ops' parameters (norm_w null: no fused norm).
+cuda::HcPreParams pre_params(int dim, int tokens, const cuda::HcUnitParams& unit,
+                             const __nv_bfloat16* streams, const __nv_bfloat16* norm_w,
+                             __nv_bfloat16* y, float* post, float* comb, cuda::HcPath path) {
+  cuda::HcPreParams p;
+  p.shape = shape(dim);
+  p.tokens = tokens;
+  p.streams = streams;
+  p.unit = unit;
+  p.norm = {norm_w, 1e-6f};
+  p.y = y;
+  p.post = post;
+  p.comb = comb;
+  p.path = path;
+  return p;
+}
+// x, res, post, comb: the sub-layer's output, the streams before it and its mixing; out: the new
+// streams; y, next_post, next_comb: the next sub-layer's input and mixing.
+cuda::HcPostPreParams post_pre_params(int dim, int tokens, const cuda::HcUnitParams& unit,
+                                      const __nv_bfloat16* x, const __nv_bfloat16* res,
+                                      const float* post, const float* comb, __nv_bfloat16* out,
+                                      const __nv_bfloat16* norm_w, __nv_bfloat16* y,
+                                      float* next_post, float* next_comb, cuda::HcPath path) {
+  cuda::HcPostPreParams p;
+  p.post.shape = shape(dim);
+  p.post.tokens = tokens;
+  p.post.x = x;
+  p.post.res = res;
+  p.post.post = post;
+  p.post.comb = comb;
+  p.post.out = out;
+  p.unit = unit;
+  p.norm = {norm_w, 1e-6f};
+  p.y = y;
+  p.next_post = next_post;
+  p.next_comb = next_comb;
+  p.path = path;
+  return p;
+}
+
+// hc_post_pre's random inputs: the HC unit, the streams before the sub-layer (res), its output
+// x, its post / comb, the next norm's weight.
+struct PostPreInputs {
+  Unit u;
+  std::vector<float> res, x, post, comb, nw;
+};
+PostPreInputs random_post_pre_inputs(Rng& rng, int dim, int tokens) {
+  PostPreInputs in;
+  in.u = random_unit(rng, (2 + kHc) * kHc, dim, 3);
+  in.res = random_streams(rng, tokens, dim);
+  in.x = random_bf16(rng, size_t(tokens) * dim, 1.0f);
+  in.post.resize(size_t(tokens) * kHc);
+  in.comb.resize(size_t(tokens) * kHc * kHc);
+  for (auto& v : in.post) v = float(rng.uniform(0.0, 2.0));
+  for (auto& v : in.comb) v = float(rng.uniform(0.0, 1.0));
+  in.nw.resize(dim);
+  for (auto& v : in.nw) v = round_bf16(float(rng.uniform(0.5, 1.5)));
+  return in;
+}
+
 // hc_pre (+ optional fused norm) on the GPU vs CPU hc_pre (+ rms_norm).
 void check_pre(int dim, int tokens, bool norm, uint64_t seed,
                cuda::HcPath path = cuda::HcPath::kAuto) {
@@ -179,17 +239,9 @@ void check_pre(int dim, int tokens, bool norm, uint64_t seed,
   dy.fill_bytes(0xff);
   dpost.fill_bytes(0xff);
   dcomb.fill_bytes(0xff);
-  cuda::HcPreParams p;
-  p.shape = shape(dim);
-  p.tokens = tokens;
-  p.streams = bf16_ptr(ds);
-  p.unit = du.params();
-  if (norm) p.norm = {bf16_ptr(dnw), 1e-6f};
-  p.y = bf16_ptr(dy);
-  p.post = dpost.data();
-  p.comb = dcomb.data();
-  p.path = path;
-  cuda::hc_pre(p, nullptr);
+  cuda::hc_pre(pre_params(dim, tokens, du.params(), bf16_ptr(ds), norm ? bf16_ptr(dnw) : nullptr,
+                          bf16_ptr(dy), dpost.data(), dcomb.data(), path),
+               nullptr);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
   const std::string what =
       cat("hc_pre dim=", dim, " tokens=", tokens, norm ? " +norm" : "", path_name(path));
@@ -278,14 +330,9 @@ TEST_F(CudaMhc, PostBitExact) {
 void check_post_pre(int dim, int tokens, bool norm, bool in_place, uint64_t seed,
                     cuda::HcPath path = cuda::HcPath::kAuto) {
   Rng rng(seed);
-  const Unit u = random_unit(rng, (2 + kHc) * kHc, dim, 3);
-  const std::vector<float> res = random_streams(rng, tokens, dim);
-  const std::vector<float> x = random_bf16(rng, size_t(tokens) * dim, 1.0f);
-  std::vector<float> post(size_t(tokens) * kHc), comb(size_t(tokens) * kHc * kHc);
-  for (auto& v : post) v = float(rng.uniform(0.0, 2.0));
-  for (auto& v : comb) v = float(rng.uniform(0.0, 1.0));
-  std::vector<float> nw(dim);
-  for (auto& v : nw) v = round_bf16(float(rng.uniform(0.5, 1.5)));
+  const PostPreInputs in = random_post_pre_inputs(rng, dim, tokens);
+  const Unit& u = in.u;
+  const std::vector<float>&res = in.res, &x = in.x, &post = in.post, &comb = in.comb, &nw = in.nw;
   // CPU: hc_post then hc_pre (+ norm).
   std::vector<float> streams(res.size()), y(size_t(tokens) * dim), npost(post.size()),
       ncomb(comb.size());
@@ -307,22 +354,13 @@ void check_post_pre(int dim, int tokens, bool norm, bool in_place, uint64_t seed
   dy.fill_bytes(0xff);
   dnpost.fill_bytes(0xff);
   dncomb.fill_bytes(0xff);
-  cuda::HcPostPreParams p;
-  p.post.shape = shape(dim);
-  p.post.tokens = tokens;
-  p.post.x = bf16_ptr(dx);
-  p.post.res = bf16_ptr(dres);
-  p.post.post = dpost.data();
-  p.post.comb = dcomb.data();
-  p.post.out = in_place ? bf16_ptr(dres) : bf16_ptr(dout);
-  p.unit = du.params();
-  if (norm) p.norm = {bf16_ptr(dnw), 1e-6f};
-  p.y = bf16_ptr(dy);
   // In place: the new post/comb overwrite the old ones too.
-  p.next_post = in_place ? dpost.data() : dnpost.data();
-  p.next_comb = in_place ? dcomb.data() : dncomb.data();
-  p.path = path;
-  cuda::hc_post_pre(p, nullptr);
+  cuda::hc_post_pre(
+      post_pre_params(
+          dim, tokens, du.params(), bf16_ptr(dx), bf16_ptr(dres), dpost.data(), dcomb.data(),
+          in_place ? bf16_ptr(dres) : bf16_ptr(dout), norm ? bf16_ptr(dnw) : nullptr, bf16_ptr(dy),
+          in_place ? dpost.data() : dnpost.data(), in_place ? dcomb.data() : dncomb.data(), path),
+      nullptr);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
   const std::string what = cat("hc_post_pre dim=", dim, " tokens=", tokens, norm ? " +norm" : "",
                                in_place ? " in place" : "", path_name(path));
@@ -672,17 +710,11 @@ TEST_F(CudaMhc, SplitInsideGraphCapture) {
 void check_quant_fused(int dim, int tokens, bool post_pre, bool norm, cuda::HcPath path,
                        uint64_t seed) {
   Rng rng(seed);
-  const Unit u = random_unit(rng, (2 + kHc) * kHc, dim, 3);
-  const std::vector<float> res = random_streams(rng, tokens, dim);
-  const std::vector<float> x = random_bf16(rng, size_t(tokens) * dim, 1.0f);
-  std::vector<float> post(size_t(tokens) * kHc), comb(size_t(tokens) * kHc * kHc);
-  for (auto& v : post) v = float(rng.uniform(0.0, 2.0));
-  for (auto& v : comb) v = float(rng.uniform(0.0, 1.0));
-  std::vector<float> nw(dim);
-  for (auto& v : nw) v = round_bf16(float(rng.uniform(0.5, 1.5)));
-  const DevUnit du(u);
-  DeviceBuffer<uint16_t> dnw(to_bf16_bits(nw)), dx(to_bf16_bits(x));
-  DeviceBuffer<float> dpost(post), dcomb(comb);
+  const PostPreInputs in = random_post_pre_inputs(rng, dim, tokens);
+  const DevUnit du(in.u);
+  DeviceBuffer<uint16_t> dnw(to_bf16_bits(in.nw)), dx(to_bf16_bits(in.x));
+  DeviceBuffer<float> dpost(in.post), dcomb(in.comb);
+  const __nv_bfloat16* norm_w = norm ? bf16_ptr(dnw) : nullptr;
   const int qld = cuda::fp8_scale_ld(tokens) + 4;  // rows past fp8_scale_ld stay untouched
   // Run 0 without, run 1 with the fused quantisation; each on fresh copies of the inputs.
   std::vector<uint16_t> y[2];
@@ -693,40 +725,21 @@ void check_quant_fused(int dim, int tokens, bool post_pre, bool norm, cuda::HcPa
   st.fill_bytes(0xff);
   want_st.fill_bytes(0xff);
   for (int run = 0; run < 2; ++run) {
-    DeviceBuffer<uint16_t> dres(to_bf16_bits(res)), dy(size_t(tokens) * dim);
-    DeviceBuffer<float> npost(post.size()), ncomb(comb.size());
+    DeviceBuffer<uint16_t> dres(to_bf16_bits(in.res)), dy(size_t(tokens) * dim);
+    DeviceBuffer<float> npost(in.post.size()), ncomb(in.comb.size());
     dy.fill_bytes(0xff);
     cuda::FusedQuant q;
     if (run == 1) q = {codes.data(), st.data(), qld};
     if (post_pre) {
-      cuda::HcPostPreParams p;
-      p.post.shape = shape(dim);
-      p.post.tokens = tokens;
-      p.post.x = bf16_ptr(dx);
-      p.post.res = bf16_ptr(dres);
-      p.post.post = dpost.data();
-      p.post.comb = dcomb.data();
-      p.post.out = bf16_ptr(dres);
-      p.unit = du.params();
-      if (norm) p.norm = {bf16_ptr(dnw), 1e-6f};
-      p.y = bf16_ptr(dy);
-      p.next_post = npost.data();
-      p.next_comb = ncomb.data();
+      cuda::HcPostPreParams p = post_pre_params(
+          dim, tokens, du.params(), bf16_ptr(dx), bf16_ptr(dres), dpost.data(), dcomb.data(),
+          bf16_ptr(dres), norm_w, bf16_ptr(dy), npost.data(), ncomb.data(), path);
       p.quant = q;
-      p.path = path;
       cuda::hc_post_pre(p, nullptr);
     } else {
-      cuda::HcPreParams p;
-      p.shape = shape(dim);
-      p.tokens = tokens;
-      p.streams = bf16_ptr(dres);
-      p.unit = du.params();
-      if (norm) p.norm = {bf16_ptr(dnw), 1e-6f};
-      p.y = bf16_ptr(dy);
-      p.post = npost.data();
-      p.comb = ncomb.data();
+      cuda::HcPreParams p = pre_params(dim, tokens, du.params(), bf16_ptr(dres), norm_w,
+                                       bf16_ptr(dy), npost.data(), ncomb.data(), path);
       p.quant = q;
-      p.path = path;
       cuda::hc_pre(p, nullptr);
     }
     if (run == 0) {

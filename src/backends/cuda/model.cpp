@@ -313,7 +313,7 @@ CudaModel::Fp8Act CudaModel::fused_act(const bf16* x, int64_t ldx, int m, int k,
 }
 
 CudaModel::Fp8Act CudaModel::sublayer_act(const bf16* x, int m, bool pdl) {
-  if (x == act_.x && x_fp8_) return fused_act(x, cfg_.dim, m, cfg_.dim, 0);
+  if (pdl && x == act_.x && x_fp8_) return fused_act(x, cfg_.dim, m, cfg_.dim, 0);
   return quantize(x, cfg_.dim, m, cfg_.dim, 0, pdl);
 }
 
@@ -508,7 +508,6 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   // with the quantisation of its output fused in.
   // (Tensor parallel pads the heads with a memset just before: a fresh quantisation launched
   // without PDL follows it, as every kernel after a non-kernel op does.)
-  if (HA != H) x_fp8_ = false;
   const Fp8Act ax = sublayer_act(x, T, HA == H);
   gemm2(ax, {&b.wq_a, act_.qr, QL, LinearId::kWqA}, {&b.wkv, act_.kv, D, LinearId::kWkv}, block);
   cuda::RmsNormParams rn;
@@ -595,7 +594,7 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
     // layers with every indexer head on this rank, the indexer's weights_proj (same x); larger
     // steps: cuBLAS, weights_proj with the indexer below.
     const bool stream_proj = T <= cuda::kBf16StreamMaxM;
-    wproj_done = stream_proj && ratio == 4 && b.index_wq_b.n == c.index_n_heads * c.index_head_dim;
+    wproj_done = stream_proj && index_grouped;
     const auto launch = [&] {
       if (!stream_proj)
         return blas_->linear(x, c.dim, T, b.comp_proj.ptr(), b.comp_rows, c.dim, act_.comp,
@@ -613,20 +612,16 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
       lp.pdl = true;
       cuda::bf16_stream_linear(lp, stream_);
     };
-    const OpEvent wproj_event = linear_event(block, LinearId::kWeightsProj, x, c.dim, T, c.dim,
-                                             act_.wproj, c.index_n_heads, c.index_n_heads, false);
-    if (ratio == 4 && wproj_done)
-      op({proj(LinearId::kCompWkv, 0, mw), proj(LinearId::kCompWgate, mw, mw),
-          proj(LinearId::kIndexCompWkv, 2 * mw, iw),
-          proj(LinearId::kIndexCompWgate, 2 * mw + iw, iw), wproj_event},
-         launch);
-    else if (ratio == 4)
-      op({proj(LinearId::kCompWkv, 0, mw), proj(LinearId::kCompWgate, mw, mw),
-          proj(LinearId::kIndexCompWkv, 2 * mw, iw),
-          proj(LinearId::kIndexCompWgate, 2 * mw + iw, iw)},
-         launch);
-    else
-      op({proj(LinearId::kCompWkv, 0, mw), proj(LinearId::kCompWgate, mw, mw)}, launch);
+    OpEvent events[5] = {proj(LinearId::kCompWkv, 0, mw), proj(LinearId::kCompWgate, mw, mw)};
+    int n = 2;
+    if (ratio == 4) {
+      events[n++] = proj(LinearId::kIndexCompWkv, 2 * mw, iw);
+      events[n++] = proj(LinearId::kIndexCompWgate, 2 * mw + iw, iw);
+    }
+    if (wproj_done)
+      events[n++] = linear_event(block, LinearId::kWeightsProj, x, c.dim, T, c.dim, act_.wproj,
+                                 c.index_n_heads, c.index_n_heads, false);
+    op(events, events + n, launch);
     for (bool indexer : {false, true}) {
       if (indexer && ratio != 4) continue;
       cuda::CompressorParams cp;

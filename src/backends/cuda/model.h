@@ -174,6 +174,7 @@ class CudaModel {
   Fp8Act fused_act(const __nv_bfloat16* x, int64_t ldx, int m, int k, int slot) const;
   // A sub-layer's input [m, dim] quantised: the codes the mHC op fused into slot 0 when x is
   // act_.x and they are still there, else quantize(x) into slot 0.
+  // pdl false (the op before is not a kernel): always a fresh quantize(x), launched without PDL.
   Fp8Act sublayer_act(const __nv_bfloat16* x, int m, bool pdl);
   // The FP8 quantisation the mHC ops fuse for their output act_.x (none for exact linears or
   // widths not a multiple of 128); sets x_fp8_ accordingly.
@@ -186,12 +187,16 @@ class CudaModel {
 
   // The one place ops run: the observers (if any) see `events` before and after `launch`.
   template <class Launch>
-  void op(std::initializer_list<OpEvent> events, Launch&& launch) {
+  void op(const OpEvent* first, const OpEvent* last, Launch&& launch) {
     if (observer_)
-      for (const OpEvent& e : events) observer_->before(e);
+      for (const OpEvent* e = first; e != last; ++e) observer_->before(*e);
     launch();
     if (observer_)
-      for (const OpEvent& e : events) observer_->after(e);
+      for (const OpEvent* e = first; e != last; ++e) observer_->after(*e);
+  }
+  template <class Launch>
+  void op(std::initializer_list<OpEvent> events, Launch&& launch) {
+    op(events.begin(), events.end(), std::forward<Launch>(launch));
   }
   template <class Launch>
   void op(const OpEvent& event, Launch&& launch) {

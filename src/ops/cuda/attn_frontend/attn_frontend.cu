@@ -217,6 +217,19 @@ void check_kv_params(const KvInsertParams& p, bool norm_rope, const char* fn) {
              ": decoded must be 16-byte aligned");
 }
 
+// q_norm_rope's arguments; its grid (tokens, head groups), `extra_rows` more rows of CTAs
+// allowed for (the fused front end's KV row).
+dim3 check_q_params(const QNormRopeParams& p, int extra_rows, const char* fn) {
+  DSV4_CHECK(p.num_tokens >= 0 && p.num_heads > 0, fn, ": tokens ", p.num_tokens, ", heads ",
+             p.num_heads);
+  const dim3 grid(p.num_tokens, (p.num_heads + kQHeadsPerCta - 1) / kQHeadsPerCta);
+  if (p.num_tokens == 0) return grid;
+  DSV4_CHECK(p.q && p.out && p.cos_sin, fn, ": null pointer");
+  DSV4_CHECK(aligned(p.q, 16) && aligned(p.out, 16), fn, ": q/out must be 16-byte aligned");
+  DSV4_CHECK(grid.y + extra_rows <= 65535, fn, ": too many heads (", p.num_heads, ")");
+  return grid;
+}
+
 }  // namespace
 
 void rope_cos_sin(const RopeTableParams& p, cudaStream_t stream) {
@@ -229,31 +242,15 @@ void rope_cos_sin(const RopeTableParams& p, cudaStream_t stream) {
   DSV4_CUDA_CHECK(cudaGetLastError());
 }
 
-namespace {
-
-// q_norm_rope's arguments; its grid (tokens, head groups).
-dim3 check_q_params(const QNormRopeParams& p, const char* fn) {
-  DSV4_CHECK(p.num_tokens >= 0 && p.num_heads > 0, fn, ": tokens ", p.num_tokens, ", heads ",
-             p.num_heads);
-  const dim3 grid(p.num_tokens, (p.num_heads + kQHeadsPerCta - 1) / kQHeadsPerCta);
-  if (p.num_tokens == 0) return grid;
-  DSV4_CHECK(p.q && p.out && p.cos_sin, fn, ": null pointer");
-  DSV4_CHECK(aligned(p.q, 16) && aligned(p.out, 16), fn, ": q/out must be 16-byte aligned");
-  DSV4_CHECK(grid.y <= 65534, fn, ": too many heads (", p.num_heads, ")");
-  return grid;
-}
-
-}  // namespace
-
 void q_norm_rope(const QNormRopeParams& p, cudaStream_t stream) {
-  const dim3 grid = check_q_params(p, "q_norm_rope");
+  const dim3 grid = check_q_params(p, 0, "q_norm_rope");
   if (p.num_tokens == 0) return;
   launch(q_norm_rope_kernel, grid, dim3(kQWarps * 32), p.pdl, stream, p);
 }
 
 void q_norm_rope_kv_insert(const QNormRopeParams& q, const KvInsertParams& kv,
                            cudaStream_t stream) {
-  dim3 grid = check_q_params(q, "q_norm_rope_kv_insert");
+  dim3 grid = check_q_params(q, 1, "q_norm_rope_kv_insert");
   check_kv_params(kv, true, "q_norm_rope_kv_insert");
   DSV4_CHECK(q.num_tokens == kv.num_tokens, "q_norm_rope_kv_insert: ", q.num_tokens,
              " query tokens but ", kv.num_tokens, " KV tokens");

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
 #include "ops/cuda/common/launch.h"
+#include "ops/cuda/common/numerics.cuh"
 #include "ops/cuda/common/sm90/gmem.cuh"
 #include "ops/cuda/common/sm90/sync.cuh"
 
@@ -35,15 +36,6 @@ struct Args {
 
 __device__ __forceinline__ const __nv_bfloat16* weight_row(const Args& a, int row) {
   return row < a.n0 ? a.w0 + int64_t(row) * a.k : a.w1 + int64_t(row - a.n0) * a.k;
-}
-
-__device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __uint_as_float(w[i] << 16);
-    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
 }
 
 // MT: rows of x the kernel is compiled for (>= a.m; rows past a.m are neither read nor written).
@@ -92,12 +84,12 @@ __global__ void __launch_bounds__(kWarps * 32) bf16_stream_linear_kernel(const A
       if (c >= nchunk) break;  // the chunks past the end carry nothing (lane-local)
       float wf[kRowsPerWarp][8];
 #pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) unpack8(wv[u][r], wf[r]);
+      for (int r = 0; r < kRowsPerWarp; ++r) num::unpack8(wv[u][r], wf[r]);
 #pragma unroll
       for (int i = 0; i < MT; ++i) {
         if (i >= a.m) break;
         float xf[8];
-        unpack8(__ldg(xr + i * xstride + c), xf);
+        num::unpack8(__ldg(xr + i * xstride + c), xf);
 #pragma unroll
         for (int e = 0; e < 8; ++e)
 #pragma unroll
