@@ -110,6 +110,9 @@ std::vector<uint16_t> run_gpu(const Shape& s, const DeviceWoA& w, const std::vec
   p.w_scale_rows = reinterpret_cast<const __nv_bfloat16*>(w.rows_scale.data());
   p.z = reinterpret_cast<__nv_bfloat16*>(d_z.data());
   p.path = path;
+  // Odd token counts launched programmatically (the engine's launch, right after the RoPE
+  // table's kernel here): the same results.
+  p.pdl = T % 2 == 1;
   cuda::attn_output_wo_a(p);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
   return d_z.download();

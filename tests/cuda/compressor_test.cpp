@@ -183,8 +183,9 @@ struct Harness {
   }
 
   // One call on both sides; returns false (after reporting) on a mismatch.
+  // pdl: launched programmatically (CompressorParams::pdl; the same results).
   bool step(const std::vector<int>& n, cuda::CompressorPath path, std::mt19937& rng,
-            const std::string& what) {
+            const std::string& what, bool pdl = false) {
     const int T = std::accumulate(n.begin(), n.end(), 0);
     const int width = l.width();
     std::vector<float> a, g;
@@ -226,6 +227,7 @@ struct Harness {
                   ? cuda::index_store_view(d_pages.data(), k.page_size, d_table.data(), stride)
                   : cuda::kv_store_view(d_pages.data(), k.page_size, d_table.data(), stride);
     p.path = path;
+    p.pdl = pdl;
     cuda::compressor_forward(p);
     DSV4_CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -361,7 +363,8 @@ TEST_F(CudaCompressor, DecodeBatches) {
       for (int step = 0; step < 6; ++step) {
         std::vector<int> n(nseq);
         for (auto& x : n) x = int(rng() % 5);  // 0..4
-        if (!h.step(n, path, rng, label(k, path, cat("decode step ", step)))) return;
+        // Every other step launched programmatically (the engine's decode launch).
+        if (!h.step(n, path, rng, label(k, path, cat("decode step ", step)), step % 2 == 1)) return;
       }
     }
   }

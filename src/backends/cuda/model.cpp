@@ -648,6 +648,7 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
       const PageKind kind = indexer || ratio == 4 ? PageKind::kC4 : PageKind::kC128;
       cp.store = indexer ? cache.index_view(block, st.table(kind), st.table_stride(kind))
                          : cache.compressed_view(block, st.table(kind), st.table_stride(kind));
+      cp.pdl = true;  // after the projection's GEMM, or the other compressor
       op(op_event(OpKind::kCompressor, block, indexer,
                   {f32_ref(cp.a, T, width, comp_ld_), f32_ref(cp.g, T, width, comp_ld_)}),
          [&] { cuda::compressor_forward(cp, stream_); });
@@ -690,6 +691,7 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
     ip.topk_idx = act_.topk;
     ip.workspace = act_.idx_ws;
     ip.workspace_bytes = act_.idx_ws_bytes;
+    ip.pdl = HIl == HI;  // after the compressors (tensor parallel: after a gather)
     op(op_event(OpKind::kIndexer, block, 0,
                 {bf16_ref(act_.qi, T, int64_t(HI) * DI), bf16_ref(act_.wproj, T, HI),
                  bf16_ref(act_.q_fp4, T, int64_t(HI) * DI), bf16_ref(act_.iw, T, HI),
@@ -726,6 +728,7 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   }
   sp.workspace = act_.attn_ws;
   sp.workspace_bytes = act_.attn_ws_bytes;
+  sp.pdl = true;  // after the indexer, the compressors or the front end
   {
     const cuda::SparseAttnPlan plan = cuda::sparse_attention_plan(sp);
     const int64_t fits = attn_splits_for(T, HA);
@@ -762,6 +765,7 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   wp.w_scale = b.wo_a.scale_e8m0.data();
   wp.w_scale_rows = b.wo_a_scale_rows.ptr();
   wp.z = Gl != c.o_groups ? tp_mine_ : act_.z;
+  wp.pdl = HA == H;  // after the attention (padded heads: after the compacting copy)
   const int GOL = c.o_groups * c.o_lora_rank;
   op(op_event(OpKind::kWoA, block, 0, {bf16_ref(act_.z, T, GOL)}), [&] {
     cuda::attn_output_wo_a(wp, stream_);

@@ -107,6 +107,7 @@ void attn_output_wo_a(const WoAParams& p, cudaStream_t stream) {
   a.w_scale_rows = p.w_scale_rows;
   a.z = p.z;
   a.ldz = int64_t(p.o_groups) * p.o_lora;
+  a.pdl = p.pdl;
 
   WoAPath path = p.path;
   if (path == WoAPath::kAuto)

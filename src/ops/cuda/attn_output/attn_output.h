@@ -39,6 +39,10 @@ struct WoAParams {
   const __nv_bfloat16* w_scale_rows = nullptr;  // wo_a_prepare_scales output (kTensorCore)
   __nv_bfloat16* z = nullptr;                   // [T, o_groups*o_lora] out
   WoAPath path = WoAPath::kAuto;
+  // kWeightStream: launch programmatically — the kernel prefetches its weight rows into L2,
+  // then waits in griddepcontrol.wait for the kernel before it before reading o (so the weight
+  // stream starts under that kernel's tail); graph-capturable. (kTensorCore ignores it.)
+  bool pdl = false;
 };
 
 // Largest M the weight-streaming kernel takes, and the default switch point of kAuto.

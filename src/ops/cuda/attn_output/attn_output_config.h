@@ -11,6 +11,9 @@ constexpr int kWsWarps = 4;
 constexpr int kWsRows = 16 * kWsWarps;
 constexpr int kWsStageK = 256;
 constexpr int kWsStages = 4;
+// The CTA's weight block is prefetched into L2 by this many threads, one part each (K is a
+// multiple of kWsStageK, so every part is a multiple of 16 bytes).
+constexpr int kWsPrefetchParts = 16;
 constexpr int kWsThreads = kWsWarps * 32;
 
 // In-place inverse RoPE: one thread per (token, head, 8 RoPE dims).

@@ -20,6 +20,7 @@ struct WoAArgs {
   const __nv_bfloat16* w_scale_rows = nullptr;  // [o_groups, in_g / 128, o_lora]
   __nv_bfloat16* z = nullptr;                   // [T, ldz]
   int64_t ldz = 0;                              // o_groups * o_lora
+  bool pdl = false;  // weight stream: programmatic dependent launch (WoAParams::pdl)
 };
 
 // M <= kWoAWeightStreamMaxM; applies the inverse RoPE itself (o is not written).

@@ -16,9 +16,12 @@
 #include "ops/cuda/attn_output/attn_output_config.h"
 #include "ops/cuda/attn_output/wo_a_kernels.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/launch.h"
 #include "ops/cuda/common/numerics.cuh"
 #include "ops/cuda/common/sm90/cp_async.cuh"
+#include "ops/cuda/common/sm90/gmem.cuh"
 #include "ops/cuda/common/sm90/smem.cuh"
+#include "ops/cuda/common/sm90/sync.cuh"
 #include "ops/cuda/common/sm90/warp_mma.cuh"
 
 namespace dsv4::cuda {
@@ -78,6 +81,15 @@ __global__ void __launch_bounds__(kWsThreads) wo_a_stream_kernel(WoAArgs p) {
   const int n_iter = K / kWsStageK;
   const int kblocks = K / 128;
   const uint8_t* wscale = p.w_scale + int64_t(row0 / 128) * kblocks;
+  // The CTA's weight rows (one contiguous kWsRows x K block) into L2 before the wait: launched
+  // programmatically (p.pdl), the stream starts while the kernel before finishes. Then nothing
+  // is read before that kernel is complete; the next kernel may launch at once.
+  if (tid < kWsPrefetchParts) {
+    const int64_t part = int64_t(kWsRows) * K / kWsPrefetchParts;  // a multiple of 16 bytes
+    sm90::prefetch_l2_bulk(wbase + tid * part, uint32_t(part));
+  }
+  sm90::griddep_wait();
+  sm90::griddep_launch_dependents();
 
   auto stage_w = [&](int slot) { return smem + slot * L::kStageBytes; };
   auto stage_a = [&](int slot) { return smem + slot * L::kStageBytes + L::kWBytes; };
@@ -193,8 +205,9 @@ void launch_stream(const WoAArgs& a, cudaStream_t stream) {
   DSV4_CUDA_CHECK(cudaFuncSetAttribute(wo_a_stream_kernel<kNT>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes));
   const int ctas = a.o_groups * a.o_lora / kWsRows;
-  wo_a_stream_kernel<kNT><<<ctas, kWsThreads, L::kBytes, stream>>>(a);
-  DSV4_CUDA_CHECK(cudaGetLastError());
+  launch_kernel(
+      LaunchConfig{dim3(unsigned(ctas)), dim3(kWsThreads), size_t(L::kBytes), stream, a.pdl},
+      wo_a_stream_kernel<kNT>, a);
 }
 
 }  // namespace

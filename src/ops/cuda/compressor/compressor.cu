@@ -26,6 +26,7 @@
 #include "ops/cuda/common/cuda_check.h"
 #include "ops/cuda/common/glibc_expf.cuh"
 #include "ops/cuda/common/numerics.cuh"
+#include "ops/cuda/common/sm90/sync.cuh"
 #include "ops/cuda/compressor/compressor_config.h"
 
 namespace dsv4::cuda {
@@ -331,6 +332,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) compressor_seq_kernel(Compre
   extern __shared__ __align__(16) float smem[];
   __shared__ double red[Cfg::kWarps];
   __shared__ double part;
+  // Launched programmatically (p.pdl): nothing is read before the kernel before is complete.
+  sm90::griddep_wait();
+  sm90::griddep_launch_dependents();
   const int s = blockIdx.x / Cfg::kCluster, rank = blockIdx.x % Cfg::kCluster;
   const SeqInfo si = seq_info<Cfg>(p, s);
   if constexpr (kPool) {
@@ -392,6 +396,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) compressor_pool_kernel(Compr
   extern __shared__ __align__(16) float smem[];
   __shared__ double red[Cfg::kWarps];
   __shared__ double part;
+  sm90::griddep_wait();  // as compressor_seq_kernel
+  sm90::griddep_launch_dependents();
   const int w = blockIdx.x / Cfg::kCluster, rank = blockIdx.x % Cfg::kCluster;
   const int2 sk = find_block<Cfg>(p, w);
   if (sk.x < 0) return;  // the whole cluster agrees
@@ -402,7 +408,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) compressor_pool_kernel(Compr
 
 template <class Kernel>
 void launch(Kernel kernel, int ctas, int cluster, int threads, int smem, cudaStream_t stream,
-            const CompressorParams& p) {
+            const CompressorParams& p, bool pdl) {
   if (ctas == 0) return;
   DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaLaunchConfig_t cfg{};
@@ -410,13 +416,22 @@ void launch(Kernel kernel, int ctas, int cluster, int threads, int smem, cudaStr
   cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
+  cudaLaunchAttribute attr[2];
+  int n = 0;
+  if (cluster > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = cluster > 1 ? 1 : 0;
+  cfg.numAttrs = n;
   DSV4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
 }
 
@@ -428,16 +443,16 @@ void run(const CompressorParams& p, cudaStream_t stream) {
   const int seq_ctas = p.num_seqs * Cfg::kCluster;
   if (fused) {
     launch(compressor_seq_kernel<Cfg, true>, seq_ctas, Cfg::kCluster, Cfg::kThreads,
-           Cfg::kSmemBytes, stream, p);
+           Cfg::kSmemBytes, stream, p, p.pdl);
     return;
   }
   // At most ceil(n_s / ratio) <= n_s / ratio + 1 blocks complete per sequence.
   const int64_t bound = int64_t(p.num_tokens) / kRatio + p.num_seqs;
   DSV4_CHECK(bound * Cfg::kCluster < (int64_t(1) << 31), "compressor_forward: batch too large");
   launch(compressor_pool_kernel<Cfg>, int(bound) * Cfg::kCluster, Cfg::kCluster, Cfg::kThreads,
-         Cfg::kSmemBytes, stream, p);
+         Cfg::kSmemBytes, stream, p, p.pdl);
   // State update only: no shared memory, no cluster (CTA r of a sequence still owns tile r).
-  launch(compressor_seq_kernel<Cfg, false>, seq_ctas, 1, Cfg::kThreads, 0, stream, p);
+  launch(compressor_seq_kernel<Cfg, false>, seq_ctas, 1, Cfg::kThreads, 0, stream, p, true);
 }
 
 bool aligned16(const void* p) {

@@ -60,6 +60,11 @@ struct CompressorParams {
   PagedStoreView store{};               // KV store (584 B) or indexer-key store (68 B)
 
   CompressorPath path = CompressorPath::kAuto;
+  // Programmatic dependent launch: the first kernel may start while the kernel before it on the
+  // stream finishes (every kernel here waits in griddepcontrol.wait before its first global
+  // access, and lets its successor launch at once); graph-capturable. The op's second kernel
+  // (kSplit) always follows the first programmatically.
+  bool pdl = false;
 };
 
 void compressor_forward(const CompressorParams& p, cudaStream_t stream = nullptr);

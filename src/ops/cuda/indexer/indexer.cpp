@@ -115,8 +115,10 @@ size_t indexer_workspace_bytes(const IndexerParams& p) {
 
 void lightning_indexer(const IndexerParams& p, cudaStream_t stream) {
   indexer_query(p, stream);
-  indexer_logits(p, stream);
-  indexer_topk(p, stream);
+  IndexerParams next = p;  // the stages after the first follow a kernel of this op
+  next.pdl = true;
+  indexer_logits(next, stream);
+  indexer_topk(next, stream);
 }
 
 }  // namespace dsv4::cuda

@@ -69,6 +69,11 @@ struct IndexerParams {
   size_t workspace_bytes = 0;
 
   IndexerTopkPath topk_path = IndexerTopkPath::kAuto;
+  // Programmatic dependent launch of the stage's first kernel: it may start while the kernel
+  // before it on the stream finishes (each kernel here waits in griddepcontrol.wait before its
+  // first global access and lets its successor launch at once); graph-capturable.
+  // lightning_indexer launches its second and third stages programmatically whatever this says.
+  bool pdl = false;
 };
 
 // Largest visible-entry count per token the top-k accepts (1M tokens of context at ratio 4).

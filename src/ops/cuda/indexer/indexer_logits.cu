@@ -19,9 +19,11 @@
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/launch.h"
 #include "ops/cuda/common/per_device.h"
 #include "ops/cuda/common/sm90/bf16x2.cuh"
 #include "ops/cuda/common/sm90/cp_async.cuh"
+#include "ops/cuda/common/sm90/sync.cuh"
 #include "ops/cuda/common/sm90/warp_mma.cuh"
 #include "ops/cuda/indexer/indexer.h"
 #include "ops/cuda/indexer/indexer_config.h"
@@ -67,6 +69,10 @@ __global__ void __launch_bounds__(kLogitsThreads, 2) indexer_logits_kernel(const
   constexpr int NT = HI / 8;  // n8 tiles of heads
   extern __shared__ __align__(16) uint8_t smem_raw[];
   LogitsSmem<HI>& sm = *reinterpret_cast<LogitsSmem<HI>*>(smem_raw);
+  // Launched programmatically (IndexerParams::pdl): nothing is read before the kernel before
+  // is complete.
+  sm90::griddep_wait();
+  sm90::griddep_launch_dependents();
 
   const int s = blockIdx.z;
   const int seq_t0 = __ldg(a.cu_seqlens + s);
@@ -269,8 +275,8 @@ void launch_logits(const IndexerParams& p, cudaStream_t stream) {
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   });
   dim3 grid(unsigned(chunks), unsigned(tiles), unsigned(p.batch.num_seqs));
-  indexer_logits_kernel<HI><<<grid, kLogitsThreads, smem, stream>>>(a);
-  DSV4_CUDA_CHECK(cudaGetLastError());
+  launch_kernel(LaunchConfig{grid, dim3(kLogitsThreads), smem, stream, p.pdl},
+                indexer_logits_kernel<HI>, a);
 }
 
 }  // namespace

@@ -7,7 +7,9 @@
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/launch.h"
 #include "ops/cuda/common/sm90/bf16x2.cuh"
+#include "ops/cuda/common/sm90/sync.cuh"
 #include "ops/cuda/indexer/indexer.h"
 #include "ops/cuda/indexer/indexer_config.h"
 #include "ops/cuda/indexer/indexer_internal.h"
@@ -51,6 +53,10 @@ __global__ void __launch_bounds__(kQueryWarps * 32) indexer_query_kernel(
     const int32_t* __restrict__ cu_seqlens, const int32_t* __restrict__ seq_pos0, int num_seqs,
     int num_tokens, int n_heads, const float* __restrict__ inv_freq, float had_scale, float w_scale,
     __nv_bfloat16* __restrict__ q_out, __nv_bfloat16* __restrict__ w_out) {
+  // Launched programmatically (IndexerParams::pdl): nothing is read before the kernel before
+  // is complete.
+  sm90::griddep_wait();
+  sm90::griddep_launch_dependents();
   const int lane = threadIdx.x & 31;
   const int64_t gw = int64_t(blockIdx.x) * kQueryWarps + (threadIdx.x >> 5);
   if (gw >= int64_t(num_tokens) * n_heads) return;
@@ -141,10 +147,10 @@ void indexer_query(const IndexerParams& p, cudaStream_t stream) {
       static_cast<float>(1.0 / std::sqrt(double(kHeadDim)) / std::sqrt(double(p.n_heads)));
   const int64_t warps = int64_t(p.batch.num_tokens) * p.n_heads;
   const int64_t blocks = (warps + kQueryWarps - 1) / kQueryWarps;
-  indexer_query_kernel<<<unsigned(blocks), kQueryWarps * 32, 0, stream>>>(
-      p.q, p.wproj, p.batch.cu_seqlens, p.batch.seq_pos0, p.batch.num_seqs, p.batch.num_tokens,
-      p.n_heads, p.inv_freq, had_scale, w_scale, p.q_fp4, p.weights);
-  DSV4_CUDA_CHECK(cudaGetLastError());
+  launch_kernel(LaunchConfig{dim3(unsigned(blocks)), dim3(kQueryWarps * 32), 0, stream, p.pdl},
+                indexer_query_kernel, p.q, p.wproj, p.batch.cu_seqlens, p.batch.seq_pos0,
+                p.batch.num_seqs, p.batch.num_tokens, p.n_heads, p.inv_freq, had_scale, w_scale,
+                p.q_fp4, p.weights);
 }
 
 }  // namespace dsv4::cuda

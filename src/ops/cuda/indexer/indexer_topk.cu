@@ -268,6 +268,10 @@ __device__ __forceinline__ int visible_of_token(const TopkArgs& a, int t) {
 // grid (num_tokens, max_segments): segment `blockIdx.y` of token `blockIdx.x`.
 __global__ void __launch_bounds__(kTopkThreads) topk_segment_kernel(const TopkArgs a) {
   __shared__ TopkSmem sm;
+  // Launched programmatically (IndexerParams::pdl): nothing is read before the kernel before
+  // is complete.
+  sm90::griddep_wait();
+  sm90::griddep_launch_dependents();
   const int t = blockIdx.x, sg = blockIdx.y;
   const int n_t = visible_of_token(a, t);
   const int seg_lo = sg * a.seg_len;
@@ -299,6 +303,8 @@ __global__ void __launch_bounds__(kTopkThreads) topk_segment_kernel(const TopkAr
 // grid (num_tokens): rows longer than one segment select among their segments' candidates.
 __global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(const TopkArgs a) {
   __shared__ TopkSmem sm;
+  sm90::griddep_wait();  // after topk_segment_kernel, always programmatically
+  sm90::griddep_launch_dependents();
   const int t = blockIdx.x;
   const int n_t = visible_of_token(a, t);
   if (n_t <= a.seg_len) return;
@@ -347,6 +353,8 @@ __device__ void cluster_histogram(const uint32_t* local, uint32_t* sum) {
 __global__ void __launch_bounds__(kTopkThreads) topk_cluster_kernel(const TopkArgs a) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   ClusterSmem& sm = *reinterpret_cast<ClusterSmem*>(smem_raw);
+  sm90::griddep_wait();  // as topk_segment_kernel
+  sm90::griddep_launch_dependents();
   const int rank = int(sm90::cluster_ctarank());
   const int t = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int n_t = visible_of_token(a, t);
@@ -447,7 +455,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_cluster_kernel(const TopkAr
     out[r] = r < kk ? sm.idx[0xffffu - (sm.code[r] & 0xffffu)] : -1;
 }
 
-void launch_cluster(const TopkArgs& a, int num_tokens, cudaStream_t stream) {
+void launch_cluster(const TopkArgs& a, int num_tokens, bool pdl, cudaStream_t stream) {
   static std::atomic<uint64_t> attr{0};
   once_per_device(attr, [] {
     DSV4_CUDA_CHECK(cudaFuncSetAttribute(topk_cluster_kernel,
@@ -455,7 +463,7 @@ void launch_cluster(const TopkArgs& a, int num_tokens, cudaStream_t stream) {
                                          int(sizeof(ClusterSmem))));
   });
   LaunchConfig c{dim3(unsigned(kTopkCluster), unsigned(num_tokens)), dim3(kTopkThreads),
-                 sizeof(ClusterSmem), stream};
+                 sizeof(ClusterSmem), stream, pdl};
   c.cluster = dim3(kTopkCluster, 1, 1);
   launch_kernel(c, topk_cluster_kernel, a);
 }
@@ -485,16 +493,16 @@ void indexer_topk(const IndexerParams& p, cudaStream_t stream) {
   if (indexer_detail::topk_uses_cluster(p)) {
     DSV4_CHECK(p.batch.num_tokens <= 65535, "indexer_topk: ", p.batch.num_tokens,
                " tokens exceed the cluster path's grid");
-    launch_cluster(a, p.batch.num_tokens, stream);
+    launch_cluster(a, p.batch.num_tokens, p.pdl, stream);
     return;
   }
-  topk_segment_kernel<<<dim3(unsigned(p.batch.num_tokens), unsigned(segs)), kTopkThreads, 0,
-                        stream>>>(a);
-  DSV4_CUDA_CHECK(cudaGetLastError());
-  if (segs > 1) {
-    topk_merge_kernel<<<unsigned(p.batch.num_tokens), kTopkThreads, 0, stream>>>(a);
-    DSV4_CUDA_CHECK(cudaGetLastError());
-  }
+  launch_kernel(LaunchConfig{dim3(unsigned(p.batch.num_tokens), unsigned(segs)), dim3(kTopkThreads),
+                             0, stream, p.pdl},
+                topk_segment_kernel, a);
+  if (segs > 1)
+    launch_kernel(
+        LaunchConfig{dim3(unsigned(p.batch.num_tokens)), dim3(kTopkThreads), 0, stream, true},
+        topk_merge_kernel, a);
 }
 
 }  // namespace dsv4::cuda

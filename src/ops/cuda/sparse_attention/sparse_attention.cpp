@@ -152,6 +152,7 @@ void sparse_attention(const SparseAttnParams& p, cudaStream_t stream) {
   a.num_splits = plan.num_splits;
   a.blocks_per_split = plan.blocks_per_split;
   a.partials = static_cast<float*>(p.workspace);
+  a.pdl = p.pdl;
   DSV4_CHECK(int64_t(a.num_tokens) * a.head_tiles < (int64_t(1) << 31),
              "sparse_attention: too many (token, head tile) units");
   if (is_wgmma(plan.kernel))

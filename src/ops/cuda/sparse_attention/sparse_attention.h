@@ -71,6 +71,11 @@ struct SparseAttnParams {
   SparseAttnKernel kernel = SparseAttnKernel::kAuto;
   int heads_per_cta = 0;  // 16, 32 or 64 (kMma); 64 (kWgmma, kWgmmaDirect)
   int num_splits = 0;     // key-block splits per (token, head tile), combined afterwards
+
+  // Programmatic dependent launch: the attention kernel may start while the kernel before it on
+  // the stream finishes (it waits in griddepcontrol.wait before its first global access);
+  // graph-capturable. The split combine always follows the attention kernel programmatically.
+  bool pdl = false;
 };
 
 // The planner's choice for these parameters (sparse_attention_plan.h; validates them).

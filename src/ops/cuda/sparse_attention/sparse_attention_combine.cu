@@ -21,14 +21,26 @@ namespace {
 using namespace sparse_attn_cfg;
 
 __global__ void __launch_bounds__(kCombineWarps * 32) sparse_attn_combine_kernel(const AttnArgs a) {
-  sm90::griddep_wait();  // the attention grid has completed: its partials are visible
+  sm90::griddep_wait();               // the attention grid has completed: its partials are visible
+  sm90::griddep_launch_dependents();  // the next kernel (wo_a) may launch; it waits for us
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kCombineWarps + (threadIdx.x >> 5);
   if (row >= int64_t(a.num_tokens) * a.n_heads) return;
   const int h = int(row % a.n_heads);
   const float* part = a.partials + row * a.num_splits * kPartialFloats;
+  // Splits in groups of kCombineBatch: every load of a group is issued before its first use (one
+  // L2 round trip a group, not one a split); the sums still run split by split in order, so the
+  // bits do not depend on the grouping.
+  constexpr int B = kCombineBatch;
   float M = -INFINITY;
-  for (int s = 0; s < a.num_splits; ++s) M = fmaxf(M, part[s * kPartialFloats + kHeadDim]);
+  for (int s0 = 0; s0 < a.num_splits; s0 += B) {
+    float m[B];
+#pragma unroll
+    for (int j = 0; j < B; ++j)
+      m[j] = s0 + j < a.num_splits ? part[(s0 + j) * kPartialFloats + kHeadDim] : -INFINITY;
+#pragma unroll
+    for (int j = 0; j < B; ++j) M = fmaxf(M, m[j]);
+  }
   float acc[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
@@ -40,19 +52,32 @@ __global__ void __launch_bounds__(kCombineWarps * 32) sparse_attn_combine_kernel
     return;
   }
   float L = 0.0f;
-  for (int s = 0; s < a.num_splits; ++s) {
-    const float* ps = part + s * kPartialFloats;
-    const float ms = ps[kHeadDim];
-    if (ms == -INFINITY) continue;
-    const float f = exp2f(ms - M);
-    L += ps[kHeadDim + 1] * f;
+  for (int s0 = 0; s0 < a.num_splits; s0 += B) {
+    float ms[B], ls[B];
+    float4 v[B][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float4 v = *reinterpret_cast<const float4*>(ps + 128 * i + 4 * lane);
-      acc[4 * i + 0] += v.x * f;
-      acc[4 * i + 1] += v.y * f;
-      acc[4 * i + 2] += v.z * f;
-      acc[4 * i + 3] += v.w * f;
+    for (int j = 0; j < B; ++j) {
+      const bool in = s0 + j < a.num_splits;
+      const float* ps = part + (s0 + j) * kPartialFloats;
+      ms[j] = in ? ps[kHeadDim] : -INFINITY;
+      ls[j] = in ? ps[kHeadDim + 1] : 0.0f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        v[j][i] = in ? *reinterpret_cast<const float4*>(ps + 128 * i + 4 * lane)
+                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int j = 0; j < B; ++j) {
+      if (ms[j] == -INFINITY) continue;  // an empty split, or past the last one
+      const float f = exp2f(ms[j] - M);
+      L += ls[j] * f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        acc[4 * i + 0] += v[j][i].x * f;
+        acc[4 * i + 1] += v[j][i].y * f;
+        acc[4 * i + 2] += v[j][i].z * f;
+        acc[4 * i + 3] += v[j][i].w * f;
+      }
     }
   }
   L += exp2f(__ldg(a.sink + h) * 1.4426950408889634f - M);

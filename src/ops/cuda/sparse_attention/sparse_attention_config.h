@@ -42,5 +42,7 @@ struct WgmmaCfg {
 };
 
 constexpr int kCombineWarps = 4;
+// Splits whose partials the combine loads together (sparse_attention_combine.cu).
+constexpr int kCombineBatch = 4;
 
 }  // namespace dsv4::cuda::sparse_attn_cfg

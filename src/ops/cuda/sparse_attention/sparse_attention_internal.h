@@ -37,6 +37,7 @@ struct AttnArgs {
   int num_splits;
   int blocks_per_split;
   float* partials;  // [num_tokens * n_heads, num_splits, kPartialFloats] when num_splits > 1
+  bool pdl;         // launch the attention kernel programmatically (SparseAttnParams::pdl)
 };
 
 void launch_mma(const AttnArgs& a, int heads_per_cta, cudaStream_t stream);

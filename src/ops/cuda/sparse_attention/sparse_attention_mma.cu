@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/launch.h"
 #include "ops/cuda/common/per_device.h"
 #include "ops/cuda/common/sm90/bf16x2.cuh"
 #include "ops/cuda/common/sm90/cp_async.cuh"
@@ -55,8 +56,10 @@ __global__ void __launch_bounds__(MmaCfg<HT>::kThreads, 1)
   uint8_t* raw = reinterpret_cast<uint8_t*>(s_s + HT * kSRow);
   uint8_t* valid = raw + kStages * kKeyBlock * kRawRow;
 
+  // Launched programmatically (a.pdl): nothing is read before the kernel before is complete.
   // The combine (a programmatic dependent) may launch once every CTA has started; it still
   // waits for this grid to complete before reading the partials.
+  sm90::griddep_wait();
   sm90::griddep_launch_dependents();
   const int t = blockIdx.x / a.head_tiles;
   const int h0 = (blockIdx.x % a.head_tiles) * HT;
@@ -334,8 +337,8 @@ void launch_mma_t(const AttnArgs& a, cudaStream_t stream) {
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   });
   const dim3 grid(unsigned(int64_t(a.num_tokens) * a.head_tiles), unsigned(a.num_splits));
-  sparse_attn_mma_kernel<HT><<<grid, MmaCfg<HT>::kThreads, smem, stream>>>(a);
-  DSV4_CUDA_CHECK(cudaGetLastError());
+  launch_kernel(LaunchConfig{grid, dim3(MmaCfg<HT>::kThreads), smem, stream, a.pdl},
+                sparse_attn_mma_kernel<HT>, a);
 }
 
 }  // namespace

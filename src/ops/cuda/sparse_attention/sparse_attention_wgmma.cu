@@ -212,8 +212,10 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
   Smem& sm =
       *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
 
+  // Launched programmatically (a.pdl): nothing is read before the kernel before is complete.
   // The combine (a programmatic dependent) may launch once every CTA has started; it still
   // waits for this grid to complete before reading the partials.
+  sm90::griddep_wait();
   sm90::griddep_launch_dependents();
   const int t = blockIdx.x / a.head_tiles;
   const int h0 = (blockIdx.x % a.head_tiles) * C::kHeads;
@@ -641,13 +643,22 @@ void launch_wgmma_t(const AttnArgs& a, cudaStream_t stream) {
   cfg.blockDim = dim3(C::kThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attrs[1];
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = kCluster;
-  attrs[0].val.clusterDim.y = 1;
-  attrs[0].val.clusterDim.z = 1;
+  cudaLaunchAttribute attrs[2];
+  unsigned n = 0;
+  if (kCluster > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = kCluster;
+    attrs[n].val.clusterDim.y = 1;
+    attrs[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (a.pdl) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
   cfg.attrs = attrs;
-  cfg.numAttrs = kCluster > 1 ? 1 : 0;
+  cfg.numAttrs = n;
   DSV4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, sparse_attn_wgmma_kernel<kCluster, kStaged>, a));
 }
 }  // namespace
