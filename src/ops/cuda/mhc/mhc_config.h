@@ -66,6 +66,9 @@ constexpr int kSplitMaxYChunks =
     (kSplitMaxDim / 8 + kSplitCollapseThreads - 1) / kSplitCollapseThreads;
 // The finisher sums the split partials in 10 fixed ranges (a thread per range and value).
 constexpr int kSplitReduceParts = 10;
+// Up to this many tokens (one CTA each: about a wave) the finishing kernel loads the streams and
+// the norm weight early (mhc_split.cu, kEarly); beyond, where two CTAs an SM pay, where used.
+constexpr int kSplitEarlyLoadMaxTokens = 256;
 constexpr int kSplitMaxSplitsPerPart =
     (kSplitMaxDim / kSplitDimUnit + kSplitReduceParts - 1) / kSplitReduceParts;
 static_assert(kSplitMaxYChunks == 5 && kSplitReduceParts * (kMixPre + 1) <= kSplitFinishThreads &&

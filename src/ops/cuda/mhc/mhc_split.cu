@@ -283,7 +283,11 @@ __device__ __forceinline__ void quantize_y(const FinishArgs& p, const float (&yv
   }
 }
 
-template <Kind kKind>
+// kEarly (decode-sized steps): the norm weight is loaded before the wait and the streams right
+// after it, so their round trips overlap the partials' reduction instead of following it; it
+// holds them in registers throughout (~2x the registers: one CTA per SM), so prefill-sized
+// steps, whose many CTAs want two per SM, load them where they are used. Same arithmetic.
+template <Kind kKind, bool kEarly>
 __global__ void __launch_bounds__(kSplitFinishThreads) hc_split_finish_kernel(const FinishArgs p) {
   constexpr bool kHead = kKind == Kind::kHead;
   constexpr int kMix = mix_of<kKind>(), kV = kMix + 1;
@@ -296,8 +300,34 @@ __global__ void __launch_bounds__(kSplitFinishThreads) hc_split_finish_kernel(co
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t t = blockIdx.x;
+  // Collapse threads: chunk c (8 dims) of y by thread ct, c = ct, ct + kCollapse, ...
+  const int ct = tid - kFirst, chunks = p.dim / 8;
+  const __nv_bfloat16* X = p.streams + t * kHc * p.dim;
+  uint4 nw[kMaxC], raw[kMaxC][kHc];
+  // Every chunk's loads at once (one L2/HBM round trip), then the arithmetic.
+  const auto load_streams = [&] {
+#pragma unroll
+    for (int i = 0; i < kMaxC; ++i) {
+      const int c = ct + i * kCollapse;
+#pragma unroll
+      for (int jj = 0; jj < kHc; ++jj)
+        raw[i][jj] =
+            ct >= 0 && c < chunks ? ld16(X + int64_t(jj) * p.dim + c * 8) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  const auto load_norm = [&] {
+#pragma unroll
+    for (int i = 0; i < kMaxC; ++i) {
+      const int c = ct + i * kCollapse;
+      nw[i] = ct >= 0 && c < chunks && p.norm_w != nullptr
+                  ? __ldg(reinterpret_cast<const uint4*>(p.norm_w) + c)
+                  : make_uint4(0, 0, 0, 0);
+    }
+  };
+  if constexpr (kEarly) load_norm();  // a constant: under the projection's tail
   sm90::griddep_wait();
   sm90::griddep_launch_dependents();
+  if constexpr (kEarly) load_streams();  // written by the projection: after the wait
 
   // Partials: value v (a mix, or the sum of squares at v == kMix) over kSplitReduceParts fixed
   // ranges of splits, each summed in split order in fp64, then the ranges in order. Every load of
@@ -357,19 +387,9 @@ __global__ void __launch_bounds__(kSplitFinishThreads) hc_split_finish_kernel(co
     }
   }
 
-  // Collapse: chunk c (8 dims) of y by thread ct, c = ct, ct + kCollapse, ...
-  const int ct = tid - kFirst, chunks = p.dim / 8;
-  const __nv_bfloat16* X = p.streams + t * kHc * p.dim;
+  // Collapse.
   const float w0 = pre_s[0], w1 = pre_s[1], w2 = pre_s[2], w3 = pre_s[3];
-  // Every chunk's loads first (one L2/HBM round trip), then the arithmetic.
-  uint4 raw[kMaxC][kHc];
-#pragma unroll
-  for (int i = 0; i < kMaxC; ++i) {
-    const int c = ct + i * kCollapse;
-#pragma unroll
-    for (int jj = 0; jj < kHc; ++jj)
-      raw[i][jj] = c < chunks ? ld16(X + int64_t(jj) * p.dim + c * 8) : make_uint4(0, 0, 0, 0);
-  }
+  if constexpr (!kEarly) load_streams();
   float yv[kMaxC][8];
 #pragma unroll
   for (int i = 0; i < kMaxC; ++i) {
@@ -386,6 +406,7 @@ __global__ void __launch_bounds__(kSplitFinishThreads) hc_split_finish_kernel(co
     }
   }
   if (p.norm_w != nullptr) {  // uniform over the grid
+    if constexpr (!kEarly) load_norm();
     // Fused RMSNorm: sum of squares of y (fp64, fixed order: lanes by butterfly, then warps).
     double ssy = 0.0;
 #pragma unroll
@@ -409,7 +430,7 @@ __global__ void __launch_bounds__(kSplitFinishThreads) hc_split_finish_kernel(co
       const int c = ct + i * kCollapse;
       if (c >= chunks) continue;
       float wv[8];
-      unpack8(__ldg(reinterpret_cast<const uint4*>(p.norm_w) + c), wv);
+      unpack8(nw[i], wv);
       // Rounded to BF16 here: the stored y, and what its FP8 codes are of.
 #pragma unroll
       for (int e = 0; e < 8; ++e)
@@ -525,7 +546,12 @@ void launch_kind(const Params& p, const Geometry& geo, float* part_mix, double* 
   f.q_codes = p.q_codes;
   f.q_scales_t = p.q_scales_t;
   f.q_ld_scales = p.q_ld_scales;
-  launch_pdl(hc_split_finish_kernel<kKind>, dim3(p.tokens, 1, 1), kSplitFinishThreads, stream, f);
+  if (p.tokens <= kSplitEarlyLoadMaxTokens)
+    launch_pdl(hc_split_finish_kernel<kKind, true>, dim3(p.tokens, 1, 1), kSplitFinishThreads,
+               stream, f);
+  else
+    launch_pdl(hc_split_finish_kernel<kKind, false>, dim3(p.tokens, 1, 1), kSplitFinishThreads,
+               stream, f);
 }
 
 }  // namespace
