@@ -4,6 +4,8 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <sstream>
+#include <string>
 
 #include "comm/collective_aborted.h"
 #include "comm/inproc_communicator.h"
@@ -29,10 +31,24 @@ struct alignas(64) Slot {
   unsigned long long bytes[kMaxRanks];   // and how many
 };
 
+// What the first waiting kernel that gave up saw (the world's, in the root table): which
+// rank of which communicator waited, for which rank's `ready` (stage 0) or `done` (stage 1) to
+// reach which collective, and every rank's counters at that moment.
+struct Stall {
+  int stalled;  // set last, after the fields below
+  int n, rank, waited_for, stage;
+  unsigned long long seq;
+  unsigned long long seq_of[kMaxRanks], ready_of[kMaxRanks], done_of[kMaxRanks];
+};
+
 struct Table {
   int aborted;        // the world's (root table's): set by abort() on any communicator split
-                      // from it; the waiting kernels leave (their data are garbage)
+                      // from it, or by a kernel that waited past the timeout; the waiting
+                      // kernels leave (their data are garbage)
   const int* abort;   // &root table's aborted
+  Stall stall;        // the root table's is the world's (see `stalled`)
+  Stall* stalled;     // &root table's stall
+  unsigned long long timeout_ns;  // a waiting kernel gives up after this long (the world's)
   int size_mismatch;  // a receiver expected other sizes than its sender sent (nothing copied)
   int n;
   Slot slot[1];  // [n]
@@ -48,6 +64,47 @@ __device__ __forceinline__ void set_flag(const int* flag) {
 }
 __device__ __forceinline__ bool is_set(const int* flag) {
   return *reinterpret_cast<const volatile int*>(flag) != 0;
+}
+
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Spins (one thread) until every rank's counter (`ready` for stage 0, `done` for stage 1)
+// reaches seq. Leaves early when the world is aborted; after the world's timeout it records
+// what it saw in the world's Stall (the first to give up; the host reports it), aborts the
+// world so that every other waiting kernel leaves too, and leaves. A collective can only wait
+// that long if some rank's kernel never runs: without the timeout the ranks' streams would never
+// complete and the process would hang with no word of why.
+__device__ void wait_all(Table* t, int me, int stage, unsigned long long seq) {
+  const unsigned long long start = global_ns();
+  for (int s = 0; s < t->n; ++s) {
+    const unsigned long long* c = stage == 0 ? &t->slot[s].ready : &t->slot[s].done;
+    for (int spin = 0; load_volatile(c) < seq; ++spin) {
+      if (is_set(t->abort)) return;
+      if ((spin & 1023) == 1023 && global_ns() - start > t->timeout_ns) {
+        Stall* st = t->stalled;
+        if (!is_set(&st->stalled)) {
+          st->n = t->n;
+          st->rank = me;
+          st->waited_for = s;
+          st->stage = stage;
+          st->seq = seq;
+          for (int r = 0; r < t->n; ++r) {
+            st->seq_of[r] = load_volatile(&t->slot[r].seq);
+            st->ready_of[r] = load_volatile(&t->slot[r].ready);
+            st->done_of[r] = load_volatile(&t->slot[r].done);
+          }
+          __threadfence_system();
+          set_flag(&st->stalled);
+        }
+        set_flag(t->abort);
+        return;
+      }
+    }
+  }
 }
 
 // Publishes this rank's send buffer for the collective it enters, then waits until every rank
@@ -73,9 +130,7 @@ __global__ void publish_and_wait_kernel(const Publish p) {
   // The stream's earlier writes (the send buffer) and the fields above before `ready`.
   __threadfence_system();
   *reinterpret_cast<volatile unsigned long long*>(&mine.ready) = seq;
-  for (int s = 0; s < t->n; ++s)
-    while (load_volatile(&t->slot[s].ready) < seq)
-      if (is_set(t->abort)) return;
+  wait_all(t, p.me, 0, seq);
   __threadfence_system();
 }
 
@@ -119,15 +174,14 @@ __global__ void done_and_wait_kernel(Table* t, int me) {
   __threadfence_system();
   const unsigned long long seq = load_volatile(&t->slot[me].seq);
   *reinterpret_cast<volatile unsigned long long*>(&t->slot[me].done) = seq;
-  for (int s = 0; s < t->n; ++s)
-    while (load_volatile(&t->slot[s].done) < seq)
-      if (is_set(t->abort)) return;
+  wait_all(t, me, 1, seq);
 }
 
 // The table of one communicator's ranks, freed with the last of them; a split's keeps the
 // world's (its abort flag) alive.
 struct Shared {
-  Shared(int n, std::shared_ptr<Shared> parent_) : parent(std::move(parent_)) {
+  Shared(int n, std::shared_ptr<Shared> parent_, double timeout_s = 0)
+      : parent(std::move(parent_)) {
     DSV4_CHECK(n >= 1 && n <= kMaxRanks, "in-process device communicator of ", n, " ranks (1..",
                kMaxRanks, ")");
     const size_t bytes = sizeof(Table) + sizeof(Slot) * size_t(n - 1);
@@ -137,11 +191,29 @@ struct Shared {
     table = static_cast<Table*>(p);
     table->n = n;
     table->abort = parent ? parent->table->abort : &table->aborted;
+    table->stalled = parent ? parent->table->stalled : &table->stall;
+    table->timeout_ns = parent ? parent->table->timeout_ns
+                               : static_cast<unsigned long long>(timeout_s * 1e9);
   }
   ~Shared() { cudaFreeHost(table); }
   // Releases every waiting kernel of the world's communicators.
   void abort() { *reinterpret_cast<volatile int*>(const_cast<int*>(table->abort)) = 1; }
   bool aborted() const { return *reinterpret_cast<const volatile int*>(table->abort) != 0; }
+  // The world's stall, described; empty if no waiting kernel gave up.
+  std::string stall() const {
+    const volatile Stall* st = table->stalled;
+    if (!st->stalled) return {};
+    std::ostringstream o;
+    o << "a waiting kernel gave up after " << double(table->timeout_ns) * 1e-9
+      << " s: rank " << st->rank << " of a communicator of " << st->n << " waited for rank "
+      << st->waited_for << "'s " << (st->stage == 0 ? "publication" : "reads") << " of collective "
+      << st->seq << "; each rank's (entered, published, reads done):";
+    for (int r = 0; r < st->n && r < kMaxRanks; ++r)
+      o << " " << r << ":(" << st->seq_of[r] << "," << st->ready_of[r] << "," << st->done_of[r]
+        << ")";
+    o << " (a rank's kernel never ran beside the others': the ranks share one GPU)";
+    return o.str();
+  }
   std::shared_ptr<Shared> parent;
   Table* table = nullptr;
   std::atomic<int> device{-1};  // the GPU every rank's stream is on (the first one seen)
@@ -181,6 +253,9 @@ class InProcDeviceCommunicator final : public DeviceCommunicator {
   void launch_barrier() override { host_->barrier(); }
 
   void check_completed() override {
+    const std::string stall = shared_->stall();
+    DSV4_CHECK(stall.empty(), "in-process device collective (rank ", rank(), " of ", size(),
+               "): ", stall);
     DSV4_CHECK(!*reinterpret_cast<volatile int*>(&shared_->table->size_mismatch),
                "in-process device collective (rank ", rank(), " of ", size(),
                "): a rank expected other sizes than were sent to it, nothing was copied (found "
@@ -214,6 +289,9 @@ class InProcDeviceCommunicator final : public DeviceCommunicator {
     const int n = size(), me = rank();
     // A consequence of another rank's failure, typed as such (comm/first_failure.h reports the
     // cause, not this echo).
+    const std::string stall = shared_->stall();
+    DSV4_CHECK(stall.empty(), "in-process device collective: an earlier collective failed: ",
+               stall);
     if (shared_->aborted())
       throw CollectiveAborted("in-process device collective aborted (a rank failed)");
     DSV4_CHECK(!*reinterpret_cast<volatile int*>(&t->size_mismatch),
@@ -276,9 +354,12 @@ class InProcDeviceCommunicator final : public DeviceCommunicator {
 
 }  // namespace
 
-std::vector<std::unique_ptr<DeviceCommunicator>> make_inproc_device_communicators(int n) {
+std::vector<std::unique_ptr<DeviceCommunicator>> make_inproc_device_communicators(
+    int n, double timeout_s) {
+  DSV4_CHECK(timeout_s > 0 && timeout_s < 1e9, "in-process device communicator: timeout ",
+             timeout_s, " s (> 0)");
   std::vector<std::unique_ptr<Communicator>> host = make_inproc_communicators(n);
-  auto shared = std::make_shared<Shared>(n, nullptr);
+  auto shared = std::make_shared<Shared>(n, nullptr, timeout_s);
   std::vector<std::unique_ptr<DeviceCommunicator>> out;
   for (auto& h : host)
     out.push_back(std::make_unique<InProcDeviceCommunicator>(std::move(h), shared));

@@ -21,6 +21,10 @@
 // every later collective's call refuses; abort() releases every waiting kernel (their data are
 // garbage; the failing step throws on its rank). A spinning kernel holds one warp of one SM while
 // it waits; the ranks' other kernels never wait on one another, so they always find room to run.
+// CUDA does not promise that kernels of different streams run at the same time, though: a
+// kernel that waits longer than `timeout_s` gives up, records what it waited for and every
+// rank's counters, and aborts the world; check_completed() and every later collective then
+// throw that description instead of the process hanging.
 #pragma once
 
 #include <memory>
@@ -32,6 +36,7 @@ namespace dsv4 {
 
 // The n ranks' communicators (1 <= n <= 32); hand one to each thread. Every rank's stream must
 // be on the same GPU (a collective on another throws).
-std::vector<std::unique_ptr<DeviceCommunicator>> make_inproc_device_communicators(int n);
+std::vector<std::unique_ptr<DeviceCommunicator>> make_inproc_device_communicators(
+    int n, double timeout_s = 60.0);
 
 }  // namespace dsv4

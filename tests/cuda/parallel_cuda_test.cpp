@@ -195,70 +195,85 @@ class ParallelCuda : public ::testing::Test {
   }
 };
 
+// One rank of InProcessDeviceCollectivesMoveBytesExactly.
+void body_of_collectives_test(int r, int n, DeviceCommunicator& c, std::vector<int>& bad,
+                              std::vector<int>& sub_rank, std::vector<int>& sub_size) {
+  DSV4_CUDA_CHECK(cudaSetDevice(0));
+  cudaStream_t s;
+  DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  // all-gather of 1000 floats: rank r sends r * 1000 + k.
+  std::vector<float> mine(1000);
+  for (int k = 0; k < 1000; ++k) mine[size_t(k)] = float(r * 1000 + k);
+  cuda::DeviceBuffer<float> dmine(mine), all(size_t(1000 * n));
+  // The send buffer is rewritten right after: the collective must not let the stream run
+  // ahead of the other ranks' reads.
+  c.all_gather(dmine.data(), all.data(), 4000, s);
+  DSV4_CUDA_CHECK(cudaMemsetAsync(dmine.data(), 0xff, 4000, s));
+  // all-to-all(v): rank r sends (r + d) % 3 floats of value 100 r + d to rank d (zero
+  // sometimes: an idle pair still takes part).
+  std::vector<size_t> so, sb, ro, rb;
+  std::vector<float> send;
+  for (int d = 0; d < n; ++d) {
+    so.push_back(send.size() * 4);
+    sb.push_back(size_t((r + d) % 3) * 4);
+    send.insert(send.end(), size_t((r + d) % 3), float(100 * r + d));
+  }
+  size_t total = 0;
+  for (int src = 0; src < n; ++src) {
+    ro.push_back(total * 4);
+    rb.push_back(size_t((src + r) % 3) * 4);
+    total += size_t((src + r) % 3);
+  }
+  cuda::DeviceBuffer<float> dsend(send.empty() ? std::vector<float>{0} : send),
+      drecv(std::max<size_t>(1, total));
+  c.all_to_all_v(dsend.data(), so, sb, drecv.data(), ro, rb, s);
+  // split: {0, 2} ordered by key (2 first), {1}; an all-gather inside.
+  auto sub = c.split(r % 2, -r);
+  sub_rank[size_t(r)] = sub->rank();
+  sub_size[size_t(r)] = sub->size();
+  cuda::DeviceBuffer<int> one(std::vector<int>{r}), both(size_t(sub->size()));
+  // The groups' collectives do not meet each other on the host: without this world meeting,
+  // rank 1 (alone in its group) can be inside the split's cudaHostAlloc or these buffers'
+  // cudaMalloc / cudaMemcpy (calls that may wait for the whole device) while rank 2 already
+  // spins on the device for rank 0's launch — which waits behind rank 1's call: the hang seen
+  // on one H200 at stop 31 (the test never finished). After it, every rank's host work until
+  // the next meeting is launches and its own stream's synchronisation.
+  c.launch_barrier();
+  sub->all_gather(one.data(), both.data(), 4, s);
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
+  // Rank 1 is alone in its group: without this meeting it can reach cudaFree (a context-wide
+  // synchronisation) while ranks 0 and 2 are between their group's host meeting and their
+  // launches, one of them already spinning on the device for the other's launch.
+  c.launch_barrier();
+  c.check_completed();  // a collective that gave up waiting says so, with each rank's counters
+  sub->check_completed();
+  const std::vector<float> a = all.download();
+  for (int k = 0; k < 1000 * n; ++k) bad[size_t(r)] += a[size_t(k)] != float(k);
+  const std::vector<float> got = drecv.download();
+  size_t at = 0;
+  for (int src = 0; src < n; ++src)
+    for (int k = 0; k < (src + r) % 3; ++k) bad[size_t(r)] += got[at++] != float(100 * src + r);
+  const std::vector<int> b = both.download();
+  const std::vector<int> want_b = r == 1 ? std::vector<int>{1} : std::vector<int>{2, 0};
+  bad[size_t(r)] += b != want_b;
+  DSV4_CUDA_CHECK(cudaStreamDestroy(s));
+}
+
 TEST_F(ParallelCuda, InProcessDeviceCollectivesMoveBytesExactly) {
   const int n = 3;
-  auto comms = make_inproc_device_communicators(n);
+  // A collective whose kernels wait past 20 s fails (with what each rank had reached) instead
+  // of hanging the suite.
+  auto comms = make_inproc_device_communicators(n, 20.0);
   std::vector<int> bad(n, 0);
   std::vector<int> sub_rank(n), sub_size(n);
   on_each_rank(n, [&](int r) {
-    DSV4_CUDA_CHECK(cudaSetDevice(0));
     DeviceCommunicator& c = *comms[size_t(r)];
-    cudaStream_t s;
-    DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    // all-gather of 1000 floats: rank r sends r * 1000 + k.
-    std::vector<float> mine(1000);
-    for (int k = 0; k < 1000; ++k) mine[size_t(k)] = float(r * 1000 + k);
-    cuda::DeviceBuffer<float> dmine(mine), all(size_t(1000 * n));
-    // The send buffer is rewritten right after: the collective must not let the stream run
-    // ahead of the other ranks' reads.
-    c.all_gather(dmine.data(), all.data(), 4000, s);
-    DSV4_CUDA_CHECK(cudaMemsetAsync(dmine.data(), 0xff, 4000, s));
-    // all-to-all(v): rank r sends (r + d) % 3 floats of value 100 r + d to rank d (zero
-    // sometimes: an idle pair still takes part).
-    std::vector<size_t> so, sb, ro, rb;
-    std::vector<float> send;
-    for (int d = 0; d < n; ++d) {
-      so.push_back(send.size() * 4);
-      sb.push_back(size_t((r + d) % 3) * 4);
-      send.insert(send.end(), size_t((r + d) % 3), float(100 * r + d));
+    try {
+      body_of_collectives_test(r, n, c, bad, sub_rank, sub_size);
+    } catch (...) {
+      c.abort();  // the other ranks' meetings and collectives fail instead of waiting for this one
+      throw;
     }
-    size_t total = 0;
-    for (int src = 0; src < n; ++src) {
-      ro.push_back(total * 4);
-      rb.push_back(size_t((src + r) % 3) * 4);
-      total += size_t((src + r) % 3);
-    }
-    cuda::DeviceBuffer<float> dsend(send.empty() ? std::vector<float>{0} : send),
-        drecv(std::max<size_t>(1, total));
-    c.all_to_all_v(dsend.data(), so, sb, drecv.data(), ro, rb, s);
-    // split: {0, 2} ordered by key (2 first), {1}; an all-gather inside.
-    auto sub = c.split(r % 2, -r);
-    sub_rank[size_t(r)] = sub->rank();
-    sub_size[size_t(r)] = sub->size();
-    cuda::DeviceBuffer<int> one(std::vector<int>{r}), both(size_t(sub->size()));
-    // The groups' collectives do not meet each other on the host: without this world meeting,
-    // rank 1 (alone in its group) can be inside the split's cudaHostAlloc or these buffers'
-    // cudaMalloc / cudaMemcpy (calls that may wait for the whole device) while rank 2 already
-    // spins on the device for rank 0's launch — which waits behind rank 1's call: the hang seen
-    // on one H200 at stop 31 (the test never finished). After it, every rank's host work until
-    // the next meeting is launches and its own stream's synchronisation.
-    c.launch_barrier();
-    sub->all_gather(one.data(), both.data(), 4, s);
-    DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
-    // Rank 1 is alone in its group: without this meeting it can reach cudaFree (a context-wide
-    // synchronisation) while ranks 0 and 2 are between their group's host meeting and their
-    // launches, one of them already spinning on the device for the other's launch.
-    c.launch_barrier();
-    const std::vector<float> a = all.download();
-    for (int k = 0; k < 1000 * n; ++k) bad[size_t(r)] += a[size_t(k)] != float(k);
-    const std::vector<float> got = drecv.download();
-    size_t at = 0;
-    for (int src = 0; src < n; ++src)
-      for (int k = 0; k < (src + r) % 3; ++k) bad[size_t(r)] += got[at++] != float(100 * src + r);
-    const std::vector<int> b = both.download();
-    const std::vector<int> want_b = r == 1 ? std::vector<int>{1} : std::vector<int>{2, 0};
-    bad[size_t(r)] += b != want_b;
-    DSV4_CUDA_CHECK(cudaStreamDestroy(s));
   });
   for (int r = 0; r < n; ++r) EXPECT_EQ(bad[size_t(r)], 0) << "rank " << r;
   EXPECT_EQ(sub_size, (std::vector<int>{2, 1, 2}));
