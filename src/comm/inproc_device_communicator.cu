@@ -42,12 +42,12 @@ struct Stall {
 };
 
 struct Table {
-  int aborted;        // the world's (root table's): set by abort() on any communicator split
-                      // from it, or by a kernel that waited past the timeout; the waiting
-                      // kernels leave (their data are garbage)
-  const int* abort;   // &root table's aborted
-  Stall stall;        // the root table's is the world's (see `stalled`)
-  Stall* stalled;     // &root table's stall
+  int aborted;       // the world's (root table's): set by abort() on any communicator split
+                     // from it, or by a kernel that waited past the timeout; the waiting
+                     // kernels leave (their data are garbage)
+  const int* abort;  // &root table's aborted
+  Stall stall;       // the root table's is the world's (see `stalled`)
+  Stall* stalled;    // &root table's stall
   unsigned long long timeout_ns;  // a waiting kernel gives up after this long (the world's)
   int size_mismatch;  // a receiver expected other sizes than its sender sent (nothing copied)
   int n;
@@ -192,8 +192,8 @@ struct Shared {
     table->n = n;
     table->abort = parent ? parent->table->abort : &table->aborted;
     table->stalled = parent ? parent->table->stalled : &table->stall;
-    table->timeout_ns = parent ? parent->table->timeout_ns
-                               : static_cast<unsigned long long>(timeout_s * 1e9);
+    table->timeout_ns =
+        parent ? parent->table->timeout_ns : static_cast<unsigned long long>(timeout_s * 1e9);
   }
   ~Shared() { cudaFreeHost(table); }
   // Releases every waiting kernel of the world's communicators.
@@ -204,10 +204,10 @@ struct Shared {
     const volatile Stall* st = table->stalled;
     if (!st->stalled) return {};
     std::ostringstream o;
-    o << "a waiting kernel gave up after " << double(table->timeout_ns) * 1e-9
-      << " s: rank " << st->rank << " of a communicator of " << st->n << " waited for rank "
-      << st->waited_for << "'s " << (st->stage == 0 ? "publication" : "reads") << " of collective "
-      << st->seq << "; each rank's (entered, published, reads done):";
+    o << "a waiting kernel gave up after " << double(table->timeout_ns) * 1e-9 << " s: rank "
+      << st->rank << " of a communicator of " << st->n << " waited for rank " << st->waited_for
+      << "'s " << (st->stage == 0 ? "publication" : "reads") << " of collective " << st->seq
+      << "; each rank's (entered, published, reads done):";
     for (int r = 0; r < st->n && r < kMaxRanks; ++r)
       o << " " << r << ":(" << st->seq_of[r] << "," << st->ready_of[r] << "," << st->done_of[r]
         << ")";
@@ -290,8 +290,8 @@ class InProcDeviceCommunicator final : public DeviceCommunicator {
     // A consequence of another rank's failure, typed as such (comm/first_failure.h reports the
     // cause, not this echo).
     const std::string stall = shared_->stall();
-    DSV4_CHECK(stall.empty(), "in-process device collective: an earlier collective failed: ",
-               stall);
+    DSV4_CHECK(stall.empty(),
+               "in-process device collective: an earlier collective failed: ", stall);
     if (shared_->aborted())
       throw CollectiveAborted("in-process device collective aborted (a rank failed)");
     DSV4_CHECK(!*reinterpret_cast<volatile int*>(&t->size_mismatch),
