@@ -154,9 +154,10 @@ TEST(RepeatExperts, EveryExpertOfABlockIsTheFirstOnesDraw) {
           ++compared;
         }
       }
-      if (b > 0)  // a new draw per block
+      if (b > 0) {  // a new draw per block
         EXPECT_NE(bytes(p + "0.w1.weight"),
                   bytes(cat("layers.", b - 1, ".ffn.experts.0.w1.weight")));
+      }
     }
     EXPECT_EQ(compared, c.n_layers * (c.n_routed_experts - 1) *
                             (fmt == ExpertFormat::kNvfp4 ? 12 : 6));  // tensors per expert

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/formats.h"
@@ -86,6 +87,9 @@ std::vector<float> random_entry(std::mt19937& rng, uint8_t* data, uint8_t* scale
 }
 
 struct Scenario {
+  Scenario() = default;
+  explicit Scenario(std::string n) : name(std::move(n)) {}
+
   std::string name;
   int heads = 8, window = 128, ratio = 0, topk = 0;
   std::vector<int> ntok, pos0;
