@@ -177,6 +177,9 @@ __global__ void done_and_wait_kernel(Table* t, int me) {
   wait_all(t, me, 1, seq);
 }
 
+// Does nothing: launched on a rank's stream before its collective's kernels (see drain_and_meet).
+__global__ void touch_kernel() {}
+
 // The table of one communicator's ranks, freed with the last of them; a split's keeps the
 // world's (its abort flag) alive.
 struct Shared {
@@ -250,7 +253,12 @@ class InProcDeviceCommunicator final : public DeviceCommunicator {
     run(send, send_offset, send_bytes, recv, recv_offset, recv_bytes, stream);
   }
 
-  void launch_barrier() override { host_->barrier(); }
+  // Meets, drains the device, meets again (see drain_and_meet): safe before a graph launch (every
+  // earlier collective is launched) and after it (every rank's graph is launched).
+  void launch_barrier() override {
+    host_->barrier();
+    drain_and_meet(nullptr);
+  }
 
   void check_completed() override {
     const std::string stall = shared_->stall();
@@ -279,6 +287,25 @@ class InProcDeviceCommunicator final : public DeviceCommunicator {
   }
 
  private:
+  // Every rank waits until the device has finished all its work, then the ranks meet; only then
+  // may anyone launch a kernel that waits for another rank's. Measured on one H200 (stop 32): a
+  // rank's first collective kernel, launched right after its buffers were allocated and filled
+  // (cudaMalloc, a pageable cudaMemcpy that returns before its copy ends), sometimes never ran
+  // while the other ranks' kernels waited for it (2 to 5 times in 8 runs of the collectives test);
+  // CUDA orders such allocations and copies against work issued around them, and the waiting
+  // kernels never finish. Draining first leaves nothing pending (a kernel run on the stream
+  // first also sets up whatever its first launch sets up); deadlock-free, since every earlier
+  // collective's kernels are launched by every rank before anyone gets here. Not yet run on a
+  // GPU.
+  void drain_and_meet(cudaStream_t stream) {
+    if (stream) {
+      touch_kernel<<<1, 1, 0, stream>>>();
+      check(cudaGetLastError(), "touch the stream");
+    }
+    check(cudaDeviceSynchronize(), "drain the device before a collective");
+    host_->barrier();
+  }
+
   // One collective: publish (and wait for everyone's), copy in, mark done (and wait for
   // everyone's), three launches on the stream, nothing on the host: capturable.
   void run(const void* send, const std::vector<size_t>& send_offset,
@@ -304,7 +331,7 @@ class InProcDeviceCommunicator final : public DeviceCommunicator {
     // rank's later host work (a lazily loaded kernel may synchronise the whole context) runs
     // while a rank's waiting kernels depend on launches not yet made. Captured: nothing on the
     // host (a graph launch is bracketed by launch_barrier() instead).
-    if (eager) host_->barrier();
+    if (eager) drain_and_meet(stream);
     if (eager && !loaded_) {
       // Our kernels loaded before any of them may wait (CUDA loads kernels lazily).
       cudaFuncAttributes a;
