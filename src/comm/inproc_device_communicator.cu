@@ -117,7 +117,7 @@ struct Publish {
 };
 
 __global__ void publish_and_wait_kernel(const Publish p) {
-  if (threadIdx.x != 0) return;
+  if (threadIdx.x != 0 || !p.t) return;  // no table: a dry run (InProcDeviceCommunicator::warm_up)
   Table* t = p.t;
   Slot& mine = t->slot[p.me];
   const unsigned long long seq = load_volatile(&mine.seq) + 1;
@@ -170,15 +170,12 @@ __global__ void gather_kernel(const Gather g) {
 // This rank's reads are done; then wait until every rank's are (its send buffer may be
 // rewritten next).
 __global__ void done_and_wait_kernel(Table* t, int me) {
-  if (threadIdx.x != 0) return;
+  if (threadIdx.x != 0 || !t) return;  // no table: a dry run
   __threadfence_system();
   const unsigned long long seq = load_volatile(&t->slot[me].seq);
   *reinterpret_cast<volatile unsigned long long*>(&t->slot[me].done) = seq;
   wait_all(t, me, 1, seq);
 }
-
-// Does nothing: launched on a rank's stream before its collective's kernels (see drain_and_meet).
-__global__ void touch_kernel() {}
 
 // The table of one communicator's ranks, freed with the last of them; a split's keeps the
 // world's (its abort flag) alive.
@@ -257,7 +254,7 @@ class InProcDeviceCommunicator final : public DeviceCommunicator {
   // earlier collective is launched) and after it (every rank's graph is launched).
   void launch_barrier() override {
     host_->barrier();
-    drain_and_meet(nullptr);
+    drain_and_meet();
   }
 
   void check_completed() override {
@@ -293,17 +290,24 @@ class InProcDeviceCommunicator final : public DeviceCommunicator {
   // (cudaMalloc, a pageable cudaMemcpy that returns before its copy ends), sometimes never ran
   // while the other ranks' kernels waited for it (2 to 5 times in 8 runs of the collectives test);
   // CUDA orders such allocations and copies against work issued around them, and the waiting
-  // kernels never finish. Draining first leaves nothing pending (a kernel run on the stream
-  // first also sets up whatever its first launch sets up); deadlock-free, since every earlier
-  // collective's kernels are launched by every rank before anyone gets here. Not yet run on a
-  // GPU.
-  void drain_and_meet(cudaStream_t stream) {
-    if (stream) {
-      touch_kernel<<<1, 1, 0, stream>>>();
-      check(cudaGetLastError(), "touch the stream");
-    }
+  // kernels never finish. Draining first leaves nothing pending; deadlock-free, since every
+  // earlier collective's kernels are launched by every rank before anyone gets here. Not yet run
+  // on a GPU.
+  void drain_and_meet() {
     check(cudaDeviceSynchronize(), "drain the device before a collective");
     host_->barrier();
+  }
+
+  // The three kernels launched once on the stream with nothing to do (no table, no bytes), then
+  // drained: whatever a kernel's or a stream's first launch sets up happens while no kernel
+  // waits for another rank.
+  void warm_up(cudaStream_t stream) {
+    publish_and_wait_kernel<<<1, 32, 0, stream>>>(Publish{});
+    check(cudaGetLastError(), "publish (dry run)");
+    gather_kernel<<<dim3(1, unsigned(size())), 256, 0, stream>>>(Gather{});
+    check(cudaGetLastError(), "copy (dry run)");
+    done_and_wait_kernel<<<1, 32, 0, stream>>>(nullptr, rank());
+    check(cudaGetLastError(), "done (dry run)");
   }
 
   // One collective: publish (and wait for everyone's), copy in, mark done (and wait for
@@ -327,25 +331,23 @@ class InProcDeviceCommunicator final : public DeviceCommunicator {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     check(cudaStreamIsCapturing(stream, &capture), "capture status");
     const bool eager = capture == cudaStreamCaptureStatusNone;
-    // Eager: every rank enters (and, below, leaves) the collective together on the host, so no
-    // rank's later host work (a lazily loaded kernel may synchronise the whole context) runs
-    // while a rank's waiting kernels depend on launches not yet made. Captured: nothing on the
-    // host (a graph launch is bracketed by launch_barrier() instead).
-    if (eager) drain_and_meet(stream);
-    if (eager && !loaded_) {
-      // Our kernels loaded before any of them may wait (CUDA loads kernels lazily).
-      cudaFuncAttributes a;
-      check(cudaFuncGetAttributes(&a, publish_and_wait_kernel), "load");
-      check(cudaFuncGetAttributes(&a, gather_kernel), "load");
-      check(cudaFuncGetAttributes(&a, done_and_wait_kernel), "load");
-      loaded_ = true;
-    }
     int dev = -1;
     check(cudaGetDevice(&dev), "device");
     int expected = -1;
     if (!shared_->device.compare_exchange_strong(expected, dev))
       DSV4_CHECK(expected == dev, "in-process device collectives: rank ", me, " is on GPU ", dev,
                  ", another on GPU ", expected, " (every rank on one GPU)");
+    // Eager: every rank's host work is done (its first use of the kernels and of this stream
+    // included), its device work drained, and then the ranks meet; between that meeting and the
+    // one after the launches a rank makes no CUDA call but the launches, so no rank's host work
+    // (a lazily loaded kernel, an allocation may synchronise the whole context) runs while a
+    // rank's waiting kernels depend on launches not yet made. Captured: nothing on the host (a
+    // graph launch is bracketed by launch_barrier() instead).
+    if (eager && !warmed_up_) {
+      warm_up(stream);
+      warmed_up_ = true;
+    }
+    if (eager) drain_and_meet();
     Publish p{};
     p.t = t;
     p.me = me;
@@ -376,7 +378,7 @@ class InProcDeviceCommunicator final : public DeviceCommunicator {
 
   std::unique_ptr<Communicator> host_;
   std::shared_ptr<Shared> shared_;
-  bool loaded_ = false;
+  bool warmed_up_ = false;
 };
 
 }  // namespace

@@ -1,7 +1,10 @@
 // Device collectives between ranks that are threads of one process, every rank on one GPU: a
 // test and development facility, so the CUDA backend's parallel engine runs and is compared
 // with one rank without several GPUs. Not a fast path: before an eager collective and around a
-// graph launch every rank drains the device (cudaDeviceSynchronize) before the ranks meet. Each
+// graph launch every rank drains the device (cudaDeviceSynchronize) before the ranks meet, and a
+// communicator's first eager collective on a rank first launches its three kernels with nothing
+// to do (on one H200 a rank's first waiting kernel, launched right after its buffers were
+// allocated and filled, sometimes never ran beside the others' without this). Each
 // collective is three launches on the rank's stream and needs nothing from the host, so it is
 // capturable into a CUDA graph (the parallel engine's decode graphs). Eagerly, the ranks also meet
 // on the host before and after each collective, and a graph launch is bracketed by
