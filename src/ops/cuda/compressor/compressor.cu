@@ -25,6 +25,7 @@
 #include "kvcache/cache_layout.h"
 #include "ops/cuda/common/cuda_check.h"
 #include "ops/cuda/common/glibc_expf.cuh"
+#include "ops/cuda/common/launch.h"
 #include "ops/cuda/common/numerics.cuh"
 #include "ops/cuda/common/sm90/sync.cuh"
 #include "ops/cuda/compressor/compressor_config.h"
@@ -406,33 +407,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) compressor_pool_kernel(Compr
   pool_block<Cfg>(p, s, si, si.p0 / Cfg::kRatio + k, rank, Smem<Cfg>(smem), red, &part);
 }
 
-template <class Kernel>
-void launch(Kernel kernel, int ctas, int cluster, int threads, int smem, cudaStream_t stream,
-            const CompressorParams& p, bool pdl) {
+void launch(void (*kernel)(CompressorParams), int ctas, int cluster, int threads, int smem,
+            cudaStream_t stream, const CompressorParams& p, bool pdl) {
   if (ctas == 0) return;
   DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(ctas);
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  int n = 0;
-  if (cluster > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = cluster;
-    attr[n].val.clusterDim.y = 1;
-    attr[n].val.clusterDim.z = 1;
-    ++n;
-  }
-  if (pdl) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  cfg.attrs = attr;
-  cfg.numAttrs = n;
-  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+  LaunchConfig c{dim3(unsigned(ctas)), dim3(unsigned(threads)), size_t(smem), stream, pdl};
+  c.cluster = dim3(unsigned(cluster), 1, 1);
+  launch_kernel(c, kernel, p);
 }
 
 template <int kRatio, int kDim>

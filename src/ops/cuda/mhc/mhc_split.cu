@@ -546,12 +546,9 @@ void launch_kind(const Params& p, const Geometry& geo, float* part_mix, double* 
   f.q_codes = p.q_codes;
   f.q_scales_t = p.q_scales_t;
   f.q_ld_scales = p.q_ld_scales;
-  if (p.tokens <= kSplitEarlyLoadMaxTokens)
-    launch_pdl(hc_split_finish_kernel<kKind, true>, dim3(p.tokens, 1, 1), kSplitFinishThreads,
-               stream, f);
-  else
-    launch_pdl(hc_split_finish_kernel<kKind, false>, dim3(p.tokens, 1, 1), kSplitFinishThreads,
-               stream, f);
+  launch_pdl(p.tokens <= kSplitEarlyLoadMaxTokens ? hc_split_finish_kernel<kKind, true>
+                                                  : hc_split_finish_kernel<kKind, false>,
+             dim3(p.tokens, 1, 1), kSplitFinishThreads, stream, f);
 }
 
 }  // namespace

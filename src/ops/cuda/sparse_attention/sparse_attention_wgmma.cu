@@ -35,6 +35,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/launch.h"
 #include "ops/cuda/common/per_device.h"
 #include "ops/cuda/sparse_attention/sparse_attention_internal.h"
 
@@ -638,28 +639,10 @@ void launch_wgmma_t(const AttnArgs& a, cudaStream_t stream) {
     DSV4_CUDA_CHECK(cudaFuncSetAttribute(sparse_attn_wgmma_kernel<kCluster, kStaged>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   });
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(int64_t(a.num_tokens) * a.head_tiles), unsigned(a.num_splits));
-  cfg.blockDim = dim3(C::kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attrs[2];
-  unsigned n = 0;
-  if (kCluster > 1) {
-    attrs[n].id = cudaLaunchAttributeClusterDimension;
-    attrs[n].val.clusterDim.x = kCluster;
-    attrs[n].val.clusterDim.y = 1;
-    attrs[n].val.clusterDim.z = 1;
-    ++n;
-  }
-  if (a.pdl) {
-    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  cfg.attrs = attrs;
-  cfg.numAttrs = n;
-  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, sparse_attn_wgmma_kernel<kCluster, kStaged>, a));
+  LaunchConfig c{dim3(unsigned(int64_t(a.num_tokens) * a.head_tiles), unsigned(a.num_splits)),
+                 dim3(C::kThreads), smem, stream, a.pdl};
+  c.cluster = dim3(kCluster, 1, 1);
+  launch_kernel(c, sparse_attn_wgmma_kernel<kCluster, kStaged>, a);
 }
 }  // namespace
 
