@@ -5,7 +5,8 @@
 // run's bit for bit, and afterwards every cache store of the sequence (window rings,
 // compressed entries, indexer keys, compressor states, the MTP block's ring and hidden
 // state) and the page accounting must be what plain decoding leaves. Batched sequences with
-// different k, drafts crossing 4- and 128-token boundaries, on both make-tiny presets.
+// different k, drafts crossing 4- and 128-token boundaries, on both make-tiny presets, with
+// either rollback (Rollback: the rerun of the kept tokens, or restoring the rejected stores).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -35,9 +36,10 @@ struct Preset {
     write_tiny_checkpoint(tiny_preset(name), ExpertFormat::kMxfp4, 42, dir.path(), tiny_init(name));
     lm = load_cpu_model(dir.path());
   }
-  std::unique_ptr<CpuRunner> runner(bool spec, int seqs = 4, int page = 4) const {
+  std::unique_ptr<CpuRunner> runner(bool spec, int seqs = 4, int page = 4,
+                                    Rollback rollback = Rollback::kRerun) const {
     auto r = std::make_unique<CpuRunner>(*lm.model, cache_capacity(lm.config, seqs, kMaxLen, page));
-    if (spec) r->enable_speculation();
+    if (spec) r->enable_speculation(rollback);
     return r;
   }
   int V() const { return lm.config.vocab_size; }
@@ -253,41 +255,46 @@ TEST_P(Speculative, EqualsPlainDecodingBitForBit) {
       for (int t = 0; t < N; ++t)
         ASSERT_EQ(std::memcmp(again.rows[t].data(), plains[key].rows[t].data(), V * 4), 0);
     }
-  for (const auto& batch : batches) {
-    std::unique_ptr<CpuRunner> r = pr.runner(true);
-    std::vector<Spec> seqs;
-    for (const Def& d : batch) {
-      Spec s;
-      s.prompt = random_prompt(d.len, V, unsigned(d.len));
-      s.params = *d.params;
-      s.k = d.k;
-      s.perturbed = d.perturbed;
-      s.plain = &plains.at({d.len, d.params});
-      seqs.push_back(std::move(s));
+  // Both rollbacks: the rerun of the kept tokens, and putting back only what the rejected
+  // positions changed (which must leave the same bytes on the CPU).
+  for (const Rollback mode : {Rollback::kRerun, Rollback::kRestore})
+    for (const auto& batch : batches) {
+      std::unique_ptr<CpuRunner> r = pr.runner(true, 4, 4, mode);
+      const char* mode_name = mode == Rollback::kRerun ? "rerun" : "restore";
+      SCOPED_TRACE(mode_name);
+      std::vector<Spec> seqs;
+      for (const Def& d : batch) {
+        Spec s;
+        s.prompt = random_prompt(d.len, V, unsigned(d.len));
+        s.params = *d.params;
+        s.k = d.k;
+        s.perturbed = d.perturbed;
+        s.plain = &plains.at({d.len, d.params});
+        seqs.push_back(std::move(s));
+      }
+      run_speculative(pr, *r, seqs);
+      if (HasFatalFailure()) return;
+      for (Spec& s : seqs) {
+        EXPECT_EQ(s.out, s.plain->out);
+        std::printf("  [%s, %s] prompt %zu k %d: %lld verify steps, %lld/%lld drafts accepted\n",
+                    GetParam().c_str(), mode_name, s.prompt.size(), s.k, (long long)s.steps,
+                    (long long)s.accepted, (long long)s.drafted);
+        // The stores against a plain run to the same length on a runner keeping the MTP block.
+        const int q = ref->open_sequence();
+        std::vector<int32_t> toks = s.prompt;
+        toks.insert(toks.end(), s.out.begin(), s.out.end() - 1);
+        ref->step({{q, toks}});
+        expect_same_cache(*r, s.seq, *ref, q, true);
+        // Page accounting: what the plain run's sequence holds.
+        for (PageKind k : {PageKind::kC4, PageKind::kC128})
+          EXPECT_EQ(r->sequence(s.seq).pages[int(k)].size(), ref->sequence(q).pages[int(k)].size());
+        ref->close_sequence(q);
+      }
+      // Every page back when the sequences close (none leaked by a rollback).
+      for (Spec& s : seqs) r->close_sequence(s.seq);
+      const CacheUsage u = r->usage();
+      for (int k = 0; k < kNumPageKinds; ++k) EXPECT_EQ(u.pages_used[k], 0);
     }
-    run_speculative(pr, *r, seqs);
-    if (HasFatalFailure()) return;
-    for (Spec& s : seqs) {
-      EXPECT_EQ(s.out, s.plain->out);
-      std::printf("  [%s] prompt %zu k %d: %lld verify steps, %lld/%lld drafts accepted\n",
-                  GetParam().c_str(), s.prompt.size(), s.k, (long long)s.steps,
-                  (long long)s.accepted, (long long)s.drafted);
-      // The stores against a plain run to the same length on a runner keeping the MTP block.
-      const int q = ref->open_sequence();
-      std::vector<int32_t> toks = s.prompt;
-      toks.insert(toks.end(), s.out.begin(), s.out.end() - 1);
-      ref->step({{q, toks}});
-      expect_same_cache(*r, s.seq, *ref, q, true);
-      // Page accounting: what the plain run's sequence holds.
-      for (PageKind k : {PageKind::kC4, PageKind::kC128})
-        EXPECT_EQ(r->sequence(s.seq).pages[int(k)].size(), ref->sequence(q).pages[int(k)].size());
-      ref->close_sequence(q);
-    }
-    // Every page back when the sequences close (none leaked by a rollback).
-    for (Spec& s : seqs) r->close_sequence(s.seq);
-    const CacheUsage u = r->usage();
-    for (int k = 0; k < kNumPageKinds; ++k) EXPECT_EQ(u.pages_used[k], 0);
-  }
 }
 
 // The MTP block's own drafts (no override): random weights accept next to nothing, but the

@@ -562,7 +562,8 @@ void run_shape(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
 // head, MTP block, sampling, rollback, synchronisation — stays as measured). Tokens per second
 // at the peers' acceptance lengths (1.8 for k = 1; 2.5 and 3.1 for k = 3) are a PROJECTION
 // from these step times: acceptance length / verify step, between the all-accepted and the
-// all-rejected step times (a partly accepted step reruns its kept tokens).
+// all-rejected step times (under Rollback::kRerun a partly accepted step reruns its kept
+// tokens; under kRestore it does not: both rollbacks are timed).
 void run_speculative(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
   ModelConfig c = s.config;
   c.n_mtp_layers = 1;
@@ -587,10 +588,13 @@ void run_speculative(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
   CudaRunnerOptions graphs;
   graphs.cuda_graphs = true;
   CudaRunner plain(model, cc, graphs);
-  CudaRunner spec(model, cc, graphs);
-  spec.enable_speculation();
+  // One runner per rollback (Rollback, model/runner.h): all-rejected steps are timed with each.
+  CudaRunner spec(model, cc, graphs), spec_restore(model, cc, graphs);
+  spec.enable_speculation(Rollback::kRerun);
+  spec_restore.enable_speculation(Rollback::kRestore);
   fill_caches(plain.cache(), c.num_blocks());
   fill_caches(spec.cache(), c.num_blocks());
+  fill_caches(spec_restore.cache(), c.num_blocks());
   std::mt19937 rng(5);
   const int iters = quick ? 8 : 20;
   SamplingParams greedy;
@@ -671,10 +675,12 @@ void run_speculative(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
     emit_step("spec_plain_step_extrapolated", shape, base.full_us, base.full_us);
 
     for (int k = 1; k <= kMaxDraftTokens; ++k) {
-      double full[2] = {0, 0};
-      double verify_layers = 0;  // the verify forward's extrapolated minus measured blocks
-      for (int accept = 1; accept >= 0; --accept) {
-        seqs = open(spec, B);
+      double full[3] = {0, 0, 0};  // all rejected (rerun), all accepted, all rejected (restore)
+      double verify_layers = 0;    // the verify forward's extrapolated minus measured blocks
+      for (int run = 1; run >= -1; --run) {
+        const bool accept = run == 1, restore = run == -1;
+        CudaRunner& rs = restore ? spec_restore : spec;
+        seqs = open(rs, B);
         // Forced output and drafts along one random continuation per sequence: drafts equal
         // to it are all accepted, drafts off by one all rejected.
         std::vector<std::vector<int32_t>> cont(static_cast<size_t>(B)),
@@ -687,7 +693,7 @@ void run_speculative(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
         }
         std::vector<int64_t> index(size_t(B), 0);
         std::vector<SampleSpec> sp(static_cast<size_t>(B));
-        const int64_t replays0 = spec.graph_replays(), eager0 = spec.eager_shaped_steps();
+        const int64_t replays0 = rs.graph_replays(), eager0 = rs.eager_shaped_steps();
         Timed t = time_steps([&]() {
           std::vector<StepInput> in;
           for (int i = 0; i < B; ++i) {
@@ -709,27 +715,33 @@ void run_speculative(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
             y.sample = &x;
             in.push_back(std::move(y));
           }
-          const StepOutput o = spec.step(in);
+          const StepOutput o = rs.step(in);
           for (int i = 0; i < B; ++i) index[size_t(i)] += 1 + int64_t(o.more[size_t(i)].size());
         });
-        for (int id : seqs) spec.close_sequence(id);
+        for (int id : seqs) rs.close_sequence(id);
         // Per timed step (after warm-up): the verify, the MTP run and k drafts, plus the rerun
-        // when rejected, each one graph replay.
+        // when rejected under Rollback::kRerun, each one graph replay.
         std::fprintf(stderr,
                      "  b=%d k=%d %s: %lld graph replays over %d steps (%d warm-up), %lld shaped "
                      "steps run eagerly\n",
-                     B, k, accept ? "accepted" : "rejected",
-                     (long long)(spec.graph_replays() - replays0), iters + 3, 3,
-                     (long long)(spec.eager_shaped_steps() - eager0));
-        // Block times are of the step's last target forward: with every draft rejected that
-        // is the rerun (one token per sequence), so the verify forward's own full-model
-        // extrapolation is added from the all-accepted run (the same verify shapes).
+                     B, k,
+                     accept    ? "accepted"
+                     : restore ? "rejected (restore)"
+                               : "rejected (rerun)",
+                     (long long)(rs.graph_replays() - replays0), iters + 3, 3,
+                     (long long)(rs.eager_shaped_steps() - eager0));
+        // Block times are of the step's last target forward: with every draft rejected under
+        // kRerun that is the rerun (one token per sequence), so the verify forward's own
+        // full-model extrapolation is added from the all-accepted run (the same verify
+        // shapes); under kRestore the last forward is the verify itself.
         if (accept)
           verify_layers = t.full_us - t.step_us;
-        else
+        else if (!restore)
           t.full_us += verify_layers;
-        full[accept] = t.full_us;
-        const char* what = accept ? "all drafts accepted" : "all rejected (restore + rerun)";
+        full[run + 1] = t.full_us;
+        const char* what = accept    ? "all drafts accepted"
+                           : restore ? "all rejected, rollback restore"
+                                     : "all rejected, rollback rerun (restore + rerun)";
         std::snprintf(shape, sizeof shape, "%s %s b=%d ctx=%d k=%d: verify step (%s), %.2fx plain",
                       s.name.c_str(), fname.c_str(), B, ctx, k, what, t.step_us / base.step_us);
         emit_step("spec_verify_step_measured", shape, t.step_us, base.step_us);
@@ -740,20 +752,23 @@ void run_speculative(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
                       t.full_us / base.full_us);
         emit_step("spec_verify_step_extrapolated", shape, t.full_us, base.full_us);
       }
-      // The projection at the peers' acceptance lengths.
+      // The projection at the peers' acceptance lengths, per rollback: between the
+      // all-accepted and that rollback's all-rejected step time.
       for (double len : k == 1   ? std::vector<double>{1.8}
                         : k == 3 ? std::vector<double>{2.5, 3.1}
-                                 : std::vector<double>{}) {
-        const double best = B * len * 1e6 / full[1], worst = B * len * 1e6 / full[0];
-        const double plain_tps = B * 1e6 / base.full_us;
-        std::snprintf(shape, sizeof shape,
-                      "%s %s b=%d ctx=%d k=%d acceptance length %.1f: PROJECTED %.0f-%.0f "
-                      "tokens/s (plain %.0f), time per output token %.2f-%.2fx plain",
-                      s.name.c_str(), fname.c_str(), B, ctx, k, len, worst, best, plain_tps,
-                      plain_tps / best, plain_tps / worst);
-        // us: the projected time per output token of the sequence (all-accepted step time).
-        emit_step("spec_projected_tpot", shape, full[1] / len, base.full_us);
-      }
+                                 : std::vector<double>{})
+        for (const int rejected : {0, 2}) {
+          const double best = B * len * 1e6 / full[1], worst = B * len * 1e6 / full[rejected];
+          const double plain_tps = B * 1e6 / base.full_us;
+          std::snprintf(shape, sizeof shape,
+                        "%s %s b=%d ctx=%d k=%d acceptance length %.1f, rollback %s: PROJECTED "
+                        "%.0f-%.0f tokens/s (plain %.0f), time per output token %.2f-%.2fx plain",
+                        s.name.c_str(), fname.c_str(), B, ctx, k, len,
+                        rejected == 2 ? "restore" : "rerun", worst, best, plain_tps,
+                        plain_tps / best, plain_tps / worst);
+          // us: the projected time per output token of the sequence (all-accepted step time).
+          emit_step("spec_projected_tpot", shape, full[1] / len, base.full_us);
+        }
     }
   }
   model.set_block_timing(false);

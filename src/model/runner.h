@@ -39,6 +39,18 @@ struct SampleSpec {
 // 4 query tokens per sequence: the token sampled last and 3 drafts).
 constexpr int kMaxDraftTokens = 3;
 
+// How a verify's rejected drafts are undone (model/speculation.h):
+//  kRerun:   every store the step wrote goes back to before it and the kept tokens run again as
+//            one chunk. On a backend whose arithmetic depends on the step's shape (CUDA) the
+//            stores are then those of a run of the kept tokens alone: at zero acceptance a plain
+//            decode step's, byte for byte. Costs a forward of the kept tokens per rejection.
+//  kRestore: only the stores the rejected positions changed go back (for_each_rejected_store);
+//            the kept positions' stores stay the verify's own. No second forward. On the CPU
+//            (arithmetic per token independent of the step's shape) the result is the same
+//            bytes as kRerun; on CUDA the kept stores are the (k + 1)-row verify's, which
+//            agree with a plain run's within the end-to-end tolerance, not bit for bit.
+enum class Rollback { kRerun, kRestore };
+
 struct StepInput {
   StepInput() = default;
   StepInput(int seq_, std::vector<int32_t> tokens_, bool all_logits_ = false)
@@ -137,7 +149,8 @@ class Runner {
   // window over the positions whose next token is known), so that steps may `verify` and
   // `draft`. Throws dsv4::Error when the model has no MTP block or the backend does not
   // implement speculation (it never decodes without it silently).
-  virtual void enable_speculation() {
+  virtual void enable_speculation(Rollback rollback = Rollback::kRerun) {
+    (void)rollback;
     throw Error("this backend does not implement speculative decoding (--speculative-tokens)");
   }
   virtual bool speculation_enabled() const { return false; }

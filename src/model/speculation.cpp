@@ -20,14 +20,17 @@ RollbackBound rollback_span_bound(const ModelConfig& m, int first, int last, int
       const int64_t entries = positions / r + 1;
       const CompressorStateLayout l = main_state_layout(m, b);
       // for_each_span_store: a non-overlapping state's rows of the positions, else all of it.
+      // Segments: the more of the save's and a restore's; for_each_rejected_store puts an
+      // overlapping state back as rows (a kv and a score row per position, the previous
+      // block's rows as one kv and one score range).
       const bool rows = l.coff() == 1 && positions < l.ratio;
       s.bytes += entries * kv + (rows ? 2 * int64_t(positions) * l.width() * 4 : l.bytes());
-      s.segments += 2 * entries + (rows ? 2 * positions : 1);
+      s.segments += 2 * entries + 2 * positions + (rows ? 0 : 2);
     }
     if (r == 4) {
       const int64_t entries = positions / 4 + 1;
       s.bytes += entries * ix + CompressorStateLayout{4, index_layout(m).dim}.bytes();
-      s.segments += 2 * entries + 1;
+      s.segments += 2 * entries + 2 * positions + 2;
     }
   }
   s.bytes += 16 * s.segments;
@@ -67,6 +70,16 @@ int64_t speculation_device_bytes(const ModelConfig& m, int seqs, int64_t step_to
 
 int64_t device_mtp_state_bytes(const ModelConfig& m, int slots) {
   return m.n_mtp_layers > 0 ? int64_t(slots) * m.hc_mult * m.dim * 2 : 0;
+}
+
+const uint8_t* saved_copy_of(const std::vector<SavedRange>& ranges, const uint8_t* p, int64_t n) {
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), p,
+                             [](const uint8_t* x, const SavedRange& r) { return x < r.store; });
+  DSV4_CHECK(it != ranges.begin(), "rollback: a rejected position's store outside the saved span");
+  --it;
+  DSV4_CHECK(p + n <= it->store + it->bytes,
+             "rollback: a rejected position's store outside the saved span");
+  return it->copy + (p - it->store);
 }
 
 std::vector<int> kept_tokens(const StepBatch& b, const StepOutput& out) {

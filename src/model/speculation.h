@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "kvcache/block_manager.h"
 #include "kvcache/cache_layout.h"
 #include "model/model_config.h"
@@ -82,6 +83,77 @@ void for_each_span_store(Cache& c, const ModelConfig& m, const SequenceCache& s,
     if (m.ratio(b) == 4) state(c.index_state(b, s.state_slot), c.index_state_layout().floats());
   }
 }
+
+// Rollback::kRestore: calls bytes(uint8_t* store, int64_t bytes) for exactly the stores that
+// the span's rejected positions [sp.start + kept, sp.start + sp.n) changed, each a range inside
+// one of for_each_span_store's stores (so that a saved copy of the span holds its bytes before
+// the step): their window slots, the compressed entries and indexer keys they completed, and
+// of each compressor state (main and indexer) the rows below. Putting these back leaves what a
+// run of the kept positions alone leaves, when that run's per-position values are the verify's:
+//  - a state without overlap (ratio 128) holds one kv and one score row per position of the
+//    block (row p % ratio) and pooling leaves it as it is: the rejected positions' rows;
+//  - an overlapping state (ratio 4: previous-block rows [0, 4), current [4, 8)) takes position
+//    p in current row p % 4, and a block's end moves the current rows into the previous ones
+//    (the current rows keep their bytes). A span of at most 4 positions holds at most one
+//    block end e. Rejected rows go back to their saved bytes: a rejected p after a kept e
+//    writes the row that p - 4 wrote before the step (p - 4 < sp.start), which the kept run's
+//    move left in place; a rejected p before e writes the row the kept run never wrote. If e
+//    is itself rejected, the previous-block rows go back too (the kept run moved nothing);
+//    the kept positions' rows are never written by a rejected position (a rejected p's row
+//    belongs to p - 4 or p + 4, outside the kept positions of a 4-position span).
+// Needs sp.n <= ratio for every compressed block (a verify: at most kMaxDraftTokens + 1 positions).
+template <typename Cache, typename Bytes>
+void for_each_rejected_store(Cache& c, const ModelConfig& m, const SequenceCache& s,
+                             const CacheSpan& sp, int kept, Bytes bytes) {
+  DSV4_CHECK(kept >= 0 && kept <= sp.n, "rollback: ", kept, " kept of ", sp.n, " positions");
+  const KvEntryLayout& kv = c.kv_layout();
+  const IndexKeyLayout& ix = c.index_layout();
+  const int64_t r0 = sp.start + kept, r1 = sp.start + sp.n;
+  auto entry = [&](auto e, int64_t data, int64_t scales) {  // EntryRef of the Cache
+    bytes(e.data, data);
+    bytes(e.scales, scales);
+  };
+  auto rows = [&](const CompressorStateLayout& l, float* st) {
+    DSV4_CHECK(sp.n <= l.ratio, "rollback: ", sp.n, " positions span more than one block end of a ",
+               l.ratio, "-token compressor state");
+    const int64_t row_bytes = int64_t(l.width()) * int64_t(sizeof(float));
+    auto row = [&](int r) {
+      bytes(reinterpret_cast<uint8_t*>(st + l.kv_offset(r)), row_bytes);
+      bytes(reinterpret_cast<uint8_t*>(st + l.score_offset(r)), row_bytes);
+    };
+    const int cur = l.coff() == 2 ? l.ratio : 0;
+    bool ended = false;
+    for (int64_t p = r0; p < r1; ++p) {
+      row(cur + int(p % l.ratio));
+      ended = ended || (p + 1) % l.ratio == 0;
+    }
+    if (l.coff() == 2 && ended)
+      for (int r = 0; r < l.ratio; ++r) row(r);
+  };
+  for (int b = sp.first; b < sp.last; ++b) {
+    for (int64_t p = r0; p < r1; ++p)
+      entry(c.window_slot(b, s, p), kv.data_bytes(), kv.scale_bytes());
+    const int ratio = m.ratio(b);
+    if (ratio == 0) continue;
+    for (int64_t p = r0; p < r1; ++p) {
+      if ((p + 1) % ratio != 0) continue;
+      entry(c.compressed(b, s, (p + 1) / ratio - 1), kv.data_bytes(), kv.scale_bytes());
+      if (ratio == 4)
+        entry(c.index_key(b, s, (p + 1) / ratio - 1), ix.data_bytes(), ix.scale_bytes());
+    }
+    rows(c.main_state_layout(b), c.main_state(b, s.state_slot));
+    if (ratio == 4) rows(c.index_state_layout(), c.index_state(b, s.state_slot));
+  }
+}
+
+// A saved span's copy of a store range: `ranges` are the span's saved pieces (store address,
+// copy address, bytes) sorted by store address; [p, p + n) must lie inside one of them.
+struct SavedRange {
+  const uint8_t* store = nullptr;
+  const uint8_t* copy = nullptr;
+  int64_t bytes = 0;
+};
+const uint8_t* saved_copy_of(const std::vector<SavedRange>& ranges, const uint8_t* p, int64_t n);
 
 // The save area a rollback needs (backends/cuda/cache_rollback.h), planned up front: upper
 // bounds of the bytes (each piece 16-byte aligned, each span 256-byte aligned) and of the copy

@@ -25,6 +25,7 @@
 //    zero acceptance and mixed k in one batch.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -32,6 +33,7 @@
 #include <memory>
 #include <random>
 #include <set>
+#include <utility>
 
 #include "backends/cpu/host_cache.h"
 #include "core/error.h"
@@ -60,15 +62,17 @@ struct Preset {
     stack = open_cuda_stack(dir.path(), o);
   }
   int V() const { return stack->V(); }
-  std::unique_ptr<CudaRunner> runner(bool spec, bool graphs = false) const {
+  std::unique_ptr<CudaRunner> runner(bool spec, bool graphs = false,
+                                     Rollback rollback = Rollback::kRerun) const {
     CudaRunnerOptions ro;
     ro.cuda_graphs = graphs;
-    return runner(spec, ro);
+    return runner(spec, ro, rollback);
   }
-  std::unique_ptr<CudaRunner> runner(bool spec, const CudaRunnerOptions& ro) const {
+  std::unique_ptr<CudaRunner> runner(bool spec, const CudaRunnerOptions& ro,
+                                     Rollback rollback = Rollback::kRerun) const {
     auto r = std::make_unique<CudaRunner>(*stack->model,
                                           cache_capacity(stack->config, kSeqs, kMaxLen, 4), ro);
-    if (spec) r->enable_speculation();
+    if (spec) r->enable_speculation(rollback);
     return r;
   }
 };
@@ -320,37 +324,42 @@ TEST_P(SpeculativeCuda, EqualsPlainDecoding) {
     }
   // Eagerly, then as the engine runs it: CUDA graphs with the default batch sizes (steps of 3
   // sequences, e.g. chained drafts of mixed k, padded to 4 with scratch rows).
+  // Both rollbacks (Rollback, model/runner.h).
   int64_t padded = 0, shaped = 0;
-  for (bool graphs : {false, true})
-    for (const auto& batch : batches) {
-      std::unique_ptr<CudaRunner> r = pr.runner(true, graphs);
-      std::vector<Spec> seqs;
-      for (const Def& d : batch) {
-        Spec s;
-        s.prompt = random_prompt(d.len, V, unsigned(d.len));
-        s.params = *d.params;
-        s.k = d.k;
-        s.perturbed = d.perturbed;
-        s.plain = &plains.at({d.len, d.params});
-        seqs.push_back(std::move(s));
+  for (const Rollback mode : {Rollback::kRerun, Rollback::kRestore})
+    for (bool graphs : {false, true})
+      for (const auto& batch : batches) {
+        std::unique_ptr<CudaRunner> r = pr.runner(true, graphs, mode);
+        const char* mode_name = mode == Rollback::kRerun ? "rerun" : "restore";
+        SCOPED_TRACE(mode_name);
+        std::vector<Spec> seqs;
+        for (const Def& d : batch) {
+          Spec s;
+          s.prompt = random_prompt(d.len, V, unsigned(d.len));
+          s.params = *d.params;
+          s.k = d.k;
+          s.perturbed = d.perturbed;
+          s.plain = &plains.at({d.len, d.params});
+          seqs.push_back(std::move(s));
+        }
+        run_speculative(*r, seqs);
+        if (HasFatalFailure()) return;
+        padded += r->padded_steps();
+        shaped += r->shaped_graph_replays();
+        for (Spec& s : seqs) {
+          std::printf(
+              "  [%s, %s%s] prompt %zu k %d: %lld verify steps, %lld/%lld drafts accepted\n",
+              GetParam().c_str(), mode_name, graphs ? ", graphs" : "", s.prompt.size(), s.k,
+              (long long)s.steps, (long long)s.accepted, (long long)s.drafted);
+          expect_logits_close("prompt " + std::to_string(s.prompt.size()) + " k " +
+                                  std::to_string(s.k) + " emitted rows vs plain",
+                              s.ours, s.theirs, V);
+        }
+        // Every page back when the sequences close (none leaked by a rollback).
+        for (Spec& s : seqs) r->close_sequence(s.seq);
+        const CacheUsage u = r->usage();
+        for (int k = 0; k < kNumPageKinds; ++k) EXPECT_EQ(u.pages_used[k], 0);
       }
-      run_speculative(*r, seqs);
-      if (HasFatalFailure()) return;
-      padded += r->padded_steps();
-      shaped += r->shaped_graph_replays();
-      for (Spec& s : seqs) {
-        std::printf("  [%s%s] prompt %zu k %d: %lld verify steps, %lld/%lld drafts accepted\n",
-                    GetParam().c_str(), graphs ? ", graphs" : "", s.prompt.size(), s.k,
-                    (long long)s.steps, (long long)s.accepted, (long long)s.drafted);
-        expect_logits_close("prompt " + std::to_string(s.prompt.size()) + " k " +
-                                std::to_string(s.k) + " emitted rows vs plain",
-                            s.ours, s.theirs, V);
-      }
-      // Every page back when the sequences close (none leaked by a rollback).
-      for (Spec& s : seqs) r->close_sequence(s.seq);
-      const CacheUsage u = r->usage();
-      for (int k = 0; k < kNumPageKinds; ++k) EXPECT_EQ(u.pages_used[k], 0);
-    }
   EXPECT_GT(padded, 0);  // padded graph steps ran
   EXPECT_GT(shaped, 0);  // verify-shaped graphs replayed
 }
@@ -499,74 +508,216 @@ TEST_P(SpeculativeCuda, GraphVerifyStepsEqualEagerBytes) {
   eager_o.bucket_eager_decode = true;
   graph_o.cuda_graphs = true;
   graph_o.graph_batch_sizes = {1, 2, 3};
-  for (const auto& batch : batches) {
-    std::vector<Plain> plains;
-    for (const Def& d : batch)
-      plains.push_back(
-          plain_batch(*plain_r, {random_prompt(d.len, V, unsigned(d.len) + 7)}, {&greedy}, N)[0]);
-    std::unique_ptr<CudaRunner> eager = pr.runner(true, eager_o);
-    std::unique_ptr<CudaRunner> graph = pr.runner(true, graph_o);
-    std::vector<Spec> se, sg;
-    for (size_t i = 0; i < batch.size(); ++i) {
-      Spec s;
-      s.prompt = random_prompt(batch[i].len, V, unsigned(batch[i].len) + 7);
-      s.params = greedy;
-      s.k = batch[i].k;
-      s.perturbed = batch[i].perturbed;
-      s.plain = &plains[i];
-      se.push_back(s);
-      sg.push_back(s);
-    }
-    test::open_forced(*eager, se, V);
-    test::open_forced(*graph, sg, V);
-    int64_t accepted = 0, rejected = 0;
-    for (int step = 0;; ++step) {
-      test::SpecStep<Spec> ae = test::next_step(se, step == 0);
-      test::SpecStep<Spec> ag = test::next_step(sg, step == 0);
-      ASSERT_EQ(ae.ins.size(), ag.ins.size()) << "step " << step;
-      if (ae.ins.empty()) break;
-      const StepOutput oe = eager->step(ae.ins);
-      const StepOutput og = graph->step(ag.ins);
-      ASSERT_EQ(oe.logits.size(), og.logits.size()) << "step " << step;
-      ASSERT_EQ(std::memcmp(oe.logits.data(), og.logits.data(), oe.logits.size() * 4), 0)
-          << "step " << step << ": logits differ";
-      for (size_t i = 0; i < ae.ins.size(); ++i) {
-        ASSERT_TRUE(oe.errors[i].empty() && og.errors[i].empty()) << oe.errors[i] << og.errors[i];
-        ASSERT_EQ(oe.samples[i].id, og.samples[i].id) << "step " << step << " seq " << i;
-        std::vector<int32_t> me, mg;
-        for (const SampledToken& t : oe.more[i]) me.push_back(t.id);
-        for (const SampledToken& t : og.more[i]) mg.push_back(t.id);
-        ASSERT_EQ(me, mg) << "step " << step << " seq " << i;
-        ASSERT_EQ(oe.drafts[i], og.drafts[i]) << "step " << step << " seq " << i;
-        accepted += int64_t(me.size());
-        rejected += ae.ins[i].verify - int64_t(me.size());
-        for (std::vector<Spec>* v : {&se, &sg}) {
-          Spec& s = *(v == &se ? ae.who[i] : ag.who[i]);
-          s.out.push_back(oe.samples[i].id);
-          s.out.insert(s.out.end(), me.begin(), me.end());
-          s.drafts = oe.drafts[i];
+  for (const Rollback mode : {Rollback::kRerun, Rollback::kRestore})
+    for (const auto& batch : batches) {
+      SCOPED_TRACE(mode == Rollback::kRerun ? "rerun" : "restore");
+      std::vector<Plain> plains;
+      for (const Def& d : batch)
+        plains.push_back(
+            plain_batch(*plain_r, {random_prompt(d.len, V, unsigned(d.len) + 7)}, {&greedy}, N)[0]);
+      std::unique_ptr<CudaRunner> eager = pr.runner(true, eager_o, mode);
+      std::unique_ptr<CudaRunner> graph = pr.runner(true, graph_o, mode);
+      std::vector<Spec> se, sg;
+      for (size_t i = 0; i < batch.size(); ++i) {
+        Spec s;
+        s.prompt = random_prompt(batch[i].len, V, unsigned(batch[i].len) + 7);
+        s.params = greedy;
+        s.k = batch[i].k;
+        s.perturbed = batch[i].perturbed;
+        s.plain = &plains[i];
+        se.push_back(s);
+        sg.push_back(s);
+      }
+      test::open_forced(*eager, se, V);
+      test::open_forced(*graph, sg, V);
+      int64_t accepted = 0, rejected = 0;
+      for (int step = 0;; ++step) {
+        test::SpecStep<Spec> ae = test::next_step(se, step == 0);
+        test::SpecStep<Spec> ag = test::next_step(sg, step == 0);
+        ASSERT_EQ(ae.ins.size(), ag.ins.size()) << "step " << step;
+        if (ae.ins.empty()) break;
+        const StepOutput oe = eager->step(ae.ins);
+        const StepOutput og = graph->step(ag.ins);
+        ASSERT_EQ(oe.logits.size(), og.logits.size()) << "step " << step;
+        ASSERT_EQ(std::memcmp(oe.logits.data(), og.logits.data(), oe.logits.size() * 4), 0)
+            << "step " << step << ": logits differ";
+        for (size_t i = 0; i < ae.ins.size(); ++i) {
+          ASSERT_TRUE(oe.errors[i].empty() && og.errors[i].empty()) << oe.errors[i] << og.errors[i];
+          ASSERT_EQ(oe.samples[i].id, og.samples[i].id) << "step " << step << " seq " << i;
+          std::vector<int32_t> me, mg;
+          for (const SampledToken& t : oe.more[i]) me.push_back(t.id);
+          for (const SampledToken& t : og.more[i]) mg.push_back(t.id);
+          ASSERT_EQ(me, mg) << "step " << step << " seq " << i;
+          ASSERT_EQ(oe.drafts[i], og.drafts[i]) << "step " << step << " seq " << i;
+          accepted += int64_t(me.size());
+          rejected += ae.ins[i].verify - int64_t(me.size());
+          for (std::vector<Spec>* v : {&se, &sg}) {
+            Spec& s = *(v == &se ? ae.who[i] : ag.who[i]);
+            s.out.push_back(oe.samples[i].id);
+            s.out.insert(s.out.end(), me.begin(), me.end());
+            s.drafts = oe.drafts[i];
+          }
+        }
+        for (size_t i = 0; i < se.size(); ++i) {
+          expect_same_cache(*eager, se[i].seq, *graph, sg[i].seq);
+          if (HasFatalFailure()) {
+            ADD_FAILURE() << "step " << step << " sequence " << i;
+            return;
+          }
         }
       }
-      for (size_t i = 0; i < se.size(); ++i) {
-        expect_same_cache(*eager, se[i].seq, *graph, sg[i].seq);
-        if (HasFatalFailure()) {
-          ADD_FAILURE() << "step " << step << " sequence " << i;
-          return;
-        }
-      }
+      std::printf(
+          "  [%s] graph vs eager: %lld drafts accepted, %lld rejected; %d graphs, %lld "
+          "replays (%lld of verify-shaped steps)\n",
+          GetParam().c_str(), (long long)accepted, (long long)rejected, graph->graphs_captured(),
+          (long long)graph->graph_replays(), (long long)graph->shaped_graph_replays());
+      EXPECT_GT(accepted, 0);
+      EXPECT_EQ(eager->graph_replays(), 0);
+      EXPECT_EQ(graph->eager_shaped_steps(), 0);
+      EXPECT_EQ(graph->padded_steps(), 0);
+      // Steps 3 and later replay: at least the verify of every step from the third on.
+      EXPECT_GE(graph->shaped_graph_replays(), 4);
     }
-    std::printf(
-        "  [%s] graph vs eager: %lld drafts accepted, %lld rejected; %d graphs, %lld "
-        "replays (%lld of verify-shaped steps)\n",
-        GetParam().c_str(), (long long)accepted, (long long)rejected, graph->graphs_captured(),
-        (long long)graph->graph_replays(), (long long)graph->shaped_graph_replays());
-    EXPECT_GT(accepted, 0);
-    EXPECT_EQ(eager->graph_replays(), 0);
-    EXPECT_EQ(graph->eager_shaped_steps(), 0);
-    EXPECT_EQ(graph->padded_steps(), 0);
-    // Steps 3 and later replay: at least the verify of every step from the third on.
-    EXPECT_GE(graph->shaped_graph_replays(), 4);
-  }
+}
+
+// Rollback::kRestore, exactly: the same verify step (the same tokens, so the same forward)
+// on two runners with the same history, one made to accept every draft (forced samples), one to
+// reject from draft a + 1 on. The rejecting runner's stores must be the accepting runner's with
+// exactly the stores for_each_rejected_store names put back to their bytes before the step —
+// window rings, compressed entries and indexer keys of the kept length, both compressor states
+// of every layer whole — byte for byte. Verifies of k = 3 (and 1) start at every position
+// modulo 4 and next to the 128-token edge, with 0, 1 and 2 drafts accepted: a rejected
+// position before, at and after a block end of the overlapping states.
+TEST_P(SpeculativeCuda, RestorePutsBackExactlyTheRejectedStores) {
+  Preset& pr = preset();
+  const int V = pr.V();
+  const ModelConfig& c = pr.stack->config;
+  SamplingParams greedy;
+  int cases = 0;
+  for (const int len : {117, 118, 119, 120, 126, 127})
+    for (const int k : {3, 1})
+      for (int accepted = 0; accepted < k; ++accepted) {
+        SCOPED_TRACE("prompt " + std::to_string(len) + " k " + std::to_string(k) + " accepted " +
+                     std::to_string(accepted));
+        const std::vector<int32_t> prompt = random_prompt(len, V, unsigned(len) + 11);
+        const int32_t t0 = 7;
+        // Output indices 1..k: the drafts; the forced samples of the verify's rows follow them
+        // (all accepted) or stop following at draft accepted + 1.
+        std::vector<int32_t> drafts(size_t(k) + 2, 0), all(size_t(k) + 2, 0), some;
+        for (int j = 1; j <= k + 1; ++j)
+          drafts[size_t(j)] = all[size_t(j)] = 2 + (j * 37) % (V - 2);
+        some = all;
+        some[size_t(accepted) + 1] = (drafts[size_t(accepted) + 1] + 1) % V;
+        std::unique_ptr<CudaRunner> ra = pr.runner(true, false, Rollback::kRestore);
+        std::unique_ptr<CudaRunner> rr = pr.runner(true, false, Rollback::kRestore);
+        int sa = -1, sr = -1;
+        std::vector<int32_t> proposed;
+        for (CudaRunner* r : {ra.get(), rr.get()}) {
+          const int s = r->open_sequence();
+          (r == ra.get() ? sa : sr) = s;
+          SampleSpec sp;
+          sp.params = &greedy;
+          sp.forced = t0;
+          sp.draft_override = &drafts;
+          StepInput in(s, prompt);
+          in.draft = k;
+          in.sample = &sp;
+          const StepOutput o = r->step({in});
+          ASSERT_TRUE(o.errors[0].empty()) << o.errors[0];
+          ASSERT_EQ(o.samples[0].id, t0);
+          proposed = o.drafts[0];
+          ASSERT_EQ(proposed, std::vector<int32_t>(drafts.begin() + 1, drafts.begin() + 1 + k));
+        }
+        HostCache pre(c, rr->cache().config());
+        rr->cache().download(pre);
+        std::vector<int32_t> tokens{t0};
+        tokens.insert(tokens.end(), proposed.begin(), proposed.end());
+        for (CudaRunner* r : {ra.get(), rr.get()}) {
+          SampleSpec sp;
+          sp.params = &greedy;
+          sp.index = 1;
+          sp.forced_from = r == ra.get() ? &all : &some;
+          StepInput in(r == ra.get() ? sa : sr, tokens);
+          in.verify = k;
+          in.all_logits = true;
+          in.sample = &sp;
+          const StepOutput o = r->step({in});
+          ASSERT_TRUE(o.errors[0].empty()) << o.errors[0];
+          ASSERT_EQ(int(o.more[0].size()), r == ra.get() ? k : accepted);
+        }
+        const SequenceCache& qa = ra->sequence(sa);
+        const SequenceCache& qr = rr->sequence(sr);
+        ASSERT_EQ(qa.tokens, int64_t(len) + k + 1);
+        ASSERT_EQ(qr.tokens, int64_t(len) + accepted + 1);
+        // Same allocations: the rejecting runner's pages are the accepting one's first pages.
+        for (int kind = 0; kind < kNumPageKinds; ++kind) {
+          ASSERT_LE(qr.pages[kind].size(), qa.pages[kind].size());
+          ASSERT_TRUE(
+              std::equal(qr.pages[kind].begin(), qr.pages[kind].end(), qa.pages[kind].begin()));
+        }
+        ASSERT_EQ(qa.state_slot, qr.state_slot);
+        // The expectation: the accepting runner's stores, the rejected ones put back from `pre`
+        // (addressed through the accepting sequence: the same pages).
+        HostCache want(c, ra->cache().config()), got(c, rr->cache().config());
+        ra->cache().download(want);
+        rr->cache().download(got);
+        const CacheSpan span{0, c.n_layers, len, k + 1};
+        std::vector<std::pair<uint8_t*, int64_t>> to, from;
+        for_each_rejected_store(want, c, qa, span, accepted + 1, [&](uint8_t* p, int64_t n) {
+          to.push_back({p, n});
+        });
+        for_each_rejected_store(pre, c, qa, span, accepted + 1, [&](uint8_t* p, int64_t n) {
+          from.push_back({p, n});
+        });
+        ASSERT_EQ(to.size(), from.size());
+        ASSERT_FALSE(to.empty());
+        int changed = 0;  // rejected stores the verify changed: the check can fail
+        for (size_t i = 0; i < to.size(); ++i) {
+          changed += std::memcmp(to[i].first, from[i].first, size_t(to[i].second)) != 0;
+          std::memcpy(to[i].first, from[i].first, size_t(to[i].second));
+        }
+        ASSERT_GT(changed, 0);
+        const KvEntryLayout& kv = got.kv_layout();
+        const IndexKeyLayout& ix = got.index_layout();
+        auto same = [](EntryRef x, EntryRef y, int data, int scales) {
+          return std::memcmp(x.data, y.data, size_t(data)) == 0 &&
+                 std::memcmp(x.scales, y.scales, size_t(scales)) == 0;
+        };
+        const int64_t n = qr.tokens;
+        for (int bl = 0; bl < c.n_layers; ++bl) {
+          for (int64_t p = std::max<int64_t>(0, n - c.window_size); p < n; ++p)
+            ASSERT_TRUE(same(got.window_slot(bl, qr, p), want.window_slot(bl, qa, p),
+                             kv.data_bytes(), kv.scale_bytes()))
+                << "block " << bl << " window position " << p;
+          const int ratio = c.ratio(bl);
+          if (ratio == 0) continue;
+          for (int64_t i = 0; i < n / ratio; ++i) {
+            ASSERT_TRUE(same(got.compressed(bl, qr, i), want.compressed(bl, qa, i), kv.data_bytes(),
+                             kv.scale_bytes()))
+                << "block " << bl << " compressed entry " << i;
+            if (ratio == 4) {
+              ASSERT_TRUE(same(got.index_key(bl, qr, i), want.index_key(bl, qa, i), ix.data_bytes(),
+                               ix.scale_bytes()))
+                  << "block " << bl << " indexer key " << i;
+            }
+          }
+          ASSERT_EQ(
+              std::memcmp(got.main_state(bl, qr.state_slot), want.main_state(bl, qa.state_slot),
+                          size_t(got.main_state_layout(bl).floats()) * 4),
+              0)
+              << "block " << bl << " compressor state";
+          if (ratio == 4) {
+            ASSERT_EQ(
+                std::memcmp(got.index_state(bl, qr.state_slot), want.index_state(bl, qa.state_slot),
+                            size_t(got.index_state_layout().floats()) * 4),
+                0)
+                << "block " << bl << " indexer compressor state";
+          }
+        }
+        ++cases;
+      }
+  std::printf("  [%s] %d verify steps rolled back by restoring, byte for byte\n",
+              GetParam().c_str(), cases);
 }
 
 // Refusals before anything runs: a verify whose drafts do not follow exactly one token.

@@ -73,6 +73,32 @@ void HostCache::restore(const SequenceCache& s, const Span& sp) {
              "cache span restored into a different layout");
 }
 
+void HostCache::restore_rejected(const SequenceCache& s, const Span& sp, int kept) {
+  // Where each saved store's bytes sit in the span's copy (for_each_span_store's order).
+  std::vector<SavedRange> ranges;
+  size_t off = 0, soff = 0;
+  for_each_span_store(
+      *this, model_, s, sp,
+      [&](EntryRef r, int64_t data, int64_t scales) {
+        ranges.push_back({r.data, sp.bytes.data() + off, data});
+        ranges.push_back({r.scales, sp.bytes.data() + off + size_t(data), scales});
+        off += size_t(data + scales);
+      },
+      [&](float* st, int64_t floats) {
+        ranges.push_back({reinterpret_cast<const uint8_t*>(st),
+                          reinterpret_cast<const uint8_t*>(sp.states.data() + soff),
+                          floats * int64_t(sizeof(float))});
+        soff += size_t(floats);
+      });
+  DSV4_CHECK(off == sp.bytes.size() && soff == sp.states.size(),
+             "cache span restored into a different layout");
+  std::sort(ranges.begin(), ranges.end(),
+            [](const SavedRange& a, const SavedRange& b) { return a.store < b.store; });
+  for_each_rejected_store(*this, model_, s, sp, kept, [&](uint8_t* p, int64_t n) {
+    std::copy_n(saved_copy_of(ranges, p, n), n, p);
+  });
+}
+
 PageKind HostCache::compressed_kind(int block) const {
   return dsv4::compressed_kind(model_, block);
 }

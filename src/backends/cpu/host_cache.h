@@ -51,6 +51,9 @@ class HostCache {
   };
   Span save(const SequenceCache& s, int64_t start, int n, int first, int last);
   void restore(const SequenceCache& s, const Span& span);
+  // Puts back only what the span's positions after the first `kept` changed
+  // (for_each_rejected_store, model/speculation.h: Rollback::kRestore).
+  void restore_rejected(const SequenceCache& s, const Span& span, int kept);
 
   // kv = 0, score = -inf in every compressor state of `slot`: a fresh sequence.
   void reset_states(int slot);

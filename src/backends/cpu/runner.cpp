@@ -16,10 +16,11 @@ void CpuRunner::copy_pages(int, const std::vector<PageCopy>& copies) {
   for (const PageCopy& c : copies) cache_.copy_page(c);
 }
 
-void CpuRunner::enable_speculation() {
+void CpuRunner::enable_speculation(Rollback rollback) {
   DSV4_CHECK(config().n_mtp_layers >= 1,
              "speculative decoding needs the model's MTP block (num_nextn_predict_layers is 0)");
   spec_ = true;
+  rollback_ = rollback;
 }
 
 StepOutput CpuRunner::forward(const StepBatch& b) {
@@ -39,17 +40,22 @@ StepOutput CpuRunner::forward(const StepBatch& b) {
   logits.resize(size_t(b.num_logit_rows) * V);
   out.logits = std::move(logits);
 
-  // Rollback of rejected drafts: every store the step wrote goes back to before it, and the
-  // kept tokens run again. The CPU model's arithmetic per token does not depend on chunking,
-  // so this leaves exactly the bytes a plain run of the kept tokens leaves (window slots of
-  // the rejected positions, the compressed entries and indexer keys they completed and the
-  // compressor states included). The first pass's hidden rows of the kept tokens are
+  // Rollback of rejected drafts (Rollback, model/runner.h). kRerun: every store the step wrote
+  // goes back to before it and the kept tokens run again; kRestore: only the stores the
+  // rejected positions changed go back. The CPU model's arithmetic per token does not depend
+  // on chunking, so both leave exactly the bytes a plain run of the kept tokens leaves (window
+  // slots of the rejected positions, the compressed entries and indexer keys they completed
+  // and the compressor states included). The first pass's hidden rows of the kept tokens are
   // already those of the plain run.
   const std::vector<int> kept = kept_tokens(b, out);
   std::vector<ChunkRef> rerun;
   for (size_t i = 0; i < b.chunks.size(); ++i) {
     const ChunkRef& ch = b.chunks[i];
     if (!saved[i] || kept[i] == ch.n) continue;
+    if (rollback_ == Rollback::kRestore) {
+      cache_.restore_rejected(*ch.cache, *saved[i], kept[i]);
+      continue;
+    }
     cache_.restore(*ch.cache, *saved[i]);
     rerun.push_back({ch.cache, ch.start, ch.tokens, kept[i]});
   }

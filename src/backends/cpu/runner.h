@@ -26,7 +26,7 @@ class CpuRunner final : public PagedRunner {
   // Speculative decoding (Runner): the MTP block drafts (see runner.cpp for how it is fed),
   // verifies roll back by restoring what the step overwrote and re-running the accepted
   // tokens, so every store is bit for bit what plain decoding leaves.
-  void enable_speculation() override;
+  void enable_speculation(Rollback rollback = Rollback::kRerun) override;
   bool speculation_enabled() const override { return spec_; }
 
   HostCache& cache() { return cache_; }
@@ -52,6 +52,7 @@ class CpuRunner final : public PagedRunner {
   TraceSink* trace_ = nullptr;
   std::vector<float>* hidden_out_ = nullptr;
   bool spec_ = false;
+  Rollback rollback_ = Rollback::kRerun;
 };
 
 }  // namespace dsv4

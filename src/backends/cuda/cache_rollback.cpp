@@ -1,6 +1,7 @@
 #include "backends/cuda/cache_rollback.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
@@ -95,6 +96,26 @@ void CacheRollback::restore(const std::vector<int>& handles, cudaStream_t stream
       const glue::CopySegment g = host_[i];
       host_[count_++] = {g.dst, const_cast<uint8_t*>(g.src), g.bytes};
     }
+  }
+  launch(from, stream);
+  flushed_ = count_;
+}
+
+void CacheRollback::restore_rejected(DeviceCache& cache, const std::vector<Rejected>& spans,
+                                     cudaStream_t stream) {
+  DSV4_CHECK(flushed_ == count_, "cache rollback: restore before the saves were flushed");
+  const size_t from = save_first_ = count_;
+  std::vector<SavedRange> ranges;
+  for (const Rejected& r : spans) {
+    // The span's saved segments (merged ranges: contiguous in the cache and in the save area).
+    const Saved& sv = saved_.at(size_t(r.handle));
+    ranges.clear();
+    for (size_t i = sv.first; i < sv.last; ++i)
+      if (host_[i].bytes > 0) ranges.push_back({host_[i].src, host_[i].dst, host_[i].bytes});
+    std::sort(ranges.begin(), ranges.end(),
+              [](const SavedRange& a, const SavedRange& b) { return a.store < b.store; });
+    for_each_rejected_store(cache, model_, *r.seq, r.span, r.kept,
+                            [&](uint8_t* p, int64_t n) { add(saved_copy_of(ranges, p, n), p, n); });
   }
   launch(from, stream);
   flushed_ = count_;

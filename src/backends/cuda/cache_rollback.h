@@ -45,6 +45,16 @@ class CacheRollback {
   void flushed_by_graph() { flushed_ = count_; }
   // Enqueues the copy back of the saved spans `handles` on `stream`.
   void restore(const std::vector<int>& handles, cudaStream_t stream);
+  // Rollback::kRestore: enqueues the copy back of only what the positions after the first
+  // `kept` of each saved span changed (for_each_rejected_store, model/speculation.h).
+  struct Rejected {
+    int handle = -1;
+    const SequenceCache* seq = nullptr;
+    CacheSpan span;  // as saved
+    int kept = 0;
+  };
+  void restore_rejected(DeviceCache& cache, const std::vector<Rejected>& spans,
+                        cudaStream_t stream);
 
  private:
   // Appends a segment (merged with the last when both ranges continue it) to the list.

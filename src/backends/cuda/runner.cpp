@@ -91,12 +91,13 @@ void CudaRunner::recycle(StepOutput&& used) {
   if (used.logits.capacity() > spare_logits_.capacity()) spare_logits_ = std::move(used.logits);
 }
 
-void CudaRunner::enable_speculation() {
+void CudaRunner::enable_speculation(Rollback rollback) {
   DSV4_CHECK(config().n_mtp_layers >= 1,
              "speculative decoding needs the model's MTP block (num_nextn_predict_layers is 0)");
   // Verify mode checks each op against the stores it saw; the rollback's restores and reruns
   // are not ops it follows.
   DSV4_CHECK(!verify_, "speculative decoding is not offered in verify mode (--verify)");
+  rollback_ = rollback;
   if (spec_) return;
   spec_ = std::make_unique<Spec>(model_, limits().max_step_seqs, meta_.limits());
 }
@@ -399,13 +400,24 @@ StepOutput CudaRunner::forward(const StepBatch& b) {
   }
   if (!spec_) return out;
 
-  // Rollback of rejected drafts: every store the step wrote goes back to before it and the
-  // kept tokens run again as one chunk. The MTP block takes the kept tokens' streams from the
-  // pass that left the cache (the target forward, or the rerun).
+  // Rollback of rejected drafts (Rollback, model/runner.h). kRerun: every store the step wrote
+  // goes back to before it and the kept tokens run again as one chunk; the MTP block takes the
+  // kept tokens' streams from the pass that left the cache (the target forward, or the rerun).
+  // kRestore: only the stores the rejected positions changed go back; the kept tokens' stores
+  // and streams are the target forward's.
   const std::vector<int> kept = kept_tokens(b, out);
   const std::vector<MtpRun> runs = mtp_runs(b, kept, out.errors);
   std::vector<bool> rerun(chunks.size(), false);
-  for (size_t i = 0; i < chunks.size(); ++i) rerun[i] = saved[i] >= 0 && kept[i] < chunks[i].n;
+  std::vector<CacheRollback::Rejected> rejected;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (saved[i] < 0 || kept[i] == chunks[i].n) continue;
+    if (rollback_ == Rollback::kRerun)
+      rerun[i] = true;
+    else
+      rejected.push_back(
+          {saved[i], chunks[i].cache, CacheSpan{0, L, chunks[i].start, chunks[i].n}, kept[i]});
+  }
+  if (!rejected.empty()) spec_->rollback.restore_rejected(cache_, rejected, stream);
   auto ok = [&](size_t i) { return out.errors[i].empty(); };
   std::vector<size_t> which, states;
   for (size_t r = 0; r < runs.size(); ++r)

@@ -18,7 +18,9 @@
 // on the device (row j with the drafts before it in its penalty history, model/speculation.h),
 // acceptance decided on the host from the ids. Before the step, the stores a verify overwrites
 // are saved device to device (CacheRollback); a sequence with rejected drafts gets them back
-// and its kept tokens run again as one chunk, whose streams then feed the MTP block. Drafts:
+// and its kept tokens run again as one chunk, whose streams then feed the MTP block
+// (Rollback::kRerun), or gets back only what its rejected positions changed, the verify's
+// streams feeding the MTP block (Rollback::kRestore: no second forward). Drafts:
 // the MTP block on the device, chained, its greedy choice drawn by the device sampler; its ring
 // slots restored after drafting.
 //
@@ -33,17 +35,13 @@
 // acceptance make many shapes); a shape past that runs eagerly and is counted
 // (eager_shaped_steps()).
 //
-// Why kept tokens run again after a rejection instead of restoring only the rejected
-// positions' stores: the window slots, compressed entries, indexer keys and the ratio-128
-// states' rows are per position and could be put back alone, but the overlapping (ratio-4)
-// compressors move their current rows into the previous-block half when a block of 4
-// completes, so when a rejected position completes a block the kept tokens' state is a
-// row-by-row mix of the saved state and the moved rows — a reconstruction tied to the
-// compressor kernels' state layout that no GPU test could check exactly (the kernels are not
-// shape-invariant: no independent run gives the same bits). And at zero acceptance the rerun
-// is exactly a plain decode step, so every store then equals plain decoding's byte for byte
-// (speculative_cuda_test); stores kept from a (k + 1)-row verify would not. The rerun is a
-// graph replay like the verify (one token per sequence at zero acceptance: a decode shape).
+// The two rollbacks: kRerun (the default) leaves, at zero acceptance, exactly the stores of a
+// plain decode step, byte for byte (speculative_cuda_test), because the rerun is one (a graph
+// replay of a decode shape); stores kept from a (k + 1)-row verify agree with a plain run's
+// only within the end-to-end tolerance (the kernels are not shape-invariant). kRestore puts
+// back only the rejected positions' stores and state rows (for_each_rejected_store, whose
+// reconstruction of the overlapping ratio-4 states the CPU tests prove bit for bit against
+// plain decoding) and saves the rerun's forward at every rejection.
 //
 // Samples and scores are drawn on the device (ops/cuda/sampling: the rules of
 // ops/common/sampling.h, the ids of the reference sampler); only their results come back, and
@@ -108,7 +106,7 @@ class CudaRunner final : public PagedRunner {
   };
   void adopt(std::unique_ptr<Owned> owned);
 
-  void enable_speculation() override;
+  void enable_speculation(Rollback rollback = Rollback::kRerun) override;
   bool speculation_enabled() const override { return spec_ != nullptr; }
 
   DeviceCache& cache() { return cache_; }
@@ -205,6 +203,7 @@ class CudaRunner final : public PagedRunner {
   cuda::DeviceSampler sampler_;
   const __nv_bfloat16* main_hidden_ = nullptr;  // the last target forward's streams
   std::unique_ptr<Spec> spec_;
+  Rollback rollback_ = Rollback::kRerun;
 };
 
 }  // namespace dsv4
