@@ -63,16 +63,19 @@ TEST_F(Cli, GenerateIsDeterministicAndMatchesLogits) {
   EXPECT_EQ(s1.code, 0) << s1.err;
   EXPECT_EQ(s1.out, s2.out);
   EXPECT_EQ(std::count(s1.out.begin(), s1.out.end(), ','), 7);
-  // Speculative decoding gives the same tokens, greedy or sampled.
-  for (const char* k : {"1", "3"}) {
-    EXPECT_EQ(run(s + "7 --speculative-tokens " + k, *tmp_).out, s1.out) << k;
-    EXPECT_EQ(run("generate --model " + model() +
-                      " --prompt-ids 0,11,12,13 --max-new-tokens 5 --speculative-tokens " + k,
-                  *tmp_)
-                  .out,
-              a.out)
-        << k;
-  }
+  // Speculative decoding gives the same tokens, greedy or sampled, with either rollback.
+  for (const std::string rollback : {"", " --speculative-rollback restore"})
+    for (const char* k : {"1", "3"}) {
+      EXPECT_EQ(run(s + "7 --speculative-tokens " + k + rollback, *tmp_).out, s1.out)
+          << k << rollback;
+      EXPECT_EQ(run("generate --model " + model() +
+                        " --prompt-ids 0,11,12,13 --max-new-tokens 5 --speculative-tokens " + k +
+                        rollback,
+                    *tmp_)
+                    .out,
+                a.out)
+          << k << rollback;
+    }
   EXPECT_EQ(run("generate --model " + model() + " --prompt-ids 0 --max-new-tokens 0", *tmp_).out,
             "\n");
 }
@@ -153,6 +156,10 @@ TEST_F(Cli, BadInputIsAOneLineErrorAndNonZeroExit) {
       {"generate" + m + " --prompt-ids 0 --speculative-tokens 4", "--speculative-tokens"},
       {"generate" + m + " --prompt-ids 0 --speculative-tokens 2 --dp 2",
        "does not implement speculative decoding"},
+      {"generate" + m + " --prompt-ids 0 --speculative-rollback restore",
+       "--speculative-rollback applies with --speculative-tokens above 0"},
+      {"generate" + m + " --prompt-ids 0 --speculative-tokens 1 --speculative-rollback redo",
+       "--speculative-rollback: 'redo' is not one of rerun, restore"},
       {"logits" + m + " --prompt-ids 0", "missing required flag --out"},
       {"logits" + m + " --prompt-ids 0 --prompt-file x --out y",
        "several prompts: give exactly one of"},

@@ -52,6 +52,9 @@ int run(const Args& a) {
   o.engine.cache_bytes = a.integer("--cache-mb") << 20;
   o.engine.page_size = static_cast<int>(a.integer("--page-size"));
   o.engine.speculative_tokens = static_cast<int>(a.integer("--speculative-tokens"));
+  o.engine.speculative_restore = a.str("--speculative-rollback") == "restore";
+  DSV4_CHECK(!a.has("--speculative-rollback") || o.engine.speculative_tokens > 0,
+             "--speculative-rollback applies with --speculative-tokens above 0");
   o.engine.cuda_graphs = !a.has("--no-cuda-graphs");
   o.engine.exact_linears = a.has("--exact-linears");
   parallel_options(a, o.engine);
@@ -194,6 +197,7 @@ const Command& serve_command() {
                1 << 30},
               {"--page-size", "P", "cache entries per page", "64", false, {}, 1, 4096},
               speculative_flag(),
+              speculative_rollback_flag(),
               {"--api-key", "K",
                "clients must send 'Authorization: Bearer K' (not for /health, /metrics)"},
               {"--served-model-name", "NAME",

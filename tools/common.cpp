@@ -171,6 +171,16 @@ Flag speculative_flag() {
           kMaxSpeculativeTokens};
 }
 
+Flag speculative_rollback_flag() {
+  return {"--speculative-rollback",
+          "HOW",
+          "rejected drafts undone by rerunning the kept tokens (rerun) or by restoring only the "
+          "rejected positions' stores (restore: no second forward)",
+          "rerun",
+          false,
+          {"rerun", "restore"}};
+}
+
 std::vector<Flag> prompt_flags() {
   return {
       {"--prompt-ids", "IDS",

@@ -32,6 +32,8 @@ void parallel_options(const Args& a, EngineOptions& o);
 bool run_as_follower(const EngineOptions& o);
 // --speculative-tokens (generate, serve).
 Flag speculative_flag();
+// --speculative-rollback rerun|restore (generate, serve).
+Flag speculative_rollback_flag();
 // --prompt-ids, --prompt-file, --prompt, --messages (exactly one is given).
 std::vector<Flag> prompt_flags();
 // `a` followed by `b`.

@@ -675,8 +675,9 @@ void run_speculative(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
     emit_step("spec_plain_step_extrapolated", shape, base.full_us, base.full_us);
 
     for (int k = 1; k <= kMaxDraftTokens; ++k) {
-      double full[3] = {0, 0, 0};  // all rejected (rerun), all accepted, all rejected (restore)
-      double verify_layers = 0;    // the verify forward's extrapolated minus measured blocks
+      // Extrapolated step times: all accepted, all rejected under kRerun, under kRestore.
+      double full_accepted = 0, full_rerun = 0, full_restore = 0;
+      double verify_layers = 0;  // the verify forward's extrapolated minus measured blocks
       for (int run = 1; run >= -1; --run) {
         const bool accept = run == 1, restore = run == -1;
         CudaRunner& rs = restore ? spec_restore : spec;
@@ -738,7 +739,7 @@ void run_speculative(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
           verify_layers = t.full_us - t.step_us;
         else if (!restore)
           t.full_us += verify_layers;
-        full[run + 1] = t.full_us;
+        (accept ? full_accepted : restore ? full_restore : full_rerun) = t.full_us;
         const char* what = accept    ? "all drafts accepted"
                            : restore ? "all rejected, rollback restore"
                                      : "all rejected, rollback rerun (restore + rerun)";
@@ -757,17 +758,18 @@ void run_speculative(const Shape& s, ExpertFormat fmt, bool quick, bool exact) {
       for (double len : k == 1   ? std::vector<double>{1.8}
                         : k == 3 ? std::vector<double>{2.5, 3.1}
                                  : std::vector<double>{})
-        for (const int rejected : {0, 2}) {
-          const double best = B * len * 1e6 / full[1], worst = B * len * 1e6 / full[rejected];
+        for (const bool restore : {false, true}) {
+          const double best = B * len * 1e6 / full_accepted,
+                       worst = B * len * 1e6 / (restore ? full_restore : full_rerun);
           const double plain_tps = B * 1e6 / base.full_us;
           std::snprintf(shape, sizeof shape,
                         "%s %s b=%d ctx=%d k=%d acceptance length %.1f, rollback %s: PROJECTED "
                         "%.0f-%.0f tokens/s (plain %.0f), time per output token %.2f-%.2fx plain",
                         s.name.c_str(), fname.c_str(), B, ctx, k, len,
-                        rejected == 2 ? "restore" : "rerun", worst, best, plain_tps,
-                        plain_tps / best, plain_tps / worst);
+                        restore ? "restore" : "rerun", worst, best, plain_tps, plain_tps / best,
+                        plain_tps / worst);
           // us: the projected time per output token of the sequence (all-accepted step time).
-          emit_step("spec_projected_tpot", shape, full[1] / len, base.full_us);
+          emit_step("spec_projected_tpot", shape, full_accepted / len, base.full_us);
         }
     }
   }

@@ -93,6 +93,11 @@ struct EngineOptions {
   // sampled one and the next step verifies them with the target model; the output is plain
   // decoding's, token for token, at any temperature. 0: off.
   int speculative_tokens = 0;
+  // How rejected drafts are undone: false, every store the verify wrote goes back and the kept
+  // tokens run again (on CUDA then byte for byte a plain run's stores at zero acceptance);
+  // true, only what the rejected positions changed goes back, no second forward (CPU: the same
+  // bytes; CUDA: the kept stores are the verify's, within the end-to-end tolerance).
+  bool speculative_restore = false;
 };
 
 // How a request's tokens are chosen (the order of the steps: src/ops/common/sampling.h).

@@ -69,6 +69,7 @@ class LoopEngine final : public Engine {
     l.prefix_snapshots = snapshots(o);
     l.prefix_block = o.prefix_block;
     l.speculative_tokens = o.speculative_tokens;
+    l.speculative_rollback = o.speculative_restore ? Rollback::kRestore : Rollback::kRerun;
     return l;
   }
   static int snapshots(const EngineOptions& o) {

@@ -35,7 +35,7 @@ EngineLoop::EngineLoop(std::unique_ptr<Runner> runner, const EngineLoopOptions& 
              "speculative tokens must be in [0, ", kMaxDraftTokens, "], got ",
              o.speculative_tokens);
   // Before any sequence is opened: the MTP block's cache is kept from the first token on.
-  if (o.speculative_tokens > 0) runner_->enable_speculation();
+  if (o.speculative_tokens > 0) runner_->enable_speculation(o.speculative_rollback);
   counters_.spec_accepted_per_pos.assign(size_t(o.speculative_tokens), 0);
   const ModelConfig& c = runner_->config();
   info_.vocab_size = c.vocab_size;

@@ -637,6 +637,7 @@ TEST_P(SpeculativeCuda, RestorePutsBackExactlyTheRejectedStores) {
           sp.params = &greedy;
           sp.index = 1;
           sp.forced_from = r == ra.get() ? &all : &some;
+          sp.forced = (*sp.forced_from)[1];  // row 0 (forced_from covers rows 1..)
           StepInput in(r == ra.get() ? sa : sr, tokens);
           in.verify = k;
           in.all_logits = true;

@@ -1,6 +1,7 @@
 """Speculative decoding through HTTP: --speculative-tokens leaves responses, usage and streams
 as plain decoding gives them, and /metrics counts drafts with vLLM's names. Drafts are forced
 (forced_drafts, a test facility) from the plain server's output, so acceptance is known.
+Every test runs against a server of each rollback (--speculative-rollback rerun, restore).
 
 On CUDA (kernels not shape-invariant: a verify's k + 1 rows per sequence take other paths than
 one row) the speculative response is held to the plain one as the suite holds batched runs to
@@ -20,10 +21,12 @@ SPEC = ["vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_
         "vllm:spec_decode_num_accepted_tokens_total"]
 
 
-@pytest.fixture(scope="module")
-def spec_server(tiny_model):
+@pytest.fixture(scope="module", params=["rerun", "restore"])
+def spec_server(tiny_model, request):
+    """One server per rollback (--speculative-rollback): every test runs against both."""
     s = Server(tiny_model, "--test-forced-output", "--served-model-name", "tiny",
-               "--max-running", "4", "--max-model-len", "256", "--speculative-tokens", "3")
+               "--max-running", "4", "--max-model-len", "256", "--speculative-tokens", "3",
+               "--speculative-rollback", request.param)
     yield s
     assert s.stop() == 0, s.stderr_text()
 
