@@ -297,6 +297,29 @@ TEST_P(Speculative, EqualsPlainDecodingBitForBit) {
     }
 }
 
+// Rollback::kRestore's copies of a verify's span fit the copy list the CUDA rollback plans
+// (rollback_span_bound, one segment per store range before any merging): every start position
+// modulo 4, every span of 1 to kMaxDraftTokens + 1 positions, every kept count.
+TEST_P(Speculative, RestoreCopiesFitTheRollbackBound) {
+  const Preset& pr = preset(GetParam());
+  std::unique_ptr<CpuRunner> r = pr.runner(true);
+  const int q = r->open_sequence();
+  r->step({{q, random_prompt(16, pr.V(), 3)}});
+  const ModelConfig& c = r->config();
+  int64_t most = 0;
+  for (int64_t start = 0; start + kMaxDraftTokens + 1 <= 16; ++start)
+    for (int n = 1; n <= kMaxDraftTokens + 1; ++n)
+      for (int kept = 1; kept <= n; ++kept) {
+        int64_t ranges = 0;
+        for_each_rejected_store(r->cache(), c, r->sequence(q), CacheSpan{0, c.n_layers, start, n},
+                                kept, [&](uint8_t*, int64_t) { ++ranges; });
+        EXPECT_LE(ranges, rollback_span_bound(c, 0, c.n_layers, n).segments)
+            << "start " << start << " n " << n << " kept " << kept;
+        most = std::max(most, ranges);
+      }
+  EXPECT_GT(most, 0);
+}
+
 // The MTP block's own drafts (no override): random weights accept next to nothing, but the
 // tokens are still the plain run's and the drafting's ring writes are rolled back.
 TEST_P(Speculative, MtpDraftsKeepPlainOutput) {

@@ -127,8 +127,10 @@ void for_each_rejected_store(Cache& c, const ModelConfig& m, const SequenceCache
       row(cur + int(p % l.ratio));
       ended = ended || (p + 1) % l.ratio == 0;
     }
-    if (l.coff() == 2 && ended)
-      for (int r = 0; r < l.ratio; ++r) row(r);
+    if (l.coff() == 2 && ended) {  // the previous-block rows: one kv and one score range
+      bytes(reinterpret_cast<uint8_t*>(st + l.kv_offset(0)), l.ratio * row_bytes);
+      bytes(reinterpret_cast<uint8_t*>(st + l.score_offset(0)), l.ratio * row_bytes);
+    }
   };
   for (int b = sp.first; b < sp.last; ++b) {
     for (int64_t p = r0; p < r1; ++p)
