@@ -21,10 +21,7 @@ int run(const Args& a) {
   s.seed = a.unsigned_integer("--seed");
   s.stop_at_eos = !a.has("--ignore-eos");
   EngineOptions o = engine_options(a, int64_t(prompt.size()) + s.max_new_tokens);
-  o.speculative_tokens = static_cast<int>(a.integer("--speculative-tokens"));
-  o.speculative_restore = a.str("--speculative-rollback") == "restore";
-  DSV4_CHECK(!a.has("--speculative-rollback") || o.speculative_tokens > 0,
-             "--speculative-rollback applies with --speculative-tokens above 0");
+  speculative_options(a, o);
   std::unique_ptr<Engine> e = open_engine(o);
   const std::vector<int32_t> out = e->generate(prompt, s);
   std::string line;

@@ -51,10 +51,7 @@ int run(const Args& a) {
   o.engine.max_tokens = a.integer("--max-model-len");
   o.engine.cache_bytes = a.integer("--cache-mb") << 20;
   o.engine.page_size = static_cast<int>(a.integer("--page-size"));
-  o.engine.speculative_tokens = static_cast<int>(a.integer("--speculative-tokens"));
-  o.engine.speculative_restore = a.str("--speculative-rollback") == "restore";
-  DSV4_CHECK(!a.has("--speculative-rollback") || o.engine.speculative_tokens > 0,
-             "--speculative-rollback applies with --speculative-tokens above 0");
+  speculative_options(a, o.engine);
   o.engine.cuda_graphs = !a.has("--no-cuda-graphs");
   o.engine.exact_linears = a.has("--exact-linears");
   parallel_options(a, o.engine);

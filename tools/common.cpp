@@ -181,6 +181,13 @@ Flag speculative_rollback_flag() {
           {"rerun", "restore"}};
 }
 
+void speculative_options(const Args& a, EngineOptions& o) {
+  o.speculative_tokens = static_cast<int>(a.integer("--speculative-tokens"));
+  o.speculative_restore = a.str("--speculative-rollback") == "restore";
+  DSV4_CHECK(!a.has("--speculative-rollback") || o.speculative_tokens > 0,
+             "--speculative-rollback applies with --speculative-tokens above 0");
+}
+
 std::vector<Flag> prompt_flags() {
   return {
       {"--prompt-ids", "IDS",

@@ -34,6 +34,8 @@ bool run_as_follower(const EngineOptions& o);
 Flag speculative_flag();
 // --speculative-rollback rerun|restore (generate, serve).
 Flag speculative_rollback_flag();
+// Both speculative flags into `o` (--speculative-rollback only with --speculative-tokens > 0).
+void speculative_options(const Args& a, EngineOptions& o);
 // --prompt-ids, --prompt-file, --prompt, --messages (exactly one is given).
 std::vector<Flag> prompt_flags();
 // `a` followed by `b`.

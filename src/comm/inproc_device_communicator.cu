@@ -291,8 +291,8 @@ class InProcDeviceCommunicator final : public DeviceCommunicator {
   // while the other ranks' kernels waited for it (2 to 5 times in 8 runs of the collectives test);
   // CUDA orders such allocations and copies against work issued around them, and the waiting
   // kernels never finish. Draining first leaves nothing pending; deadlock-free, since every
-  // earlier collective's kernels are launched by every rank before anyone gets here. Not yet run
-  // on a GPU.
+  // earlier collective's kernels are launched by every rank before anyone gets here. With it
+  // the collectives test passed 10 of 10 runs on the H200 (stop 33).
   void drain_and_meet() {
     check(cudaDeviceSynchronize(), "drain the device before a collective");
     host_->barrier();

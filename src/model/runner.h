@@ -149,8 +149,7 @@ class Runner {
   // window over the positions whose next token is known), so that steps may `verify` and
   // `draft`. Throws dsv4::Error when the model has no MTP block or the backend does not
   // implement speculation (it never decodes without it silently).
-  virtual void enable_speculation(Rollback rollback = Rollback::kRerun) {
-    (void)rollback;
+  virtual void enable_speculation(Rollback /*rollback*/ = Rollback::kRerun) {
     throw Error("this backend does not implement speculative decoding (--speculative-tokens)");
   }
   virtual bool speculation_enabled() const { return false; }

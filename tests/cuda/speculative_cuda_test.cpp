@@ -216,27 +216,20 @@ void run_speculative(CudaRunner& r, std::vector<Spec>& seqs) {
   }
 }
 
-// Every store of sequence `a` in `ra` equals sequence `b`'s in `rb` byte for byte (the live
-// window slots, compressed entries, indexer keys, compressor states, the MTP ring and state).
-void expect_same_cache(CudaRunner& ra, int a, CudaRunner& rb, int b) {
-  const ModelConfig& c = ra.config();
-  const SequenceCache& sa = ra.sequence(a);
-  const SequenceCache& sb = rb.sequence(b);
-  ASSERT_EQ(sa.tokens, sb.tokens);
-  ASSERT_EQ(sa.mtp_tokens, sb.mtp_tokens);
-  const int64_t len = sa.tokens;
-  HostCache ha(c, ra.cache().config()), hb(c, rb.cache().config());
-  ra.cache().download(ha);
-  rb.cache().download(hb);
+// Blocks [0, blocks) of sequence `sa` in `ha` equal those of `sb` in `hb` byte for byte: the
+// live window slots of the first `len` positions (`mtp_len` in MTP blocks), the compressed
+// entries and indexer keys they completed, the compressor states.
+void expect_same_stores(const ModelConfig& c, HostCache& ha, const SequenceCache& sa, HostCache& hb,
+                        const SequenceCache& sb, int64_t len, int64_t mtp_len, int blocks) {
   const KvEntryLayout& kv = ha.kv_layout();
   const IndexKeyLayout& ix = ha.index_layout();
   auto same = [](EntryRef x, EntryRef y, int data, int scales) {
     return std::memcmp(x.data, y.data, size_t(data)) == 0 &&
            std::memcmp(x.scales, y.scales, size_t(scales)) == 0;
   };
-  for (int bl = 0; bl < c.num_blocks(); ++bl) {
+  for (int bl = 0; bl < blocks; ++bl) {
     const bool mtp = bl >= c.n_layers;
-    const int64_t end = mtp ? sa.mtp_tokens : len;
+    const int64_t end = mtp ? mtp_len : len;
     for (int64_t p = std::max<int64_t>(0, end - c.window_size); p < end; ++p)
       ASSERT_TRUE(same(ha.window_slot(bl, sa, p), hb.window_slot(bl, sb, p), kv.data_bytes(),
                        kv.scale_bytes()))
@@ -264,6 +257,21 @@ void expect_same_cache(CudaRunner& ra, int a, CudaRunner& rb, int b) {
           << "block " << bl << " indexer compressor state";
     }
   }
+}
+
+// Every store of sequence `a` in `ra` equals sequence `b`'s in `rb` byte for byte (the live
+// window slots, compressed entries, indexer keys, compressor states, the MTP ring and state).
+void expect_same_cache(CudaRunner& ra, int a, CudaRunner& rb, int b) {
+  const ModelConfig& c = ra.config();
+  const SequenceCache& sa = ra.sequence(a);
+  const SequenceCache& sb = rb.sequence(b);
+  ASSERT_EQ(sa.tokens, sb.tokens);
+  ASSERT_EQ(sa.mtp_tokens, sb.mtp_tokens);
+  HostCache ha(c, ra.cache().config()), hb(c, rb.cache().config());
+  ra.cache().download(ha);
+  rb.cache().download(hb);
+  expect_same_stores(c, ha, sa, hb, sb, sa.tokens, sa.mtp_tokens, c.num_blocks());
+  if (::testing::Test::HasFatalFailure()) return;
   const size_t hbytes = size_t(c.hc_mult) * c.dim * 2;
   std::vector<uint8_t> ma(hbytes), mb(hbytes);
   DSV4_CUDA_CHECK(
@@ -678,43 +686,10 @@ TEST_P(SpeculativeCuda, RestorePutsBackExactlyTheRejectedStores) {
           std::memcpy(to[i].first, from[i].first, size_t(to[i].second));
         }
         ASSERT_GT(changed, 0);
-        const KvEntryLayout& kv = got.kv_layout();
-        const IndexKeyLayout& ix = got.index_layout();
-        auto same = [](EntryRef x, EntryRef y, int data, int scales) {
-          return std::memcmp(x.data, y.data, size_t(data)) == 0 &&
-                 std::memcmp(x.scales, y.scales, size_t(scales)) == 0;
-        };
-        const int64_t n = qr.tokens;
-        for (int bl = 0; bl < c.n_layers; ++bl) {
-          for (int64_t p = std::max<int64_t>(0, n - c.window_size); p < n; ++p)
-            ASSERT_TRUE(same(got.window_slot(bl, qr, p), want.window_slot(bl, qa, p),
-                             kv.data_bytes(), kv.scale_bytes()))
-                << "block " << bl << " window position " << p;
-          const int ratio = c.ratio(bl);
-          if (ratio == 0) continue;
-          for (int64_t i = 0; i < n / ratio; ++i) {
-            ASSERT_TRUE(same(got.compressed(bl, qr, i), want.compressed(bl, qa, i), kv.data_bytes(),
-                             kv.scale_bytes()))
-                << "block " << bl << " compressed entry " << i;
-            if (ratio == 4) {
-              ASSERT_TRUE(same(got.index_key(bl, qr, i), want.index_key(bl, qa, i), ix.data_bytes(),
-                               ix.scale_bytes()))
-                  << "block " << bl << " indexer key " << i;
-            }
-          }
-          ASSERT_EQ(
-              std::memcmp(got.main_state(bl, qr.state_slot), want.main_state(bl, qa.state_slot),
-                          size_t(got.main_state_layout(bl).floats()) * 4),
-              0)
-              << "block " << bl << " compressor state";
-          if (ratio == 4) {
-            ASSERT_EQ(
-                std::memcmp(got.index_state(bl, qr.state_slot), want.index_state(bl, qa.state_slot),
-                            size_t(got.index_state_layout().floats()) * 4),
-                0)
-                << "block " << bl << " indexer compressor state";
-          }
-        }
+        // The rejecting runner's live stores of the layers (its length; the MTP block's
+        // positions differ between the two runners and are not part of the span).
+        expect_same_stores(c, got, qr, want, qa, qr.tokens, 0, c.n_layers);
+        if (HasFatalFailure()) return;
         ++cases;
       }
   std::printf("  [%s] %d verify steps rolled back by restoring, byte for byte\n",

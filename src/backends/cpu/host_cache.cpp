@@ -56,25 +56,8 @@ HostCache::Span HostCache::save(const SequenceCache& s, int64_t start, int n, in
   return sp;
 }
 
-void HostCache::restore(const SequenceCache& s, const Span& sp) {
-  size_t off = 0, soff = 0;
-  for_each_span_store(
-      *this, model_, s, sp,
-      [&](EntryRef r, int64_t data, int64_t scales) {
-        std::copy_n(sp.bytes.data() + off, data, r.data);
-        std::copy_n(sp.bytes.data() + off + size_t(data), scales, r.scales);
-        off += size_t(data + scales);
-      },
-      [&](float* st, int64_t floats) {
-        std::copy_n(sp.states.data() + soff, floats, st);
-        soff += size_t(floats);
-      });
-  DSV4_CHECK(off == sp.bytes.size() && soff == sp.states.size(),
-             "cache span restored into a different layout");
-}
-
-void HostCache::restore_rejected(const SequenceCache& s, const Span& sp, int kept) {
-  // Where each saved store's bytes sit in the span's copy (for_each_span_store's order).
+std::vector<SavedRange> HostCache::saved_ranges(const SequenceCache& s, const Span& sp) {
+  // for_each_span_store's order: the stores' bytes one after another in `bytes` / `states`.
   std::vector<SavedRange> ranges;
   size_t off = 0, soff = 0;
   for_each_span_store(
@@ -92,6 +75,16 @@ void HostCache::restore_rejected(const SequenceCache& s, const Span& sp, int kep
       });
   DSV4_CHECK(off == sp.bytes.size() && soff == sp.states.size(),
              "cache span restored into a different layout");
+  return ranges;
+}
+
+void HostCache::restore(const SequenceCache& s, const Span& sp) {
+  for (const SavedRange& r : saved_ranges(s, sp))  // `store` points into this cache's own bytes
+    std::copy_n(r.copy, r.bytes, const_cast<uint8_t*>(r.store));
+}
+
+void HostCache::restore_rejected(const SequenceCache& s, const Span& sp, int kept) {
+  std::vector<SavedRange> ranges = saved_ranges(s, sp);
   std::sort(ranges.begin(), ranges.end(),
             [](const SavedRange& a, const SavedRange& b) { return a.store < b.store; });
   for_each_rejected_store(*this, model_, s, sp, kept, [&](uint8_t* p, int64_t n) {

@@ -66,6 +66,9 @@ class HostCache {
   const uint8_t* page_bytes_ptr(int block, PageKind kind, int page, bool index_keys) const;
 
  private:
+  // Each store of the span (for_each_span_store) with where its saved bytes sit in `span`.
+  std::vector<SavedRange> saved_ranges(const SequenceCache& s, const Span& span);
+
   PageKind compressed_kind(int block) const;
 
   const ModelConfig& model_;
