@@ -36,6 +36,8 @@ struct WsLayout {
   static constexpr int kABytes = kTokens * kWsStageK * 2;  // BF16 activations of a stage
   static constexpr int kStageBytes = kWBytes + kABytes;
   static constexpr int kBytes = kWsStages * kStageBytes;
+  static_assert(kWBytes / 16 % kWsThreads == 0 && kABytes / 16 % kWsThreads == 0,
+                "every thread issues whole 16-byte copies of a stage");
   static_assert(kBytes <= 227 * 1024, "shared memory");
 };
 
@@ -73,6 +75,8 @@ __global__ void __launch_bounds__(kWsThreads) wo_a_stream_kernel(WoAArgs p) {
   extern __shared__ __align__(128) uint8_t smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, c = lane & 3;
+  const int rw = warp % kWsWarps;    // row warp: rows 16 rw .. 16 rw + 15 of the CTA
+  const int kset = warp / kWsWarps;  // K set: the stage's 128-wide block kset
   const int K = p.in_g;
   const int row0 = blockIdx.x * kWsRows;  // global weight row
   const int group = row0 / p.o_lora;
@@ -124,7 +128,7 @@ __global__ void __launch_bounds__(kWsThreads) wo_a_stream_kernel(WoAArgs p) {
     sm90::cp_async_commit();
   }
 
-  const int r_lo = 16 * warp + g;  // this thread's A rows: r_lo and r_lo + 8
+  const int r_lo = 16 * rw + g;  // this thread's A rows: r_lo and r_lo + 8
   for (int it = 0; it < n_iter; ++it) {
     sm90::cp_async_wait<kWsStages - 2>();
     __syncthreads();
@@ -135,7 +139,7 @@ __global__ void __launch_bounds__(kWsThreads) wo_a_stream_kernel(WoAArgs p) {
     const uint8_t* sw = stage_w(it % kWsStages);
     const uint8_t* sa = stage_a(it % kWsStages);
 #pragma unroll
-    for (int ch = 0; ch < kWsStageK / 64; ++ch) {
+    for (int ch = 2 * kset; ch < 2 * kset + 2; ++ch) {
       const int kg = it * kWsStageK + 64 * ch;  // K offset of the chunk within the group
       const uint4 w0 = lds128(sw + r_lo * kWsStageK + (((4 * ch + c) ^ ((r_lo & 1) << 2)) * 16));
       const uint4 w1 =
@@ -185,6 +189,27 @@ __global__ void __launch_bounds__(kWsThreads) wo_a_stream_kernel(WoAArgs p) {
     }
   }
   sm90::cp_async_wait<0>();
+  // The K sets' sums, added in set order (set 0 + set 1 + ...) by set 0 through the idle ring.
+  static_assert(kWsKSplit * kWsWarps * 32 * kNT * 4 * 4 <= L::kBytes, "epilogue scratch");
+  __syncthreads();  // every warp is past its last read of the ring
+  float* red = reinterpret_cast<float*>(smem);
+  const int slot = (rw * 32 + lane) * kNT * 4;  // this (row warp, lane)'s kNT * 4 sums
+  if (kset > 0) {
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        red[(kset - 1) * kWsWarps * 32 * kNT * 4 + slot + j * 4 + i] = acc[j][i];
+  }
+  __syncthreads();
+  if (kset > 0) return;
+#pragma unroll
+  for (int h = 1; h < kWsKSplit; ++h)
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        acc[j][i] += red[(h - 1) * kWsWarps * 32 * kNT * 4 + slot + j * 4 + i];
 
   // D fragment: (row r_lo, tokens 8j+2c, +1) and (row r_lo+8, same tokens).
   const int row = row0 + r_lo;

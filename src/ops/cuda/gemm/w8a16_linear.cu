@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/attn_output/attn_output.h"
+#include "ops/cuda/attn_output/attn_output_config.h"
 #include "ops/cuda/attn_output/wo_a_kernels.h"
 #include "ops/cuda/common/cuda_check.h"
 
@@ -130,7 +131,7 @@ void w8a16_linear(const W8A16LinearParams& p, cudaStream_t stream) {
   w.w_scale_rows = p.scale_rows;
   w.z = p.y;
   w.ldz = ldy;
-  if (p.m <= kWoAAutoWeightStreamMaxM && p.k % 256 == 0)
+  if (p.m <= kWoAAutoWeightStreamMaxM && p.k % attn_output_cfg::kWsStageK == 0)
     wo_a_weight_stream(w, stream);
   else
     wo_a_tensor_core(w, stream);
