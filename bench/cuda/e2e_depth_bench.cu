@@ -29,7 +29,9 @@
 // expected to touch, the cache entries each query reads) and per op class.
 //
 // Usage: e2e_depth_bench [flash|pro] [nvfp4|mxfp4] [--layers N] [--quick] [--no-kernels]
-//        [--batches 1,8,32,128] [--contexts 4096,65536] [--no-prefill]
+//        [--batches 1,8,32,128] [--contexts 4096,65536] [--no-prefill] [--no-branches]
+//        (--no-branches: CudaModelLimits::concurrent_branches off, the sub-layers' side
+//        branches on the one stream)
 //        [--dry-run FREE_GIB]  (no GPU: the layer mix, cache size and rooflines it would run)
 // Output: JSON lines (stdout, and $DSV4_BENCH_OUT), progress on stderr; the markdown tables:
 // scripts/e2e_depth_report.py.
@@ -388,6 +390,7 @@ struct Options {
   std::string model = "flash", fmt = "nvfp4";
   int layers = 0;  // 0: as many as fit
   bool quick = false, kernels = true, prefill = true;
+  bool branches = true;    // CudaModelLimits::concurrent_branches (--no-branches: off)
   double dry_run_gib = 0;  // > 0: no GPU; plan for this much free memory and print the rooflines
   std::vector<int> batches = {1, 8, 32, 128};
   std::vector<int64_t> contexts = {4096, 65536};
@@ -713,7 +716,7 @@ struct Built {
 
 // The model with n layers, its activations for the largest step and the cache pool for
 // kMaxBatch + 1 sequences of the longest context; throws on out-of-memory.
-Built build(const Model& m, int n, ExpertFormat fmt, int64_t max_ctx) {
+Built build(const Model& m, int n, ExpertFormat fmt, int64_t max_ctx, bool branches) {
   Built b;
   b.config = config_with_layers(m, n);
   const ModelConfig& c = b.config;
@@ -724,6 +727,7 @@ Built build(const Model& m, int n, ExpertFormat fmt, int64_t max_ctx) {
   lim.max_seqs = kMaxBatch;
   lim.max_context = max_ctx + 256;
   lim.max_logit_rows = kMaxBatch;
+  lim.concurrent_branches = branches;
   b.ctx = std::make_unique<DeviceContext>(0);
   b.model = std::make_unique<CudaModel>(*b.ctx, c, std::move(w), lim);
   b.act_gib = double(b.model->activation_bytes()) / double(1ull << 30);
@@ -820,7 +824,7 @@ void run(const Options& o) {
   for (;;) {
     DSV4_CHECK(n >= 1, "not even one layer fits");
     try {
-      B = build(m, n, fmt, max_ctx);
+      B = build(m, n, fmt, max_ctx, o.branches);
       break;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "[%s %s] %d layers do not fit (%s): trying %d\n", m.name.c_str(),
@@ -1199,7 +1203,8 @@ int main(int argc, char** argv) {
   Options o;
   const char* usage =
       "usage: e2e_depth_bench [flash|pro] [nvfp4|mxfp4] [--layers N] [--quick] [--no-kernels] "
-      "[--no-prefill] [--batches 1,8,32,128] [--contexts 4096,65536] [--dry-run FREE_GIB]\n";
+      "[--no-prefill] [--no-branches] [--batches 1,8,32,128] [--contexts 4096,65536] "
+      "[--dry-run FREE_GIB]\n";
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
@@ -1223,6 +1228,8 @@ int main(int argc, char** argv) {
         o.dry_run_gib = std::stod(value());
       else if (a == "--no-prefill")
         o.prefill = false;
+      else if (a == "--no-branches")
+        o.branches = false;
       else if (a == "--batches") {
         o.batches.clear();
         for (int64_t b : parse_list(value())) o.batches.push_back(int(b));

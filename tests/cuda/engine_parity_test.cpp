@@ -3,6 +3,8 @@
 //    lengths covering every residue mod 4 and mod 128 (every position of a 300-token prompt);
 //  - batch invariance: a sequence's logits with and without batchmates;
 //  - CUDA-graph replay = eager execution, bit for bit;
+//  - the side branches on a second stream (CudaModelLimits::concurrent_branches) = one stream,
+//    bit for bit, eager and as graphs;
 //  - CUDA vs CPU backend end to end (independent runs: differences compound as they would in
 //    use).
 // The CUDA kernels are not all batch-invariant (the FP8 GEMM streams weights for <= 64 rows
@@ -171,6 +173,48 @@ TEST_P(EngineParity, GraphReplayEqualsEager) {
   EXPECT_GT(graphs->runner->graph_replays(), 30);
   ASSERT_EQ(g.size(), e.size());
   EXPECT_EQ(first_diff_row(g, e, p.V()), size_t(-1)) << "graph replay differs from eager";
+}
+
+// The side branches (the compressors beside the q path, the shared expert beside the routed
+// experts, on a second stream) run the same kernels on the same buffers: logits bit for bit
+// those of the one-stream model, eager and replayed as graphs, over a prefill (no branches: 127
+// rows) and decode steps of batch 1 and 2 (branched) that cross 4- and 128-token boundaries.
+TEST_P(EngineParity, SideBranchesEqualOneStream) {
+  Preset& p = preset();
+  auto run = [&](bool branches, bool graphs) {
+    CudaStackOptions o;
+    o.max_seqs = 2;
+    o.max_context = 640;
+    o.max_step_tokens = kLen;
+    o.branches = branches;
+    o.graphs = graphs;
+    auto s = open_cuda_stack(p.dir.path(), o);
+    CudaRunner& r = *s->runner;
+    const int a = r.open_sequence(), b = r.open_sequence();
+    std::vector<float> out =
+        r.step_logits({{a, {p.prompt.begin(), p.prompt.begin() + 120}, false},
+                       {b, {p.prompt.begin() + 50, p.prompt.begin() + 57}, false}});
+    for (int i = 0; i < 24; ++i) {
+      std::vector<StepInput> in{{a, {p.prompt[120 + i]}, false}};
+      if (i % 3) in.push_back({b, {p.prompt[200 + i]}, false});
+      std::vector<float> l = r.step_logits(in);
+      out.insert(out.end(), l.begin(), l.end());
+    }
+    if (graphs) {
+      EXPECT_GT(r.graph_replays(), 10) << "branches " << branches;
+    }
+    return out;
+  };
+  const std::vector<float> ref = run(false, false);
+  for (bool graphs : {false, true}) {
+    const std::vector<float> got = run(true, graphs);
+    ASSERT_EQ(got.size(), ref.size());
+    EXPECT_EQ(first_diff_row(got, ref, p.V()), size_t(-1))
+        << "side branches " << (graphs ? "as graphs" : "eager") << " differ from one stream";
+  }
+  // And as graphs without branches: the reference of the comparison above holds as well.
+  const std::vector<float> g1 = run(false, true);
+  EXPECT_EQ(first_diff_row(g1, ref, p.V()), size_t(-1));
 }
 
 // A decode step of a size without a graph runs as the next captured size, padded with dummy

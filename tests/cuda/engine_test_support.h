@@ -39,6 +39,7 @@ struct CudaStackOptions {
   bool verify = false;
   bool graphs = false;
   bool exact_linears = false;
+  bool branches = true;  // CudaModelLimits::concurrent_branches
 };
 
 // The CUDA backend of one checkpoint: model, runner and (verify mode) the CPU weights and the
@@ -67,6 +68,7 @@ inline std::unique_ptr<CudaStack> open_cuda_stack(const std::string& dir,
   lim.max_seqs = o.max_seqs;
   lim.max_context = o.max_context;
   lim.exact_linears = o.exact_linears;
+  lim.concurrent_branches = o.branches;
   s->context = std::make_unique<DeviceContext>(0);
   s->model = std::make_unique<CudaModel>(*s->context, s->config, std::move(w), lim);
   CudaRunnerOptions ro;

@@ -11,7 +11,11 @@ DeviceContext::DeviceContext(int device) : device_(device) {
   DSV4_CHECK(device >= 0 && device < n, "CUDA device ", device, " does not exist (", n,
              " visible)");
   make_current();
-  DSV4_CUDA_CHECK(cudaStreamCreate(&stream_));
+  // The greatest priority: a model's side branches run on a stream of the least
+  // (CudaModelLimits::concurrent_branches), behind this stream's critical path.
+  int least = 0, greatest = 0;
+  DSV4_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  DSV4_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamDefault, greatest));
   blas_ = std::make_unique<CudaBlas>();
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <optional>
 
 #include "backends/cuda/glue.h"
 #include "backends/cuda/parallel_moe.h"
@@ -84,11 +85,37 @@ CudaModel::CudaModel(DeviceContext& ctx, const ModelConfig& config, CudaModelWei
   consts_ = DeviceBuffer<int32_t>(c);
   iota_ = consts_.data();
   zeros_ = consts_.data() + limits.max_tokens;
+  // The side branches' stream: the least priority, so that the critical path's CTAs (the
+  // context's stream has the greatest) are placed first wherever both wait for an SM.
+  int least = 0, greatest = 0;
+  DSV4_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  DSV4_CUDA_CHECK(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, least));
+  DSV4_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+  DSV4_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
 }
 
 CudaModel::~CudaModel() {
   set_block_timing(false);
   cudaStreamSynchronize(stream_);
+  cudaStreamSynchronize(side_);
+  cudaEventDestroy(fork_);
+  cudaEventDestroy(join_);
+  cudaStreamDestroy(side_);
+}
+
+bool CudaModel::branches(int tokens) const {
+  return tokens >= 1 && limits_.concurrent_branches && observer_ == nullptr && rank_ == nullptr &&
+         !limits_.exact_linears && tokens <= cuda::gemm_cfg::kStreamMaxTokens;
+}
+
+void CudaModel::fork_side() {
+  DSV4_CUDA_CHECK(cudaEventRecord(fork_, stream_));
+  DSV4_CUDA_CHECK(cudaStreamWaitEvent(side_, fork_, 0));
+}
+
+void CudaModel::join_side() {
+  DSV4_CUDA_CHECK(cudaEventRecord(join_, side_));
+  DSV4_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
 }
 
 void CudaModel::plan(const CudaModelLimits& lim) {
@@ -504,6 +531,11 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
     DSV4_CUDA_CHECK(cudaMemset2DAsync(act_.q + int64_t(H) * D, size_t(HA) * D * 2, 0,
                                       size_t(HA - H) * D * 2, size_t(T), stream_));
 
+  // Decode-sized steps: the compressors' projections and the compressors (they read only x) on
+  // the side stream beside the q path, joined before the indexer and the attention read them.
+  const bool side = ratio > 0 && T <= cuda::kBf16StreamMaxM && branches(T);
+  if (side) fork_side();
+
   // The q and window KV projections share the quantised x (one grouped launch); then q_norm,
   // with the quantisation of its output fused in.
   // (Tensor parallel pads the heads with a memset just before: a fresh quantisation launched
@@ -585,6 +617,8 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   // Compressors (and indexer keys) before attention.
   bool wproj_done = false;  // weights_proj ran with the compressors' projection
   if (ratio > 0) {
+    std::optional<OnSide> on_side;
+    if (side) on_side.emplace(*this);
     // One GEMM of the stacked projections [wkv; wgate (; indexer wkv; wgate)]: one event each.
     const int mw = b.main_width, iw = b.index_width;
     auto proj = [&](LinearId id, int64_t off, int width) {
@@ -654,6 +688,7 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
          [&] { cuda::compressor_forward(cp, stream_); });
     }
   }
+  if (side) join_side();
 
   // Lightning indexer (CSA).
   if (ratio == 4) {
@@ -795,6 +830,12 @@ void CudaModel::moe(int block, const DeviceStep& st, const bf16* x, bf16* out) {
   const ModelConfig& c = cfg_;
   const CudaBlockWeights& b = w_.blocks[block];
   const int T = st.num_tokens, inter = b.shared_inter;
+  // Decode-sized steps: the shared expert on the side stream beside the routed experts, joined
+  // before their combine reads its output.
+  const bool side = !pmoe_ && branches(T);
+  if (side) fork_side();
+  std::optional<OnSide> on_side;
+  if (side) on_side.emplace(*this);
   // Shared expert: [w1; w3] -> SwiGLU -> w2.
   const Fp8Act ax = sublayer_act(x, T, true);
   op({linear_event(block, LinearId::kSharedW1, x, c.dim, T, c.dim, act_.gu, 2 * inter, inter,
@@ -835,6 +876,10 @@ void CudaModel::moe(int block, const DeviceStep& st, const bf16* x, bf16* out) {
   const Fp8Act aa =
       fuse_a ? fused_act(act_.sact, inter, T, inter, 1) : quantize(act_.sact, inter, T, inter, 1);
   gemm(aa, b.shared_w2, act_.shared, c.dim, true, block, LinearId::kSharedW2);
+  if (side) {
+    on_side.reset();
+    DSV4_CUDA_CHECK(cudaEventRecord(join_, side_));
+  }
   if (pmoe_) {  // the parallel engine: routed experts across ranks
     pmoe_->forward(b, x, st.tokens, act_.shared, T, out, stream_);
     return;
@@ -853,6 +898,7 @@ void CudaModel::moe(int block, const DeviceStep& st, const bf16* x, bf16* out) {
   m.workspace = act_.moe_ws;
   m.workspace_bytes = act_.moe_ws_bytes;
   m.stream = stream_;
+  m.shared_ready = side ? join_ : nullptr;
   const int K = c.n_activated_experts;
   const cuda::moe::MoeWorkspace ws = cuda::moe::carve_moe_workspace(b.moe, T, K, act_.moe_ws);
   op(op_event(OpKind::kMoe, block, 0,

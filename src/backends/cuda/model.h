@@ -49,6 +49,13 @@ struct CudaModelLimits {
   // sums, BF16 tensor-core rate) instead of FP8 tensor cores (faster; ~14-bit sums inside each
   // K block). Plans the BF16 quantised-activation buffers it needs.
   bool exact_linears = false;
+  // Decode-sized steps (at most 64 token rows) run the work of a sub-layer that does not depend
+  // on its critical path on a second stream of lower priority, joined where its results are
+  // read: the compressors' projections and the compressors beside the q path of attention
+  // (joined before the indexer), the shared expert beside the routed experts (joined before
+  // their combine). Same kernels and buffers either way, so the same bytes; what it saves is
+  // the short kernels' latency in series. Never with observers or several ranks.
+  bool concurrent_branches = true;
 };
 
 // The step metadata's capacities for a model planned with `m`: its token rows and sequences, and
@@ -205,6 +212,23 @@ class CudaModel {
   void notify(const OpEvent& e) {
     if (observer_) observer_->after(e);
   }
+  // The side branches (CudaModelLimits::concurrent_branches): whether a sub-layer of `tokens`
+  // rows forks one; fork_side() makes side_ wait for stream_'s work so far, join_side() stream_
+  // for side_'s; while an OnSide lives, the launches go to side_.
+  bool branches(int tokens) const;
+  void fork_side();
+  void join_side();
+  class OnSide {
+   public:
+    explicit OnSide(CudaModel& m) : m_(m), saved_(m.stream_) { m.stream_ = m.side_; }
+    ~OnSide() { m_.stream_ = saved_; }
+    OnSide(const OnSide&) = delete;
+    OnSide& operator=(const OnSide&) = delete;
+
+   private:
+    CudaModel& m_;
+    cudaStream_t saved_;
+  };
   void begin_step(const DeviceStep& st);
   void end_step() { notify(OpEvent{OpKind::kStepEnd}); }
   OpEvent linear_event(int block, LinearId id, const __nv_bfloat16* x, int64_t ldx, int m,
@@ -215,6 +239,8 @@ class CudaModel {
   CudaModelLimits limits_;
   DeviceContext& ctx_;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t side_ = nullptr;  // the side branches' stream (lowest priority)
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
   CudaBlas* blas_ = nullptr;
   DeviceBuffer<int32_t> consts_;  // iota [max_tokens], zeros [max_tokens] (the staging page)
   const int32_t* iota_ = nullptr;

@@ -289,7 +289,10 @@ void moe_forward(const MoeDeviceWeights& w, const MoeArgs& a) {
     g.ldo = w.dim;
     gemm(g, false);
   }
-  if (a.stages & kStageCombine) launch_combine(c, ws, a.m, p.top_k, a.shared, a.y, w.dim);
+  if (a.stages & kStageCombine) {
+    if (a.shared_ready) DSV4_CUDA_CHECK(cudaStreamWaitEvent(a.stream, a.shared_ready, 0));
+    launch_combine(c, ws, a.m, p.top_k, a.shared, a.y, w.dim);
+  }
 }
 
 }  // namespace dsv4::cuda::moe

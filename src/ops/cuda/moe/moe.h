@@ -127,6 +127,9 @@ struct MoeArgs {
   RouterPath router_path = RouterPath::kAuto;  // tests and benchmarks force each
   // kMma's rows per CTA (8 or 16; 0: router_mma_tile's choice by m) — for benchmarks.
   int router_mma_rows = 0;
+  // Work on another stream that `shared` comes from (the shared expert beside the routed ones):
+  // the combine waits for this event, recorded after it, on a.stream; null: none.
+  cudaEvent_t shared_ready = nullptr;
 };
 
 size_t moe_workspace_bytes(const MoeDeviceWeights& w, int m, int top_k);
