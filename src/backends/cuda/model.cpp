@@ -830,10 +830,32 @@ void CudaModel::moe(int block, const DeviceStep& st, const bf16* x, bf16* out) {
   const ModelConfig& c = cfg_;
   const CudaBlockWeights& b = w_.blocks[block];
   const int T = st.num_tokens, inter = b.shared_inter;
+  cuda::moe::MoeArgs m;
+  m.x = x;
+  m.tokens = st.tokens;
+  m.shared = act_.shared;
+  m.y = out;
+  m.m = T;
+  m.p.top_k = c.n_activated_experts;
+  m.p.score_func = c.score_func;
+  m.p.route_scale = c.route_scale;
+  m.p.swiglu_limit = c.swiglu_limit;
+  m.workspace = act_.moe_ws;
+  m.workspace_bytes = act_.moe_ws_bytes;
+  m.stream = stream_;
   // Decode-sized steps: the shared expert on the side stream beside the routed experts, joined
-  // before their combine reads its output.
+  // before their combine reads its output. The router and the plan are launched first: launched
+  // after the shared expert, they found its GEMMs (and the kernels those had launched early)
+  // holding every SM and ran after it (H200, e2e_depth_bench's kernel trace).
   const bool side = !pmoe_ && branches(T);
-  if (side) fork_side();
+  constexpr unsigned kRoute = cuda::moe::kStageRoute | cuda::moe::kStagePlan;
+  if (side) {
+    fork_side();
+    m.stages = kRoute;
+    cuda::moe::moe_forward(b.moe, m);
+    m.stages = cuda::moe::kStageAll & ~kRoute;
+    m.shared_ready = join_;
+  }
   std::optional<OnSide> on_side;
   if (side) on_side.emplace(*this);
   // Shared expert: [w1; w3] -> SwiGLU -> w2.
@@ -885,20 +907,6 @@ void CudaModel::moe(int block, const DeviceStep& st, const bf16* x, bf16* out) {
     return;
   }
 
-  cuda::moe::MoeArgs m;
-  m.x = x;
-  m.tokens = st.tokens;
-  m.shared = act_.shared;
-  m.y = out;
-  m.m = T;
-  m.p.top_k = c.n_activated_experts;
-  m.p.score_func = c.score_func;
-  m.p.route_scale = c.route_scale;
-  m.p.swiglu_limit = c.swiglu_limit;
-  m.workspace = act_.moe_ws;
-  m.workspace_bytes = act_.moe_ws_bytes;
-  m.stream = stream_;
-  m.shared_ready = side ? join_ : nullptr;
   const int K = c.n_activated_experts;
   const cuda::moe::MoeWorkspace ws = cuda::moe::carve_moe_workspace(b.moe, T, K, act_.moe_ws);
   op(op_event(OpKind::kMoe, block, 0,
