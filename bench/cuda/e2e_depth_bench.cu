@@ -41,6 +41,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -1066,6 +1067,20 @@ void run(const Options& o) {
                       prefix.c_str(), n, traced ? ", traced" : "", Bn, (long long)ctx);
         emit("e2e_depth_forward_eager", shape, eager_us, part, be.str());
         if (traced) {
+          // $DSV4_DEPTH_TIMELINE: every traced op of the step (block, stream, device start and
+          // end in µs from the step's first op, exclusive µs), appended as text lines — what
+          // overlaps what, which the per-kernel rows (exclusive times) do not show.
+          if (const char* tl = std::getenv("DSV4_DEPTH_TIMELINE"); tl && *tl && !ops.empty()) {
+            if (FILE* f = std::fopen(tl, "a")) {
+              uint64_t t0 = ops.front().start;
+              for (const auto& op : ops) t0 = std::min(t0, op.start);
+              for (const auto& op : ops)
+                std::fprintf(f, "b=%d ctx=%lld block %d stream %u %9.2f %9.2f excl %7.2f %s\n", Bn,
+                             (long long)ctx, op.block, op.stream, double(op.start - t0) / 1e3,
+                             double(op.end - t0) / 1e3, op.excl_us, op.full.c_str());
+              std::fclose(f);
+            }
+          }
           char what[96];
           std::snprintf(what, sizeof what, "decode b=%d ctx=%lld", Bn, (long long)ctx);
           emit_kernels(ops, trace.stats(), refs, c, fmt, prefix, what, Bn, ctx, be);
