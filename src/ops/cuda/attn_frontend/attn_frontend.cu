@@ -105,18 +105,27 @@ __global__ void __launch_bounds__(kQWarps * 32) q_norm_rope_kernel(QNormRopePara
   q_norm_rope_heads(p, blockIdx.x, blockIdx.y);
 }
 
-// Token t's window-KV entry by the calling warp.
+// The lane's 16 kv_norm weights (dims 8 lane .. +7 and 256 + 8 lane .. +7).
+__device__ __forceinline__ void load_kv_norm_weight(const KvInsertParams& p, int lane,
+                                                    uint4 (&w)[2]) {
+  const uint4* wrow = reinterpret_cast<const uint4*>(p.norm_weight);
+  w[0] = __ldg(wrow + lane);
+  w[1] = __ldg(wrow + 32 + lane);
+}
+
+// Token t's window-KV entry by the calling warp; `wn`: the lane's kv_norm weights
+// (load_kv_norm_weight; kNormRope only).
 template <bool kNormRope>
-__device__ __forceinline__ void kv_entry_row(const KvInsertParams& p, int t, int lane) {
+__device__ __forceinline__ void kv_entry_row(const KvInsertParams& p, int t, int lane,
+                                             const uint4 (&wn)[2]) {
   const uint4* row = reinterpret_cast<const uint4*>(p.kv + size_t(t) * kHeadDim);
   float x0[8], x1[8];
   num::unpack8(__ldg(row + lane), x0);
   num::unpack8(__ldg(row + 32 + lane), x1);
   if constexpr (kNormRope) {
-    const uint4* wrow = reinterpret_cast<const uint4*>(p.norm_weight);
     float w0[8], w1[8];
-    num::unpack8(__ldg(wrow + lane), w0);
-    num::unpack8(__ldg(wrow + 32 + lane), w1);
+    num::unpack8(wn[0], w0);
+    num::unpack8(wn[1], w1);
     float2 cs[4];
     if (lane >= 24) {
 #pragma unroll
@@ -151,7 +160,9 @@ __global__ void __launch_bounds__(kKvWarps * 32) kv_entry_kernel(KvInsertParams 
   sm90::griddep_launch_dependents();
   const int t = blockIdx.x * kKvWarps + (threadIdx.x >> 5);
   if (t >= p.num_tokens) return;
-  kv_entry_row<kNormRope>(p, t, threadIdx.x & 31);
+  uint4 wn[2] = {};
+  if constexpr (kNormRope) load_kv_norm_weight(p, threadIdx.x & 31, wn);
+  kv_entry_row<kNormRope>(p, t, threadIdx.x & 31, wn);
 }
 
 // Both front-end steps of the decode path in one grid (T, head groups + 1): rows y < head
@@ -159,14 +170,19 @@ __global__ void __launch_bounds__(kKvWarps * 32) kv_entry_kernel(KvInsertParams 
 // per warp (CTA x: tokens [kQWarps x, kQWarps x + kQWarps)).
 __global__ void __launch_bounds__(kQWarps * 32)
     q_norm_rope_kv_kernel(QNormRopeParams q, KvInsertParams kv) {
+  // The kv_norm weight is no kernel's output: loaded before the wait (after it, it queued
+  // behind the weight prefetch of the streaming launch this kernel lets start).
+  const bool kv_cta = blockIdx.y == gridDim.y - 1;
+  uint4 wn[2] = {};
+  if (kv_cta) load_kv_norm_weight(kv, threadIdx.x & 31, wn);
   sm90::griddep_wait();
   sm90::griddep_launch_dependents();
-  if (blockIdx.y < gridDim.y - 1) {
+  if (!kv_cta) {
     q_norm_rope_heads(q, blockIdx.x, blockIdx.y);
     return;
   }
   const int t = blockIdx.x * kQWarps + (threadIdx.x >> 5);
-  if (t < kv.num_tokens) kv_entry_row<true>(kv, t, threadIdx.x & 31);
+  if (t < kv.num_tokens) kv_entry_row<true>(kv, t, threadIdx.x & 31, wn);
 }
 
 __global__ void __launch_bounds__(kKvWarps * 32) kv_insert_staged_kernel(KvInsertStagedParams p) {

@@ -14,18 +14,32 @@ namespace {
 
 using namespace norm_cfg;
 
-template <int kGroup>
+// kEarly (decode-sized steps): the weight is loaded before the wait, into registers (2x of them:
+// one CTA an SM, which the many CTAs of prefill-sized steps would feel).
+template <int kGroup, bool kEarly>
 __global__ void __launch_bounds__(kThreads) rms_norm_kernel(RmsNormParams p) {
   constexpr int kRowsPerCta = kThreads / kGroup;
   constexpr int kWarps = kGroup / 32;
   __shared__ double red[kThreads / 32];
+  const int gi = threadIdx.x / kGroup, gl = threadIdx.x % kGroup;
+  const int lane = threadIdx.x % 32;
+  const int chunks = p.n / 8;
+  // The weight is no kernel's output: loaded before the wait. Once this kernel lets the next
+  // one launch, a weight-streaming GEMM fills HBM's queues with its prefetch, and a weight
+  // loaded after that waited behind it (H200: ~9 us of the q_norm between wq_a and wq_b).
+  [[maybe_unused]] uint4 wr[kEarly ? kMaxChunks : 1];
+  if constexpr (kEarly) {
+#pragma unroll
+    for (int c = 0; c < kMaxChunks; ++c) {
+      const int ch = gl + c * kGroup;
+      wr[c] = ch < chunks ? __ldg(reinterpret_cast<const uint4*>(p.weight + ch * 8))
+                          : make_uint4(0, 0, 0, 0);
+    }
+  }
   // Launched programmatically (p.pdl): x is read only once the kernel before is complete; the
   // next kernel may launch at once (it waits for this grid's completion in turn).
   sm90::griddep_wait();
   sm90::griddep_launch_dependents();
-  const int gi = threadIdx.x / kGroup, gl = threadIdx.x % kGroup;
-  const int lane = threadIdx.x % 32;
-  const int chunks = p.n / 8;
   const int64_t ldx = p.ldx ? p.ldx : p.n, ldy = p.ldy ? p.ldy : p.n;
   for (int64_t row0 = int64_t(blockIdx.x) * kRowsPerCta; row0 < p.rows;
        row0 += int64_t(gridDim.x) * kRowsPerCta) {
@@ -68,9 +82,13 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(RmsNormParams p) {
         const bool in = ch < chunks;  // uniform over each half-warp when n % 128 == 0
         float yv[8];
         if (in) {
-          const uint4 wr = __ldg(reinterpret_cast<const uint4*>(p.weight + ch * 8));
+          uint4 wv;
+          if constexpr (kEarly)
+            wv = wr[c];
+          else
+            wv = __ldg(reinterpret_cast<const uint4*>(p.weight + ch * 8));
           const __nv_bfloat16* xb = reinterpret_cast<const __nv_bfloat16*>(&v[c]);
-          const __nv_bfloat16* wb = reinterpret_cast<const __nv_bfloat16*>(&wr);
+          const __nv_bfloat16* wb = reinterpret_cast<const __nv_bfloat16*>(&wv);
           uint4 out;
           __nv_bfloat16* ob = reinterpret_cast<__nv_bfloat16*>(&out);
 #pragma unroll
@@ -110,7 +128,10 @@ void launch(const RmsNormParams& p, cudaStream_t stream) {
   cfg.block = dim3(kThreads, 1, 1);
   cfg.stream = stream;
   cfg.pdl = p.pdl;
-  launch_kernel(cfg, rms_norm_kernel<kGroup>, p);
+  if (p.rows <= kEarlyMaxRows)
+    launch_kernel(cfg, rms_norm_kernel<kGroup, true>, p);
+  else
+    launch_kernel(cfg, rms_norm_kernel<kGroup, false>, p);
 }
 
 bool aligned16(const void* p) {

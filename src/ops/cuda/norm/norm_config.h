@@ -7,6 +7,9 @@ namespace dsv4::cuda::norm_cfg {
 constexpr int kThreads = 256;
 constexpr int kMaxChunks = 8;                         // 8 BF16 each
 constexpr int kMaxWidth = kThreads * kMaxChunks * 8;  // 16384
+// Up to this many rows (decode-sized steps) the kernel loads its weight before its
+// programmatic-launch wait, holding it in registers.
+constexpr int kEarlyMaxRows = 64;
 
 // Threads per row for a width of n (multiple of 8).
 constexpr int group_for(int n) {
