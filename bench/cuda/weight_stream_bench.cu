@@ -7,12 +7,20 @@
 // batch's ~243 distinct experts. The gap between this and moe_bench's moe_gemm_*_stream rows is
 // the GEMM's own cost; the gap between this and the HBM figure is the copy pattern's.
 //
-// Lines (bench_util.h JSON): weight_stream_ring (stage bytes x stages, CTAs per SM) and
-// weight_stream_ldg, TBps over the streamed bytes. Usage: weight_stream_bench.
+// The dense FP8 stream GEMM's pattern too (stream_gemm.cuh): one CTA per 128-row weight tile
+// and K range, its producer loading 128 rows x 128 bytes a stage with a 2-D TMA box (swizzled)
+// from the row-major [n, K] weight -- 128 segments of 128 bytes, K bytes apart -- beside the
+// same boxes from a tiled copy where each box's 16 KB are contiguous: whether the row-major
+// pattern is what holds the decode GEMMs near 2.5 TB/s.
+//
+// Lines (bench_util.h JSON): weight_stream_ring (stage bytes x stages, CTAs per SM),
+// weight_stream_ldg, weight_stream_box (layout, weight shape, splits), TBps over the streamed
+// bytes. Usage: weight_stream_bench [--box-only].
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "cuda/bench_util.h"
@@ -20,6 +28,7 @@
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/common/sm90/mbarrier.cuh"
 #include "ops/cuda/common/sm90/tma.cuh"
+#include "ops/cuda/gemm/tensor_map.h"
 
 namespace dsv4 {
 namespace {
@@ -89,6 +98,83 @@ __global__ void ldg_kernel(const uint4* p, long n16, uint32_t* sink) {
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }
   if (acc == 0x9e3779b9u) sink[0] = acc;  // never in practice; the loads cannot be dropped
+}
+
+// The stream GEMM's copy pattern alone: CTA (tile, split) streams K steps [split * k_steps /
+// splits, ...) of its 128-row tile through STAGES 16 KB stages; box (row, col) = (tile * 128,
+// step * 128) of the row-major weight, or (tile * k_steps + step) * 128 rows into the tiled copy
+// viewed as [n * K / 128, 128] (`tiled`). Consumers (4 warps) only release the stages.
+template <int STAGES>
+__global__ void __launch_bounds__(160)
+    box_kernel(const __grid_constant__ CUtensorMap tm, int k_steps, int tiled) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem =
+      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
+  constexpr int kStage = 128 * 128;
+  const int tid = threadIdx.x, tile = blockIdx.x, splits = gridDim.y, split = blockIdx.y;
+  const int s0 = int(long(split) * k_steps / splits), s1 = int(long(split + 1) * k_steps / splits);
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      sm90::mbar_init(&full[s], 1);
+      sm90::mbar_init(&empty[s], 4);
+    }
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  if (tid >= 128) {
+    if (tid != 128) return;
+    for (int i = 0; i < s1 - s0; ++i) {
+      const int s = i % STAGES, step = s0 + i;
+      if (i >= STAGES) sm90::mbar_wait(&empty[s], ((i / STAGES) - 1) & 1);
+      sm90::mbar_arrive_expect_tx(&full[s], kStage);
+      if (tiled)
+        sm90::tma_load_2d(&tm, &full[s], smem + s * kStage, 0, (tile * k_steps + step) * 128,
+                          sm90::kEvictFirst);
+      else
+        sm90::tma_load_2d(&tm, &full[s], smem + s * kStage, step * 128, tile * 128,
+                          sm90::kEvictFirst);
+    }
+    return;
+  }
+  for (int i = 0; i < s1 - s0; ++i) {
+    const int s = i % STAGES;
+    sm90::mbar_wait(&full[s], (i / STAGES) & 1);
+    __syncwarp();
+    if (tid % 32 == 0) sm90::mbar_arrive(&empty[s]);
+  }
+}
+
+void box(const char* name, long n, long k, int splits, bool tiled,
+         const DeviceBuffer<uint8_t>& buf) {
+  constexpr int kStages = 6;
+  auto kern = box_kernel<kStages>;
+  const int smem = kStages * 128 * 128 + 1024;
+  DSV4_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const size_t total = size_t(n) * size_t(k);
+  const int regions = int(buf.size() / total);
+  const int k_steps = int(k / 128);
+  std::vector<CUtensorMap> maps;
+  for (int i = 0; i < regions; ++i) {
+    const uint8_t* base = buf.data() + size_t(i) * total;
+    maps.push_back(tiled ? cuda::make_tma_2d(base, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, n * k / 128,
+                                             128, 128, 128, 128, cuda::TmaSwizzle::k128B)
+                         : cuda::make_tma_2d(base, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, n, k, k, 128,
+                                             128, cuda::TmaSwizzle::k128B));
+  }
+  bench::Result r;
+  r.kernel = "weight_stream_box";
+  r.shape = std::string(name) + (tiled ? " tiled" : " row-major") + " n=" + std::to_string(n) +
+            " k=" + std::to_string(k) + " splits=" + std::to_string(splits) +
+            " stages=6x16KB ctas=" + std::to_string(n / 128 * splits);
+  r.us = bench::median_us([&](int i) {
+    kern<<<dim3(unsigned(n / 128), unsigned(splits)), 160, smem>>>(maps[size_t(i % regions)],
+                                                                   k_steps, tiled ? 1 : 0);
+  });
+  r.bytes = double(total);
+  r.peer = "hbm_ceiling";
+  r.peer_us = total / (bench::kHbmTBps * 1e6);
+  r.emit();
 }
 
 struct Case {
@@ -161,8 +247,9 @@ void ldg(const Case& c, const DeviceBuffer<uint8_t>& buf, DeviceBuffer<uint32_t>
 }  // namespace
 }  // namespace dsv4
 
-int main() {
+int main(int argc, char** argv) {
   using namespace dsv4;
+  const bool box_only = argc > 1 && std::string(argv[1]) == "--box-only";
   try {
     // Flash: gate/up rows 2 x 2048 over K 4096, down rows 4096 over K 2048 (64 items an
     // expert each); top-6 experts at one token, ~243 at 128 tokens (random routing:
@@ -178,6 +265,16 @@ int main() {
     DeviceBuffer<uint8_t> buf(size_t(6) << 30);
     DSV4_CUDA_CHECK(cudaMemset(buf.data(), 0x5a, buf.size()));
     DeviceBuffer<uint32_t> sink(4);
+    // The dense FP8 weights of V4-Flash at decode (the engine's K splits: 1 at K 1024, 8 at
+    // 8192 and 4096), and one large volume for the steady state.
+    for (bool tiled : {false, true}) {
+      box("flash wq_b", 32768, 1024, 1, tiled, buf);
+      box("flash wq_b", 32768, 1024, 2, tiled, buf);
+      box("flash wo_b", 4096, 8192, 8, tiled, buf);
+      box("flash shared w1|w3", 4096, 4096, 8, tiled, buf);
+      box("large", 32768, 8192, 2, tiled, buf);
+    }
+    if (box_only) return 0;
     for (const Case& c : cases) {
       ring<18432, 6, 16>(c, buf, 1);   // the stream GEMM's N8 geometry (8 tiles a stage)
       ring<18432, 10, 16>(c, buf, 1);  // deeper ring
