@@ -508,7 +508,8 @@ struct GroupWeight {
 // heuristic's choice.
 std::vector<std::vector<uint16_t>> run_grouped(const DevAct& a, const std::vector<GroupWeight>& ws,
                                                int splits,
-                                               cuda::Fp8GemmPath path = cuda::Fp8GemmPath::kAuto) {
+                                               cuda::Fp8GemmPath path = cuda::Fp8GemmPath::kAuto,
+                                               int only = -1) {
   std::vector<DeviceBuffer<uint16_t>> ys;
   cuda::Fp8GemmGroupedParams g;
   g.a_codes = a.codes.data();
@@ -533,6 +534,7 @@ std::vector<std::vector<uint16_t>> run_grouped(const DevAct& a, const std::vecto
   g.workspace_bytes = work.size();
   g.splits = splits;
   g.path = path;
+  g.only = only;
   cuda::fp8_gemm_grouped(g, nullptr);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<std::vector<uint16_t>> out;
@@ -679,6 +681,47 @@ TEST_F(CudaGemm, GroupedLaunchFollowsTheGroupingRule) {
       EXPECT_TRUE(automatic[i] == run_single(a, ws[i], rule.grouped ? split : -1))
           << c.name << " weight " << i << ": not the " << (rule.grouped ? "grouped" : "separate")
           << " launch's output";
+  }
+}
+
+TEST_F(CudaGemm, GroupedOnlyOneWeightHasTheGroupsBits) {
+  // Fp8GemmGroupedParams::only (the engine runs wq_b and the indexer's wq_b on two streams):
+  // weight i alone computes bit for bit what the whole group's call gives it -- grouped (its
+  // split), separate, or on the tensor-core path -- and writes nothing of the others.
+  struct Case {
+    int m, k;
+    std::vector<int> ns;
+  };
+  const std::vector<Case> cases = {{1, 1024, {32768, 8192}},   // Flash wq_b, index wq_b
+                                   {8, 1024, {32768, 8192}},   //
+                                   {2, 1536, {65536, 8192}},   // Pro
+                                   {1, 4096, {1024, 512}},     // Flash wq_a, wkv
+                                   {130, 1024, {4096, 1024}},  // tensor-core path
+                                   {3, 384, {300, 8}}};        // odd n
+  uint64_t seed = 990;
+  for (const Case& c : cases) {
+    Rng rng(seed++);
+    std::vector<GroupWeight> ws(c.ns.size());
+    for (size_t i = 0; i < ws.size(); ++i) {
+      ws[i].n = ws[i].ldy = c.ns[i];
+      ws[i].q = random_weight(rng, c.ns[i], c.k);
+      ws[i].dev = std::make_unique<DevWeight>(ws[i].q, c.ns[i], c.k);
+    }
+    const DevAct a(random_block_acts(rng, c.m, c.k, true), c.m, c.k);
+    const auto whole = run_grouped(a, ws, 0);
+    for (int only = 0; only < int(ws.size()); ++only) {
+      const auto one = run_grouped(a, ws, 0, cuda::Fp8GemmPath::kAuto, only);
+      for (int i = 0; i < int(ws.size()); ++i) {
+        if (i == only) {
+          EXPECT_TRUE(one[size_t(i)] == whole[size_t(i)])
+              << "m=" << c.m << " k=" << c.k << " weight " << i << ": alone differs from the group";
+        } else {
+          EXPECT_TRUE(std::all_of(one[size_t(i)].begin(), one[size_t(i)].end(),
+                                  [](uint16_t v) { return v == 0xffff; }))
+              << "m=" << c.m << " k=" << c.k << " weight " << i << " written by only=" << only;
+        }
+      }
+    }
   }
 }
 

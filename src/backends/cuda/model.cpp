@@ -92,6 +92,8 @@ CudaModel::CudaModel(DeviceContext& ctx, const ModelConfig& config, CudaModelWei
   DSV4_CUDA_CHECK(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, least));
   DSV4_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
   DSV4_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+  DSV4_CUDA_CHECK(cudaEventCreateWithFlags(&qi_done_, cudaEventDisableTiming));
+  DSV4_CUDA_CHECK(cudaEventCreateWithFlags(&comp_done_, cudaEventDisableTiming));
 }
 
 CudaModel::~CudaModel() {
@@ -100,6 +102,8 @@ CudaModel::~CudaModel() {
   cudaStreamSynchronize(side_);
   cudaEventDestroy(fork_);
   cudaEventDestroy(join_);
+  cudaEventDestroy(qi_done_);
+  cudaEventDestroy(comp_done_);
   cudaStreamDestroy(side_);
 }
 
@@ -355,11 +359,11 @@ cuda::FusedQuant CudaModel::x_quant(int m) {
   return q;
 }
 
-void CudaModel::gemm2(const Fp8Act& a, const GemmOut& o0, const GemmOut& o1, int block) {
+void CudaModel::gemm2(const Fp8Act& a, const GemmOut& o0, const GemmOut& o1, int block, int only) {
   const auto launch = [&] {
     if (limits_.exact_linears) {
-      gemm(a, *o0.w, o0.y, o0.ldy, true);
-      gemm(a, *o1.w, o1.y, o1.ldy, true);
+      if (only != 1) gemm(a, *o0.w, o0.y, o0.ldy, true);
+      if (only != 0) gemm(a, *o1.w, o1.y, o1.ldy, true);
       return;
     }
     cuda::Fp8GemmGroupedParams g;
@@ -377,12 +381,14 @@ void CudaModel::gemm2(const Fp8Act& a, const GemmOut& o0, const GemmOut& o1, int
     g.workspace = act_.gemm_ws;
     g.workspace_bytes = act_.gemm_ws_bytes;
     g.pdl = true;
+    g.only = only;
     cuda::fp8_gemm_grouped(g, stream_);
   };
   if (block < 0) return launch();
-  op({linear_event(block, o0.id, a.x, a.ldx, a.m, o0.w->k, o0.y, o0.ldy, o0.w->n, false),
-      linear_event(block, o1.id, a.x, a.ldx, a.m, o1.w->k, o1.y, o1.ldy, o1.w->n, false)},
-     launch);
+  const OpEvent ev[2] = {
+      linear_event(block, o0.id, a.x, a.ldx, a.m, o0.w->k, o0.y, o0.ldy, o0.w->n, false),
+      linear_event(block, o1.id, a.x, a.ldx, a.m, o1.w->k, o1.y, o1.ldy, o1.w->n, false)};
+  op(ev + (only == 1 ? 1 : 0), ev + (only == 0 ? 1 : 2), launch);
 }
 
 void CudaModel::gemm(const Fp8Act& a, const CudaFp8Linear& w, bf16* y, int64_t ldy, bool pdl,
@@ -533,7 +539,12 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
 
   // Decode-sized steps: the compressors' projections and the compressors (they read only x) on
   // the side stream beside the q path, joined before the indexer and the attention read them.
+  // CSA layers with every indexer head here (split_q): the indexer's query projection first on
+  // the main stream, then wq_b and the q front end follow the compressors on the side stream
+  // while the indexer (query, logits, top-k: short kernels in series) runs on the main one.
   const bool side = ratio > 0 && T <= cuda::kBf16StreamMaxM && branches(T);
+  const bool index_grouped = ratio == 4 && b.index_wq_b.n == c.index_n_heads * c.index_head_dim;
+  const bool split_q = side && index_grouped;
   if (side) fork_side();
 
   // The q and window KV projections share the quantised x (one grouped launch); then q_norm,
@@ -562,57 +573,67 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
   const Fp8Act aq = fuse_q ? fused_act(act_.qr_n, QL, T, QL, 1) : quantize(act_.qr_n, QL, T, QL, 1);
   // The indexer's queries come from the same quantised latent: with wq_b through the grouped
   // GEMM (one rank holding every indexer head; tensor parallel below), which launches them
-  // together only where that is predicted faster (plan_stream_grouping).
-  const bool index_grouped = ratio == 4 && b.index_wq_b.n == c.index_n_heads * c.index_head_dim;
-  if (index_grouped)
-    gemm2(
-        aq, {&b.wq_b, act_.q, int64_t(HA) * D, LinearId::kWqB},
-        {&b.index_wq_b, act_.qi, int64_t(c.index_n_heads) * c.index_head_dim, LinearId::kIndexWqB},
-        block);
-  else
-    gemm(aq, b.wq_b, act_.q, int64_t(HA) * D, true, block, LinearId::kWqB);
-  cuda::QNormRopeParams qp;
-  qp.q = act_.q;
-  qp.out = act_.q;
-  qp.cos_sin = cs;
-  qp.num_tokens = T;
-  qp.num_heads = HA;
-  qp.eps = c.norm_eps;
-  qp.pdl = true;  // after the wq_b GEMM
-
-  // Window KV entries. One token per sequence: straight into the ring (its slot held position
-  // p - window, outside every query's window). Otherwise staged: a staging page the attention
-  // reads (entry t at slot t) and packed entries inserted into the ring after attention.
-  const bool direct = st.decode_only;
-  cuda::KvInsertParams kp;
-  kp.kv = act_.kv;
-  kp.norm_weight = b.kv_norm.ptr();
-  kp.cos_sin = cs;
-  kp.eps = c.norm_eps;
-  kp.num_tokens = T;
-  kp.pdl = true;  // after the GEMMs, in q_norm_rope's launch
-  if (direct) {
-    kp.token_seq = st.token_seq;
-    kp.positions = st.positions;
-    kp.window = c.window_size;
-    kp.cache =
-        cache.window_view(block, st.table(PageKind::kWindow), st.table_stride(PageKind::kWindow));
-  } else {
-    // Staging "store": one page of Tmax slots, every token of sequence row 0 at slot = its
-    // batch index (positions = iota, window = Tmax).
-    kp.token_seq = zeros_;
-    kp.positions = iota_;
-    kp.window = int(Tmax);
-    kp.cache = cuda::kv_store_view(act_.staging, int(Tmax), zeros_, 1);
-    kp.staged = act_.staged;
+  // together only where that is predicted faster (plan_stream_grouping); split_q: each weight
+  // alone with the bits of that call (only = 0: wq_b, 1: the indexer's).
+  const GemmOut q_out{&b.wq_b, act_.q, int64_t(HA) * D, LinearId::kWqB};
+  const GemmOut qi_out{&b.index_wq_b, act_.qi, int64_t(c.index_n_heads) * c.index_head_dim,
+                       LinearId::kIndexWqB};
+  if (split_q) {
+    gemm2(aq, q_out, qi_out, block, 1);
+    DSV4_CUDA_CHECK(cudaEventRecord(qi_done_, stream_));
   }
-  // q_norm_rope and the window KV entries in one launch (both read only what the GEMMs wrote);
-  // observed as the two ops. Observers see the real heads (row stride HA heads).
-  op({op_event(OpKind::kQNormRope, block, 0,
-               {bf16_ref(act_.q, T, int64_t(H) * D, int64_t(HA) * D)}),
-      op_event(OpKind::kKvEntries, block, 0,
-               {bf16_ref(act_.kv, T, D), u8_ref(direct ? nullptr : act_.staged, T, kKvEntry)})},
-     [&] { cuda::q_norm_rope_kv_insert(qp, kp, stream_); });
+  const bool direct = st.decode_only;  // the window entries straight into the ring (below)
+  // wq_b and the front end (q_norm_rope + the window KV entries).
+  const auto q_path = [&] {
+    if (split_q)
+      gemm2(aq, q_out, qi_out, block, 0);
+    else if (index_grouped)
+      gemm2(aq, q_out, qi_out, block);
+    else
+      gemm(aq, b.wq_b, act_.q, int64_t(HA) * D, true, block, LinearId::kWqB);
+    cuda::QNormRopeParams qp;
+    qp.q = act_.q;
+    qp.out = act_.q;
+    qp.cos_sin = cs;
+    qp.num_tokens = T;
+    qp.num_heads = HA;
+    qp.eps = c.norm_eps;
+    qp.pdl = true;  // after the wq_b GEMM
+
+    // Window KV entries. One token per sequence: straight into the ring (its slot held position
+    // p - window, outside every query's window). Otherwise staged: a staging page the attention
+    // reads (entry t at slot t) and packed entries inserted into the ring after attention.
+    cuda::KvInsertParams kp;
+    kp.kv = act_.kv;
+    kp.norm_weight = b.kv_norm.ptr();
+    kp.cos_sin = cs;
+    kp.eps = c.norm_eps;
+    kp.num_tokens = T;
+    kp.pdl = true;  // after the GEMMs, in q_norm_rope's launch
+    if (direct) {
+      kp.token_seq = st.token_seq;
+      kp.positions = st.positions;
+      kp.window = c.window_size;
+      kp.cache =
+          cache.window_view(block, st.table(PageKind::kWindow), st.table_stride(PageKind::kWindow));
+    } else {
+      // Staging "store": one page of Tmax slots, every token of sequence row 0 at slot = its
+      // batch index (positions = iota, window = Tmax).
+      kp.token_seq = zeros_;
+      kp.positions = iota_;
+      kp.window = int(Tmax);
+      kp.cache = cuda::kv_store_view(act_.staging, int(Tmax), zeros_, 1);
+      kp.staged = act_.staged;
+    }
+    // q_norm_rope and the window KV entries in one launch (both read only what the GEMMs wrote);
+    // observed as the two ops. Observers see the real heads (row stride HA heads).
+    op({op_event(OpKind::kQNormRope, block, 0,
+                 {bf16_ref(act_.q, T, int64_t(H) * D, int64_t(HA) * D)}),
+        op_event(OpKind::kKvEntries, block, 0,
+                 {bf16_ref(act_.kv, T, D), u8_ref(direct ? nullptr : act_.staged, T, kKvEntry)})},
+       [&] { cuda::q_norm_rope_kv_insert(qp, kp, stream_); });
+  };
+  if (!split_q) q_path();
 
   // Compressors (and indexer keys) before attention.
   bool wproj_done = false;  // weights_proj ran with the compressors' projection
@@ -687,8 +708,16 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
                   {f32_ref(cp.a, T, width, comp_ld_), f32_ref(cp.g, T, width, comp_ld_)}),
          [&] { cuda::compressor_forward(cp, stream_); });
     }
+    if (split_q) {  // still on the side stream: then wq_b and the front end there
+      DSV4_CUDA_CHECK(cudaEventRecord(comp_done_, stream_));
+      DSV4_CUDA_CHECK(cudaStreamWaitEvent(stream_, qi_done_, 0));
+      q_path();
+    }
   }
-  if (side) join_side();
+  if (split_q)  // the indexer reads the compressors' keys and weights_proj
+    DSV4_CUDA_CHECK(cudaStreamWaitEvent(stream_, comp_done_, 0));
+  else if (side)
+    join_side();
 
   // Lightning indexer (CSA).
   if (ratio == 4) {
@@ -734,6 +763,8 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
                  i32_ref(act_.topk, T, c.index_topk)}),
        [&] { cuda::lightning_indexer(ip, stream_); });
   }
+
+  if (split_q) join_side();  // q and the window entry, from the side stream
 
   // Sparse attention over the window (+ staged chunk) and the compressed entries.
   cuda::SparseAttnParams sp;

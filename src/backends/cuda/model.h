@@ -175,7 +175,8 @@ class CudaModel {
     int64_t ldy;
     LinearId id;
   };
-  void gemm2(const Fp8Act& a, const GemmOut& o0, const GemmOut& o1, int block);
+  // only >= 0: that weight alone, with the bits of the pair's call (Fp8GemmGroupedParams::only).
+  void gemm2(const Fp8Act& a, const GemmOut& o0, const GemmOut& o1, int block, int only = -1);
   // The codes and scales a producer kernel quantised into activation slot `slot` (fused
   // quantisation), as quantize() would return them.
   Fp8Act fused_act(const __nv_bfloat16* x, int64_t ldx, int m, int k, int slot) const;
@@ -241,6 +242,8 @@ class CudaModel {
   cudaStream_t stream_ = nullptr;
   cudaStream_t side_ = nullptr;  // the side branches' stream (lowest priority)
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
+  // Attention's split q path: the indexer's queries done (main), the compressors done (side).
+  cudaEvent_t qi_done_ = nullptr, comp_done_ = nullptr;
   CudaBlas* blas_ = nullptr;
   DeviceBuffer<int32_t> consts_;  // iota [max_tokens], zeros [max_tokens] (the staging page)
   const int32_t* iota_ = nullptr;

@@ -151,6 +151,23 @@ void fp8_gemm_grouped(const Fp8GemmGroupedParams& p, cudaStream_t stream) {
                      plan_stream_grouping(tiles, p.count, k / gemm_cfg::kStreamStepBytes,
                                           detail::stream_residency_fp8())
                          .grouped);
+  if (p.only >= 0) {
+    DSV4_CHECK(p.only < p.count, "fp8_gemm_grouped: weight ", p.only, " of ", p.count);
+    if (!grouped) return fp8_gemm(one[p.only], stream);
+    int all = 0;
+    for (int g = 0; g < p.count; ++g) all += tiles[g];
+    Fp8GemmGroupedParams q = p;
+    q.count = 1;
+    q.only = -1;
+    q.w[0] = p.w[p.only];
+    q.y[0] = p.y[p.only];
+    q.ldy[0] = p.ldy[p.only];
+    q.splits = p.splits > 0 ? p.splits
+                            : plan_stream_tiles(m, all, k / gemm_cfg::kStreamStepBytes,
+                                                detail::stream_residency_fp8())
+                                  .splits;
+    return fp8_gemm_grouped(q, stream);
+  }
   if (!grouped) {
     for (int g = 0; g < p.count; ++g) fp8_gemm(one[g], stream);
     return;

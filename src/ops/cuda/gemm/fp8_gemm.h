@@ -133,6 +133,10 @@ struct Fp8GemmGroupedParams {
   bool pdl = false;  // as Fp8GemmParams::pdl, for the one streaming launch
   Fp8GemmPath path = Fp8GemmPath::kAuto;
   int splits = 0;  // streaming path: 0 = the heuristic's K split; tests force one
+  // >= 0: only weight `only` of the group, as its own launch, computing exactly what the whole
+  // group's call gives it (in a grouped launch: alone at the group's split), so that the
+  // weights of a group may run apart (on two streams) with the grouped call's bits.
+  int only = -1;
 };
 void fp8_gemm_grouped(const Fp8GemmGroupedParams& p, cudaStream_t stream);
 
