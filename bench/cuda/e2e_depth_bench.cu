@@ -707,6 +707,30 @@ std::vector<int> graph_launches(CudaModel& model, const DeviceStep& st, DeviceCa
   return per;
 }
 
+// $DSV4_DEPTH_TIMELINE, or null.
+const char* timeline_path() {
+  const char* tl = std::getenv("DSV4_DEPTH_TIMELINE");
+  return tl && *tl ? tl : nullptr;
+}
+
+// Appends every traced op of a step to $DSV4_DEPTH_TIMELINE: block, stream, device start and end
+// in µs from the step's first op, exclusive µs -- what overlaps what, which the per-kernel rows
+// (exclusive times) do not show.
+void dump_timeline(const std::vector<bench::TracedOp>& ops, const char* what, int batch,
+                   int64_t ctx) {
+  const char* tl = timeline_path();
+  if (!tl || ops.empty()) return;
+  FILE* f = std::fopen(tl, "a");
+  if (!f) return;
+  uint64_t t0 = ops.front().start;
+  for (const auto& op : ops) t0 = std::min(t0, op.start);
+  for (const auto& op : ops)
+    std::fprintf(f, "%s b=%d ctx=%lld block %d stream %u %9.2f %9.2f excl %7.2f %s\n", what, batch,
+                 (long long)ctx, op.block, op.stream, double(op.start - t0) / 1e3,
+                 double(op.end - t0) / 1e3, op.excl_us, op.full.c_str());
+  std::fclose(f);
+}
+
 struct Built {
   std::unique_ptr<DeviceContext> ctx;
   std::unique_ptr<CudaModel> model;
@@ -947,6 +971,13 @@ void run(const Options& o) {
       std::vector<std::vector<float>> block_ms;
       const double sampled_us = timed(true, &block_ms);
       const double logits_us = timed(false, nullptr);
+      // The timeline of one graph replay too ($DSV4_DEPTH_TIMELINE): what the step times run.
+      // Graph kernels have no launch call of their own, so no block: "block -2" on every line.
+      if (timeline_path() && kernels && trace.begin()) {
+        step(true);
+        DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));
+        dump_timeline(trace.end(), "graph", Bn, ctx);
+      }
 
       // Per layer (graph events) and per kind.
       std::vector<double> layer_us(static_cast<size_t>(n));
@@ -1067,20 +1098,7 @@ void run(const Options& o) {
                       prefix.c_str(), n, traced ? ", traced" : "", Bn, (long long)ctx);
         emit("e2e_depth_forward_eager", shape, eager_us, part, be.str());
         if (traced) {
-          // $DSV4_DEPTH_TIMELINE: every traced op of the step (block, stream, device start and
-          // end in µs from the step's first op, exclusive µs), appended as text lines — what
-          // overlaps what, which the per-kernel rows (exclusive times) do not show.
-          if (const char* tl = std::getenv("DSV4_DEPTH_TIMELINE"); tl && *tl && !ops.empty()) {
-            if (FILE* f = std::fopen(tl, "a")) {
-              uint64_t t0 = ops.front().start;
-              for (const auto& op : ops) t0 = std::min(t0, op.start);
-              for (const auto& op : ops)
-                std::fprintf(f, "b=%d ctx=%lld block %d stream %u %9.2f %9.2f excl %7.2f %s\n", Bn,
-                             (long long)ctx, op.block, op.stream, double(op.start - t0) / 1e3,
-                             double(op.end - t0) / 1e3, op.excl_us, op.full.c_str());
-              std::fclose(f);
-            }
-          }
+          dump_timeline(ops, "eager", Bn, ctx);
           char what[96];
           std::snprintf(what, sizeof what, "decode b=%d ctx=%lld", Bn, (long long)ctx);
           emit_kernels(ops, trace.stats(), refs, c, fmt, prefix, what, Bn, ctx, be);
