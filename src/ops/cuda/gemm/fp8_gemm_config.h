@@ -33,14 +33,7 @@ constexpr int stream_slice_batch(int tokens) {
   return tokens <= 16 ? 4 : tokens <= 32 ? 2 : 1;
 }
 // Shared memory per CTA, so that two CTAs share an SM (228 KB per SM, 1 KB reserved per CTA).
-// Up to 16 tokens, less: two CTAs then leave 38-48 KB of an SM to the short kernels that run beside
-// a streaming launch (the side branches, model.h; kernels launched early by the chain) -- with
-// 112 KB each, a launch of a wave or more held every SM's shared memory and those kernels waited
-// for its CTAs to retire (H200 graph trace: the MoE plan 11.7 us beside the shared expert's
-// GEMM, 5.4 alone). Five 16 KB weight stages a CTA still keep ~21 MB in flight.
 constexpr int kStreamSmemBudget = 112 * 1024;
-constexpr int kStreamSmemBudgetDecode = 92 * 1024;
-constexpr int kSmPerSmBytes = 228 * 1024;
 constexpr int kStreamMaxStages = 8;
 constexpr int kStreamCtasPerSm = 2;
 
@@ -58,19 +51,13 @@ constexpr int stream_stage_bytes(int tokens, bool fp8) {
 // Alignment slack (1 KB: swizzled tiles sit on 1 KB boundaries) + barriers.
 constexpr int kStreamSmemFixed = 1024 + 256;
 constexpr int stream_stages(int tokens, bool fp8) {
-  const int budget = tokens <= 16 ? kStreamSmemBudgetDecode : kStreamSmemBudget;
-  const int s = (budget - kStreamSmemFixed) / stream_stage_bytes(tokens, fp8);
+  const int s = (kStreamSmemBudget - kStreamSmemFixed) / stream_stage_bytes(tokens, fp8);
   return s > kStreamMaxStages ? kStreamMaxStages : s;
 }
 constexpr int stream_smem_bytes(int tokens, bool fp8) {
   return kStreamSmemFixed + stream_stages(tokens, fp8) * stream_stage_bytes(tokens, fp8);
 }
 static_assert(stream_stages(64, true) >= 2 && stream_stages(64, false) >= 2);
-// At most two CTAs an SM at every width (a third would take the room left to other kernels).
-static_assert(3 * (stream_smem_bytes(8, true) + 1024) > kSmPerSmBytes &&
-              3 * (stream_smem_bytes(16, true) + 1024) > kSmPerSmBytes &&
-              3 * (stream_smem_bytes(8, false) + 1024) > kSmPerSmBytes &&
-              3 * (stream_smem_bytes(16, false) + 1024) > kSmPerSmBytes);
 // The epilogue reuses the stage buffers for the 128 x tokens fp32 partial tile.
 static_assert(stream_stages(64, true) * (kStreamRows * kStreamStepBytes) >= kStreamRows * 64 * 4);
 
