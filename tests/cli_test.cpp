@@ -64,7 +64,7 @@ TEST_F(Cli, GenerateIsDeterministicAndMatchesLogits) {
   EXPECT_EQ(s1.out, s2.out);
   EXPECT_EQ(std::count(s1.out.begin(), s1.out.end(), ','), 7);
   // Speculative decoding gives the same tokens, greedy or sampled, with either rollback.
-  for (const std::string rollback : {"", " --speculative-rollback restore"})
+  for (const std::string rollback : {" --speculative-rollback rerun", ""})
     for (const char* k : {"1", "3"}) {
       EXPECT_EQ(run(s + "7 --speculative-tokens " + k + rollback, *tmp_).out, s1.out)
           << k << rollback;

@@ -176,7 +176,7 @@ Flag speculative_rollback_flag() {
           "HOW",
           "rejected drafts undone by rerunning the kept tokens (rerun) or by restoring only the "
           "rejected positions' stores (restore: no second forward)",
-          "rerun",
+          "restore",
           false,
           {"rerun", "restore"}};
 }

@@ -25,7 +25,7 @@ struct EngineLoopOptions {
                              // slots for them); 0: off
   int prefix_block = 256;
   int speculative_tokens = 0;  // MTP drafts per step, 0..kMaxDraftTokens (0: off)
-  Rollback speculative_rollback = Rollback::kRerun;  // how rejected drafts are undone
+  Rollback speculative_rollback = Rollback::kRestore;  // how rejected drafts are undone
   static constexpr int kDefaultStepTokens = 8192;
 };
 
