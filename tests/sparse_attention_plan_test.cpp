@@ -206,6 +206,9 @@ TEST(SparseAttentionPlan, ModelMatchesTheMeasuredFigures) {
       {kD, {"direct Flash CSA b=128 s_q 2", 256, 64, 10, 64, 1, 189.15}},
       {kD, {"direct Pro CSA b=128 s_q 1", 128, 128, 18, 64, 1, 241.7}},
       {kD, {"direct Pro CSA b=128 s_q 2", 256, 128, 18, 64, 1, 470.27}},
+      // Prefill, s_q 4096 at 8K context (2026-12-04).
+      {kW, {"wgmma Flash CSA prefill s_q 4096", 4096, 64, 10, 64, 1, 1408.0}},
+      {kU, {"unpaired Pro CSA prefill s_q 4096", 4096, 128, 18, 64, 1, 4456.7}},
   };
   for (const KernelPoint& kp : wgmma_points) {
     const Point& pt = kp.pt;
@@ -241,8 +244,8 @@ TEST(SparseAttentionPlan, ModelMatchesTheMeasuredFigures) {
 }
 
 // The kernel follows the measured table: mma below 128 tokens; the staged wgmma from 128 to
-// 1024 decode tokens, where it was measured faster — without CTA pairs at 128 heads, where the
-// unpaired CTAs beat the pairs; prefill mma.
+// 1024 decode tokens and at prefill, where it was measured faster — without CTA pairs at 128
+// heads, where the unpaired CTAs beat the pairs.
 TEST(SparseAttentionPlan, KernelFollowsTheMeasuredTable) {
   for (const TableShape& t : kShapes)
     for (int b : {1, 2, 64, 128, 256}) {
@@ -259,7 +262,8 @@ TEST(SparseAttentionPlan, KernelFollowsTheMeasuredTable) {
     EXPECT_EQ(cuda::plan_sparse_attention(s).kernel, SparseAttnKernel::kMma) << t.name;
   }
   for (const TableShape& t : kShapes)
-    EXPECT_EQ(cuda::plan_sparse_attention(shape_of(t, 1, 4096)).kernel, SparseAttnKernel::kMma)
+    EXPECT_EQ(cuda::plan_sparse_attention(shape_of(t, 1, 4096)).kernel,
+              t.heads == 128 ? SparseAttnKernel::kWgmmaUnpaired : SparseAttnKernel::kWgmma)
         << t.name << " prefill";
   SparseAttnShape s = shape_of(kShapes[0], 2, 1);
   s.kernel = SparseAttnKernel::kWgmma;

@@ -34,9 +34,10 @@ inline constexpr KernelRule kKernelTable[] = {
     // (mma), s_q 2 311.2 vs 446.1 vs 462.1 µs: unpaired 30 % faster than pairs (the pair's
     // DSMEM hand-off costs more than the second decode saves). At b=2 mma wins (31.0 / 34.9
     // vs 36.0 / 37.3 for the older wgmma). Measured at 128 and 256 tokens; held up to 1024
-    // (b=256 x s_q 4), where each CTA still streams its own keys from HBM. Prefill is
-    // unmeasured at 128 heads and stays mma (at 64 heads mma 2253 vs wgmma 2431 µs).
-    {128, 128, 1024, SparseAttnKernel::kWgmmaUnpaired},
+    // (b=256 x s_q 4), where each CTA still streams its own keys from HBM. Prefill too
+    // (H200, 2026-12-04, sparse_attention_bench --batches 128): Pro CSA s_q 4096 at 8K context
+    // 4457 µs (unpaired) vs 6531 (pairs) vs 6731 (mma); s_q 8192 at 16K 8824 vs 12966 vs 13386.
+    {128, 128, 1 << 30, SparseAttnKernel::kWgmmaUnpaired},
     // 64 heads (Flash), 128-1024 decode tokens: the wgmma kernel with its staged producer (raw
     // entries copied into shared memory two blocks ahead of the decode) against mma's 64-head
     // tiles, same plan (one split) and inputs (H200, 2026-12-02 13:07, sparse_attention_bench
@@ -44,8 +45,10 @@ inline constexpr KernelRule kKernelTable[] = {
     // 44.7, 64.2 vs 78.3; HCA <= 1024 entries 79.9 vs 122.2, 132.2 vs 197.3: wgmma 16-35 %
     // faster (the previous producer: 96.6 / 189.1 / 50.5 / 92.0 / 148.3 / 246.1, slower than
     // mma). At batch 2 mma stays faster (21.8 vs 28.1). Measured at 128 and 256 tokens, held
-    // up to 1024 like the 128-head row; 32-127 tokens unmeasured (mma, below); prefill mma.
-    {64, 128, 1024, SparseAttnKernel::kWgmma},
+    // up to 1024 like the 128-head row; 32-127 tokens unmeasured (mma, below). Prefill (H200,
+    // 2026-12-04, same run as the 128-head prefill above): Flash CSA s_q 4096 at 8K context
+    // 1408 µs (staged wgmma) vs 2022 (mma) vs 2193 (direct); s_q 8192 at 16K 2762 vs 3934.
+    {64, 128, 1 << 30, SparseAttnKernel::kWgmma},
     // Batch 128, 64-head tiles on both (before the staged producer): Flash CSA s_q 1 89.73 (mma)
     // vs 90.02 (wgmma), s_q 2
     // 164.61 vs 166.98; Flash HCA s_q 1 44.42 vs 43.90, s_q 2 79.01 vs 85.70; Pro CSA (128
