@@ -16,12 +16,14 @@
 // compressed entries. Bytes = every query's keys once (584 B) + q + out.
 // The heads and CSA top-k are real_config.h's.
 //
-// Usage: sparse_attention_bench [--quick] [--no-prefill] [--batches 8,32,...]
-// (--quick: batches 2 and 128 only; --no-prefill: the decode shapes only; --batches: these)
+// Usage: sparse_attention_bench [--quick] [--no-prefill] [--batches 8,32,...] [--only NAME]
+// (--quick: batches 2 and 128 only; --no-prefill: the decode shapes only; --batches: these;
+// --only: the rows of this shape name only, e.g. flash_csa_prefill, for a profiler run)
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "bench_util.h"
@@ -125,6 +127,7 @@ void run(const Shape& sh, const DeviceBuffer<uint8_t>& pool, std::mt19937& rng) 
 
 int main(int argc, char** argv) {
   bool quick = false, prefill = true;
+  std::string only;
   std::vector<int> batches{1, 2, 32, 64, 128, 256};
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
@@ -132,6 +135,8 @@ int main(int argc, char** argv) {
       batches = {2, 128};
     } else if (std::strcmp(argv[i], "--no-prefill") == 0) {
       prefill = false;
+    } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+      only = argv[++i];
     } else if (std::strcmp(argv[i], "--batches") == 0 && i + 1 < argc) {
       batches.clear();
       for (const char* c = argv[++i]; *c != 0;) {
@@ -146,7 +151,8 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr,
-                   "usage: sparse_attention_bench [--quick] [--no-prefill] [--batches 8,32,...]\n");
+                   "usage: sparse_attention_bench [--quick] [--no-prefill] [--batches 8,32,...] "
+                   "[--only NAME]\n");
       return 2;
     }
   }
@@ -175,6 +181,7 @@ int main(int argc, char** argv) {
   DeviceBuffer<uint8_t> pool(pool_host);
   for (const Row& row : rows)
     for (int b : batches) {
+      if (!only.empty() && only != row.name) continue;
       const double peer = b == 2     ? row.b2
                           : b == 64  ? row.b64
                           : b == 128 ? row.b128
@@ -193,6 +200,7 @@ int main(int argc, char** argv) {
       const int heads = pro ? ph : fh, topk = pro ? ptopk : ftopk;
       const int64_t ctx = sq == 4096 ? 8192 : 16384;
       const double peer = sq == 4096 ? (pro ? 1947.0 : 634.0) : 0.0;
+      if (!only.empty() && only != (pro ? "pro_csa_prefill" : "flash_csa_prefill")) continue;
       run({pro ? "pro_csa_prefill" : "flash_csa_prefill", heads, 4, topk, 1, sq, ctx, peer,
            peer > 0 ? fm : "", true},
           pool, rng);
