@@ -43,7 +43,8 @@ void run(const Shape& sh, const DeviceBuffer<uint8_t>& pool, std::mt19937& rng) 
   SparseAttnParams p = in.params(0);
   // The planner's choice, and beside it every kernel it does not pick for the head count:
   // mma, wgmma (staged producer) and wgmma_direct (the previous producer, old vs new on the
-  // same inputs) — the measurements behind the kernel table of sparse_attention_heuristics.h.
+  // same inputs), wgmma_predecoded (keys decoded to BF16 once per launch, the pass timed with
+  // it) — the measurements behind the kernel table of sparse_attention_heuristics.h.
   std::vector<SparseAttnKernel> kernels{SparseAttnKernel::kAuto};
   {
     SparseAttnParams pa = p;
@@ -52,6 +53,7 @@ void run(const Shape& sh, const DeviceBuffer<uint8_t>& pool, std::mt19937& rng) 
     if (in.H % 64 == 0) {
       others.push_back(SparseAttnKernel::kWgmma);
       others.push_back(SparseAttnKernel::kWgmmaDirect);
+      others.push_back(SparseAttnKernel::kWgmmaPredecoded);
     }
     if (in.H % 128 == 0) others.push_back(SparseAttnKernel::kWgmmaUnpaired);
     for (SparseAttnKernel k : others)
@@ -76,11 +78,12 @@ void run(const Shape& sh, const DeviceBuffer<uint8_t>& pool, std::mt19937& rng) 
     model_shape.max_key_blocks = plan.max_key_blocks;
     model_shape.sm_count = sm_count();
     bench::Result r;
-    r.kernel = plan.kernel == SparseAttnKernel::kWgmma         ? "sparse_attention[wgmma]"
-               : plan.kernel == SparseAttnKernel::kWgmmaDirect ? "sparse_attention[wgmma_direct]"
-               : plan.kernel == SparseAttnKernel::kWgmmaUnpaired
-                   ? "sparse_attention[wgmma_unpaired]"
-                   : "sparse_attention[mma]";
+    r.kernel =
+        plan.kernel == SparseAttnKernel::kWgmma             ? "sparse_attention[wgmma]"
+        : plan.kernel == SparseAttnKernel::kWgmmaDirect     ? "sparse_attention[wgmma_direct]"
+        : plan.kernel == SparseAttnKernel::kWgmmaUnpaired   ? "sparse_attention[wgmma_unpaired]"
+        : plan.kernel == SparseAttnKernel::kWgmmaPredecoded ? "sparse_attention[wgmma_predecoded]"
+                                                            : "sparse_attention[mma]";
     char shape[256];
     std::snprintf(shape, sizeof shape,
                   "%s h%d b=%d sq=%d ctx=%lld keys/q=%.0f [%s ht %d splits %d, model %.0f us]",

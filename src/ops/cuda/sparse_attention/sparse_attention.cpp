@@ -117,16 +117,44 @@ SparseAttnPlan sparse_attention_plan(const SparseAttnParams& p) {
   return plan_sparse_attention(shape);
 }
 
+namespace {
+
+// Compressed-entry rows per sequence among the predecoded keys: every entry a token at
+// batch.max_position can see.
+int comp_rows_of(const SparseAttnParams& p) {
+  return p.ratio == 0 ? 0 : int((p.batch.max_position + 1) / p.ratio);
+}
+
+// The workspace of a plan: the split partials, then (kWgmmaPredecoded) the BF16 key rows.
+struct WorkspaceLayout {
+  size_t partial_bytes = 0, keys_offset = 0, keys_bytes = 0;
+  size_t total() const { return keys_bytes == 0 ? partial_bytes : keys_offset + keys_bytes; }
+};
+WorkspaceLayout workspace_layout(const SparseAttnParams& p, const SparseAttnPlan& plan) {
+  WorkspaceLayout l;
+  if (plan.num_splits > 1)
+    l.partial_bytes =
+        size_t(p.batch.num_tokens) * p.n_heads * plan.num_splits * kPartialFloats * sizeof(float);
+  if (plan.kernel == SparseAttnKernel::kWgmmaPredecoded) {
+    const int64_t rows =
+        int64_t(p.batch.num_tokens) + int64_t(p.batch.num_seqs) * (p.window + comp_rows_of(p));
+    l.keys_offset = (l.partial_bytes + 255) / 256 * 256;
+    l.keys_bytes = size_t(rows) * kHeadDim * sizeof(__nv_bfloat16);
+  }
+  return l;
+}
+
+}  // namespace
+
 size_t sparse_attention_workspace_bytes(const SparseAttnParams& p) {
-  const SparseAttnPlan plan = sparse_attention_plan(p);
-  if (plan.num_splits <= 1) return 0;
-  return size_t(p.batch.num_tokens) * p.n_heads * plan.num_splits * kPartialFloats * sizeof(float);
+  return workspace_layout(p, sparse_attention_plan(p)).total();
 }
 
 void sparse_attention(const SparseAttnParams& p, cudaStream_t stream) {
   const SparseAttnPlan plan = sparse_attention_plan(p);
   if (p.batch.num_tokens == 0) return;
-  const size_t ws = sparse_attention_workspace_bytes(p);
+  const WorkspaceLayout wl = workspace_layout(p, plan);
+  const size_t ws = wl.total();
   DSV4_CHECK(p.workspace_bytes >= ws && (ws == 0 || (p.workspace && aligned(p.workspace, 16))),
              "sparse_attention: workspace of ", p.workspace_bytes, " bytes < ", ws, " needed");
   AttnArgs a{};
@@ -153,12 +181,26 @@ void sparse_attention(const SparseAttnParams& p, cudaStream_t stream) {
   a.blocks_per_split = plan.blocks_per_split;
   a.partials = static_cast<float*>(p.workspace);
   a.pdl = p.pdl;
+  a.keys_bf16 = nullptr;
+  a.comp_rows = comp_rows_of(p);
+  if (wl.keys_bytes > 0)
+    a.keys_bf16 =
+        reinterpret_cast<__nv_bfloat16*>(static_cast<uint8_t*>(p.workspace) + wl.keys_offset);
   DSV4_CHECK(int64_t(a.num_tokens) * a.head_tiles < (int64_t(1) << 31),
              "sparse_attention: too many (token, head tile) units");
-  if (is_wgmma(plan.kernel))
-    sparse_attn_detail::launch_wgmma(a, plan.kernel != SparseAttnKernel::kWgmmaDirect,
-                                     plan.kernel != SparseAttnKernel::kWgmmaUnpaired, stream);
-  else
+  using sparse_attn_detail::WgProducer;
+  if (plan.kernel == SparseAttnKernel::kWgmmaPredecoded) {
+    // The rows first; the attention kernel launches programmatically after them (it waits for
+    // the pass to complete before its first read).
+    sparse_attn_detail::launch_predecode(a, stream);
+    a.pdl = true;
+    sparse_attn_detail::launch_wgmma(a, WgProducer::kPredecoded, false, stream);
+  } else if (is_wgmma(plan.kernel)) {
+    sparse_attn_detail::launch_wgmma(
+        a,
+        plan.kernel == SparseAttnKernel::kWgmmaDirect ? WgProducer::kDirect : WgProducer::kStaged,
+        plan.kernel != SparseAttnKernel::kWgmmaUnpaired, stream);
+  } else
     sparse_attn_detail::launch_mma(a, plan.heads_per_cta, stream);
   if (plan.num_splits > 1) sparse_attn_detail::launch_combine(a, stream);
 }

@@ -29,9 +29,11 @@ double model_us(const SparseAttnShape& s, SparseAttnKernel kernel, int ht, int s
   const int64_t waves = ceil_div(units * splits, std::max(1, s.sm_count));
   const int rows = tile_rows(s.n_heads, ht);
   // wgmma pairs the head tiles of a token (one gather per key block) when n_heads % 128 == 0.
-  const bool pairs = s.n_heads % 128 == 0 && kernel != SparseAttnKernel::kWgmmaUnpaired;
+  const bool pairs = s.n_heads % 128 == 0 && kernel != SparseAttnKernel::kWgmmaUnpaired &&
+                     kernel != SparseAttnKernel::kWgmmaPredecoded;
   const h::BlockCost& bc =
-      kernel == SparseAttnKernel::kWgmma || kernel == SparseAttnKernel::kWgmmaUnpaired
+      kernel == SparseAttnKernel::kWgmmaPredecoded ? h::kWgmmaPredecodedBlockCost
+      : kernel == SparseAttnKernel::kWgmma || kernel == SparseAttnKernel::kWgmmaUnpaired
           ? (pairs ? h::kWgmmaPairBlockCost : h::kWgmmaBlockCost)
       : kernel == SparseAttnKernel::kWgmmaDirect
           ? (pairs ? h::kWgmmaDirectPairBlockCost : h::kWgmmaDirectBlockCost)

@@ -18,12 +18,16 @@ enum class SparseAttnKernel {
   kWgmmaUnpaired,  // kWgmma without CTA pairs at n_heads % 128 == 0 (every 64-head CTA gathers
                    // and decodes its whole key block): kAuto's choice for 128-head decode
                    // (measured faster than the pairs); kWgmma keeps the pairs there
+  kWgmmaPredecoded,  // prefill: every key the launch can read decoded to BF16 once, into the
+                     // workspace (a pass before the kernel), and the wgmma kernel's producer
+                     // copying those rows (cp.async) into two K tiles; no CTA pairs. Bit for bit
+                     // the kWgmmaUnpaired kernel's output (the same K tiles, the same consumers)
 };
 
 // The wgmma kernel in either producer variant.
 constexpr bool is_wgmma(SparseAttnKernel k) {
   return k == SparseAttnKernel::kWgmma || k == SparseAttnKernel::kWgmmaDirect ||
-         k == SparseAttnKernel::kWgmmaUnpaired;
+         k == SparseAttnKernel::kWgmmaUnpaired || k == SparseAttnKernel::kWgmmaPredecoded;
 }
 
 // What a launch will do: kernel, heads per CTA, key splits (1 = no combine pass).
