@@ -101,60 +101,53 @@ int max_key_blocks(const SparseAttnParams& p) {
   return int((p.window + ncomp + kKeyBlock - 1) / kKeyBlock);
 }
 
-}  // namespace
-
-SparseAttnPlan sparse_attention_plan(const SparseAttnParams& p) {
-  validate(p);
-  SparseAttnShape shape;
-  shape.num_tokens = p.batch.num_tokens;
-  shape.n_heads = p.n_heads;
-  shape.max_key_blocks = max_key_blocks(p);
-  shape.sm_count = sm_count();
-  shape.wgmma_available = sparse_attn_detail::wgmma_available();
-  shape.kernel = p.kernel;
-  shape.heads_per_cta = p.heads_per_cta;
-  shape.num_splits = p.num_splits;
-  return plan_sparse_attention(shape);
-}
-
-namespace {
-
 // Compressed-entry rows per sequence among the predecoded keys: every entry a token at
 // batch.max_position can see.
 int comp_rows_of(const SparseAttnParams& p) {
   return p.ratio == 0 ? 0 : int((p.batch.max_position + 1) / p.ratio);
 }
 
-// The workspace of a plan: the split partials, then (kWgmmaPredecoded) the BF16 key rows.
-struct WorkspaceLayout {
-  size_t partial_bytes = 0, keys_offset = 0, keys_bytes = 0;
-  size_t total() const { return keys_bytes == 0 ? partial_bytes : keys_offset + keys_bytes; }
-};
-WorkspaceLayout workspace_layout(const SparseAttnParams& p, const SparseAttnPlan& plan) {
-  WorkspaceLayout l;
-  if (plan.num_splits > 1)
-    l.partial_bytes =
-        size_t(p.batch.num_tokens) * p.n_heads * plan.num_splits * kPartialFloats * sizeof(float);
-  if (plan.kernel == SparseAttnKernel::kWgmmaPredecoded) {
-    const int64_t rows =
-        int64_t(p.batch.num_tokens) + int64_t(p.batch.num_seqs) * (p.window + comp_rows_of(p));
-    l.keys_offset = (l.partial_bytes + 255) / 256 * 256;
-    l.keys_bytes = size_t(rows) * kHeadDim * sizeof(__nv_bfloat16);
-  }
-  return l;
+SparseAttnShape shape_of(const SparseAttnParams& p) {
+  SparseAttnShape shape;
+  shape.num_tokens = p.batch.num_tokens;
+  shape.n_heads = p.n_heads;
+  shape.max_key_blocks = max_key_blocks(p);
+  shape.sm_count = sm_count();
+  shape.wgmma_available = sparse_attn_detail::wgmma_available();
+  shape.predecode_rows =
+      int64_t(p.batch.num_tokens) + int64_t(p.batch.num_seqs) * (p.window + comp_rows_of(p));
+  shape.workspace_offered = p.workspace != nullptr ? int64_t(p.workspace_bytes) : 0;
+  shape.kernel = p.kernel;
+  shape.heads_per_cta = p.heads_per_cta;
+  shape.num_splits = p.num_splits;
+  return shape;
 }
 
 }  // namespace
 
+SparseAttnShape sparse_attention_shape(const SparseAttnParams& p) {
+  validate(p);
+  return shape_of(p);
+}
+
+SparseAttnPlan sparse_attention_plan(const SparseAttnParams& p) {
+  validate(p);
+  return plan_sparse_attention(shape_of(p));
+}
+
 size_t sparse_attention_workspace_bytes(const SparseAttnParams& p) {
-  return workspace_layout(p, sparse_attention_plan(p)).total();
+  validate(p);
+  const SparseAttnShape shape = shape_of(p);
+  return size_t(sparse_attention_workspace(shape, plan_sparse_attention(shape)).total());
 }
 
 void sparse_attention(const SparseAttnParams& p, cudaStream_t stream) {
-  const SparseAttnPlan plan = sparse_attention_plan(p);
+  validate(p);
+  const SparseAttnShape shape = shape_of(p);
+  const SparseAttnPlan plan = plan_sparse_attention(shape);
   if (p.batch.num_tokens == 0) return;
-  const WorkspaceLayout wl = workspace_layout(p, plan);
-  const size_t ws = wl.total();
+  const SparseAttnWorkspace wl = sparse_attention_workspace(shape, plan);
+  const size_t ws = size_t(wl.total());
   DSV4_CHECK(p.workspace_bytes >= ws && (ws == 0 || (p.workspace && aligned(p.workspace, 16))),
              "sparse_attention: workspace of ", p.workspace_bytes, " bytes < ", ws, " needed");
   AttnArgs a{};

@@ -4,6 +4,8 @@
 // lives in sparse_attention_heuristics.h.
 #pragma once
 
+#include <cstdint>
+
 namespace dsv4::cuda {
 
 enum class SparseAttnKernel {
@@ -47,6 +49,11 @@ struct SparseAttnShape {
   int max_key_blocks = 0;  // 64-key blocks of the longest key list (window + compressed)
   int sm_count = 0;        // SMs of the GPU (132 on the H200)
   bool wgmma_available = true;
+  // kWgmmaPredecoded: the BF16 key rows it would decode (every key the launch's queries can
+  // read: sparse_attention_predecode.cu), and the workspace the caller offers. kAuto weighs it
+  // against the table's wgmma kernel only when its rows (and any split partials) fit the offer.
+  int64_t predecode_rows = 0;
+  int64_t workspace_offered = 0;
   // Overrides (kAuto / 0: the planner chooses), for tests, benchmarks and the engine's
   // workspace cap; a forced value is kept and the others are chosen around it.
   SparseAttnKernel kernel = SparseAttnKernel::kAuto;
@@ -54,8 +61,18 @@ struct SparseAttnShape {
   int num_splits = 0;
 };
 
-// The plan of least modelled time (ties: larger head tiles, then fewer splits).
+// The plan of least modelled time (ties: larger head tiles, then fewer splits). kAuto: the
+// heuristic table's kernel, or kWgmmaPredecoded where that is a wgmma kernel, the predecoded
+// rows fit the workspace offered and its model (the decode pass included) is faster.
 SparseAttnPlan plan_sparse_attention(const SparseAttnShape& shape);
+
+// Workspace bytes of a plan: the split partials, then (kWgmmaPredecoded) the BF16 key rows.
+struct SparseAttnWorkspace {
+  int64_t partial_bytes = 0, keys_offset = 0, keys_bytes = 0;
+  int64_t total() const { return keys_bytes == 0 ? partial_bytes : keys_offset + keys_bytes; }
+};
+SparseAttnWorkspace sparse_attention_workspace(const SparseAttnShape& shape,
+                                               const SparseAttnPlan& plan);
 
 // The cost model's estimate of a plan's time in µs (kernel + combine), for tests and for the
 // benchmark to print beside the measured time.
