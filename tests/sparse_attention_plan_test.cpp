@@ -326,8 +326,12 @@ TEST(SparseAttentionPlan, PredecodedKeysForPrefillWithinTheOffer) {
     // Decode, batch 128 at 16K: the pass would decode every sequence's whole context.
     SparseAttnShape d = shape_of(t, 128, 1);
     d.predecode_rows = 128 + 128 * (128 + 4096);
+    d.num_seqs = 128;
     d.workspace_offered = int64_t(1) << 40;
     EXPECT_EQ(cuda::plan_sparse_attention(d).kernel, staged) << t.name << " decode";
+    // Short contexts, where the model alone might take it: decode launches never do.
+    d.predecode_rows = 128 + 128 * (128 + 16);
+    EXPECT_EQ(cuda::plan_sparse_attention(d).kernel, staged) << t.name << " short decode";
     d.kernel = SparseAttnKernel::kWgmmaPredecoded;  // forced: kept
     EXPECT_EQ(cuda::plan_sparse_attention(d).kernel, SparseAttnKernel::kWgmmaPredecoded);
   }

@@ -113,6 +113,9 @@ inline constexpr BlockCost kWgmmaDirectPairBlockCost{6.25, 0.0};
 // At decode its pass decodes whole contexts (Flash CSA b=128 s_q 1 at 16K: 350.2 µs against
 // the staged kernel's 57.7), which the pass term below charges.
 inline constexpr BlockCost kWgmmaPredecodedBlockCost{2.5, 0.0};
+// Measured at prefill only: decode launches (1-4 tokens a sequence) never take it, however the
+// model compares (its pass would decode each sequence's whole context for a token or two).
+inline constexpr int kPredecodeMinTokensPerSeq = 16;
 // The decode pass: a launch, and each row's entry read (584 bytes) and BF16 row written.
 inline constexpr double kPredecodeLaunchUs = 3.0;
 inline constexpr double kKeyRowBytes = 512 * 2;

@@ -130,7 +130,8 @@ SparseAttnPlan plan_sparse_attention(const SparseAttnShape& s) {
       s.kernel == SparseAttnKernel::kAuto ? sparse_attention_auto_kernel(s) : s.kernel;
   double us = 0;
   SparseAttnPlan plan = plan_for(s, kernel, &us);
-  if (s.kernel == SparseAttnKernel::kAuto && is_wgmma(kernel) && s.predecode_rows > 0) {
+  if (s.kernel == SparseAttnKernel::kAuto && is_wgmma(kernel) && s.predecode_rows > 0 &&
+      int64_t(s.num_tokens) >= int64_t(h::kPredecodeMinTokensPerSeq) * std::max(1, s.num_seqs)) {
     double pre_us = 0;
     const SparseAttnPlan pre = plan_for(s, SparseAttnKernel::kWgmmaPredecoded, &pre_us);
     if (pre_us < us && sparse_attention_workspace(s, pre).total() <= s.workspace_offered)

@@ -52,6 +52,9 @@ struct SparseAttnShape {
   // kWgmmaPredecoded: the BF16 key rows it would decode (every key the launch's queries can
   // read: sparse_attention_predecode.cu), and the workspace the caller offers. kAuto weighs it
   // against the table's wgmma kernel only when its rows (and any split partials) fit the offer.
+  // Only prefill-like launches take it (at least kPredecodeMinTokensPerSeq query tokens per
+  // sequence, sparse_attention_heuristics.h).
+  int num_seqs = 1;
   int64_t predecode_rows = 0;
   int64_t workspace_offered = 0;
   // Overrides (kAuto / 0: the planner chooses), for tests, benchmarks and the engine's
