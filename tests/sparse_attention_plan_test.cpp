@@ -225,6 +225,33 @@ TEST(SparseAttentionPlan, ModelMatchesTheMeasuredFigures) {
     EXPECT_LT(std::fabs(model / pt.measured_us - 1.0), 0.25)
         << pt.what << ": model " << model << " µs, measured " << pt.measured_us;
   }
+  // kWgmmaPredecoded at prefill (2026-12-04), its decode pass over the launch's key rows
+  // (tokens + window + every visible compressed entry) included.
+  struct PrePoint {
+    Point pt;
+    int64_t rows;
+  };
+  const PrePoint pre_points[] = {
+      {{"predecoded Flash CSA prefill s_q 4096", 4096, 64, 10, 64, 1, 902.9}, 4096 + 128 + 2048},
+      {{"predecoded Flash CSA prefill s_q 8192", 8192, 64, 10, 64, 1, 1822.5}, 8192 + 128 + 4096},
+      {{"predecoded Pro CSA prefill s_q 4096", 4096, 128, 18, 64, 1, 2899.9}, 4096 + 128 + 2048},
+      {{"predecoded Pro CSA prefill s_q 8192", 8192, 128, 18, 64, 1, 5773.7}, 8192 + 128 + 4096},
+  };
+  for (const PrePoint& pp : pre_points) {
+    SparseAttnShape s;
+    s.num_tokens = pp.pt.tokens;
+    s.n_heads = pp.pt.heads;
+    s.max_key_blocks = pp.pt.key_blocks;
+    s.sm_count = kSms;
+    s.kernel = SparseAttnKernel::kWgmmaPredecoded;
+    s.num_splits = pp.pt.splits;
+    s.predecode_rows = pp.rows;
+    const SparseAttnPlan p = cuda::plan_sparse_attention(s);
+    ASSERT_EQ(p.kernel, SparseAttnKernel::kWgmmaPredecoded) << pp.pt.what;
+    const double model = cuda::sparse_attention_model_us(s, p);
+    EXPECT_LT(std::fabs(model / pp.pt.measured_us - 1.0), 0.25)
+        << pp.pt.what << ": model " << model << " µs, measured " << pp.pt.measured_us;
+  }
   for (const Point& pt : points) {
     SparseAttnShape s;
     s.num_tokens = pt.tokens;
@@ -271,6 +298,43 @@ TEST(SparseAttentionPlan, KernelFollowsTheMeasuredTable) {
   EXPECT_EQ(p.kernel, SparseAttnKernel::kWgmma);
   EXPECT_EQ(p.heads_per_cta, 64);
   EXPECT_GE(p.num_splits, 2);  // 2 units: splits still fill the GPU
+}
+
+// kAuto takes the predecoded keys for a prefill launch whose key rows fit the workspace the
+// caller offers, and not without the offer, one byte short of it, at decode (where the pass
+// would decode whole contexts for a token or two each) or without wgmma.
+TEST(SparseAttentionPlan, PredecodedKeysForPrefillWithinTheOffer) {
+  for (const TableShape& t : kShapes) {
+    SparseAttnShape s = shape_of(t, 1, 4096);
+    s.predecode_rows = 4096 + 128 + 2048;
+    const SparseAttnKernel staged =
+        t.heads == 128 ? SparseAttnKernel::kWgmmaUnpaired : SparseAttnKernel::kWgmma;
+    EXPECT_EQ(cuda::plan_sparse_attention(s).kernel, staged) << t.name << ": nothing offered";
+    s.workspace_offered = 64ll << 20;
+    SparseAttnPlan p = cuda::plan_sparse_attention(s);
+    EXPECT_EQ(p.kernel, SparseAttnKernel::kWgmmaPredecoded) << describe(t, 1, 4096, p);
+    const int64_t need = cuda::sparse_attention_workspace(s, p).total();
+    EXPECT_EQ(need, s.predecode_rows * 1024) << t.name;
+    s.workspace_offered = need;
+    EXPECT_EQ(cuda::plan_sparse_attention(s).kernel, SparseAttnKernel::kWgmmaPredecoded);
+    s.workspace_offered = need - 1;
+    EXPECT_EQ(cuda::plan_sparse_attention(s).kernel, staged) << t.name << ": one byte short";
+    s.workspace_offered = 64ll << 20;
+    s.wgmma_available = false;
+    EXPECT_EQ(cuda::plan_sparse_attention(s).kernel, SparseAttnKernel::kMma) << t.name;
+
+    // Decode, batch 128 at 16K: the pass would decode every sequence's whole context.
+    SparseAttnShape d = shape_of(t, 128, 1);
+    d.predecode_rows = 128 + 128 * (128 + 4096);
+    d.num_seqs = 128;
+    d.workspace_offered = int64_t(1) << 40;
+    EXPECT_EQ(cuda::plan_sparse_attention(d).kernel, staged) << t.name << " decode";
+    // Short contexts, where the model alone might take it: decode launches never do.
+    d.predecode_rows = 128 + 128 * (128 + 16);
+    EXPECT_EQ(cuda::plan_sparse_attention(d).kernel, staged) << t.name << " short decode";
+    d.kernel = SparseAttnKernel::kWgmmaPredecoded;  // forced: kept
+    EXPECT_EQ(cuda::plan_sparse_attention(d).kernel, SparseAttnKernel::kWgmmaPredecoded);
+  }
 }
 
 // Overrides are kept; the rest is chosen around them. A forced count that would leave a

@@ -11,7 +11,7 @@
 // Prefill: one 4096- (and 8192-) token chunk ending at context 8K (resp. 16K).
 // Cache contents: real encodings, not a constant fill (sparse_attention_inputs.cuh: keys with
 // N(0, 1) values times a per-key magnitude 2^U(-3, 3) through the reference encoder); the sinks
-// N(0, 1); the workspace is the one the planner sizes.
+// N(0, 1); the workspace is the engine's (64 MB, more where a forced plan needs it).
 // FLOPs = 2 * heads * (512 + 512) * keys summed over the query tokens, keys = window fill +
 // compressed entries. Bytes = every query's keys once (584 B) + q + out.
 // The heads and CSA top-k are real_config.h's.
@@ -19,6 +19,7 @@
 // Usage: sparse_attention_bench [--quick] [--no-prefill] [--batches 8,32,...] [--only NAME]
 // (--quick: batches 2 and 128 only; --no-prefill: the decode shapes only; --batches: these;
 // --only: the rows of this shape name only, e.g. flash_csa_prefill, for a profiler run)
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -43,7 +44,8 @@ void run(const Shape& sh, const DeviceBuffer<uint8_t>& pool, std::mt19937& rng) 
   SparseAttnParams p = in.params(0);
   // The planner's choice, and beside it every kernel it does not pick for the head count:
   // mma, wgmma (staged producer) and wgmma_direct (the previous producer, old vs new on the
-  // same inputs) — the measurements behind the kernel table of sparse_attention_heuristics.h.
+  // same inputs), wgmma_predecoded (keys decoded to BF16 once per launch, the pass timed with
+  // it) — the measurements behind the kernel table of sparse_attention_heuristics.h.
   std::vector<SparseAttnKernel> kernels{SparseAttnKernel::kAuto};
   {
     SparseAttnParams pa = p;
@@ -52,6 +54,7 @@ void run(const Shape& sh, const DeviceBuffer<uint8_t>& pool, std::mt19937& rng) 
     if (in.H % 64 == 0) {
       others.push_back(SparseAttnKernel::kWgmma);
       others.push_back(SparseAttnKernel::kWgmmaDirect);
+      others.push_back(SparseAttnKernel::kWgmmaPredecoded);
     }
     if (in.H % 128 == 0) others.push_back(SparseAttnKernel::kWgmmaUnpaired);
     for (SparseAttnKernel k : others)
@@ -59,7 +62,11 @@ void run(const Shape& sh, const DeviceBuffer<uint8_t>& pool, std::mt19937& rng) 
   }
   for (SparseAttnKernel k : kernels) {
     p.kernel = k;
-    DeviceBuffer<uint8_t> ws(sparse_attention_workspace_bytes(p));
+    p.workspace = nullptr;
+    p.workspace_bytes = 0;
+    // The workspace the engine offers every launch (CudaModelLimits::attn_workspace_bytes, 64 MB
+    // by default), or what a forced plan needs beyond it; kAuto plans within the offer.
+    DeviceBuffer<uint8_t> ws(std::max<size_t>(sparse_attention_workspace_bytes(p), 64ull << 20));
     p.workspace = ws.data();
     p.workspace_bytes = ws.size();
     const SparseAttnPlan plan = sparse_attention_plan(p);
@@ -70,17 +77,14 @@ void run(const Shape& sh, const DeviceBuffer<uint8_t>& pool, std::mt19937& rng) 
       pi.workspace_bytes = p.workspace_bytes;
       sparse_attention(pi, nullptr);
     });
-    SparseAttnShape model_shape;
-    model_shape.num_tokens = in.T;
-    model_shape.n_heads = in.H;
-    model_shape.max_key_blocks = plan.max_key_blocks;
-    model_shape.sm_count = sm_count();
+    const SparseAttnShape model_shape = sparse_attention_shape(p);
     bench::Result r;
-    r.kernel = plan.kernel == SparseAttnKernel::kWgmma         ? "sparse_attention[wgmma]"
-               : plan.kernel == SparseAttnKernel::kWgmmaDirect ? "sparse_attention[wgmma_direct]"
-               : plan.kernel == SparseAttnKernel::kWgmmaUnpaired
-                   ? "sparse_attention[wgmma_unpaired]"
-                   : "sparse_attention[mma]";
+    r.kernel =
+        plan.kernel == SparseAttnKernel::kWgmma             ? "sparse_attention[wgmma]"
+        : plan.kernel == SparseAttnKernel::kWgmmaDirect     ? "sparse_attention[wgmma_direct]"
+        : plan.kernel == SparseAttnKernel::kWgmmaUnpaired   ? "sparse_attention[wgmma_unpaired]"
+        : plan.kernel == SparseAttnKernel::kWgmmaPredecoded ? "sparse_attention[wgmma_predecoded]"
+                                                            : "sparse_attention[mma]";
     char shape[256];
     std::snprintf(shape, sizeof shape,
                   "%s h%d b=%d sq=%d ctx=%lld keys/q=%.0f [%s ht %d splits %d, model %.0f us]",

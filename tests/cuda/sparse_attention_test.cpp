@@ -131,6 +131,8 @@ const char* kernel_name(cuda::SparseAttnKernel k) {
       return "wgmma_direct";
     case cuda::SparseAttnKernel::kWgmmaUnpaired:
       return "wgmma_unpaired";
+    case cuda::SparseAttnKernel::kWgmmaPredecoded:
+      return "wgmma_predecoded";
     default:
       return "auto";
   }
@@ -154,6 +156,8 @@ struct Variant {
 struct VariantResult {
   double worst = 0.0;  // worst per-token relative L2 error
   std::string plan;
+  cuda::SparseAttnKernel kernel = cuda::SparseAttnKernel::kAuto;  // the plan's
+  int num_splits = 0;
 };
 
 // Runs one scenario on the GPU once per variant and on the CPU once (tokens in parallel);
@@ -275,6 +279,8 @@ std::vector<VariantResult> run_scenario(const Scenario& base, uint32_t seed,
     os << kernel_name(plan.kernel) << " ht " << plan.heads_per_cta << " splits " << plan.num_splits
        << " blocks/split " << plan.blocks_per_split;
     results[v].plan = os.str();
+    results[v].kernel = plan.kernel;
+    results[v].num_splits = plan.num_splits;
     if (variants[v].num_splits > 0) {  // a forced count is kept, evened out over the blocks
       const int nblk = std::max(1, plan.max_key_blocks);
       const int bps = (nblk + std::min(variants[v].num_splits, nblk) - 1) /
@@ -328,6 +334,21 @@ std::vector<VariantResult> run_scenario(const Scenario& base, uint32_t seed,
       });
     for (auto& th : pool) th.join();
   }
+  // The predecoded producer fills the K tiles with the very values the other wgmma producers
+  // decode, for the same consumers: its output equals theirs bit for bit at the same splits.
+  for (size_t v = 0; v < variants.size(); ++v) {
+    if (results[v].kernel != cuda::SparseAttnKernel::kWgmmaPredecoded) continue;
+    for (size_t w = 0; w < variants.size(); ++w) {
+      if (w == v || !cuda::is_wgmma(results[w].kernel) ||
+          results[w].kernel == cuda::SparseAttnKernel::kWgmmaPredecoded ||
+          results[w].num_splits != results[v].num_splits)
+        continue;
+      size_t differ = 0;
+      for (size_t i = 0; i < outs[v].size(); ++i) differ += outs[v][i] != outs[w][i];
+      EXPECT_EQ(differ, 0u) << describe(sc) << ": [" << results[v].plan << "] differs from ["
+                            << results[w].plan << "] in " << differ << " values";
+    }
+  }
   for (size_t v = 0; v < variants.size(); ++v) {
     const std::vector<uint16_t>& out = outs[v];
     double worst = 0.0;
@@ -379,6 +400,8 @@ void expect_ok(const Scenario& sc, uint32_t seed, std::vector<Variant> variants 
         if (sc.heads % 128 == 0)  // kAuto's 128-head decode kernel
           variants.push_back(
               {cuda::SparseAttnKernel::kWgmmaUnpaired, sc.heads_per_cta, sc.num_splits});
+        variants.push_back(
+            {cuda::SparseAttnKernel::kWgmmaPredecoded, sc.heads_per_cta, sc.num_splits});
       }
     }
   }
@@ -448,6 +471,10 @@ TEST_F(CudaSparseAttention, PrefillChunks) {
       // and a chunk in the middle of a sequence (window = ring + staged chunk).
       {Scenario{"SWA prefill"}.with_heads(32).seqs({200, 150, 1}, {0, 300, 0}), 5},
       {Scenario{"CSA prefill chunk"}.with_heads(16).csa(16).seqs({97}, {2049}).pages(64, 16), 6},
+      // The same at 64 heads (the wgmma kernels, predecoded keys: rows of positions below 0
+      // never decoded) and an HCA chunk crossing a 128 boundary.
+      {Scenario{"SWA prefill 64 heads"}.with_heads(64).seqs({200, 150, 1}, {0, 300, 0}), 7},
+      {Scenario{"HCA prefill chunk 64 heads"}.with_heads(64).hca().seqs({150, 3}, {1000, 40}), 8},
   });
 }
 
@@ -523,7 +550,9 @@ TEST_F(CudaSparseAttention, HcaOver1024Entries) {
                       {K::kWgmma, 0, 1},
                       {K::kWgmma, 0, 20},
                       {K::kWgmmaDirect, 0, 0},
-                      {K::kWgmmaDirect, 0, 20}}});
+                      {K::kWgmmaDirect, 0, 20},
+                      {K::kWgmmaPredecoded, 0, 0},
+                      {K::kWgmmaPredecoded, 0, 20}}});
   expect_cases(cases);
 }
 
@@ -544,7 +573,9 @@ TEST_F(CudaSparseAttention, CsaPrefillRealShapes) {
         {K::kMma, 64, 10},
         {K::kMma, 32, 3},
         {K::kWgmma, 0, 0},
-        {K::kWgmma, 0, 4}}},
+        {K::kWgmma, 0, 4},
+        {K::kWgmmaPredecoded, 0, 0},
+        {K::kWgmmaPredecoded, 0, 4}}},
       {Scenario{"CSA prefill 128 heads top-1024"}
            .with_heads(128)
            .csa(1024)
@@ -552,7 +583,13 @@ TEST_F(CudaSparseAttention, CsaPrefillRealShapes) {
            .pages(64, 64)
            .every_nth_invalid(97),  // a few -1 slots inside the rows
        81,
-       {{K::kAuto, 0, 0}, {K::kMma, 32, 0}, {K::kMma, 64, 18}, {K::kWgmma, 0, 0}}},
+       {{K::kAuto, 0, 0},
+        {K::kMma, 32, 0},
+        {K::kMma, 64, 18},
+        {K::kWgmma, 0, 0},
+        {K::kWgmmaUnpaired, 0, 0},
+        {K::kWgmmaPredecoded, 0, 0},
+        {K::kWgmmaPredecoded, 0, 18}}},
   });
 }
 
@@ -595,14 +632,20 @@ TEST_F(CudaSparseAttention, WgmmaHeadPairs) {
         {K::kWgmmaDirect, 0, 0},
         {K::kWgmmaDirect, 0, 3},
         {K::kWgmmaUnpaired, 0, 0},
-        {K::kWgmmaUnpaired, 0, 3}}},
+        {K::kWgmmaUnpaired, 0, 3},
+        {K::kWgmmaPredecoded, 0, 0},
+        {K::kWgmmaPredecoded, 0, 3}}},
       {Scenario{"pairs: HCA 256 heads > 1024 entries"}
            .with_heads(256)
            .hca()
            .seqs({1, 2}, {131200, 700})
            .scaled_q(3.0f),
        101,
-       {{K::kWgmma, 0, 0}, {K::kWgmma, 0, 1}, {K::kWgmma, 0, 7}, {K::kWgmmaDirect, 0, 7}}},
+       {{K::kWgmma, 0, 0},
+        {K::kWgmma, 0, 1},
+        {K::kWgmma, 0, 7},
+        {K::kWgmmaDirect, 0, 7},
+        {K::kWgmmaPredecoded, 0, 7}}},
       {Scenario{"pairs: ring only, 128 heads"}
            .with_heads(128)
            .hca()
@@ -610,7 +653,7 @@ TEST_F(CudaSparseAttention, WgmmaHeadPairs) {
            .ring_only()
            .pages(48, 64),
        102,
-       {{K::kWgmma, 0, 0}, {K::kWgmma, 0, 2}}},
+       {{K::kWgmma, 0, 0}, {K::kWgmma, 0, 2}, {K::kWgmmaPredecoded, 0, 2}}},
   };
   for (int heads : {128, 192})
     cases.push_back({Scenario{"window 16 mixing window and compressed keys"}
@@ -620,7 +663,10 @@ TEST_F(CudaSparseAttention, WgmmaHeadPairs) {
                          .seqs({4, 1}, {100, 7})
                          .pages(4, 64),
                      uint32_t(103 + heads),
-                     {{K::kWgmma, 0, 0}, {K::kWgmma, 0, 2}, {K::kWgmmaDirect, 0, 2}}});
+                     {{K::kWgmma, 0, 0},
+                      {K::kWgmma, 0, 2},
+                      {K::kWgmmaDirect, 0, 2},
+                      {K::kWgmmaPredecoded, 0, 2}}});
   expect_cases(cases);
 }
 

@@ -111,4 +111,24 @@ __device__ __forceinline__ KeyAddr key_address(const AttnArgs& a, const KeyLoc& 
   return r;
 }
 
+// The predecoded BF16 row of `slot` (kWgmmaPredecoded; sparse_attention_predecode.cu lays the
+// rows out), -1 for an invalid slot: the same slots as key_locate, without the page lookup.
+__device__ __forceinline__ int64_t key_row(const AttnArgs& a, const QueryInfo& q, int slot,
+                                           int topk_entry) {
+  if (slot < a.window) {
+    const int j = max(0, q.p - a.window + 1) + slot;
+    if (j > q.p) return -1;
+    if (a.staged_data != nullptr && j >= q.pos0) return q.tok0 + (j - q.pos0);
+    return a.num_tokens + int64_t(q.s) * a.window + j % a.window;
+  }
+  const int c = slot - a.window;
+  if (c >= q.ncomp) return -1;
+  int idx = c;
+  if (a.ratio == 4) {
+    idx = topk_entry;
+    if (idx < 0 || idx >= (q.p + 1) / 4) return -1;
+  }
+  return a.num_tokens + int64_t(a.num_seqs) * a.window + int64_t(q.s) * a.comp_rows + idx;
+}
+
 }  // namespace dsv4::cuda::sparse_attn_detail

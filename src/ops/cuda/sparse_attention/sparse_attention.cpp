@@ -101,32 +101,54 @@ int max_key_blocks(const SparseAttnParams& p) {
   return int((p.window + ncomp + kKeyBlock - 1) / kKeyBlock);
 }
 
-}  // namespace
+// Compressed-entry rows per sequence among the predecoded keys: every entry a token at
+// batch.max_position can see.
+int comp_rows_of(const SparseAttnParams& p) {
+  return p.ratio == 0 ? 0 : int((p.batch.max_position + 1) / p.ratio);
+}
 
-SparseAttnPlan sparse_attention_plan(const SparseAttnParams& p) {
-  validate(p);
+SparseAttnShape shape_of(const SparseAttnParams& p) {
   SparseAttnShape shape;
   shape.num_tokens = p.batch.num_tokens;
   shape.n_heads = p.n_heads;
   shape.max_key_blocks = max_key_blocks(p);
   shape.sm_count = sm_count();
   shape.wgmma_available = sparse_attn_detail::wgmma_available();
+  shape.num_seqs = p.batch.num_seqs;
+  shape.predecode_rows =
+      int64_t(p.batch.num_tokens) + int64_t(p.batch.num_seqs) * (p.window + comp_rows_of(p));
+  shape.workspace_offered = p.workspace != nullptr ? int64_t(p.workspace_bytes) : 0;
   shape.kernel = p.kernel;
   shape.heads_per_cta = p.heads_per_cta;
   shape.num_splits = p.num_splits;
-  return plan_sparse_attention(shape);
+  return shape;
+}
+
+}  // namespace
+
+SparseAttnShape sparse_attention_shape(const SparseAttnParams& p) {
+  validate(p);
+  return shape_of(p);
+}
+
+SparseAttnPlan sparse_attention_plan(const SparseAttnParams& p) {
+  validate(p);
+  return plan_sparse_attention(shape_of(p));
 }
 
 size_t sparse_attention_workspace_bytes(const SparseAttnParams& p) {
-  const SparseAttnPlan plan = sparse_attention_plan(p);
-  if (plan.num_splits <= 1) return 0;
-  return size_t(p.batch.num_tokens) * p.n_heads * plan.num_splits * kPartialFloats * sizeof(float);
+  validate(p);
+  const SparseAttnShape shape = shape_of(p);
+  return size_t(sparse_attention_workspace(shape, plan_sparse_attention(shape)).total());
 }
 
 void sparse_attention(const SparseAttnParams& p, cudaStream_t stream) {
-  const SparseAttnPlan plan = sparse_attention_plan(p);
+  validate(p);
+  const SparseAttnShape shape = shape_of(p);
+  const SparseAttnPlan plan = plan_sparse_attention(shape);
   if (p.batch.num_tokens == 0) return;
-  const size_t ws = sparse_attention_workspace_bytes(p);
+  const SparseAttnWorkspace wl = sparse_attention_workspace(shape, plan);
+  const size_t ws = size_t(wl.total());
   DSV4_CHECK(p.workspace_bytes >= ws && (ws == 0 || (p.workspace && aligned(p.workspace, 16))),
              "sparse_attention: workspace of ", p.workspace_bytes, " bytes < ", ws, " needed");
   AttnArgs a{};
@@ -153,12 +175,26 @@ void sparse_attention(const SparseAttnParams& p, cudaStream_t stream) {
   a.blocks_per_split = plan.blocks_per_split;
   a.partials = static_cast<float*>(p.workspace);
   a.pdl = p.pdl;
+  a.keys_bf16 = nullptr;
+  a.comp_rows = comp_rows_of(p);
+  if (wl.keys_bytes > 0)
+    a.keys_bf16 =
+        reinterpret_cast<__nv_bfloat16*>(static_cast<uint8_t*>(p.workspace) + wl.keys_offset);
   DSV4_CHECK(int64_t(a.num_tokens) * a.head_tiles < (int64_t(1) << 31),
              "sparse_attention: too many (token, head tile) units");
-  if (is_wgmma(plan.kernel))
-    sparse_attn_detail::launch_wgmma(a, plan.kernel != SparseAttnKernel::kWgmmaDirect,
-                                     plan.kernel != SparseAttnKernel::kWgmmaUnpaired, stream);
-  else
+  using sparse_attn_detail::WgProducer;
+  if (plan.kernel == SparseAttnKernel::kWgmmaPredecoded) {
+    // The rows first; the attention kernel launches programmatically after them (it waits for
+    // the pass to complete before its first read).
+    sparse_attn_detail::launch_predecode(a, stream);
+    a.pdl = true;
+    sparse_attn_detail::launch_wgmma(a, WgProducer::kPredecoded, false, stream);
+  } else if (is_wgmma(plan.kernel)) {
+    sparse_attn_detail::launch_wgmma(
+        a,
+        plan.kernel == SparseAttnKernel::kWgmmaDirect ? WgProducer::kDirect : WgProducer::kStaged,
+        plan.kernel != SparseAttnKernel::kWgmmaUnpaired, stream);
+  } else
     sparse_attn_detail::launch_mma(a, plan.heads_per_cta, stream);
   if (plan.num_splits > 1) sparse_attn_detail::launch_combine(a, stream);
 }

@@ -78,7 +78,10 @@ struct SparseAttnParams {
   bool pdl = false;
 };
 
-// The planner's choice for these parameters (sparse_attention_plan.h; validates them).
+// The planner's view of these parameters (validates them), and its choice
+// (sparse_attention_plan.h). kAuto plans within the workspace offered in p.workspace /
+// p.workspace_bytes (none: nothing beyond what the plan sizes itself).
+SparseAttnShape sparse_attention_shape(const SparseAttnParams& p);
 SparseAttnPlan sparse_attention_plan(const SparseAttnParams& p);
 size_t sparse_attention_workspace_bytes(const SparseAttnParams& p);
 void sparse_attention(const SparseAttnParams& p, cudaStream_t stream);

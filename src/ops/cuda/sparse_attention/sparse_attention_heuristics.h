@@ -106,6 +106,20 @@ inline constexpr BlockCost kWgmmaBlockCost{4.6, 0.0};
 inline constexpr BlockCost kWgmmaPairBlockCost{5.9, 0.0};
 inline constexpr BlockCost kWgmmaDirectBlockCost{8.5, 0.0};
 inline constexpr BlockCost kWgmmaDirectPairBlockCost{6.25, 0.0};
+// kWgmmaPredecoded (the producer copies BF16 rows decoded once per launch into two K tiles),
+// fitted to its prefill rows (H200, 2026-12-04, sparse_attention_bench --batches 128, one
+// split; measured / model µs, the decode pass included): Flash CSA s_q 4096 902.9 / 894,
+// s_q 8192 1822.5 / 1775; Pro CSA s_q 4096 2899.9 / 3036, s_q 8192 5773.7 / 6011 -> 2.5.
+// At decode its pass decodes whole contexts (Flash CSA b=128 s_q 1 at 16K: 350.2 µs against
+// the staged kernel's 57.7), which the pass term below charges.
+inline constexpr BlockCost kWgmmaPredecodedBlockCost{2.5, 0.0};
+// Measured at prefill only: decode launches (1-4 tokens a sequence) never take it, however the
+// model compares (its pass would decode each sequence's whole context for a token or two).
+inline constexpr int kPredecodeMinTokensPerSeq = 16;
+// The decode pass: a launch, and each row's entry read (584 bytes) and BF16 row written.
+inline constexpr double kPredecodeLaunchUs = 3.0;
+inline constexpr double kKeyRowBytes = 512 * 2;
+inline constexpr double kPredecodeBytesPerRow = 584 + kKeyRowBytes;
 inline constexpr double kCombineLaunchUs = 2.0;
 inline constexpr double kHbmBytesPerUs = 3.0e6;   // 3.0 TB/s
 inline constexpr double kPartialBytes = 516 * 4;  // O[512], m, l, pad (fp32), per (token, head)

@@ -38,15 +38,25 @@ struct AttnArgs {
   int blocks_per_split;
   float* partials;  // [num_tokens * n_heads, num_splits, kPartialFloats] when num_splits > 1
   bool pdl;         // launch the attention kernel programmatically (SparseAttnParams::pdl)
+  // SparseAttnKernel::kWgmmaPredecoded: the keys decoded to BF16 (sparse_attention_predecode.cu
+  // lays the rows out; key_row() in key_source.cuh finds them), and the compressed-entry rows
+  // each sequence has there.
+  __nv_bfloat16* keys_bf16;
+  int comp_rows;
 };
 
 void launch_mma(const AttnArgs& a, int heads_per_cta, cudaStream_t stream);
-// staged: the producer copies raw entries into a shared-memory ring ahead of its decode (the
-// default); false: it loads them into registers (the previous kernel,
-// SparseAttnKernel::kWgmmaDirect).
-// pairs: CTA pairs where the head tiles pair up (n_heads % 128 == 0).
-void launch_wgmma(const AttnArgs& a, bool staged, bool pairs, cudaStream_t stream);
+// The wgmma kernel's producer: kStaged copies raw entries into a shared-memory ring ahead of
+// its decode (the default); kDirect loads them into registers (the previous kernel,
+// SparseAttnKernel::kWgmmaDirect); kPredecoded copies the BF16 rows launch_predecode wrote.
+enum class WgProducer { kDirect, kStaged, kPredecoded };
+// pairs: CTA pairs where the head tiles pair up (n_heads % 128 == 0; not with kPredecoded).
+void launch_wgmma(const AttnArgs& a, WgProducer producer, bool pairs, cudaStream_t stream);
 bool wgmma_available();  // built with the CuTe sm_90a headers
 void launch_combine(const AttnArgs& a, cudaStream_t stream);
+// The predecoded key rows (kWgmmaPredecoded): their count for a's batch, and the kernel that
+// writes them (before the attention kernel, which it lets launch programmatically).
+int64_t predecode_rows(const AttnArgs& a);
+void launch_predecode(const AttnArgs& a, cudaStream_t stream);
 
 }  // namespace dsv4::cuda::sparse_attn_detail

@@ -29,9 +29,11 @@ double model_us(const SparseAttnShape& s, SparseAttnKernel kernel, int ht, int s
   const int64_t waves = ceil_div(units * splits, std::max(1, s.sm_count));
   const int rows = tile_rows(s.n_heads, ht);
   // wgmma pairs the head tiles of a token (one gather per key block) when n_heads % 128 == 0.
-  const bool pairs = s.n_heads % 128 == 0 && kernel != SparseAttnKernel::kWgmmaUnpaired;
+  const bool pairs = s.n_heads % 128 == 0 && kernel != SparseAttnKernel::kWgmmaUnpaired &&
+                     kernel != SparseAttnKernel::kWgmmaPredecoded;
   const h::BlockCost& bc =
-      kernel == SparseAttnKernel::kWgmma || kernel == SparseAttnKernel::kWgmmaUnpaired
+      kernel == SparseAttnKernel::kWgmmaPredecoded ? h::kWgmmaPredecodedBlockCost
+      : kernel == SparseAttnKernel::kWgmma || kernel == SparseAttnKernel::kWgmmaUnpaired
           ? (pairs ? h::kWgmmaPairBlockCost : h::kWgmmaBlockCost)
       : kernel == SparseAttnKernel::kWgmmaDirect
           ? (pairs ? h::kWgmmaDirectPairBlockCost : h::kWgmmaDirectBlockCost)
@@ -39,6 +41,9 @@ double model_us(const SparseAttnShape& s, SparseAttnKernel kernel, int ht, int s
   const double block_us = bc.base_us + bc.per16_us * rows / 16.0;
   double cta_us = h::kCtaFixedUs + bps * block_us;
   double us = h::kLaunchUs;
+  if (kernel == SparseAttnKernel::kWgmmaPredecoded)  // the decode pass before the kernel
+    us += h::kPredecodeLaunchUs +
+          double(s.predecode_rows) * h::kPredecodeBytesPerRow / h::kHbmBytesPerUs;
   if (splits > 1) {
     cta_us += rows * h::kPartialBytes / (h::kHbmBytesPerUs / std::max(1, s.sm_count));
     const double rows_total = double(std::max(1, s.num_tokens)) * s.n_heads;
@@ -60,15 +65,14 @@ SparseAttnKernel sparse_attention_auto_kernel(const SparseAttnShape& s) {
   return SparseAttnKernel::kMma;
 }
 
-SparseAttnPlan plan_sparse_attention(const SparseAttnShape& s) {
-  DSV4_CHECK(s.n_heads > 0 && s.sm_count > 0 && s.max_key_blocks >= 0 && s.num_tokens >= 0,
-             "sparse_attention plan: bad shape (heads ", s.n_heads, ", SMs ", s.sm_count,
-             ", key blocks ", s.max_key_blocks, ", tokens ", s.num_tokens, ")");
+namespace {
+
+// The cheapest tile and split count for `kernel` (its model time in *best_us).
+SparseAttnPlan plan_for(const SparseAttnShape& s, SparseAttnKernel kernel, double* best_us) {
   SparseAttnPlan plan;
-  plan.kernel = s.kernel == SparseAttnKernel::kAuto ? sparse_attention_auto_kernel(s) : s.kernel;
+  plan.kernel = kernel;
   plan.max_key_blocks = s.max_key_blocks;
   const int nblk = std::max(1, s.max_key_blocks);
-
   std::vector<int> tiles;
   if (s.heads_per_cta != 0)
     tiles = {s.heads_per_cta};
@@ -97,6 +101,41 @@ SparseAttnPlan plan_sparse_attention(const SparseAttnShape& s) {
         plan.blocks_per_split = bps;
       }
     }
+  }
+  *best_us = best;
+  return plan;
+}
+
+}  // namespace
+
+SparseAttnWorkspace sparse_attention_workspace(const SparseAttnShape& s,
+                                               const SparseAttnPlan& plan) {
+  SparseAttnWorkspace w;
+  if (plan.num_splits > 1)
+    w.partial_bytes =
+        int64_t(s.num_tokens) * s.n_heads * plan.num_splits * int64_t(h::kPartialBytes);
+  if (plan.kernel == SparseAttnKernel::kWgmmaPredecoded) {
+    w.keys_offset = (w.partial_bytes + 255) / 256 * 256;
+    w.keys_bytes = s.predecode_rows * h::kKeyRowBytes;
+  }
+  return w;
+}
+
+SparseAttnPlan plan_sparse_attention(const SparseAttnShape& s) {
+  DSV4_CHECK(s.n_heads > 0 && s.sm_count > 0 && s.max_key_blocks >= 0 && s.num_tokens >= 0 &&
+                 s.predecode_rows >= 0,
+             "sparse_attention plan: bad shape (heads ", s.n_heads, ", SMs ", s.sm_count,
+             ", key blocks ", s.max_key_blocks, ", tokens ", s.num_tokens, ")");
+  const SparseAttnKernel kernel =
+      s.kernel == SparseAttnKernel::kAuto ? sparse_attention_auto_kernel(s) : s.kernel;
+  double us = 0;
+  SparseAttnPlan plan = plan_for(s, kernel, &us);
+  if (s.kernel == SparseAttnKernel::kAuto && is_wgmma(kernel) && s.predecode_rows > 0 &&
+      int64_t(s.num_tokens) >= int64_t(h::kPredecodeMinTokensPerSeq) * std::max(1, s.num_seqs)) {
+    double pre_us = 0;
+    const SparseAttnPlan pre = plan_for(s, SparseAttnKernel::kWgmmaPredecoded, &pre_us);
+    if (pre_us < us && sparse_attention_workspace(s, pre).total() <= s.workspace_offered)
+      plan = pre;
   }
   return plan;
 }

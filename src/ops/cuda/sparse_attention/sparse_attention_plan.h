@@ -4,6 +4,8 @@
 // lives in sparse_attention_heuristics.h.
 #pragma once
 
+#include <cstdint>
+
 namespace dsv4::cuda {
 
 enum class SparseAttnKernel {
@@ -18,12 +20,16 @@ enum class SparseAttnKernel {
   kWgmmaUnpaired,  // kWgmma without CTA pairs at n_heads % 128 == 0 (every 64-head CTA gathers
                    // and decodes its whole key block): kAuto's choice for 128-head decode
                    // (measured faster than the pairs); kWgmma keeps the pairs there
+  kWgmmaPredecoded,  // prefill: every key the launch can read decoded to BF16 once, into the
+                     // workspace (a pass before the kernel), and the wgmma kernel's producer
+                     // copying those rows (cp.async) into two K tiles; no CTA pairs. Bit for bit
+                     // the kWgmmaUnpaired kernel's output (the same K tiles, the same consumers)
 };
 
 // The wgmma kernel in either producer variant.
 constexpr bool is_wgmma(SparseAttnKernel k) {
   return k == SparseAttnKernel::kWgmma || k == SparseAttnKernel::kWgmmaDirect ||
-         k == SparseAttnKernel::kWgmmaUnpaired;
+         k == SparseAttnKernel::kWgmmaUnpaired || k == SparseAttnKernel::kWgmmaPredecoded;
 }
 
 // What a launch will do: kernel, heads per CTA, key splits (1 = no combine pass).
@@ -43,6 +49,14 @@ struct SparseAttnShape {
   int max_key_blocks = 0;  // 64-key blocks of the longest key list (window + compressed)
   int sm_count = 0;        // SMs of the GPU (132 on the H200)
   bool wgmma_available = true;
+  // kWgmmaPredecoded: the BF16 key rows it would decode (every key the launch's queries can
+  // read: sparse_attention_predecode.cu), and the workspace the caller offers. kAuto weighs it
+  // against the table's wgmma kernel only when its rows (and any split partials) fit the offer.
+  // Only prefill-like launches take it (at least kPredecodeMinTokensPerSeq query tokens per
+  // sequence, sparse_attention_heuristics.h).
+  int num_seqs = 1;
+  int64_t predecode_rows = 0;
+  int64_t workspace_offered = 0;
   // Overrides (kAuto / 0: the planner chooses), for tests, benchmarks and the engine's
   // workspace cap; a forced value is kept and the others are chosen around it.
   SparseAttnKernel kernel = SparseAttnKernel::kAuto;
@@ -50,8 +64,18 @@ struct SparseAttnShape {
   int num_splits = 0;
 };
 
-// The plan of least modelled time (ties: larger head tiles, then fewer splits).
+// The plan of least modelled time (ties: larger head tiles, then fewer splits). kAuto: the
+// heuristic table's kernel, or kWgmmaPredecoded where that is a wgmma kernel, the predecoded
+// rows fit the workspace offered and its model (the decode pass included) is faster.
 SparseAttnPlan plan_sparse_attention(const SparseAttnShape& shape);
+
+// Workspace bytes of a plan: the split partials, then (kWgmmaPredecoded) the BF16 key rows.
+struct SparseAttnWorkspace {
+  int64_t partial_bytes = 0, keys_offset = 0, keys_bytes = 0;
+  int64_t total() const { return keys_bytes == 0 ? partial_bytes : keys_offset + keys_bytes; }
+};
+SparseAttnWorkspace sparse_attention_workspace(const SparseAttnShape& shape,
+                                               const SparseAttnPlan& plan);
 
 // The cost model's estimate of a plan's time in µs (kernel + combine), for tests and for the
 // benchmark to print beside the measured time.

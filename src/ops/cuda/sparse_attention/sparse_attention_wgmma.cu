@@ -8,7 +8,7 @@
 //       exponentials), P to smem for WG1, and O[:, 0:256] += P V (wgmma 64x256x16, P from
 //       registers, V = the same K tile read MN-major);
 //   WG1: O[:, 256:512] += P V (P from smem).
-// Two producers (the template flag kStaged):
+// Three producers (the template parameter kP, WgProducer):
 //   staged (the default): the raw entries are copied asynchronously into a ring of raw FP8
 //       stages in shared memory — one thread per key issues a 576-byte bulk copy (the copy
 //       engine, no registers held) and an 8-byte cp.async of its scales, both completing on the
@@ -22,7 +22,12 @@
 //       loads its share of the entries straight into registers (16-byte loads whose lines are
 //       evicted first from L2, an L2 bulk prefetch two blocks ahead, top-k entries four blocks
 //       ahead, pages three) into two BF16 K tiles; a block's decode waits for its loads.
-// Both hand the K tiles to the consumers through mbarriers. With head tiles in pairs (n_heads a
+//   predecoded (SparseAttnKernel::kWgmmaPredecoded, prefill): the keys were decoded to BF16
+//       rows once per launch (sparse_attention_predecode.cu); the producer only copies its
+//       block's rows into the swizzled K tile with cp.async (16-byte chunks, eight lanes per
+//       128 contiguous bytes of a row; zero fill for invalid slots), two K tiles, one block
+//       ahead of the consumers. Same tiles as the staged decode, so the same output bits.
+// All hand the K tiles to the consumers through mbarriers. With head tiles in pairs (n_heads a
 // multiple of 128) the two CTAs of a token's pair run as a cluster and split each block's
 // gather and decode: each brings in and decodes 32 keys and writes the rows into both CTAs' K
 // tiles (distributed shared memory), so every key is read and decoded once per token instead
@@ -61,8 +66,9 @@ using namespace detail;
 using C = WgmmaCfg;
 
 // Buffers of one producer variant (kCluster CTAs per token, staged or direct producer).
-template <int kCluster, bool kStaged>
+template <int kCluster, WgProducer kP>
 struct WgLayout {
+  static constexpr bool kStaged = kP == WgProducer::kStaged;
   static constexpr int kKBufs = kStaged ? 1 : 2;         // BF16 K tiles
   static constexpr int kRawKeys = kKeyBlock / kCluster;  // this CTA's keys of a block
   // Raw stages in flight: two blocks (a CTA pair's stages hold half blocks: four).
@@ -71,9 +77,9 @@ struct WgLayout {
   static constexpr int kRawBytes = kRawStages * kRawKeys * kRawRow;
 };
 
-template <int kCluster, bool kStaged>
+template <int kCluster, WgProducer kP>
 struct alignas(1024) WgSmem {
-  using L = WgLayout<kCluster, kStaged>;
+  using L = WgLayout<kCluster, kP>;
   uint8_t q[C::kTileBytes];
   uint8_t k[L::kKBufs][C::kTileBytes];
   uint8_t p[sm90::kSw128RegionBytes];
@@ -86,9 +92,12 @@ struct alignas(1024) WgSmem {
   uint64_t empty[L::kKBufs];  // K tile b read by every consumer warp (of both CTAs of a pair)
   uint64_t raw_full[L::kRawStages > 0 ? L::kRawStages : 1];  // raw stage's copies landed
 };
-static_assert(sizeof(WgSmem<1, true>) + 1024 <= 227 * 1024, "staged layout fits");
-static_assert(sizeof(WgSmem<2, true>) + 1024 <= 227 * 1024, "staged pair layout fits");
-static_assert(sizeof(WgSmem<1, false>) + 1024 <= 227 * 1024, "direct layout fits");
+static_assert(sizeof(WgSmem<1, WgProducer::kStaged>) + 1024 <= 227 * 1024, "staged layout fits");
+static_assert(sizeof(WgSmem<2, WgProducer::kStaged>) + 1024 <= 227 * 1024,
+              "staged pair layout fits");
+static_assert(sizeof(WgSmem<1, WgProducer::kDirect>) + 1024 <= 227 * 1024, "direct layout fits");
+static_assert(sizeof(WgSmem<1, WgProducer::kPredecoded>) + 1024 <= 227 * 1024,
+              "predecoded layout fits");
 
 // Named barrier ids (the P hand-off between the consumer warpgroups of one CTA; the staged
 // producer's raw stage read by all of its threads).
@@ -203,11 +212,13 @@ __device__ __forceinline__ void decode_region(uint8_t* tile, uint32_t peer_tile,
   }
 }
 
-template <int kCluster, bool kStaged>
+template <int kCluster, WgProducer kP>
 __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const AttnArgs a) {
+  static_assert(kP != WgProducer::kPredecoded || kCluster == 1, "predecoded rows: no pairs");
   using PS = ProducerSplit<kCluster>;
-  using L = WgLayout<kCluster, kStaged>;
-  using Smem = WgSmem<kCluster, kStaged>;
+  using L = WgLayout<kCluster, kP>;
+  using Smem = WgSmem<kCluster, kP>;
+  constexpr bool kStaged = L::kStaged;
   constexpr int kKBufs = L::kKBufs;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   Smem& sm =
@@ -297,7 +308,56 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
       sm90::cp_async_commit();
     }
     const uint64_t pol = sm90::l2_policy_evict_first();  // keys are read once per token
-    if constexpr (kStaged) {
+    if constexpr (kP == WgProducer::kPredecoded) {
+      // Warp w4 copies keys 16 w4 .. 16 w4 + 15 of each block, four at a time: lane l brings
+      // chunk l % 8 (16 bytes) of every 64-dim region of key 4 g + l / 8, so each copy
+      // instruction reads 128 contiguous bytes of four rows. A thread's four top-k entries of
+      // block i + 1 are loaded while block i's copies are in flight.
+      const int w4 = wt >> 5, sub = lane >> 3, ch = lane & 7;
+      auto slot_of = [&](int i, int g) {
+        return (blk_begin + i) * kKeyBlock + 16 * w4 + 4 * g + sub;
+      };
+      auto issue = [&](int i, const int(&tke)[4]) {
+        const int b = i % kKBufs;
+        const uint32_t tile = sm90::smem_u32(sm.k[b]);
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+          const int key = 16 * w4 + 4 * g + sub;
+          const int64_t row = key_row(a, qi, slot_of(i, g), tke[g]);
+          const __nv_bfloat16* src = a.keys_bf16 + (row >= 0 ? row * kHeadDim : 0) + 8 * ch;
+          const int bytes = row >= 0 ? 16 : 0;  // invalid: zeros (P V reads the row)
+#pragma unroll
+          for (int r = 0; r < 8; ++r)
+            sm90::cp_async_16_zfill(tile + sm90::sw128_bf16_offset(key, 64 * r + 8 * ch),
+                                    src + 64 * r, bytes);
+          if (ch == 0) sm.valid[b][key] = row >= 0 ? 1u : 0u;
+        }
+        sm90::cp_async_commit();
+      };
+      int tk_now[4], tk_next[4];
+#pragma unroll
+      for (int g = 0; g < 4; ++g) {
+        tk_now[g] = key_topk_entry(a, t, slot_of(0, g));
+        tk_next[g] = nb > 1 ? key_topk_entry(a, t, slot_of(1, g)) : 0;
+      }
+      issue(0, tk_now);
+#pragma unroll 1
+      for (int i = 0; i < nb; ++i) {
+        // Block i's rows (and, at i = 0, this thread's part of the Q tile) have landed: hand the
+        // tile over, then bring block i + 1 into the other tile once block i - 1 has left it.
+        sm90::cp_async_wait<0>();
+        sm90::fence_proxy_async_smem();
+        sm90::mbar_arrive(&sm.full[i % kKBufs]);
+        const int n = i + 1;
+        if (n < nb) {
+          if (n >= kKBufs) wait(&sm.empty[n % kKBufs], uint32_t(n / kKBufs + 1) & 1u);
+          issue(n, tk_next);
+#pragma unroll
+          for (int g = 0; g < 4; ++g)
+            tk_next[g] = n + 1 < nb ? key_topk_entry(a, t, slot_of(n + 1, g)) : 0;
+        }
+      }
+    } else if constexpr (kStaged) {
       constexpr int R = L::kRawStages, kRawKeys = L::kRawKeys, kRawRow = L::kRawRow;
       constexpr int kParts = 128 / kRawKeys;   // decode threads per key: 2, a pair's 4
       constexpr int kRegionsPer = 8 / kParts;  // 64-dim regions per decode thread
@@ -631,35 +691,42 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
   if constexpr (kCluster == 2) sm90::cluster_sync();
 }
 
-template <int kCluster, bool kStaged>
+template <int kCluster, WgProducer kP>
 void launch_wgmma_t(const AttnArgs& a, cudaStream_t stream) {
-  const size_t smem = sizeof(WgSmem<kCluster, kStaged>) + 1024;
+  const size_t smem = sizeof(WgSmem<kCluster, kP>) + 1024;
   static std::atomic<uint64_t> attr{0};
   once_per_device(attr, [&] {
-    DSV4_CUDA_CHECK(cudaFuncSetAttribute(sparse_attn_wgmma_kernel<kCluster, kStaged>,
+    DSV4_CUDA_CHECK(cudaFuncSetAttribute(sparse_attn_wgmma_kernel<kCluster, kP>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   });
   LaunchConfig c{dim3(unsigned(int64_t(a.num_tokens) * a.head_tiles), unsigned(a.num_splits)),
                  dim3(C::kThreads), smem, stream, a.pdl};
   c.cluster = dim3(kCluster, 1, 1);
-  launch_kernel(c, sparse_attn_wgmma_kernel<kCluster, kStaged>, a);
+  launch_kernel(c, sparse_attn_wgmma_kernel<kCluster, kP>, a);
 }
 }  // namespace
 
 // Head tiles in pairs (n_heads a multiple of 128): CTA pairs of one token share each key
 // block's decode; otherwise every CTA decodes its whole block.
-void launch_wgmma(const AttnArgs& a, bool staged, bool pairs_allowed, cudaStream_t stream) {
+void launch_wgmma(const AttnArgs& a, WgProducer producer, bool pairs_allowed, cudaStream_t stream) {
   const bool pairs = pairs_allowed && a.head_tiles % 2 == 0;
-  if (staged) {
-    if (pairs)
-      launch_wgmma_t<2, true>(a, stream);
-    else
-      launch_wgmma_t<1, true>(a, stream);
-  } else {
-    if (pairs)
-      launch_wgmma_t<2, false>(a, stream);
-    else
-      launch_wgmma_t<1, false>(a, stream);
+  switch (producer) {
+    case WgProducer::kStaged:
+      if (pairs)
+        launch_wgmma_t<2, WgProducer::kStaged>(a, stream);
+      else
+        launch_wgmma_t<1, WgProducer::kStaged>(a, stream);
+      break;
+    case WgProducer::kDirect:
+      if (pairs)
+        launch_wgmma_t<2, WgProducer::kDirect>(a, stream);
+      else
+        launch_wgmma_t<1, WgProducer::kDirect>(a, stream);
+      break;
+    case WgProducer::kPredecoded:
+      DSV4_CHECK(!pairs, "sparse_attention: predecoded keys run without CTA pairs");
+      launch_wgmma_t<1, WgProducer::kPredecoded>(a, stream);
+      break;
   }
 }
 
@@ -672,7 +739,7 @@ bool wgmma_available() {
 #else  // !DSV4_HAVE_CUTLASS
 
 namespace dsv4::cuda::sparse_attn_detail {
-void launch_wgmma(const AttnArgs&, bool, bool, cudaStream_t) {
+void launch_wgmma(const AttnArgs&, WgProducer, bool, cudaStream_t) {
   DSV4_CHECK(false, "sparse_attention: the wgmma kernel needs the CUTLASS/CuTe headers");
 }
 bool wgmma_available() {
