@@ -100,8 +100,8 @@ static_assert(sizeof(WgSmem<1, WgProducer::kPredecoded>) + 1024 <= 227 * 1024,
               "predecoded layout fits");
 
 // Named barrier ids (the P hand-off between the consumer warpgroups of one CTA; the staged
-// producer's raw stage read by all of its threads).
-enum : int { kBarPReady = 5, kBarPFree = 6, kBarEpi = 7, kBarRawFree = 8 };
+// producer's raw stage read by all of its threads; each consumer warpgroup's output rows).
+enum : int { kBarPReady = 5, kBarPFree = 6, kBarEpi = 7, kBarRawFree = 8, kBarOut0 = 9 };  // 9, 10
 constexpr int kPair = 256;
 
 // The producer's share of the K tile. kCluster = 1: 64 keys, 2 threads per key, four 64-dim
@@ -665,17 +665,36 @@ __global__ void __launch_bounds__(C::kThreads, 1) sparse_attn_wgmma_kernel(const
 
     // Epilogue: rows r0, r0 + 8; this warpgroup's 256 dims, column 8j + 2c (+1).
     const int d0 = 256 * wgi;
+    if (a.num_splits == 1) {
+      // BF16 rows through shared memory, then 16-byte stores of whole rows (the 4-byte stores
+      // straight from the fragments queued in the LSU for ~15 % of the consumers' time). The Q
+      // tile is free: every S = Q K^T of this CTA has completed (WG1 is past kBarEpi, which
+      // WG0 reaches after its last block). Its 128-byte swizzle keeps both passes conflict-free.
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = r0 + 8 * r;
-      const float fin = sm.fin[row];
-      if (a.num_splits == 1) {
-        __nv_bfloat16* orow = a.out + (int64_t(t) * a.n_heads + h0 + row) * kHeadDim + d0 + 2 * c;
+      for (int r = 0; r < 2; ++r) {
+        const int row = r0 + 8 * r;
+        const float fin = sm.fin[row];
 #pragma unroll
         for (int j = 0; j < 32; ++j)
-          *reinterpret_cast<uint32_t*>(orow + 8 * j) =
+          *reinterpret_cast<uint32_t*>(sm.q + sm90::sw128_bf16_offset(row, d0 + 8 * j + 2 * c)) =
               sm90::pack_bf16x2(o[4 * j + 2 * r] * fin, o[4 * j + 2 * r + 1] * fin);
-      } else {
+      }
+      if (wgi == 0)  // constant ids (a computed one makes ptxas reserve all 16)
+        sm90::named_barrier_sync(kBarOut0, 128);
+      else
+        sm90::named_barrier_sync(kBarOut0 + 1, 128);
+      // This warpgroup's 64 rows x 256 dims: a warp stores 512 contiguous bytes of one row.
+      __nv_bfloat16* out = a.out + (int64_t(t) * a.n_heads + h0) * kHeadDim + d0;
+#pragma unroll 4
+      for (int i = 0; i < 16; ++i) {
+        const int q = wt + 128 * i, row = q >> 5, col = 8 * (q & 31);
+        *reinterpret_cast<uint4*>(out + int64_t(row) * kHeadDim + col) =
+            *reinterpret_cast<const uint4*>(sm.q + sm90::sw128_bf16_offset(row, d0 + col));
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = r0 + 8 * r;
         float* part =
             a.partials +
             ((int64_t(t) * a.n_heads + h0 + row) * a.num_splits + split) * kPartialFloats + d0 +
