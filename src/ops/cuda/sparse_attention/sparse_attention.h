@@ -63,7 +63,10 @@ struct SparseAttnParams {
   int topk = 0;                       // ratio 4: indices used per token (<= 1024)
   int64_t topk_stride = 0;
 
-  // Split-KV scratch (sparse_attention_workspace_bytes); may be null when that is 0.
+  // Scratch: split-KV partials and, for kWgmmaPredecoded, the keys decoded to BF16
+  // (sparse_attention_workspace_bytes sizes it for the plan); may be null when that is 0. kAuto
+  // takes the predecoded keys only when they fit what is offered here (the engine offers its
+  // whole attention workspace, CudaModelLimits::attn_workspace_bytes).
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 
