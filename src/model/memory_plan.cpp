@@ -142,6 +142,16 @@ bool has_ratio(const ModelConfig& c, int r) {
          c.compress_ratios.end();
 }
 
+}  // namespace
+
+int64_t predecoded_keys_bytes(const ModelConfig& c, int64_t tokens, int64_t context) {
+  const int ratio = has_ratio(c, 4) ? 4 : has_ratio(c, 128) ? 128 : 0;
+  const int64_t rows = tokens + c.window_size + (ratio > 0 ? context / ratio : 0);
+  return rows * 512 * 2;
+}
+
+namespace {
+
 // The CPU forward's largest buffers for a step of T rows (backends/cpu/model.cpp): the hc
 // streams, one block's sub-layer inputs and outputs, the attention projections, one chunk's
 // gathered keys, the routed experts' rows and the logits of every row.
@@ -189,6 +199,10 @@ int64_t cuda_activation_bytes(const ModelConfig& c, const StepGeometry& s, int64
   if (mtp) b += 3 * align256(2 * T * dim) + 2 * align256(2 * T * hc * dim);
   for (int i = 0; i < 2; ++i)
     b += align256(exact ? 2 * m * kmax : 0) + align256(m * kmax) + align256(4 * (kmax / 128) * m);
+  // The predecoded keys beyond the attention's split budget (inside the flat estimate), where
+  // the wgmma kernels run the heads (an over-estimate when tensor parallelism splits them).
+  if (c.n_heads % 64 == 0)
+    b += std::max<int64_t>(0, predecoded_keys_bytes(c, T, context) - kAttnSplitWorkspaceBytes);
   return b + kCudaWorkspaceBytes;
 }
 

@@ -74,6 +74,16 @@ struct StepGeometry {
 };
 StepGeometry step_geometry(const ModelConfig& c, const MemoryPlanOptions& o);
 
+// The CUDA sparse attention's predecoded keys for a prefill chunk of `tokens` tokens of one
+// sequence at positions below `context` (ops/cuda/sparse_attention, kWgmmaPredecoded): a BF16
+// row of 1 KiB for each token, each window slot and each compressed entry it can see (the
+// model's finest compression ratio). The CUDA model's attention workspace holds at least this
+// much (for head counts the wgmma kernels take), and the memory plan counts it.
+int64_t predecoded_keys_bytes(const ModelConfig& c, int64_t tokens, int64_t context);
+// The attention workspace's split-KV budget (CudaModelLimits::attn_workspace_bytes' default),
+// inside the plan's flat estimate of the kernels' workspaces.
+constexpr int64_t kAttnSplitWorkspaceBytes = 64ll << 20;
+
 // One memory (the host, or one GPU).
 struct MemoryPool {
   std::string name;          // "host memory", "GPU 0 memory"

@@ -11,6 +11,7 @@
 #include "backends/cuda/verify.h"
 #include "core/error.h"
 #include "core/formats.h"
+#include "model/memory_plan.h"
 #include "ops/cuda/attn_frontend/attn_frontend.h"
 #include "ops/cuda/attn_output/attn_output.h"
 #include "ops/cuda/common/cuda_check.h"
@@ -176,7 +177,14 @@ void CudaModel::plan(const CudaModelLimits& lim) {
     const int64_t ncomp = std::max<int64_t>(csa ? c.index_topk : 0, lim.max_context / 128);
     const int64_t blocks = (c.window_size + ncomp + 63) / 64;
     const int64_t need = T * HA * blocks * cuda::sparse_attn_detail::kPartialFloats * 4;
-    act_.attn_ws_bytes = size_t(std::min<int64_t>(need, lim.attn_workspace_bytes));
+    act_.attn_split_bytes = size_t(std::min<int64_t>(need, lim.attn_workspace_bytes));
+    act_.attn_ws_bytes = act_.attn_split_bytes;
+    // Room for a one-sequence prefill chunk's predecoded keys at the planned context, so that
+    // prefill takes that kernel at every context (sparse_attention.h: kAuto plans within the
+    // workspace offered); memory_plan.cpp counts the same bytes.
+    if (HA % 64 == 0 && T >= 16)
+      act_.attn_ws_bytes = std::max<size_t>(act_.attn_ws_bytes,
+                                            size_t(predecoded_keys_bytes(c, T, lim.max_context)));
   }
   act_.gemm_ws_bytes = gemm_ws;
   act_.moe_ws_bytes = moe_ws;
@@ -520,7 +528,7 @@ void CudaModel::hc_post(int block, bool ffn, const DeviceStep& st, const bf16* s
 int64_t CudaModel::attn_splits_for(int tokens, int heads) const {
   // Split rows the scratch holds for this launch: (token, head, split) partials.
   const int64_t per = int64_t(cuda::sparse_attn_detail::kPartialFloats) * 4;
-  return int64_t(act_.attn_ws_bytes) / (per * std::max(1, tokens) * heads);
+  return int64_t(act_.attn_split_bytes) / (per * std::max(1, tokens) * heads);
 }
 
 void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, const bf16* x,
