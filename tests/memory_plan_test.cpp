@@ -238,6 +238,24 @@ TEST(MemoryPlan, CudaPlanKeepsTheBackendsStepGeometryAndAShrinkingPool) {
 // Speculative decoding on one GPU: the rollback's save area and the MTP steps' rows are in the
 // plan (and so in what the pool is sized against), as the runner allocates them; nothing on
 // the CPU backend's plan or with several ranks (neither speculates on the GPU).
+// The sparse attention's predecoded keys of a one-sequence prefill chunk: a 1 KiB BF16 row per
+// token, window slot and compressed entry the chunk's last token can see at the finest ratio
+// (the rows sparse_attention_predecode.cu writes: T + S (W + (max_position + 1) / ratio), S = 1).
+TEST(MemoryPlan, PredecodedKeysOfAPrefillChunk) {
+  const std::string data = std::string(DSV4_SOURCE_DIR) + "/tests/data/";
+  ModelConfig c = load_model_config(data + "deepseek-v4-flash.config.json");
+  const int64_t W = c.window_size, ctx = int64_t(1) << 20;
+  EXPECT_EQ(predecoded_keys_bytes(c, 8192, ctx), (8192 + W + ctx / 4) * 1024);  // CSA layers
+  // 8192 tokens at 64K fit the split-KV budget the plan always held; at 1M they do not.
+  EXPECT_LE(predecoded_keys_bytes(c, 8192, 65536), kAttnSplitWorkspaceBytes);
+  EXPECT_GT(predecoded_keys_bytes(c, 8192, ctx), kAttnSplitWorkspaceBytes);
+  for (int& r : c.compress_ratios)
+    if (r == 4) r = 128;
+  EXPECT_EQ(predecoded_keys_bytes(c, 8192, ctx), (8192 + W + ctx / 128) * 1024);  // HCA only
+  for (int& r : c.compress_ratios) r = 0;
+  EXPECT_EQ(predecoded_keys_bytes(c, 100, ctx), (100 + W) * 1024);  // the window alone
+}
+
 TEST(MemoryPlan, SpeculationIsCountedInTheCudaPool) {
   const std::string data = std::string(DSV4_SOURCE_DIR) + "/tests/data/";
   const ModelConfig c = load_model_config(data + "deepseek-v4-flash.config.json");
