@@ -28,6 +28,7 @@
 #include "backends/cuda/rank_context.h"
 #include "backends/cuda/step.h"
 #include "backends/cuda/weights.h"
+#include "model/memory_plan.h"
 #include "model/model_config.h"
 #include "model/op_event.h"
 #include "model/trace.h"
@@ -44,7 +45,8 @@ struct CudaModelLimits {
   int max_seqs = 1;         // sequences per forward
   int64_t max_context = 1;  // positions per sequence (every position < max_context)
   int max_logit_rows = 0;   // logits rows per forward ([rows, vocab] fp32); 0: max_tokens
-  int64_t attn_workspace_bytes = 64ll << 20;  // split-KV scratch of the sparse attention
+  // Split-KV scratch of the sparse attention (the memory plan's flat estimate holds it).
+  int64_t attn_workspace_bytes = kAttnSplitWorkspaceBytes;
   // FP8 linears on the exact W8A16 path (ops/cuda/gemm/w8a16_linear.h: the reference's exact
   // sums, BF16 tensor-core rate) instead of FP8 tensor cores (faster; ~14-bit sums inside each
   // K block). Plans the BF16 quantised-activation buffers it needs.

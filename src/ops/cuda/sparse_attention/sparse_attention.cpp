@@ -115,8 +115,8 @@ SparseAttnShape shape_of(const SparseAttnParams& p) {
   shape.sm_count = sm_count();
   shape.wgmma_available = sparse_attn_detail::wgmma_available();
   shape.num_seqs = p.batch.num_seqs;
-  shape.predecode_rows =
-      int64_t(p.batch.num_tokens) + int64_t(p.batch.num_seqs) * (p.window + comp_rows_of(p));
+  shape.predecode_rows = sparse_attn_detail::predecode_rows(p.batch.num_tokens, p.batch.num_seqs,
+                                                            p.window, comp_rows_of(p));
   shape.workspace_offered = p.workspace != nullptr ? int64_t(p.workspace_bytes) : 0;
   shape.kernel = p.kernel;
   shape.heads_per_cta = p.heads_per_cta;

@@ -54,9 +54,12 @@ enum class WgProducer { kDirect, kStaged, kPredecoded };
 void launch_wgmma(const AttnArgs& a, WgProducer producer, bool pairs, cudaStream_t stream);
 bool wgmma_available();  // built with the CuTe sm_90a headers
 void launch_combine(const AttnArgs& a, cudaStream_t stream);
-// The predecoded key rows (kWgmmaPredecoded): their count for a's batch, and the kernel that
-// writes them (before the attention kernel, which it lets launch programmatically).
-int64_t predecode_rows(const AttnArgs& a);
+// The predecoded key rows (kWgmmaPredecoded): their count — the batch's tokens, then each
+// sequence's window slots and compressed entries (the layout key_row() reads) — and the kernel
+// that writes them (before the attention kernel, which it lets launch programmatically).
+inline int64_t predecode_rows(int num_tokens, int num_seqs, int window, int comp_rows) {
+  return int64_t(num_tokens) + int64_t(num_seqs) * (window + comp_rows);
+}
 void launch_predecode(const AttnArgs& a, cudaStream_t stream);
 
 }  // namespace dsv4::cuda::sparse_attn_detail

@@ -72,10 +72,8 @@ __global__ void __launch_bounds__(kThreadsPerRow* kRowsPerCta)
     } else {
       if (e >= (last + 1) / a.ratio) return;
     }
-    const int page = __ldg(v.block_table + int64_t(s) * v.stride + e / v.page_size);
-    const uint8_t* base = v.pages + int64_t(page) * v.page_bytes;
-    data = base + int64_t(e % v.page_size) * kEntryData;
-    scales = base + int64_t(v.page_size) * kEntryData + int64_t(e % v.page_size) * kEntryScales;
+    data = entry_data(v, s, e);
+    scales = entry_scales(v, s, e);
   }
   const uint4 out = decode_chunk(data, scales, c);
   *reinterpret_cast<uint4*>(a.keys_bf16 + row * kHeadDim + 8 * c) = out;
@@ -83,12 +81,8 @@ __global__ void __launch_bounds__(kThreadsPerRow* kRowsPerCta)
 
 }  // namespace
 
-int64_t predecode_rows(const AttnArgs& a) {
-  return int64_t(a.num_tokens) + int64_t(a.num_seqs) * (a.window + a.comp_rows);
-}
-
 void launch_predecode(const AttnArgs& a, cudaStream_t stream) {
-  const int64_t rows = predecode_rows(a);
+  const int64_t rows = predecode_rows(a.num_tokens, a.num_seqs, a.window, a.comp_rows);
   if (rows == 0) return;
   const dim3 grid(unsigned((rows + kRowsPerCta - 1) / kRowsPerCta));
   launch_kernel(LaunchConfig{grid, dim3(kThreadsPerRow * kRowsPerCta), 0, stream, a.pdl},

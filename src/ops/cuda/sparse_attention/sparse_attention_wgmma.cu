@@ -731,21 +731,14 @@ void launch_wgmma(const AttnArgs& a, WgProducer producer, bool pairs_allowed, cu
   const bool pairs = pairs_allowed && a.head_tiles % 2 == 0;
   switch (producer) {
     case WgProducer::kStaged:
-      if (pairs)
-        launch_wgmma_t<2, WgProducer::kStaged>(a, stream);
-      else
-        launch_wgmma_t<1, WgProducer::kStaged>(a, stream);
-      break;
+      return pairs ? launch_wgmma_t<2, WgProducer::kStaged>(a, stream)
+                   : launch_wgmma_t<1, WgProducer::kStaged>(a, stream);
     case WgProducer::kDirect:
-      if (pairs)
-        launch_wgmma_t<2, WgProducer::kDirect>(a, stream);
-      else
-        launch_wgmma_t<1, WgProducer::kDirect>(a, stream);
-      break;
+      return pairs ? launch_wgmma_t<2, WgProducer::kDirect>(a, stream)
+                   : launch_wgmma_t<1, WgProducer::kDirect>(a, stream);
     case WgProducer::kPredecoded:
       DSV4_CHECK(!pairs, "sparse_attention: predecoded keys run without CTA pairs");
-      launch_wgmma_t<1, WgProducer::kPredecoded>(a, stream);
-      break;
+      return launch_wgmma_t<1, WgProducer::kPredecoded>(a, stream);
   }
 }
 
