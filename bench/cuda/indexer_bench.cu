@@ -9,8 +9,10 @@
 // * heads * 128. The peer line for b=256 8K is DeepGEMM's published SM90 paged MQA logits on
 // H20 (a different chip: context only).
 //
-// Usage: indexer_bench [--quick] [--topk]
-// (--topk: only the top-k at batch 1-2, the cluster and the segment path side by side)
+// Usage: indexer_bench [--quick] [--topk] [--logits] [--shape SUBSTR]
+// (--topk: only the top-k at batch 1-2, the cluster and the segment path side by side;
+//  --logits: only the logits, every kernel (IndexerLogitsPath) side by side;
+//  --shape: only the shapes whose "name hH b=B sq=S ctx=C" contains SUBSTR)
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -35,7 +37,9 @@ using namespace dsv4::cuda;
 
 namespace {
 
-bool g_topk_only = false;  // --topk
+bool g_topk_only = false;       // --topk
+bool g_logits_only = false;     // --logits
+const char* g_shape = nullptr;  // --shape SUBSTR: only shapes whose name contains SUBSTR
 
 // Mean time per call of `n` calls enqueued back to back between two events.
 double back_to_back_us(const std::function<void()>& call, int n) {
@@ -89,6 +93,12 @@ Shape model_shape(const char* name, const ModelConfig& c, int b, int sq, int64_t
 }
 
 void run(const Shape& sh, std::mt19937& rng) {
+  if (g_shape) {
+    char name[200];
+    std::snprintf(name, sizeof name, "%s h%d b=%d sq=%d ctx=%lld", sh.name.c_str(), sh.heads, sh.b,
+                  sh.sq, (long long)sh.ctx);
+    if (!std::strstr(name, g_shape)) return;
+  }
   const int T = sh.b * sh.sq;
   std::vector<int32_t> cu{0}, pos0;
   for (int s = 0; s < sh.b; ++s) {
@@ -181,6 +191,18 @@ void run(const Shape& sh, std::mt19937& rng) {
     }
     return;
   }
+  if (g_logits_only) {
+    for (IndexerLogitsPath path : {IndexerLogitsPath::kMma, IndexerLogitsPath::kWgmma}) {
+      p.logits_path = path;
+      const double us = bench::median_us([&](int i) {
+        bind(i % copies);
+        indexer_logits(p, nullptr);
+      });
+      emit(path == IndexerLogitsPath::kMma ? "indexer_logits[mma]" : "indexer_logits[wgmma]", us,
+           2.0 * vis_sum * sh.heads * 128, key_bytes, "", 0);
+    }
+    return;
+  }
   const double tq = bench::median_us([&](int) { indexer_query(p, nullptr); });
   emit("indexer_query", tq, 0, double(qn) * 4 + double(T) * sh.heads * 4, "", 0);
   const double tl = bench::median_us([&](int i) {
@@ -216,8 +238,12 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (std::strcmp(argv[i], "--topk") == 0) {
       g_topk_only = true;
+    } else if (std::strcmp(argv[i], "--logits") == 0) {
+      g_logits_only = true;
+    } else if (std::strcmp(argv[i], "--shape") == 0 && i + 1 < argc) {
+      g_shape = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: indexer_bench [--quick] [--topk]\n");
+      std::fprintf(stderr, "usage: indexer_bench [--quick] [--topk] [--logits] [--shape SUBSTR]\n");
       return 2;
     }
   }
@@ -232,6 +258,18 @@ int main(int argc, char** argv) {
           if (ctx == 131072 && sq == 1)
             run(model_shape("decode_pro", pro, b, sq, ctx, false, 0), rng);
         }
+    return 0;
+  }
+  if (g_logits_only) {
+    for (int64_t ctx : {16384LL, 65536LL, 131072LL})
+      for (int sq : {1, 2, 4})
+        for (int b : {1, 2, 128, 256}) {
+          if (sq == 4 && b == 256) continue;
+          run(model_shape("decode_flash", flash, b, sq, ctx, false, 0), rng);
+        }
+    run(model_shape("decode_pro", pro, 128, 2, 65536, false, 0), rng);
+    for (int64_t n : {4096LL, 8192LL})
+      run(model_shape("prefill_flash", flash, 1, int(n), n, true, 0), rng);
     return 0;
   }
   for (int64_t ctx : {16384LL, 65536LL, 131072LL})

@@ -278,12 +278,39 @@ void check_topk(const Fixture& f) {
   EXPECT_EQ(bad, 0) << "mismatching top-k slots, batch " << describe(f.batch) << ", k " << f.topk;
 }
 
+const char* logits_path_name(cuda::IndexerLogitsPath path) {
+  switch (path) {
+    case cuda::IndexerLogitsPath::kMma:
+      return "mma";
+    case cuda::IndexerLogitsPath::kWgmma:
+      return "wgmma";
+    default:
+      return "auto";
+  }
+}
+
+// Every logits kernel on the fixture's q_fp4 / weights (the query stage ran), scores poisoned
+// before each launch; the last path's scores stay in d_scores.
+void check_logits_paths(Fixture& f) {
+  for (cuda::IndexerLogitsPath path :
+       {cuda::IndexerLogitsPath::kMma, cuda::IndexerLogitsPath::kWgmma}) {
+    SCOPED_TRACE(logits_path_name(path));
+    f.d_scores.fill_bytes(0xff);
+    cuda::IndexerParams p = f.p;
+    p.logits_path = path;
+    cuda::indexer_logits(p, nullptr);
+    DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+    check_scores(f);
+  }
+}
+
 void run_all(Fixture& f) {
   cuda::lightning_indexer(f.p, nullptr);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
   check_query(f);
   check_scores(f);
   check_topk(f);
+  check_logits_paths(f);
 }
 
 TEST_F(CudaIndexer, Smoke) {
@@ -325,6 +352,15 @@ TEST_F(CudaIndexer, PrefillChunks) {
     Fixture f(make_batch({301, 129, 3}, {0, 2047, 5}), heads, 512, 32, rng);
     run_all(f);
   }
+}
+
+// V4 shapes (64 heads) at long contexts: decode tokens (1-4 a sequence, the speculative
+// verify's) at 16K-64K tokens of context (4K-16K entries, many key chunks a sequence) and a
+// prefill chunk of 64 tokens at 8K, every logits kernel against the CPU op.
+TEST_F(CudaIndexer, LongContextV4Heads) {
+  std::mt19937 rng(12);
+  Fixture f(make_batch({1, 2, 4, 1, 64}, {65535, 32766, 16380, 20001, 8192}), 64, 512, 64, rng);
+  run_all(f);
 }
 
 TEST_F(CudaIndexer, TopkSizes) {

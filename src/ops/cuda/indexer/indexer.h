@@ -42,6 +42,15 @@ enum class IndexerTopkPath {
   kCluster,   // one cluster of CTAs per token, the selection merged in distributed shared memory
 };
 
+// Which kernel computes the logits (an override for tests and benchmarks). kAuto takes the
+// warpgroup-MMA kernel: measured faster than mma.sync at every benchmarked shape (H200,
+// 2026-12-04: batch 1-256, s_q 1-4, 16K-128K context, prefill 4K / 8K).
+enum class IndexerLogitsPath {
+  kAuto,
+  kMma,    // mma.sync m16n8k16: 4 warps x 32 keys a tile
+  kWgmma,  // warpgroup MMA: 64 keys x every head a wgmma chain, head sum on the tensor cores
+};
+
 struct IndexerParams {
   AttnBatch batch;
   int n_heads = 0;     // index_n_heads: 1..64
@@ -69,6 +78,7 @@ struct IndexerParams {
   size_t workspace_bytes = 0;
 
   IndexerTopkPath topk_path = IndexerTopkPath::kAuto;
+  IndexerLogitsPath logits_path = IndexerLogitsPath::kAuto;
   // Programmatic dependent launch of the stage's first kernel: it may start while the kernel
   // before it on the stream finishes (each kernel here waits in griddepcontrol.wait before its
   // first global access and lets its successor launch at once); graph-capturable.

@@ -25,6 +25,17 @@ constexpr int kMaxTokensPerCta = 4;
 constexpr int kQRowPad = 8;  // BF16 elements of padding per q row in smem (conflict-free ldmatrix)
 constexpr int kMaxKeysPerCta = 2048;
 
+// Logits on warpgroup MMA (indexer_logits_wgmma.cu): one warpgroup a CTA, 64 keys a tile (the
+// wgmma's M), a 4-stage ring of key tiles (bulk copies, or cp.async per key), up to
+// kMaxTokensPerCta tokens of one sequence sharing each decoded tile; key chunks sized for about
+// kWgCtasPerSm CTAs an SM.
+constexpr int kWgThreads = 128;
+constexpr int kWgTileKeys = 64;
+constexpr int kWgStages = 4;
+constexpr int kWgMaxKeysPerCta = 2048;
+constexpr int kWgCtasPerSm = 4;
+constexpr int kWgMinCtasPerSm = 3;  // the launch bound: at most 168 registers a thread
+
 // Top-k: one CTA selects over a segment of at most kSegment entries (16-bit positions); longer
 // rows are cut into segments whose candidates a second pass merges.
 constexpr int kTopkThreads = 512;

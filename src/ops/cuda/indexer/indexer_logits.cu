@@ -28,6 +28,7 @@
 #include "ops/cuda/indexer/indexer.h"
 #include "ops/cuda/indexer/indexer_config.h"
 #include "ops/cuda/indexer/indexer_internal.h"
+#include "ops/cuda/indexer/indexer_logits_args.h"
 #include "ops/cuda/sparse_attention/decode.cuh"
 
 namespace dsv4::cuda {
@@ -35,19 +36,8 @@ namespace {
 
 using namespace indexer_cfg;
 using namespace detail;
-
-struct LogitsArgs {
-  const __nv_bfloat16* q_fp4;
-  const __nv_bfloat16* weights;
-  __nv_bfloat16* scores;
-  int64_t stride;
-  const int32_t* cu_seqlens;
-  const int32_t* seq_pos0;
-  PagedStoreView keys;
-  int ratio;
-  int keys_per_cta;
-  int heads;  // the real head count (<= HI); q_fp4 / weights rows hold this many
-};
+using indexer_detail::LogitsArgs;
+using indexer_detail::sm_count;
 
 template <int HI>
 struct LogitsSmem {
@@ -243,16 +233,6 @@ __global__ void __launch_bounds__(kLogitsThreads, 2) indexer_logits_kernel(const
   sm90::cp_async_wait<0>();
 }
 
-int sm_count() {
-  static int n = [] {
-    int dev = 0, v = 0;
-    DSV4_CUDA_CHECK(cudaGetDevice(&dev));
-    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v;
-  }();
-  return n;
-}
-
 template <int HI>
 void launch_logits(const IndexerParams& p, cudaStream_t stream) {
   const int64_t nvis = indexer_detail::max_visible(p);
@@ -281,9 +261,25 @@ void launch_logits(const IndexerParams& p, cudaStream_t stream) {
 
 }  // namespace
 
+namespace indexer_detail {
+int sm_count() {
+  static int n = [] {
+    int dev = 0, v = 0;
+    DSV4_CUDA_CHECK(cudaGetDevice(&dev));
+    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+}  // namespace indexer_detail
+
 void indexer_logits(const IndexerParams& p, cudaStream_t stream) {
   indexer_detail::validate(p, indexer_detail::Stage::kLogits);
   if (p.batch.num_tokens == 0 || indexer_detail::max_visible(p) == 0) return;
+  if (p.logits_path != IndexerLogitsPath::kMma) {
+    indexer_detail::launch_logits_wgmma(p, stream);
+    return;
+  }
   // The MMA width: the head count rounded up to 8, 16, 32 or 64 (padding heads are zero).
   if (p.n_heads <= 8)
     launch_logits<8>(p, stream);
