@@ -356,10 +356,14 @@ TEST_F(CudaIndexer, PrefillChunks) {
 
 // V4 shapes (64 heads) at long contexts: decode tokens (1-4 a sequence, the speculative
 // verify's) at 16K-64K tokens of context (4K-16K entries, many key chunks a sequence) and a
-// prefill chunk of 64 tokens at 8K, every logits kernel against the CPU op.
+// prefill chunk of 64 tokens at 8K, every logits kernel (the wgmma one with one and with two
+// tokens a chain) against the CPU op.
 TEST_F(CudaIndexer, LongContextV4Heads) {
   std::mt19937 rng(12);
-  Fixture f(make_batch({1, 2, 4, 1, 64}, {65535, 32766, 16380, 20001, 8192}), 64, 512, 64, rng);
+  // Up to 2 tokens a sequence (one token a wgmma chain) and up to 64 (two tokens a chain).
+  Fixture f2(make_batch({2, 1, 2}, {65534, 32767, 16381}), 64, 512, 64, rng);
+  run_all(f2);
+  Fixture f(make_batch({1, 2, 4, 3, 64}, {65535, 32766, 16380, 20001, 8192}), 64, 512, 64, rng);
   run_all(f);
 }
 

@@ -34,7 +34,10 @@ constexpr int kWgTileKeys = 64;
 constexpr int kWgStages = 4;
 constexpr int kWgMaxKeysPerCta = 2048;
 constexpr int kWgCtasPerSm = 4;
-constexpr int kWgMinCtasPerSm = 3;  // the launch bound: at most 168 registers a thread
+// Launch bounds: one token a chain at most 168 registers a thread (ptxas takes 128: 4 CTAs an
+// SM), two tokens a chain at most 255 (it takes 167: 2 CTAs an SM).
+constexpr int kWgMinCtasPerSm = 3;
+constexpr int kWgMinCtasPerSmPaired = 2;
 
 // Top-k: one CTA selects over a segment of at most kSegment entries (16-bit positions); longer
 // rows are cut into segments whose candidates a second pass merges.

@@ -28,6 +28,9 @@
 // CPU op's sequential fp32 sum whenever that sum is exact; where it rounds, orders can differ by
 // an fp32 ulp, which changes the BF16 score only at a rounding midpoint.
 //
+// Sequences with 3 or more query tokens run two tokens a chain (N = 2 x heads; the queries of a
+// CTA's tokens lie as one K-major tile of tokens x heads rows).
+//
 // Pipeline: key tiles land in a 4-stage ring (bulk copies when a tile lies in one page, else
 // cp.async per key); the warps decode tile i + 1 into a second set of fragments while the
 // tensor cores run tile i's chain.
@@ -62,7 +65,7 @@ constexpr int kKeyRow = kKeyBytes;  // smem bytes of a key's data (64)
 static_assert(kWgMaxKeysPerCta / kWgTileKeys <= kWgThreads, "one thread a tile's page id");
 
 // Shared memory of one CTA (offsets in bytes from a 1024-aligned base).
-//   q     : tokens x 2 regions x HI rows x 128 B (128-byte swizzle, K-major; region r holds
+//   q     : 2 regions x tokens x HI rows x 128 B (128-byte swizzle, K-major; region r holds
 //           logical k columns 64r .. 64r + 63)
 //   ones  : 8 rows x 128 B of BF16 1.0 (the head-sum B operand)
 //   kd    : stages x 64 keys x 64 B (packed e2m1)
@@ -92,9 +95,11 @@ __device__ __forceinline__ int kphys(int st, int h) {
   return 8 * (st >> 1) + 2 * (st & 1) + h;
 }
 
-// Byte offset of BF16 element (row, col) of a 2-region K-major tile with `hi` rows a region.
-__device__ __forceinline__ uint32_t q_offset(int hi, int row, int col) {
-  return uint32_t(col >> 6) * uint32_t(hi * 128) + uint32_t(row) * 128u +
+// Byte offset of BF16 element (row, col) of the queries' K-major tile: 2 regions (k columns
+// 0..63, 64..127) of `rows` rows (tokens x heads, a token's heads contiguous, so consecutive
+// tokens form one wider B operand).
+__device__ __forceinline__ uint32_t q_offset(int rows, int row, int col) {
+  return uint32_t(col >> 6) * uint32_t(rows * 128) + uint32_t(row) * 128u +
          (uint32_t(((col & 63) >> 3) ^ (row & 7)) << 4) + uint32_t(col & 7) * 2u;
 }
 
@@ -115,8 +120,8 @@ __device__ __forceinline__ uint32_t relu_bf16x2(float lo, float hi) {
   return r;
 }
 
-template <int HI>
-__global__ void __launch_bounds__(kWgThreads, kWgMinCtasPerSm)
+template <int HI, int TP>
+__global__ void __launch_bounds__(kWgThreads, TP == 1 ? kWgMinCtasPerSm : kWgMinCtasPerSmPaired)
     indexer_logits_wgmma_kernel(const LogitsArgs a) {
   constexpr int NT = HI / 8;                  // n8 tiles of heads
   constexpr int KS = HI >= 16 ? HI / 16 : 1;  // k16 steps of the head sum
@@ -235,14 +240,15 @@ __global__ void __launch_bounds__(kWgThreads, kWgMinCtasPerSm)
 #pragma unroll
         for (int j = 0; j < 16; ++j) v[j] = 0u;  // padding heads: zero queries
       }
-      uint8_t* qt = sq + tq * 2 * HI * 128;
+      const int qrows = a.cta_tokens * HI;
 #pragma unroll
       for (int st = 0; st < 8; ++st)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int b = kphys(st, hf);  // dims b (low) and b + 4 (high) of the block
           const uint32_t word = sm90::prmt(v[b >> 1], v[(b >> 1) + 2], (b & 1) ? 0x7632u : 0x5410u);
-          *reinterpret_cast<uint32_t*>(qt + q_offset(HI, h, 16 * st + 8 * hf + 2 * cb)) = word;
+          *reinterpret_cast<uint32_t*>(
+              sq + q_offset(qrows, tq * HI + h, 16 * st + 8 * hf + 2 * cb)) = word;
         }
     }
     for (int i = tid; i < nt * HI; i += kWgThreads) {
@@ -295,69 +301,74 @@ __global__ void __launch_bounds__(kWgThreads, kWgMinCtasPerSm)
     if (it + kWgStages < ntiles) load_tile(it + kWgStages, it % kWgStages);
     const int kb = k_begin + it * kWgTileKeys;
 #pragma unroll 1
-    for (int tq = 0; tq < nt; ++tq) {
-      float acc[HI / 2];
+    for (int tq = 0; tq < nt; tq += TP) {
+      // Tokens tq .. tq + TP - 1 in one chain (N = TP x HI; a token past nt computes garbage
+      // columns that are never stored).
+      float acc[TP * HI / 2];
 #pragma unroll
       for (int st = 0; st < 8; ++st)
 #pragma unroll
         for (int e = 0; e < 4; ++e) sm90::warpgroup_fence_operand(A[st][e]);
       sm90::warpgroup_fence_operands(acc);
       sm90::warpgroup_arrive();
-      const uint64_t qt = q_desc + uint64_t((tq * 2 * HI * 128) >> 4);
+      const uint64_t qt = q_desc + uint64_t((tq * HI * 128) >> 4);
+      const int region_bytes = a.cta_tokens * HI * 128;
 #pragma unroll
       for (int st = 0; st < 8; ++st)
-        sm90::Bf16MmaRS<HI>::wgmma(
-            A[st], qt + uint64_t(((st >> 2) * HI * 128 + (st & 3) * 32) >> 4), acc, st > 0);
+        sm90::Bf16MmaRS<TP * HI>::wgmma(
+            A[st], qt + uint64_t(((st >> 2) * region_bytes + (st & 3) * 32) >> 4), acc, st > 0);
       sm90::warpgroup_commit_batch();
       if (tq == 0 && it + 1 < ntiles) decode(it + 1, An, kscalen);
       sm90::warpgroup_wait<0>();
       sm90::warpgroup_fence_operands(acc);
 
-      // Terms bf16(relu(bf16(dot)) * w): T[j][r] for n8 tile j (heads 8j + 2c, +1), row r.
-      const __nv_bfloat16* wt = sw + tq * HI;
-      uint32_t T[NT][2];
+      // Terms bf16(relu(bf16(dot)) * w) as the A fragments of D[64 x 8] = T[64 x HI] *
+      // ones[HI x 8] (one chain a token): n8 tile j (heads 8j + 2c, +1) is k step j / 2,
+      // registers {row g, row g + 8} + 2 (j % 2).
+      uint32_t F[TP][KS][4];
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const uint32_t w2 = *reinterpret_cast<const uint32_t*>(wt + 8 * j + 2 * c);
-        T[j][0] = sm90::mul_bf16x2(relu_bf16x2(acc[4 * j], acc[4 * j + 1]), w2);
-        T[j][1] = sm90::mul_bf16x2(relu_bf16x2(acc[4 * j + 2], acc[4 * j + 3]), w2);
-      }
-      float total[2];
-      {
-        // The terms as the A fragments of D[64 x 8] = T[64 x HI] * ones[HI x 8].
-        uint32_t F[KS][4];
+      for (int u = 0; u < TP; ++u) {
+        const __nv_bfloat16* wt = sw + (tq + u) * HI;
 #pragma unroll
-        for (int k = 0; k < KS; ++k) {
-          F[k][0] = T[2 * k][0];
-          F[k][1] = T[2 * k][1];
-          F[k][2] = 2 * k + 1 < NT ? T[2 * k + 1][0] : 0u;
-          F[k][3] = 2 * k + 1 < NT ? T[2 * k + 1][1] : 0u;
+        for (int j = 0; j < NT; ++j) {
+          const uint32_t w2 = *reinterpret_cast<const uint32_t*>(wt + 8 * j + 2 * c);
+          const float* d = acc + u * (HI / 2) + 4 * j;
+          F[u][j >> 1][2 * (j & 1)] = sm90::mul_bf16x2(relu_bf16x2(d[0], d[1]), w2);
+          F[u][j >> 1][2 * (j & 1) + 1] = sm90::mul_bf16x2(relu_bf16x2(d[2], d[3]), w2);
         }
-        float sum[4];
-#pragma unroll
-        for (int k = 0; k < KS; ++k)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) sm90::warpgroup_fence_operand(F[k][e]);
-        sm90::warpgroup_fence_operands(sum);
-        sm90::warpgroup_arrive();
-#pragma unroll
-        for (int k = 0; k < KS; ++k)
-          sm90::Bf16MmaRS<8>::wgmma(F[k], ones_desc + uint64_t(2 * k), sum, k > 0);
-        sm90::warpgroup_commit_batch();
-        sm90::warpgroup_wait<0>();
-        sm90::warpgroup_fence_operands(sum);
-        total[0] = sum[0];
-        total[1] = sum[2];
+        if constexpr (NT == 1) F[u][0][2] = F[u][0][3] = 0u;
       }
-      // Lane c = r stores row r (keys 16 warp + g and + 8); + 0.0f makes an all-zero sum +0 as
-      // the CPU's sum (which starts from +0) is.
+      float sum[TP][4];
+#pragma unroll
+      for (int u = 0; u < TP; ++u) {
+#pragma unroll
+        for (int k = 0; k < KS; ++k)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sm90::warpgroup_fence_operand(F[u][k][e]);
+        sm90::warpgroup_fence_operands(sum[u]);
+      }
+      sm90::warpgroup_arrive();
+#pragma unroll
+      for (int u = 0; u < TP; ++u)
+#pragma unroll
+        for (int k = 0; k < KS; ++k)
+          sm90::Bf16MmaRS<8>::wgmma(F[u][k], ones_desc + uint64_t(2 * k), sum[u], k > 0);
+      sm90::warpgroup_commit_batch();
+      sm90::warpgroup_wait<0>();
+#pragma unroll
+      for (int u = 0; u < TP; ++u) sm90::warpgroup_fence_operands(sum[u]);
+      // Lane c = r stores row r (keys 16 warp + g and + 8) of each token; + 0.0f makes an
+      // all-zero sum +0 as the CPU's sum (which starts from +0) is.
       if (c < 2) {
         const int key = kb + 16 * warp + 8 * c + g;
-        if (key < tok_nvis[tq]) {
-          const float x = __fadd_rn(c == 0 ? total[0] : total[1], 0.0f);
-          const uint16_t bits =
-              sm90::float_to_bf16_bits(__fmul_rn(x, c == 0 ? kscale[0] : kscale[1]));
-          reinterpret_cast<uint16_t*>(a.scores)[size_t(t0 + tq) * a.stride + key] = bits;
+#pragma unroll
+        for (int u = 0; u < TP; ++u) {
+          if (tq + u < nt && key < tok_nvis[tq + u]) {
+            const float x = __fadd_rn(c == 0 ? sum[u][0] : sum[u][2], 0.0f);
+            const uint16_t bits =
+                sm90::float_to_bf16_bits(__fmul_rn(x, c == 0 ? kscale[0] : kscale[1]));
+            reinterpret_cast<uint16_t*>(a.scores)[size_t(t0 + tq + u) * a.stride + key] = bits;
+          }
         }
       }
     }
@@ -375,11 +386,13 @@ __global__ void __launch_bounds__(kWgThreads, kWgMinCtasPerSm)
   }
 }
 
-template <int HI>
+template <int HI, int TP>
 void launch(const IndexerParams& p, cudaStream_t stream) {
   const int64_t nvis = max_visible(p);
   const int tiles = (p.batch.max_seq_tokens + kMaxTokensPerCta - 1) / kMaxTokensPerCta;
-  const int tokens_per_cta = tiles > 1 ? kMaxTokensPerCta : p.batch.max_seq_tokens;
+  // Tokens a CTA holds (rounded up to whole pairs).
+  const int tokens_per_cta =
+      (tiles > 1 ? kMaxTokensPerCta : (p.batch.max_seq_tokens + TP - 1) / TP * TP);
   const WgLayout L(HI, tokens_per_cta);
   const size_t smem = size_t(L.bytes) + 1024;  // + alignment of the dynamic base
   // Key chunks: enough CTAs for about kWgCtasPerSm a streaming multiprocessor.
@@ -396,26 +409,38 @@ void launch(const IndexerParams& p, cudaStream_t stream) {
                p.keys,  p.ratio,   int(kpc), p.n_heads,      tokens_per_cta,     tiles == 1};
   static std::atomic<uint64_t> attr{0};
   once_per_device(attr, [&] {
-    DSV4_CUDA_CHECK(cudaFuncSetAttribute(indexer_logits_wgmma_kernel<HI>,
+    DSV4_CUDA_CHECK(cudaFuncSetAttribute(indexer_logits_wgmma_kernel<HI, TP>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          int(WgLayout(HI, kMaxTokensPerCta).bytes + 1024)));
   });
   dim3 grid(unsigned(chunks), unsigned(tiles), unsigned(p.batch.num_seqs));
   launch_kernel(LaunchConfig{grid, dim3(kWgThreads), smem, stream, p.pdl},
-                indexer_logits_wgmma_kernel<HI>, a);
+                indexer_logits_wgmma_kernel<HI, TP>, a);
+}
+
+template <int TP>
+void launch_heads(const IndexerParams& p, cudaStream_t stream) {
+  if (p.n_heads <= 8)
+    launch<8, TP>(p, stream);
+  else if (p.n_heads <= 16)
+    launch<16, TP>(p, stream);
+  else if (p.n_heads <= 32)
+    launch<32, TP>(p, stream);
+  else
+    launch<64, TP>(p, stream);
 }
 
 }  // namespace
 
 void launch_logits_wgmma(const IndexerParams& p, cudaStream_t stream) {
-  if (p.n_heads <= 8)
-    launch<8>(p, stream);
-  else if (p.n_heads <= 16)
-    launch<16>(p, stream);
-  else if (p.n_heads <= 32)
-    launch<32>(p, stream);
+  // Two tokens a chain (N = 2 x heads) when sequences have 3 or more query tokens: measured
+  // 0-13 % faster at s_q 4 and 8-9 % at 4K / 8K prefill, but at s_q 2 from 14 % faster (16K)
+  // to 15 % slower (b <= 2 at 128K; 1-2 % at b >= 128), the paired kernel holding half the CTAs
+  // an SM (167 registers a thread against 128). H200, 2026-12-04, indexer_bench --logits.
+  if (p.batch.max_seq_tokens >= 3)
+    launch_heads<2>(p, stream);
   else
-    launch<64>(p, stream);
+    launch_heads<1>(p, stream);
 }
 
 }  // namespace dsv4::cuda::indexer_detail
