@@ -6,17 +6,18 @@
 //   score = bf16( sum_h bf16( relu(bf16(q_h . k)) * w_h ) ).
 //
 // Why this shape: at s_q 1 a key is used by one token, so the kernel must stream the MXFP4 cache
-// (68 bytes a key) while the tensor cores do 64 x 128 x 2 FLOPs a byte-and-a-half; mma.sync
-// (indexer_logits.cu) tops out near 0.9 TB/s of keys on the H200. Per 64-key tile the warpgroup
-// issues 8 wgmma (one per k16 step) per token; its ALU work is the key decode (one bit
+// (68 bytes a key) while the tensor cores do 64 x 128 x 2 = 16K FLOPs a key (241 a byte);
+// mma.sync (indexer_logits.cu) reached 0.80-0.86 TB/s of keys on the H200. Per 64-key tile the
+// warpgroup issues 8 wgmma (one per k16 step) per token; its ALU work is the key decode (one bit
 // placement and one BF16 multiply per pair of values) and the epilogue.
 //
 // Key decode (exact): an e2m1 code s|e1 e0 m placed as BF16 bits s at 15, e1 e0 m at 8..6 is the
 // code's value times 2^-126 for every code (normal and the subnormal 0.5 alike: the BF16
 // exponent field takes e1 e0, the mantissa's top bit m), so one BF16 multiply by 2^(126 + d),
-// d = the block's scale exponent minus the key's largest, gives the value times 2^d exactly (the
-// same relative scaling as the mma.sync kernel; the largest power of two multiplies the fp32
-// head sum, which commutes with every BF16 rounding). The bit placement pairs nibble j with
+// d = the block's scale exponent minus the key's largest, gives the value times 2^d exactly
+// wherever that is a BF16 value (the same relative scaling, with the same range, as the mma.sync
+// kernel; the largest power of two multiplies the fp32 head sum, which commutes with every BF16
+// rounding). The bit placement pairs nibble j with
 // nibble j + 4 of a 32-bit word, so the fragment's k order is a fixed permutation of the key
 // dims; the queries are staged in smem in the same order, which leaves every dot unchanged.
 //
