@@ -10,7 +10,7 @@
 // H20 (a different chip: context only).
 //
 // Usage: indexer_bench [--quick] [--topk] [--logits] [--shape SUBSTR]
-// (--topk: only the top-k at batch 1-2, the cluster and the segment path side by side;
+// (--topk: only the top-k at batch 1-128, the cluster and the segment path side by side;
 //  --logits: only the logits, every kernel (IndexerLogitsPath) side by side;
 //  --shape: only the shapes whose "name hH b=B sq=S ctx=C" contains SUBSTR)
 #include <cuda_bf16.h>
@@ -250,10 +250,13 @@ int main(int argc, char** argv) {
   std::mt19937 rng(11);
   const ModelConfig flash = bench::real_config("flash", false),
                     pro = bench::real_config("pro", false);
-  if (g_topk_only) {  // batch 1-2 decode top-k over 4K / 16K / 32K entries, both paths
+  if (g_topk_only) {  // decode top-k over 4K / 16K / 32K entries, both paths
+    // Batch 1-2 (where the cluster path is taken) and 8-128 (the segment path, except batches
+    // of at most kTopkSmallBatch tokens): the batch bound between the two paths.
     for (int64_t ctx : {16384LL, 65536LL, 131072LL})
       for (int sq : {1, 2})
-        for (int b : {1, 2}) {
+        for (int b : {1, 2, 8, 32, 128}) {
+          if (sq == 2 && b > 2) continue;
           run(model_shape("decode_flash", flash, b, sq, ctx, false, 0), rng);
           if (ctx == 131072 && sq == 1)
             run(model_shape("decode_pro", pro, b, sq, ctx, false, 0), rng);
