@@ -29,6 +29,7 @@
 #include "ops/cpu/quant.h"
 #include "ops/cuda/common/device.h"
 #include "ops/cuda/common/device_buffer.h"
+#include "ops/cuda/common/per_device.h"
 #include "ops/cuda/gemm/fp8_gemm.h"
 #include "ops/cuda/gemm/fp8_gemm_config.h"
 #include "ops/cuda/gemm/fp8_gemm_heuristic.h"
@@ -815,7 +816,7 @@ TEST_F(CudaGemm, TensorCoreSplitK) {
     for (int splits : {2, 4}) {
       const auto bits = deterministic_bits(pb, cuda::detail::PrefillScheduler::kStreamK, splits,
                                            cat("split-K ", splits));
-      if (splits == cuda::prefill_split_k(m, n, k, cuda::detail::sm_count())) {
+      if (splits == cuda::prefill_split_k(m, n, k, cuda::sm_count())) {
         EXPECT_TRUE(prefill_bits(pb.a, pb.dw, cuda::detail::PrefillScheduler::kAuto) == bits)
             << "kAuto at m=" << m << " k=" << k << " is not split-K " << splits;
       }

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "ops/cuda/attn_output/wo_a_kernels.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/per_device.h"
 
 #if defined(DSV4_HAVE_CUTLASS)
 #include "cute/tensor.hpp"
@@ -93,15 +94,6 @@ void* workspace(size_t bytes, cudaStream_t stream) {
     b.size = bytes;
   }
   return b.ptr;
-}
-
-// The current device's SM count (asked each call: a cheap attribute read, and ranks on other
-// devices share this code).
-int sm_count() {
-  int dev = 0, n = 0;
-  DSV4_CUDA_CHECK(cudaGetDevice(&dev));
-  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-  return n;
 }
 
 }  // namespace

@@ -23,6 +23,18 @@ inline int current_device() {
   return d;
 }
 
+// Streaming multiprocessors of the current device (read once per device).
+inline int sm_count() {
+  static std::atomic<int> cached[kMaxDevices];  // zero-initialised (static storage)
+  const int dev = current_device();
+  int n = cached[dev].load(std::memory_order_relaxed);
+  if (n == 0) {
+    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    cached[dev].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
 // Runs setup() the first time it is called with `done` on the current device (two threads
 // racing on one device may both run it: the set-ups are idempotent).
 template <typename F>

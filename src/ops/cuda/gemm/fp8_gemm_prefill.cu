@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/per_device.h"
 #include "ops/cuda/gemm/fp8_gemm_config.h"
 #include "ops/cuda/gemm/fp8_gemm_heuristic.h"
 #include "ops/cuda/gemm/stream_gemm.h"

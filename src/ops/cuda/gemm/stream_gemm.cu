@@ -3,8 +3,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <mutex>
-#include <vector>
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
@@ -16,18 +14,6 @@
 #include "ops/cuda/gemm/tensor_map.h"
 
 namespace dsv4::cuda::detail {
-
-int sm_count() {
-  static std::mutex mu;
-  static std::vector<int> cache;
-  int dev = 0;
-  DSV4_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  if (int(cache.size()) <= dev) cache.resize(dev + 1, 0);
-  if (cache[dev] == 0)
-    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&cache[dev], cudaDevAttrMultiProcessorCount, dev));
-  return cache[dev];
-}
 
 namespace {
 

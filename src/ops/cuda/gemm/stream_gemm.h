@@ -42,8 +42,6 @@ struct StreamGemmLaunch {
 void stream_gemm_fp8(const StreamGemmLaunch& p, cudaStream_t stream);
 void stream_gemm_bf16(const StreamGemmLaunch& p, cudaStream_t stream);
 
-// SM count of the current device (cached per device).
-int sm_count();
 // What the current device holds of the FP8 streaming kernel, as its plans use it (the least
 // over the token widths, so that a weight's K split is the same at every m).
 StreamResidency stream_residency_fp8();

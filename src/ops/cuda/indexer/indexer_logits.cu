@@ -37,7 +37,6 @@ namespace {
 using namespace indexer_cfg;
 using namespace detail;
 using indexer_detail::LogitsArgs;
-using indexer_detail::sm_count;
 
 template <int HI>
 struct LogitsSmem {
@@ -260,18 +259,6 @@ void launch_logits(const IndexerParams& p, cudaStream_t stream) {
 }
 
 }  // namespace
-
-namespace indexer_detail {
-int sm_count() {
-  static int n = [] {
-    int dev = 0, v = 0;
-    DSV4_CUDA_CHECK(cudaGetDevice(&dev));
-    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v;
-  }();
-  return n;
-}
-}  // namespace indexer_detail
 
 void indexer_logits(const IndexerParams& p, cudaStream_t stream) {
   indexer_detail::validate(p, indexer_detail::Stage::kLogits);

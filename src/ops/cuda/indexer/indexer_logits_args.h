@@ -32,7 +32,4 @@ struct LogitsArgs {
 // The warpgroup-MMA logits kernel (IndexerLogitsPath::kWgmma).
 void launch_logits_wgmma(const IndexerParams& p, cudaStream_t stream);
 
-// Streaming multiprocessors of the current device.
-int sm_count();
-
 }  // namespace dsv4::cuda::indexer_detail

@@ -447,16 +447,6 @@ __global__ void __launch_bounds__(kSplitFinishThreads) hc_split_finish_kernel(co
 }
 
 // ---- host side -------------------------------------------------------------------------------
-int device_sm_count() {
-  static std::atomic<int> cached[kMaxDevices];  // zero-initialised (static storage)
-  const int dev = current_device();
-  int n = cached[dev].load(std::memory_order_relaxed);
-  if (n == 0) {
-    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    cached[dev].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
 
 // Partials workspace, one per (device, stream): ranks may run as threads on one GPU, each on its
 // own stream. Grown under a lock and never freed while the process runs (a CUDA graph captured
@@ -485,8 +475,8 @@ void* workspace(size_t bytes, cudaStream_t stream) {
              bytes, " bytes (from ", b.size,
              ") inside a CUDA graph capture; run an mHC op on this stream eagerly first");
   if (b.ptr) retired.push_back(b.ptr);
-  const size_t want = std::max(
-      bytes, reserved_partials(device_sm_count()) * (kMixPre * sizeof(float) + sizeof(double)));
+  const size_t want =
+      std::max(bytes, reserved_partials(sm_count()) * (kMixPre * sizeof(float) + sizeof(double)));
   DSV4_CUDA_CHECK(cudaMalloc(&b.ptr, want));
   b.size = want;
   return b.ptr;
@@ -577,7 +567,7 @@ Geometry geometry(int dim, int tokens, int sm_count) {
 void launch(const Params& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
   DSV4_CHECK(split_supports_dim(p.dim), "mHC split path: dim ", p.dim, " is not a width it takes");
-  const Geometry geo = geometry(p.dim, p.tokens, device_sm_count());
+  const Geometry geo = geometry(p.dim, p.tokens, sm_count());
   DSV4_CHECK(geo.tiles <= 65535, "mHC split path: ", p.tokens,
              " tokens need more than 65535 tiles");
   const int mix = p.kind == Kind::kHead ? kMixHead : kMixPre;

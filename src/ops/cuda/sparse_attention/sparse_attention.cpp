@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/per_device.h"
 #include "ops/cuda/sparse_attention/sparse_attention_config.h"
 #include "ops/cuda/sparse_attention/sparse_attention_heuristics.h"
 #include "ops/cuda/sparse_attention/sparse_attention_internal.h"
@@ -18,16 +19,6 @@ using sparse_attn_detail::AttnArgs;
 using sparse_attn_detail::kPartialFloats;
 static_assert(kPartialFloats * sizeof(float) == sparse_attn_heuristics::kPartialBytes,
               "the cost model's partial size");
-
-int sm_count() {
-  static int n = [] {
-    int dev = 0, v = 0;
-    DSV4_CUDA_CHECK(cudaGetDevice(&dev));
-    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v;
-  }();
-  return n;
-}
 
 bool aligned(const void* p, size_t a) {
   return reinterpret_cast<uintptr_t>(p) % a == 0;
