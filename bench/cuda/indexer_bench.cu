@@ -12,7 +12,7 @@
 // Usage: indexer_bench [--quick] [--topk] [--logits] [--shape SUBSTR]
 // (--topk: only the top-k at batch 1-128, the cluster and the segment path side by side;
 //  --logits: only the logits, every kernel (IndexerLogitsPath) side by side;
-//  --shape: only the shapes whose "name hH b=B sq=S ctx=C" contains SUBSTR)
+//  --shape: only the shapes whose "name hH b=B sq=S ctx=C topk=K" contains SUBSTR)
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -93,12 +93,10 @@ Shape model_shape(const char* name, const ModelConfig& c, int b, int sq, int64_t
 }
 
 void run(const Shape& sh, std::mt19937& rng) {
-  if (g_shape) {
-    char name[200];
-    std::snprintf(name, sizeof name, "%s h%d b=%d sq=%d ctx=%lld", sh.name.c_str(), sh.heads, sh.b,
-                  sh.sq, (long long)sh.ctx);
-    if (!std::strstr(name, g_shape)) return;
-  }
+  char shape[200];
+  std::snprintf(shape, sizeof shape, "%s h%d b=%d sq=%d ctx=%lld topk=%d", sh.name.c_str(),
+                sh.heads, sh.b, sh.sq, (long long)sh.ctx, sh.topk);
+  if (g_shape && !std::strstr(shape, g_shape)) return;
   const int T = sh.b * sh.sq;
   std::vector<int32_t> cu{0}, pos0;
   for (int s = 0; s < sh.b; ++s) {
@@ -161,9 +159,6 @@ void run(const Shape& sh, std::mt19937& rng) {
       key_bytes += double((pos0[s] + t0 + nt) / 4) * 68.0;
       for (int t = t0; t < t0 + nt; ++t) vis_sum += double((pos0[s] + t + 1) / 4);
     }
-  char shape[200];
-  std::snprintf(shape, sizeof shape, "%s h%d b=%d sq=%d ctx=%lld topk=%d", sh.name.c_str(),
-                sh.heads, sh.b, sh.sq, (long long)sh.ctx, sh.topk);
   auto emit = [&](const char* kernel, double us, double flops, double bytes, const char* peer,
                   double peer_us) {
     bench::Result r;

@@ -63,18 +63,10 @@ __global__ void __launch_bounds__(kLogitsThreads, 2) indexer_logits_kernel(const
   sm90::griddep_wait();
   sm90::griddep_launch_dependents();
 
-  const int s = blockIdx.z;
-  const int seq_t0 = __ldg(a.cu_seqlens + s);
-  const int seq_n = __ldg(a.cu_seqlens + s + 1) - seq_t0;
-  const int tile0 = blockIdx.y * kMaxTokensPerCta;
-  if (tile0 >= seq_n) return;
-  const int nt = min(kMaxTokensPerCta, seq_n - tile0);
-  const int t0 = seq_t0 + tile0;
-  const int p_first = __ldg(a.seq_pos0 + s) + tile0;
-  const int nvis_max = (p_first + nt) / a.ratio;
-  const int k_begin = blockIdx.x * a.keys_per_cta;
-  const int k_end = min(k_begin + a.keys_per_cta, nvis_max);
-  if (k_begin >= k_end) return;
+  indexer_detail::LogitsCta cta;
+  if (!indexer_detail::logits_cta(a, cta)) return;
+  const int s = cta.s, nt = cta.nt, t0 = cta.t0, p_first = cta.p_first;
+  const int k_begin = cta.k_begin, k_end = cta.k_end;
   const int ntiles = (k_end - k_begin + kTileKeys - 1) / kTileKeys;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -234,31 +226,45 @@ __global__ void __launch_bounds__(kLogitsThreads, 2) indexer_logits_kernel(const
 
 template <int HI>
 void launch_logits(const IndexerParams& p, cudaStream_t stream) {
-  const int64_t nvis = indexer_detail::max_visible(p);
-  const int tiles = (p.batch.max_seq_tokens + kMaxTokensPerCta - 1) / kMaxTokensPerCta;
-  const int64_t units = int64_t(p.batch.num_seqs) * tiles;
-  // Enough CTAs for ~4 per SM, each covering at most kMaxKeysPerCta keys.
-  const int64_t max_chunks = (nvis + kTileKeys - 1) / kTileKeys;
-  int64_t chunks = std::clamp<int64_t>((4 * sm_count() + units - 1) / units, 1, max_chunks);
-  int64_t kpc = (nvis + chunks - 1) / chunks;
-  kpc = std::min<int64_t>((kpc + kTileKeys - 1) / kTileKeys * kTileKeys, kMaxKeysPerCta);
-  chunks = (nvis + kpc - 1) / kpc;
-  DSV4_CHECK(tiles <= 65535 && p.batch.num_seqs <= 65535, "indexer_logits: grid too large (",
-             p.batch.num_seqs, " sequences, ", p.batch.max_seq_tokens, " tokens per sequence)");
-  LogitsArgs a{p.q_fp4,          p.weights, p.scores, p.score_stride, p.batch.cu_seqlens,
-               p.batch.seq_pos0, p.keys,    p.ratio,  int(kpc),       p.n_heads};
+  // About 4 CTAs an SM, each covering at most kMaxKeysPerCta keys.
+  const indexer_detail::LogitsGrid g =
+      indexer_detail::logits_grid(p, kTileKeys, kMaxKeysPerCta, /*ctas_per_sm=*/4);
+  const LogitsArgs a = indexer_detail::logits_args(p, g);
   const size_t smem = sizeof(LogitsSmem<HI>);
   static std::atomic<uint64_t> attr{0};
   once_per_device(attr, [&] {
     DSV4_CUDA_CHECK(cudaFuncSetAttribute(indexer_logits_kernel<HI>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   });
-  dim3 grid(unsigned(chunks), unsigned(tiles), unsigned(p.batch.num_seqs));
-  launch_kernel(LaunchConfig{grid, dim3(kLogitsThreads), smem, stream, p.pdl},
+  launch_kernel(LaunchConfig{g.grid, dim3(kLogitsThreads), smem, stream, p.pdl},
                 indexer_logits_kernel<HI>, a);
 }
 
 }  // namespace
+
+namespace indexer_detail {
+
+LogitsGrid logits_grid(const IndexerParams& p, int tile_keys, int max_keys, int ctas_per_sm) {
+  const int64_t nvis = max_visible(p);
+  const int tiles = (p.batch.max_seq_tokens + kMaxTokensPerCta - 1) / kMaxTokensPerCta;
+  DSV4_CHECK(tiles <= 65535 && p.batch.num_seqs <= 65535, "indexer_logits: grid too large (",
+             p.batch.num_seqs, " sequences, ", p.batch.max_seq_tokens, " tokens per sequence)");
+  const int64_t units = int64_t(p.batch.num_seqs) * tiles;
+  const int64_t max_chunks = (nvis + tile_keys - 1) / tile_keys;
+  int64_t chunks =
+      std::clamp<int64_t>((ctas_per_sm * sm_count() + units - 1) / units, 1, max_chunks);
+  int64_t kpc = (nvis + chunks - 1) / chunks;
+  kpc = std::min<int64_t>((kpc + tile_keys - 1) / tile_keys * tile_keys, max_keys);
+  chunks = (nvis + kpc - 1) / kpc;
+  return {dim3(unsigned(chunks), unsigned(tiles), unsigned(p.batch.num_seqs)), int(kpc), tiles};
+}
+
+LogitsArgs logits_args(const IndexerParams& p, const LogitsGrid& g) {
+  return {p.q_fp4,          p.weights, p.scores, p.score_stride, p.batch.cu_seqlens,
+          p.batch.seq_pos0, p.keys,    p.ratio,  g.keys_per_cta, p.n_heads};
+}
+
+}  // namespace indexer_detail
 
 void indexer_logits(const IndexerParams& p, cudaStream_t stream) {
   indexer_detail::validate(p, indexer_detail::Stage::kLogits);
@@ -267,15 +273,7 @@ void indexer_logits(const IndexerParams& p, cudaStream_t stream) {
     indexer_detail::launch_logits_wgmma(p, stream);
     return;
   }
-  // The MMA width: the head count rounded up to 8, 16, 32 or 64 (padding heads are zero).
-  if (p.n_heads <= 8)
-    launch_logits<8>(p, stream);
-  else if (p.n_heads <= 16)
-    launch_logits<16>(p, stream);
-  else if (p.n_heads <= 32)
-    launch_logits<32>(p, stream);
-  else
-    launch_logits<64>(p, stream);
+  indexer_detail::with_head_width(p.n_heads, [&](auto hi) { launch_logits<hi()>(p, stream); });
 }
 
 }  // namespace dsv4::cuda

@@ -37,7 +37,6 @@
 // tensor cores run tile i's chain.
 #include <cuda_bf16.h>
 
-#include <algorithm>
 #include <atomic>
 
 #include "core/error.h"
@@ -62,7 +61,6 @@ namespace {
 using namespace indexer_cfg;
 using namespace ::dsv4::cuda::detail;
 
-constexpr int kKeyRow = kKeyBytes;  // smem bytes of a key's data (64)
 static_assert(kWgMaxKeysPerCta / kWgTileKeys <= kWgThreads, "one thread a tile's page id");
 
 // Shared memory of one CTA (offsets in bytes from a 1024-aligned base).
@@ -81,8 +79,8 @@ struct WgLayout {
     q = 0;
     ones = q + tokens * 2 * hi * 128;
     kd = ones + 1024;
-    ks = kd + kWgStages * kWgTileKeys * kKeyRow;
-    w = ks + kWgStages * kWgTileKeys * 4;
+    ks = kd + kWgStages * kWgTileKeys * kKeyBytes;
+    w = ks + kWgStages * kWgTileKeys * kKeyScales;
     full = (w + kMaxTokensPerCta * hi * 2 + 7) / 8 * 8;
     page = full + kWgStages * 8;
     nvis = page + (kWgMaxKeysPerCta / kWgTileKeys) * 4;
@@ -134,21 +132,14 @@ __global__ void __launch_bounds__(kWgThreads, TP == 1 ? kWgMinCtasPerSm : kWgMin
   sm90::griddep_wait();
   sm90::griddep_launch_dependents();
 
-  const int s = blockIdx.z;
-  const int seq_t0 = __ldg(a.cu_seqlens + s);
-  const int seq_n = __ldg(a.cu_seqlens + s + 1) - seq_t0;
-  const int tile0 = blockIdx.y * kMaxTokensPerCta;
-  if (tile0 >= seq_n) return;
-  const int nt = min(kMaxTokensPerCta, seq_n - tile0);
-  const int t0 = seq_t0 + tile0;
-  const int p_first = __ldg(a.seq_pos0 + s) + tile0;
-  const int nvis_max = (p_first + nt) / a.ratio;
-  const int k_begin = blockIdx.x * a.keys_per_cta;
-  const int k_end = min(k_begin + a.keys_per_cta, nvis_max);
-  if (k_begin >= k_end) return;
+  LogitsCta cta;
+  if (!logits_cta(a, cta)) return;
+  const int s = cta.s, nt = cta.nt, t0 = cta.t0, p_first = cta.p_first;
+  const int k_begin = cta.k_begin, k_end = cta.k_end;
   const int ntiles = (k_end - k_begin + kWgTileKeys - 1) / kWgTileKeys;
 
   const WgLayout L(HI, a.cta_tokens);
+  const int q_rows = a.cta_tokens * HI;  // the queries' tile: tokens x heads rows a region
   uint8_t* const sq = smem_raw + L.q;
   uint8_t* const skd = smem_raw + L.kd;
   uint32_t* const sks = reinterpret_cast<uint32_t*>(smem_raw + L.ks);
@@ -186,19 +177,19 @@ __global__ void __launch_bounds__(kWgThreads, TP == 1 ? kWgMinCtasPerSm : kWgMin
       if (tid == 0) {
         const int slot = kb % a.keys.page_size;
         const uint8_t* page = a.keys.pages + int64_t(tile_page[it]) * a.keys.page_bytes;
-        sm90::mbar_arrive_expect_tx(&full[stage], kWgTileKeys * (kKeyRow + 4));
-        sm90::bulk_load(skd + stage * kWgTileKeys * kKeyRow, page + int64_t(slot) * kKeyRow,
-                        kWgTileKeys * kKeyRow, &full[stage], policy);
+        sm90::mbar_arrive_expect_tx(&full[stage], kWgTileKeys * (kKeyBytes + kKeyScales));
+        sm90::bulk_load(skd + stage * kWgTileKeys * kKeyBytes, page + int64_t(slot) * kKeyBytes,
+                        kWgTileKeys * kKeyBytes, &full[stage], policy);
         sm90::bulk_load(sks + stage * kWgTileKeys,
-                        page + int64_t(a.keys.page_size) * kKeyRow + int64_t(slot) * 4,
-                        kWgTileKeys * 4, &full[stage], policy);
+                        page + int64_t(a.keys.page_size) * kKeyBytes + int64_t(slot) * kKeyScales,
+                        kWgTileKeys * kKeyScales, &full[stage], policy);
       }
       return;
     }
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int row = 32 * j + (tid >> 2), part = tid & 3;
-      uint8_t* dst = skd + (stage * kWgTileKeys + row) * kKeyRow + 16 * part;
+      uint8_t* dst = skd + (stage * kWgTileKeys + row) * kKeyBytes + 16 * part;
       const int key = kb + row;
       if (key < k_end)
         sm90::cp_async_16(dst, entry_data(a.keys, s, key) + 16 * part);
@@ -241,7 +232,6 @@ __global__ void __launch_bounds__(kWgThreads, TP == 1 ? kWgMinCtasPerSm : kWgMin
 #pragma unroll
         for (int j = 0; j < 16; ++j) v[j] = 0u;  // padding heads: zero queries
       }
-      const int qrows = a.cta_tokens * HI;
 #pragma unroll
       for (int st = 0; st < 8; ++st)
 #pragma unroll
@@ -249,7 +239,7 @@ __global__ void __launch_bounds__(kWgThreads, TP == 1 ? kWgMinCtasPerSm : kWgMin
           const int b = kphys(st, hf);  // dims b (low) and b + 4 (high) of the block
           const uint32_t word = sm90::prmt(v[b >> 1], v[(b >> 1) + 2], (b & 1) ? 0x7632u : 0x5410u);
           *reinterpret_cast<uint32_t*>(
-              sq + q_offset(qrows, tq * HI + h, 16 * st + 8 * hf + 2 * cb)) = word;
+              sq + q_offset(q_rows, tq * HI + h, 16 * st + 8 * hf + 2 * cb)) = word;
         }
     }
     for (int i = tid; i < nt * HI; i += kWgThreads) {
@@ -274,7 +264,7 @@ __global__ void __launch_bounds__(kWgThreads, TP == 1 ? kWgMinCtasPerSm : kWgMin
     for (int r = 0; r < 2; ++r) {
       const int row = 16 * warp + 8 * r + g;
       const uint4 d =
-          *reinterpret_cast<const uint4*>(skd + (stage * kWgTileKeys + row) * kKeyRow + 16 * c);
+          *reinterpret_cast<const uint4*>(skd + (stage * kWgTileKeys + row) * kKeyBytes + 16 * c);
       const uint32_t sc = sks[stage * kWgTileKeys + row];
       const int emax = max(max(int(sc & 0xff), int((sc >> 8) & 0xff)),
                            max(int((sc >> 16) & 0xff), int(sc >> 24)));
@@ -313,11 +303,10 @@ __global__ void __launch_bounds__(kWgThreads, TP == 1 ? kWgMinCtasPerSm : kWgMin
       sm90::warpgroup_fence_operands(acc);
       sm90::warpgroup_arrive();
       const uint64_t qt = q_desc + uint64_t((tq * HI * 128) >> 4);
-      const int region_bytes = a.cta_tokens * HI * 128;
 #pragma unroll
       for (int st = 0; st < 8; ++st)
         sm90::Bf16MmaRS<TP * HI>::wgmma(
-            A[st], qt + uint64_t(((st >> 2) * region_bytes + (st & 3) * 32) >> 4), acc, st > 0);
+            A[st], qt + uint64_t(((st >> 2) * q_rows * 128 + (st & 3) * 32) >> 4), acc, st > 0);
       sm90::warpgroup_commit_batch();
       if (tq == 0 && it + 1 < ntiles) decode(it + 1, An, kscalen);
       sm90::warpgroup_wait<0>();
@@ -389,46 +378,22 @@ __global__ void __launch_bounds__(kWgThreads, TP == 1 ? kWgMinCtasPerSm : kWgMin
 
 template <int HI, int TP>
 void launch(const IndexerParams& p, cudaStream_t stream) {
-  const int64_t nvis = max_visible(p);
-  const int tiles = (p.batch.max_seq_tokens + kMaxTokensPerCta - 1) / kMaxTokensPerCta;
+  const LogitsGrid g = logits_grid(p, kWgTileKeys, kWgMaxKeysPerCta, kWgCtasPerSm);
   // Tokens a CTA holds (rounded up to whole pairs).
   const int tokens_per_cta =
-      (tiles > 1 ? kMaxTokensPerCta : (p.batch.max_seq_tokens + TP - 1) / TP * TP);
-  const WgLayout L(HI, tokens_per_cta);
-  const size_t smem = size_t(L.bytes) + 1024;  // + alignment of the dynamic base
-  // Key chunks: enough CTAs for about kWgCtasPerSm a streaming multiprocessor.
-  const int64_t units = int64_t(p.batch.num_seqs) * tiles;
-  const int64_t max_chunks = (nvis + kWgTileKeys - 1) / kWgTileKeys;
-  int64_t chunks =
-      std::clamp<int64_t>((kWgCtasPerSm * sm_count() + units - 1) / units, 1, max_chunks);
-  int64_t kpc = (nvis + chunks - 1) / chunks;
-  kpc = std::min<int64_t>((kpc + kWgTileKeys - 1) / kWgTileKeys * kWgTileKeys, kWgMaxKeysPerCta);
-  chunks = (nvis + kpc - 1) / kpc;
-  DSV4_CHECK(tiles <= 65535 && p.batch.num_seqs <= 65535, "indexer_logits: grid too large (",
-             p.batch.num_seqs, " sequences, ", p.batch.max_seq_tokens, " tokens per sequence)");
-  LogitsArgs a{p.q_fp4, p.weights, p.scores, p.score_stride, p.batch.cu_seqlens, p.batch.seq_pos0,
-               p.keys,  p.ratio,   int(kpc), p.n_heads,      tokens_per_cta,     tiles == 1};
+      g.token_tiles > 1 ? kMaxTokensPerCta : (p.batch.max_seq_tokens + TP - 1) / TP * TP;
+  LogitsArgs a = logits_args(p, g);
+  a.cta_tokens = tokens_per_cta;
+  a.keys_read_once = g.token_tiles == 1;
+  const size_t smem = size_t(WgLayout(HI, tokens_per_cta).bytes) + 1024;  // + base alignment
   static std::atomic<uint64_t> attr{0};
   once_per_device(attr, [&] {
     DSV4_CUDA_CHECK(cudaFuncSetAttribute(indexer_logits_wgmma_kernel<HI, TP>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          int(WgLayout(HI, kMaxTokensPerCta).bytes + 1024)));
   });
-  dim3 grid(unsigned(chunks), unsigned(tiles), unsigned(p.batch.num_seqs));
-  launch_kernel(LaunchConfig{grid, dim3(kWgThreads), smem, stream, p.pdl},
+  launch_kernel(LaunchConfig{g.grid, dim3(kWgThreads), smem, stream, p.pdl},
                 indexer_logits_wgmma_kernel<HI, TP>, a);
-}
-
-template <int TP>
-void launch_heads(const IndexerParams& p, cudaStream_t stream) {
-  if (p.n_heads <= 8)
-    launch<8, TP>(p, stream);
-  else if (p.n_heads <= 16)
-    launch<16, TP>(p, stream);
-  else if (p.n_heads <= 32)
-    launch<32, TP>(p, stream);
-  else
-    launch<64, TP>(p, stream);
 }
 
 }  // namespace
@@ -438,10 +403,12 @@ void launch_logits_wgmma(const IndexerParams& p, cudaStream_t stream) {
   // 0-13 % faster at s_q 4 and 8-9 % at 4K / 8K prefill, but at s_q 2 from 14 % faster (16K)
   // to 15 % slower (b <= 2 at 128K; 1-2 % at b >= 128), the paired kernel holding half the CTAs
   // an SM (167 registers a thread against 128). H200, 2026-12-04, indexer_bench --logits.
-  if (p.batch.max_seq_tokens >= 3)
-    launch_heads<2>(p, stream);
-  else
-    launch_heads<1>(p, stream);
+  with_head_width(p.n_heads, [&](auto hi) {
+    if (p.batch.max_seq_tokens >= 3)
+      launch<hi(), 2>(p, stream);
+    else
+      launch<hi(), 1>(p, stream);
+  });
 }
 
 }  // namespace dsv4::cuda::indexer_detail
