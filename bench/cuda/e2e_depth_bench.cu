@@ -372,7 +372,6 @@ std::string op_class(const bench::TracedOp& op) {
   if (has("wo_a")) return "wo_a";
   if (has("sparse_attn") || has("kv_entry") || has("kv_insert") || has("q_norm_rope") ||
       has("inverse_rope") || has("rope_table") || has("compressor") || has("indexer") ||
-      has("topk_segment") || has("topk_merge") || has("topk_cluster") ||
       has("bf16_stream_linear") || has("nvjet") || has("splitKreduce"))
     return "attention";
   if (has("router") || has("route_") || has("plan_kernel") || has("moe") || has("combine_kernel") ||

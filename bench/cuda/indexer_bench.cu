@@ -10,7 +10,7 @@
 // H20 (a different chip: context only).
 //
 // Usage: indexer_bench [--quick] [--topk] [--logits] [--shape SUBSTR]
-// (--topk: only the top-k at batch 1-128, the cluster and the segment path side by side;
+// (--topk: only the top-k at batch 1-128, every cluster size side by side;
 //  --logits: only the logits, every kernel (IndexerLogitsPath) side by side;
 //  --shape: only the shapes whose "name hH b=B sq=S ctx=C topk=K" contains SUBSTR)
 #include <cuda_bf16.h>
@@ -26,10 +26,12 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "core/error.h"
 #include "device_fill.cuh"
 #include "kvcache/cache_layout.h"
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/indexer/indexer.h"
+#include "ops/cuda/indexer/indexer_internal.h"
 #include "real_config.h"
 
 using namespace dsv4;
@@ -142,9 +144,6 @@ void run(const Shape& sh, std::mt19937& rng) {
   p.scores = reinterpret_cast<__nv_bfloat16*>(d_scores.data());
   p.score_stride = stride;
   p.topk_idx = d_idx.data();
-  DeviceBuffer<uint8_t> ws(indexer_workspace_bytes(p));
-  p.workspace = ws.data();
-  p.workspace_bytes = ws.size();
   auto bind = [&](int c) {
     p.keys = index_store_view(pages.data(), kPage, tables[c].data(), pages_per_seq);
   };
@@ -173,17 +172,26 @@ void run(const Shape& sh, std::mt19937& rng) {
   };
   if (g_topk_only) {
     indexer_logits(p, nullptr);  // real scores for the top-k
-    for (IndexerTopkPath path : {IndexerTopkPath::kCluster, IndexerTopkPath::kSegments}) {
-      p.topk_path = path;
-      const bool cl = path == IndexerTopkPath::kCluster;
+    const int auto_ctas = indexer_detail::topk_plan(p).ctas_per_row;
+    for (int ctas : {0, 1, 2, 4, 8}) {
+      p.topk_ctas_per_row = ctas;
+      try {
+        indexer_detail::topk_plan(p);
+      } catch (const Error&) {
+        continue;  // the rows do not fit that many CTAs
+      }
+      char name[64], b2b_name[80];
+      std::snprintf(name, sizeof name, "indexer_topk[%s%d CTAs a row]",
+                    ctas ? "" : "auto: ", ctas ? ctas : auto_ctas);
+      std::snprintf(b2b_name, sizeof b2b_name, "%s back to back", name);
       const double us = bench::median_us([&](int) { indexer_topk(p, nullptr); });
-      emit(cl ? "indexer_topk[cluster]" : "indexer_topk[segments]", us, 0, vis_sum * 2, "", 0);
+      emit(name, us, 0, vis_sum * 2, "", 0);
       // The same launches back to back (200 between two events): the device time per call
       // without the host's launch latency, which the single-launch timer above includes.
       const double b2b = back_to_back_us([&] { indexer_topk(p, nullptr); }, 200);
-      emit(cl ? "indexer_topk[cluster, back to back]" : "indexer_topk[segments, back to back]", b2b,
-           0, vis_sum * 2, "", 0);
+      emit(b2b_name, b2b, 0, vis_sum * 2, "", 0);
     }
+    p.topk_ctas_per_row = 0;
     return;
   }
   if (g_logits_only) {
@@ -208,15 +216,6 @@ void run(const Shape& sh, std::mt19937& rng) {
        sh.peer_logits_us > 0 ? "DeepGEMM SM90 paged MQA logits [pub, H20]" : "", sh.peer_logits_us);
   const double tk = bench::median_us([&](int) { indexer_topk(p, nullptr); });
   emit("indexer_topk", tk, 0, vis_sum * 2, "", 0);
-  if (T <= 16) {  // small batch: both paths forced beside kAuto's choice
-    for (IndexerTopkPath path : {IndexerTopkPath::kCluster, IndexerTopkPath::kSegments}) {
-      p.topk_path = path;
-      const double us = bench::median_us([&](int) { indexer_topk(p, nullptr); });
-      emit(path == IndexerTopkPath::kCluster ? "indexer_topk[cluster]" : "indexer_topk[segments]",
-           us, 0, vis_sum * 2, "", 0);
-    }
-    p.topk_path = IndexerTopkPath::kAuto;
-  }
   const double ta = bench::median_us([&](int i) {
     bind(i % copies);
     lightning_indexer(p, nullptr);
@@ -246,8 +245,7 @@ int main(int argc, char** argv) {
   const ModelConfig flash = bench::real_config("flash", false),
                     pro = bench::real_config("pro", false);
   if (g_topk_only) {  // decode top-k over 4K / 16K / 32K entries, both paths
-    // Batch 1-2 (where the cluster path is taken) and 8-128 (the segment path, except batches
-    // of at most kTopkSmallBatch tokens): the batch bound between the two paths.
+    // Every cluster size beside the batch's choice, batch 1-128.
     for (int64_t ctx : {16384LL, 65536LL, 131072LL})
       for (int sq : {1, 2})
         for (int b : {1, 2, 8, 32, 128}) {

@@ -123,7 +123,6 @@ struct Fixture {
   DeviceBuffer<uint16_t> d_q, d_wproj, d_qfp4, d_w, d_scores;
   DeviceBuffer<float> d_inv_freq;
   DeviceBuffer<int32_t> d_topk;
-  DeviceBuffer<uint8_t> d_ws;
   cuda::IndexerParams p;
   int64_t stride = 0;
 
@@ -165,9 +164,6 @@ struct Fixture {
     p.scores = reinterpret_cast<__nv_bfloat16*>(d_scores.data());
     p.score_stride = stride;
     p.topk_idx = d_topk.data();
-    d_ws = DeviceBuffer<uint8_t>(cuda::indexer_workspace_bytes(p));
-    p.workspace = d_ws.data();
-    p.workspace_bytes = d_ws.size();
     d_qfp4.fill_bytes(0xff);
     d_w.fill_bytes(0xff);
     d_scores.fill_bytes(0xff);
@@ -376,12 +372,13 @@ TEST_F(CudaIndexer, TopkSizes) {
 }
 
 // Top-k alone on synthetic scores with many ties (few distinct BF16 values), one token per
-// row with vis[i] visible entries, against cpu::topk_desc exactly, through `path`.
-void check_topk_rows(const std::vector<int>& vis, uint32_t seed,
-                     cuda::IndexerTopkPath path = cuda::IndexerTopkPath::kAuto) {
-  SCOPED_TRACE(path == cuda::IndexerTopkPath::kCluster    ? "cluster path"
-               : path == cuda::IndexerTopkPath::kSegments ? "segment path"
-                                                          : "auto path");
+// row with vis[i] visible entries, against cpu::topk_desc exactly, with `ctas` CTAs a row (0:
+// the batch's choice) and rows 16-byte aligned (the engine's score stride, vector loads) or
+// not (an odd stride: element loads).
+void check_topk_rows(const std::vector<int>& vis, uint32_t seed, int ctas = 0,
+                     bool aligned = true) {
+  SCOPED_TRACE(testing::Message() << "CTAs a row " << ctas << (aligned ? ", aligned" : ", odd")
+                                  << " stride");
   std::mt19937 rng(seed);
   std::vector<int> ntok(vis.size(), 1), pos0;
   for (int v : vis) pos0.push_back(4 * v + v % 3);  // (p + 1) / 4 == v
@@ -389,7 +386,8 @@ void check_topk_rows(const std::vector<int>& vis, uint32_t seed,
   for (size_t i = 0; i < vis.size(); ++i) ASSERT_EQ((b.pos_of(int(i)) + 1) / 4, vis[i]);
   for (int k : {8, 512, 1024}) {
     const int T = b.tokens();
-    const int64_t stride = (b.max_pos() + 1) / 4 + 3;
+    const int64_t stride =
+        aligned ? ((b.max_pos() + 1) / 4 + 8) / 8 * 8 : (b.max_pos() + 1) / 4 + 3;
     std::vector<uint16_t> sc(size_t(T) * stride, 0xffff);
     std::uniform_int_distribution<int> few(0, 40);
     std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -411,10 +409,7 @@ void check_topk_rows(const std::vector<int>& vis, uint32_t seed,
     p.scores = reinterpret_cast<__nv_bfloat16*>(d_sc.data());
     p.score_stride = stride;
     p.topk_idx = d_idx.data();
-    p.topk_path = path;
-    DeviceBuffer<uint8_t> ws(cuda::indexer_workspace_bytes(p));
-    p.workspace = ws.data();
-    p.workspace_bytes = ws.size();
+    p.topk_ctas_per_row = ctas;
     cuda::indexer_topk(p, nullptr);
     DSV4_CUDA_CHECK(cudaDeviceSynchronize());
     const auto got = d_idx.download();
@@ -436,32 +431,48 @@ void check_topk_rows(const std::vector<int>& vis, uint32_t seed,
   }
 }
 
-// Rows from empty to the 256K maximum: longer than one 16384-entry segment, and exactly at
-// segment edges (9 tokens: a small batch, so kAuto runs the cluster path: chunks of up to 32768
-// entries per CTA, rows shorter than the cluster); the same rows through the segment path
-// (rows over 8192 entries split into sqrt(n k) segments and merged).
-TEST_F(CudaIndexer, TopkTiesAndSegments) {
+// Rows from empty to the 256K maximum (9 tokens: the batch's choice is 8 CTAs a row, 64
+// entries a thread at 256K), aligned and odd strides.
+TEST_F(CudaIndexer, TopkTiesAndRowLengths) {
   const std::vector<int> vis{0, 1, 7, 1024, 1025, 16384, 16385, 40000, 262144};
   check_topk_rows(vis, 6);
-  check_topk_rows(vis, 6, cuda::IndexerTopkPath::kSegments);
+  check_topk_rows(vis, 6, 0, false);
+}
+
+// Every cluster size over rows up to 32760 entries (which one CTA holds: 64 a thread), so
+// every chunk size (8, 16, 32, 64 entries a thread) runs, rows at and across the 8-entry chunk
+// grain, rows shorter than the cluster, both strides; rows that do not fit the forced cluster
+// are an error.
+TEST_F(CudaIndexer, TopkEveryClusterSize) {
+  const std::vector<int> vis{0, 1, 7, 8, 9, 1023, 1024, 4095, 4096, 4097, 16384, 16385, 32760};
+  for (int ctas : {1, 2, 4, 8}) {
+    check_topk_rows(vis, 10 + ctas, ctas);
+    check_topk_rows(vis, 20 + ctas, ctas, false);
+    check_topk_rows({3000, 5, 4096}, 30 + ctas, ctas);  // 8 entries a thread
+  }
+  EXPECT_THROW(check_topk_rows({40000}, 1, 1), Error);
+  EXPECT_THROW(check_topk_rows({8}, 1, 3), Error);
 }
 
 // One token over 32K entries (128K tokens of context, issue 17's batch-1 target) and 2 tokens
-// at 8193 / 65536: the cluster path (kAuto) and the segment path with its merge.
-TEST_F(CudaIndexer, TopkSmallBatchSplitsRows) {
-  for (auto path : {cuda::IndexerTopkPath::kAuto, cuda::IndexerTopkPath::kSegments}) {
-    check_topk_rows({32768}, 7, path);
-    check_topk_rows({8193, 65536}, 8, path);
-  }
+// at 8193 / 65536.
+TEST_F(CudaIndexer, TopkSmallBatch) {
+  check_topk_rows({32768}, 7);
+  check_topk_rows({8193, 65536}, 8);
 }
 
-// More than the small-batch bound (24 tokens): rows cut into 16384-entry segments only, some
-// longer than one, some exactly one, short ones; and the cluster path forced at that batch.
-TEST_F(CudaIndexer, TopkLargeBatchSegments) {
+// Larger batches: 24 tokens (rows of 40000, 16384 and short ones) by the batch's choice and
+// forced to 2 and 8 CTAs a row; the engine's decode shapes at 64K context: 32 and 130 tokens of
+// 16385 entries (2 CTAs a row by the batch's choice: 32 tokens fill the GPU at 2, 130 would
+// hold 40 entries a thread at 1).
+TEST_F(CudaIndexer, TopkLargeBatch) {
   std::vector<int> vis;
   for (int i = 0; i < 24; ++i) vis.push_back(i % 4 == 0 ? 40000 : (i % 4 == 1 ? 16384 : 100 * i));
   check_topk_rows(vis, 9);
-  check_topk_rows(vis, 9, cuda::IndexerTopkPath::kCluster);
+  check_topk_rows(vis, 9, 2);
+  check_topk_rows(vis, 9, 8);
+  check_topk_rows(std::vector<int>(32, 16385), 12);
+  check_topk_rows(std::vector<int>(130, 16385), 13);
 }
 
 // The whole indexer against the CPU pipeline from the same raw inputs: the CPU computes its

@@ -161,16 +161,6 @@ void CudaModel::plan(const CudaModelLimits& lim) {
       moe_ws = std::max(moe_ws, cuda::moe::moe_workspace_bytes(mw, m, top_k));
     moe_ws = std::max(moe_ws, cuda::moe::moe_workspace_bytes(mw, int(T), top_k));
   }
-  size_t idx_ws = 0;
-  if (csa) {
-    cuda::IndexerParams ip;
-    ip.batch.num_tokens = int(T);
-    ip.batch.num_seqs = 1;
-    ip.batch.max_position = lim.max_context - 1;
-    ip.n_heads = int(HI);
-    ip.topk = c.index_topk;
-    idx_ws = cuda::indexer_workspace_bytes(ip);
-  }
   // Split-KV scratch: at most every key block a split, bounded by the configured budget
   // (attention() caps the splits of a launch to what fits).
   {
@@ -188,7 +178,6 @@ void CudaModel::plan(const CudaModelLimits& lim) {
   }
   act_.gemm_ws_bytes = gemm_ws;
   act_.moe_ws_bytes = moe_ws;
-  act_.idx_ws_bytes = idx_ws;
 
   // Carve (twice: sizes, then pointers).
   auto carve = [&](uint8_t* base) {
@@ -243,7 +232,6 @@ void CudaModel::plan(const CudaModelLimits& lim) {
     }
     a.gemm_ws = take(a.gemm_ws_bytes);
     a.moe_ws = take(a.moe_ws_bytes);
-    a.idx_ws = take(a.idx_ws_bytes);
     a.attn_ws = take(a.attn_ws_bytes);
     return off;
   };
@@ -761,8 +749,6 @@ void CudaModel::attention(int block, const DeviceStep& st, DeviceCache& cache, c
     ip.scores = act_.scores;
     ip.score_stride = score_stride_;
     ip.topk_idx = act_.topk;
-    ip.workspace = act_.idx_ws;
-    ip.workspace_bytes = act_.idx_ws_bytes;
     ip.pdl = HIl == HI;  // after the compressors (tensor parallel: after a gather)
     op(op_event(OpKind::kIndexer, block, 0,
                 {bf16_ref(act_.qi, T, int64_t(HI) * DI), bf16_ref(act_.wproj, T, HI),

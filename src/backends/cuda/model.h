@@ -266,8 +266,8 @@ class CudaModel {
     __nv_bfloat16* act_xq[2];
     uint8_t* act_codes[2];
     float* act_scales[2];
-    void *gemm_ws, *moe_ws, *idx_ws, *attn_ws;
-    size_t gemm_ws_bytes, moe_ws_bytes, idx_ws_bytes, attn_ws_bytes;
+    void *gemm_ws, *moe_ws, *attn_ws;
+    size_t gemm_ws_bytes, moe_ws_bytes, attn_ws_bytes;
     size_t attn_split_bytes;  // of attn_ws: the split-KV budget (attn_splits_for)
   } act_{};
   int64_t comp_ld_ = 0, score_stride_ = 0, act_k_max_ = 0, act_m_max_ = 0;

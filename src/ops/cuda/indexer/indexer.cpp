@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include "core/error.h"
+#include "ops/cuda/common/per_device.h"
 #include "ops/cuda/indexer/indexer_config.h"
 #include "ops/cuda/indexer/indexer_internal.h"
 
@@ -15,33 +16,30 @@ int64_t max_visible(const IndexerParams& p) {
   return p.ratio > 0 ? (p.batch.max_position + 1) / p.ratio : 0;
 }
 
-int topk_segment_len(const IndexerParams& p) {
+TopkPlan topk_plan(const IndexerParams& p) {
   const int64_t n = max_visible(p);
-  if (p.batch.num_tokens > kTopkSmallBatch || n <= kTopkMinSplit || p.topk < 1) return kSegment;
-  // About sqrt(n k) entries, a multiple of 1024 (>= k), with at most kSegment / k segments so
-  // that the merge's candidates fit one segment.
-  const int64_t k = p.topk;
-  int64_t len =
-      (static_cast<int64_t>(std::ceil(std::sqrt(double(n) * double(k)))) + 1023) / 1024 * 1024;
-  const int64_t max_segs = kSegment / k;
-  len = std::max(len, (n + max_segs - 1) / max_segs);
-  return static_cast<int>(std::clamp<int64_t>(len, 1024, kSegment));
-}
-
-bool topk_uses_cluster(const IndexerParams& p) {
-  switch (p.topk_path) {
-    case IndexerTopkPath::kCluster:
-      return true;
-    case IndexerTopkPath::kSegments:
-      return false;
-    default:
-      return p.batch.num_tokens <= kTopkSmallBatch && max_visible(p) > kTopkMinSplit;
+  const int64_t T = p.batch.num_tokens;
+  // Entries a CTA holds at c CTAs a row (chunks are multiples of 8 entries).
+  auto chunk = [n](int c) { return ((n + c - 1) / c + 7) / 8 * 8; };
+  // Entries a thread (a multiple of 8, as the kernel computes it).
+  auto per = [&](int c) { return ((chunk(c) + kTopkThreads - 1) / kTopkThreads + 7) / 8 * 8; };
+  TopkPlan plan;
+  int c = p.topk_ctas_per_row;
+  if (c == 0) {
+    c = 1;
+    while (c < kTopkMaxCluster && T * 2 * c <= int64_t(kTopkCtasPerSm) * sm_count() &&
+           chunk(2 * c) >= kTopkMinChunk)
+      c *= 2;
+    while (c < kTopkMaxCluster && per(c) > kTopkPreferKpt) c *= 2;
   }
-}
-
-int num_segments(const IndexerParams& p) {
-  const int64_t len = topk_segment_len(p);
-  return static_cast<int>((max_visible(p) + len - 1) / len);
+  DSV4_CHECK(c == 1 || c == 2 || c == 4 || c == 8, "indexer_topk: ", c,
+             " CTAs a row unsupported (1, 2, 4 or 8)");
+  int kpt = kTopkMinKpt;
+  while (kpt < kTopkMaxKpt && per(c) > kpt) kpt *= 2;
+  DSV4_CHECK(per(c) <= kpt, "indexer_topk: ", n, " visible entries do not fit ", c, " CTAs a row");
+  plan.ctas_per_row = c;
+  plan.keys_per_thread = kpt;
+  return plan;
 }
 
 void validate(const IndexerParams& p, Stage stage) {
@@ -87,31 +85,11 @@ void validate(const IndexerParams& p, Stage stage) {
                  "indexer_topk: scores / topk_idx missing");
       DSV4_CHECK(p.score_stride >= max_visible(p), "indexer_topk: score_stride ", p.score_stride,
                  " < visible entries ", max_visible(p));
-      DSV4_CHECK(p.workspace_bytes >= indexer_workspace_bytes(p) &&
-                     (indexer_workspace_bytes(p) == 0 || p.workspace),
-                 "indexer_topk: workspace of ", p.workspace_bytes, " bytes < ",
-                 indexer_workspace_bytes(p));
       break;
   }
 }
 
 }  // namespace indexer_detail
-
-size_t indexer_workspace_bytes(const IndexerParams& p) {
-  using namespace indexer_cfg;
-  // Per token and segment: up to topk candidates of (ordered score key, entry index). Enough
-  // for any launch of at most num_tokens tokens and max_position: the large-batch segments of
-  // kSegment entries, and the small-batch split (at most kSegment / topk segments of topk
-  // candidates for each of at most kTopkSmallBatch tokens), whichever needs more.
-  const int64_t n = indexer_detail::max_visible(p);
-  const int64_t T = p.batch.num_tokens;
-  const int64_t full_segs = (n + kSegment - 1) / kSegment;
-  size_t bytes = full_segs > 1 ? size_t(T) * full_segs * size_t(p.topk) * 2 * sizeof(uint32_t) : 0;
-  if (n > kTopkMinSplit && p.topk >= 1)
-    bytes = std::max(bytes, size_t(std::min<int64_t>(T, kTopkSmallBatch)) *
-                                size_t(kSegment / p.topk) * size_t(p.topk) * 2 * sizeof(uint32_t));
-  return bytes;
-}
 
 void lightning_indexer(const IndexerParams& p, cudaStream_t stream) {
   indexer_query(p, stream);

@@ -35,13 +35,6 @@
 
 namespace dsv4::cuda {
 
-// How indexer_topk spreads a row over CTAs (an override for tests and benchmarks).
-enum class IndexerTopkPath {
-  kAuto,      // the cluster path for small batches with long rows, segments otherwise
-  kSegments,  // CTAs over segments of the row, a second launch merges their candidates
-  kCluster,   // one cluster of CTAs per token, the selection merged in distributed shared memory
-};
-
 // Which kernel computes the logits (an override for tests and benchmarks). kAuto takes the
 // warpgroup-MMA kernel: measured faster than mma.sync at every benchmarked shape (H200,
 // 2026-12-04: batch 1-256, s_q 1-4, 16K-128K context, prefill 4K / 8K).
@@ -72,12 +65,9 @@ struct IndexerParams {
   int64_t score_stride = 0;          // >= (batch.max_position + 1) / ratio
   int32_t* topk_idx = nullptr;       // [num_tokens, topk] compressed-entry indices, -1 = unused
 
-  // Scratch for rows longer than one top-k segment (indexer_workspace_bytes); may be null
-  // when that is 0.
-  void* workspace = nullptr;
-  size_t workspace_bytes = 0;
-
-  IndexerTopkPath topk_path = IndexerTopkPath::kAuto;
+  // CTAs a row of the top-k (a cluster): 0 picks by batch; 1, 2, 4 or 8 forces it (tests and
+  // benchmarks; an error where the rows do not fit that many).
+  int topk_ctas_per_row = 0;
   IndexerLogitsPath logits_path = IndexerLogitsPath::kAuto;
   // Programmatic dependent launch of the stage's first kernel: it may start while the kernel
   // before it on the stream finishes (each kernel here waits in griddepcontrol.wait before its
@@ -89,9 +79,6 @@ struct IndexerParams {
 // Largest visible-entry count per token the top-k accepts (1M tokens of context at ratio 4).
 constexpr int64_t kIndexerMaxVisible = 262144;
 constexpr int kIndexerMaxTopk = 1024;
-
-// Bytes of scratch indexer_topk needs for `p` (0 when every row fits one segment).
-size_t indexer_workspace_bytes(const IndexerParams& p);
 
 void indexer_query(const IndexerParams& p, cudaStream_t stream);
 void indexer_logits(const IndexerParams& p, cudaStream_t stream);

@@ -39,22 +39,20 @@ constexpr int kWgCtasPerSm = 4;
 constexpr int kWgMinCtasPerSm = 3;
 constexpr int kWgMinCtasPerSmPaired = 2;
 
-// Top-k: one CTA selects over a segment of at most kSegment entries (16-bit positions); longer
-// rows are cut into segments whose candidates a second pass merges.
+// Top-k (indexer_topk.cu): a row spread over a cluster of 1, 2, 4 or 8 CTAs of kTopkThreads
+// threads, each thread holding 8, 16, 32 or 64 of its entries in registers (so one cluster
+// covers kIndexerMaxVisible = 8 x 512 x 64 entries); winners sorted by a bitonic network of
+// kSortCap. By default the cluster grows while the grid stays within kTopkCtasPerSm CTAs an SM
+// and chunks keep at least kTopkMinChunk entries, then further while threads would hold more
+// than kTopkPreferKpt entries. H200, 2026-12-04 (indexer_bench --topk, back to back, µs, 1 / 2 /
+// 4 / 8 CTAs a row): b=1 4K entries 10.2 / 12.2 / 12.4 / 13.3; b=1 16K 16.7 / 14.9 / 12.5 /
+// 12.8; b=1 32K 25.0 / 18.3 / 15.2 / 14.0; b=32 16K 17.4 / 15.8 / 16.3 / 21.3; b=32 32K 26.4 /
+// 19.6 / 19.6 / 22.3; b=128 16K 17.9 / 19.9 / 30.5 / 50.3; b=128 32K 27.1 / 25.4 / 34.1 / 52.2.
 constexpr int kTopkThreads = 512;
-constexpr int kSegment = 16384;
-constexpr int kSortCap = 1024;  // = kIndexerMaxTopk, the bitonic sort width
-// Small batches (issue 17 point 3): launches of at most kTopkSmallBatch tokens whose rows hold
-// more than kTopkMinSplit entries run the cluster path (indexer_topk.cu: kTopkCluster CTAs per
-// token, one contiguous chunk each, the selection merged in distributed shared memory). Forced
-// onto the segment path (IndexerTopkPath::kSegments) they cut rows into segments of about
-// sqrt(visible x k) entries (segment pass and merge of equal size). H200, 2026-12-02
-// (indexer_bench --topk, single-launch timer, µs, cluster vs segments): b=1 4K entries 17.95 vs
-// 17.98 (the segment path's one CTA), 16K 18.4 vs 25.8, 32K 21.1 vs 25.4, 32K top-1024 21.9 vs
-// 33.7; b=2 alike. The batch bound is unmeasured above 2 tokens; 8192 entries lies between
-// the measured 4K (a tie) and 16K.
-constexpr int kTopkSmallBatch = 16;
-constexpr int kTopkMinSplit = 8192;
-constexpr int kTopkCluster = 8;  // portable cluster size
+constexpr int kSortCap = 1024;      // = kIndexerMaxTopk, the bitonic sort width
+constexpr int kTopkMaxCluster = 8;  // portable cluster size
+constexpr int kTopkMinKpt = 8, kTopkMaxKpt = 64, kTopkPreferKpt = 32;
+constexpr int kTopkCtasPerSm = 1;
+constexpr int kTopkMinChunk = 4096;
 
 }  // namespace dsv4::cuda::indexer_cfg

@@ -1,22 +1,18 @@
 // Indexer top-k: per token, the min(k, visible) highest BF16 scores in descending order, ties
 // to the lower entry index — exactly cpu::topk_desc.
 //
-// One CTA selects over a segment of <= 16384 entries: a two-pass radix select on the 16-bit
-// order-preserving score key finds the k-th largest key T; every entry above T is taken, and
-// of the entries equal to T the first ones in index order (a block scan); the k winners are
-// then bitonic-sorted on (key, -position), which is unique. Rows longer than one segment are
-// cut into segments whose candidates, left unsorted in index order, a second CTA per row
-// selects from and sorts in the same way (candidates in segment order, so equal scores stay in
-// index order).
-//
-// Small batches (the decode step: a few tokens over up to 256K entries) run the cluster path
-// instead: one launch, a cluster of kTopkCluster CTAs per token, each holding one contiguous
-// chunk of the row. The radix select runs over the whole row at once: each CTA builds its
-// chunk's histograms, every CTA sums the cluster's through distributed shared memory and finds
-// the same threshold; the CTAs before it in the row tell each one (from their histograms) how
-// many entries above and at the threshold precede its chunk, so it writes its winners straight
-// into their final index-order slots in CTA 0's shared memory, which sorts the k winners. No
-// candidates round trip through global memory and no second launch.
+// One launch. Each token's row is spread over C CTAs (a cluster of C = 1, 2, 4 or 8, chosen by
+// batch so the grid fills the GPU): CTA `rank` holds one contiguous chunk of the row in
+// registers, KPT consecutive entries a thread as 16-bit order-preserving keys (vector loads).
+// A two-pass radix select on the keys (high byte, then the low byte of the entries in the
+// crossing bin) finds the k-th largest key T: each CTA builds its chunk's histograms and, in a
+// cluster, every CTA sums the cluster's through distributed shared memory and finds the same
+// threshold. Every entry above T is taken, and of the entries equal to T the first ones in
+// index order: the CTAs before it in the row tell each CTA (from their histograms) how many
+// entries above and at T precede its chunk, a block scan does the same within the chunk, so
+// every winner goes straight to its index-order slot in CTA 0's shared memory. CTA 0 sorts the
+// k winners on (key, -slot), which is unique. Keys never leave registers; no candidates round
+// trip through global memory.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -24,7 +20,6 @@
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
 #include "ops/cuda/common/launch.h"
-#include "ops/cuda/common/per_device.h"
 #include "ops/cuda/common/sm90/smem.cuh"
 #include "ops/cuda/common/sm90/sync.cuh"
 #include "ops/cuda/indexer/indexer.h"
@@ -37,13 +32,19 @@ namespace {
 
 using namespace indexer_cfg;
 constexpr int kWarps = kTopkThreads / 32;
+constexpr int kHistCopies = 8;
+static_assert(kHistCopies % 4 == 0 && 32 % kHistCopies == 0, "histogram copies");
 
-struct TopkSmem {
-  uint16_t keys[kSegment];
-  uint32_t sorted[kSortCap];
-  uint32_t hist[256];
+// Shared memory of one CTA (CTA 0 of a row also collects the winners).
+struct RowSmem {
+  uint32_t hist1[256], hist2[256];  // this chunk's histograms (read by the whole cluster)
+  uint32_t sum[256];                // the cluster's histogram of the current pass (C > 1)
+  alignas(16) uint32_t part[256 * kHistCopies];  // histogram()'s copies
+  uint32_t code[kSortCap];  // CTA 0: (key << 16) | (0xffff - slot) of the winners
+  int32_t idx[kSortCap];    // CTA 0: the winners' entry indices, slot = index order
   uint32_t scan[32];
-  int sel[2];  // find_crossing's result: bin, count above it
+  int sel[2];                                                  // find_crossing's bin, count above
+  int before_gt[kTopkMaxCluster], before_eq[kTopkMaxCluster];  // per earlier CTA of the row
 };
 
 // Larger BF16 score -> larger key; -0 and +0 map to the same key (they compare equal).
@@ -79,20 +80,35 @@ __device__ uint32_t block_exclusive_scan(uint32_t v, uint32_t* scan) {
   return r;
 }
 
-// Histogram (256 bins) of `bin_of(i)` over the entries with `take(i)`, warp-aggregated atomics.
-template <typename Take, typename BinOf>
-__device__ void histogram(int n, uint32_t* hist, Take take, BinOf bin_of) {
-  for (int i = threadIdx.x; i < 256; i += kTopkThreads) hist[i] = 0;
+// Histogram (256 bins) of bin_of(key) over this thread's `nvalid` keys with take(key) (keys
+// packed two a word in kv; `per` <= KPT: keys a thread in this CTA) into `hist`. Lanes count
+// into kHistCopies interleaved copies (`part`, [bin][copy]) with fire-and-forget shared
+// atomics, so a warp's lanes on one hot bin (BF16 scores fill few high-byte bins) collide at
+// most 32 / kHistCopies ways and no lane waits on a warp-wide match; the copies are summed
+// after. H200, 2026-12-04 (indexer_bench --topk, back to back): one CTA over 32K entries 35.5
+// µs with warp-aggregated atomics (match.any), 25.0 with 8 copies, 25.4 with a copy a lane.
+template <int KPT, typename Take, typename BinOf>
+__device__ void histogram(const uint32_t (&kv)[KPT / 2], int per, int nvalid, uint32_t* part,
+                          uint32_t* hist, Take take, BinOf bin_of) {
+  for (int i = threadIdx.x; i < 256 * kHistCopies; i += kTopkThreads) part[i] = 0;
   __syncthreads();
-  for (int base = 0; base < n; base += kTopkThreads) {
-    const int i = base + threadIdx.x;
-    const bool ok = i < n && take(i);
-    const unsigned active = __ballot_sync(0xffffffffu, ok);
-    if (ok) {
-      const uint32_t b = bin_of(i);
-      const unsigned peers = __match_any_sync(active, b);
-      if ((threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[b], uint32_t(__popc(peers)));
+  const uint32_t copy = threadIdx.x & (kHistCopies - 1);
+#pragma unroll
+  for (int e = 0; e < KPT; ++e) {
+    if (e >= per) break;  // uniform
+    const uint32_t key = (kv[e / 2] >> (16 * (e & 1))) & 0xffffu;
+    if (e < nvalid && take(key)) atomicAdd(&part[bin_of(key) * kHistCopies + copy], 1u);
+  }
+  __syncthreads();
+  if (threadIdx.x < 256) {
+    const uint4* c = reinterpret_cast<const uint4*>(part + threadIdx.x * kHistCopies);
+    uint32_t v = 0;
+#pragma unroll
+    for (int q = 0; q < kHistCopies / 4; ++q) {
+      const uint4 x = c[q];
+      v += x.x + x.y + x.z + x.w;
     }
+    hist[threadIdx.x] = v;
   }
   __syncthreads();
 }
@@ -126,13 +142,13 @@ __device__ void find_crossing(const uint32_t* hist, uint32_t target, int* sel) {
   __syncthreads();
 }
 
-// Sorts v[0, p2) descending (p2 a power of two <= kSortCap; all kTopkThreads threads call it).
-// Bitonic network over elements tid + kTopkThreads * e held in registers: exchanges across
-// fewer than 32 positions are warp shuffles (no barrier), wider ones go through v with a
+// Sorts v[0, p2) descending (p2 a power of two <= kTopkThreads * E; all kTopkThreads threads
+// call it). Bitonic network over elements tid + kTopkThreads * e held in registers: exchanges
+// across fewer than 32 positions are warp shuffles (no barrier), wider ones go through v with a
 // barrier per step — 10 barrier steps for 512 elements instead of 45.
+template <int E>
 __device__ void bitonic_desc(uint32_t* v, int p2) {
-  constexpr int E = kSortCap / kTopkThreads;
-  static_assert(E * kTopkThreads == kSortCap, "elements per thread");
+  static_assert(E >= 1 && E * kTopkThreads <= kSortCap, "elements per thread");
   const int tid = threadIdx.x;
   uint32_t x[E];
 #pragma unroll
@@ -191,60 +207,6 @@ __device__ void bitonic_desc(uint32_t* v, int p2) {
   __syncthreads();
 }
 
-// Selects the min(k, n) largest of sm.keys[0, n) (ties to the lower position) and leaves them
-// in sm.sorted[0, k') as (key << 16) | (0xffff - position), descending when `sort`, else in
-// position order. Returns k'.
-__device__ int select_sorted(int n, int k, TopkSmem& sm, bool sort = true) {
-  const int kk = min(k, n);
-  if (kk <= 0) return 0;
-  histogram(
-      n, sm.hist, [](int) { return true; }, [&](int i) { return uint32_t(sm.keys[i]) >> 8; });
-  find_crossing(sm.hist, uint32_t(kk), sm.sel);
-  const uint32_t b1 = uint32_t(sm.sel[0]);
-  const int above1 = sm.sel[1];
-  __syncthreads();
-  histogram(
-      n, sm.hist, [&](int i) { return (uint32_t(sm.keys[i]) >> 8) == b1; },
-      [&](int i) { return uint32_t(sm.keys[i]) & 0xffu; });
-  find_crossing(sm.hist, uint32_t(kk - above1), sm.sel);
-  const uint32_t thr = (b1 << 8) | uint32_t(sm.sel[0]);
-  const int count_gt = above1 + sm.sel[1];
-  const int need_eq = kk - count_gt;
-
-  // Compaction in index order: thread j owns positions [j*ch, (j+1)*ch).
-  const int ch = (n + kTopkThreads - 1) / kTopkThreads;
-  const int lo = min(n, int(threadIdx.x) * ch), hi = min(n, lo + ch);
-  uint32_t gt = 0, eq = 0;
-  for (int i = lo; i < hi; ++i) {
-    const uint32_t key = sm.keys[i];
-    gt += key > thr;
-    eq += key == thr;
-  }
-  const uint32_t before = block_exclusive_scan(gt | (eq << 16), sm.scan);
-  int gt_before = int(before & 0xffffu), eq_before = int(before >> 16);
-  for (int i = lo; i < hi; ++i) {
-    const uint32_t key = sm.keys[i];
-    const uint32_t code = (key << 16) | (0xffffu - uint32_t(i));
-    if (key > thr) {
-      sm.sorted[gt_before + min(eq_before, need_eq)] = code;
-      ++gt_before;
-    } else if (key == thr) {
-      if (eq_before < need_eq) sm.sorted[gt_before + eq_before] = code;
-      ++eq_before;
-    }
-  }
-  if (!sort) {
-    __syncthreads();
-    return kk;
-  }
-  int p2 = 1;
-  while (p2 < kk) p2 <<= 1;
-  for (int i = kk + threadIdx.x; i < p2; i += kTopkThreads) sm.sorted[i] = 0;
-  __syncthreads();
-  bitonic_desc(sm.sorted, p2);
-  return kk;
-}
-
 struct TopkArgs {
   const uint16_t* scores;
   int64_t stride;
@@ -253,10 +215,8 @@ struct TopkArgs {
   int num_seqs;
   int ratio;
   int k;
-  int seg_len;  // entries per segment (<= kSegment)
-  int max_segments;
+  bool vec_loads;  // rows 16-byte aligned (stride a multiple of 8, scores 16-byte aligned)
   int32_t* out;
-  uint2* cand;  // [num_tokens, max_segments, k] (ordered key, entry index)
 };
 
 __device__ __forceinline__ int visible_of_token(const TopkArgs& a, int t) {
@@ -265,97 +225,32 @@ __device__ __forceinline__ int visible_of_token(const TopkArgs& a, int t) {
   return (pos + 1) / a.ratio;
 }
 
-// grid (num_tokens, max_segments): segment `blockIdx.y` of token `blockIdx.x`.
-__global__ void __launch_bounds__(kTopkThreads) topk_segment_kernel(const TopkArgs a) {
-  __shared__ TopkSmem sm;
-  // Launched programmatically (IndexerParams::pdl): nothing is read before the kernel before
-  // is complete.
-  sm90::griddep_wait();
-  sm90::griddep_launch_dependents();
-  const int t = blockIdx.x, sg = blockIdx.y;
-  const int n_t = visible_of_token(a, t);
-  const int seg_lo = sg * a.seg_len;
-  int32_t* out = a.out + size_t(t) * a.k;
-  if (n_t == 0) {
-    if (sg == 0)
-      for (int r = threadIdx.x; r < a.k; r += kTopkThreads) out[r] = -1;
-    return;
-  }
-  if (seg_lo >= n_t) return;
-  const int n = min(a.seg_len, n_t - seg_lo);
-  const uint16_t* row = a.scores + size_t(t) * a.stride + seg_lo;
-  for (int i = threadIdx.x; i < n; i += kTopkThreads) sm.keys[i] = uint16_t(order_key(row[i]));
-  __syncthreads();
-  const bool whole_row = n_t <= a.seg_len;
-  const int kk = select_sorted(n, a.k, sm, whole_row);
-  if (whole_row) {
-    for (int r = threadIdx.x; r < a.k; r += kTopkThreads)
-      out[r] = r < kk ? int32_t(0xffffu - (sm.sorted[r] & 0xffffu)) : -1;
-  } else {
-    uint2* cand = a.cand + (size_t(t) * a.max_segments + sg) * a.k;
-    for (int r = threadIdx.x; r < kk; r += kTopkThreads) {
-      const uint32_t v = sm.sorted[r];
-      cand[r] = make_uint2(v >> 16, uint32_t(seg_lo) + (0xffffu - (v & 0xffffu)));
-    }
-  }
-}
-
-// grid (num_tokens): rows longer than one segment select among their segments' candidates.
-__global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(const TopkArgs a) {
-  __shared__ TopkSmem sm;
-  sm90::griddep_wait();  // after topk_segment_kernel, always programmatically
-  sm90::griddep_launch_dependents();
-  const int t = blockIdx.x;
-  const int n_t = visible_of_token(a, t);
-  if (n_t <= a.seg_len) return;
-  const int segs = (n_t + a.seg_len - 1) / a.seg_len;
-  const int last = n_t - (segs - 1) * a.seg_len;
-  // Every segment but the last holds seg_len >= k entries, so k candidates: positions are
-  // contiguous at stride k.
-  const int n = (segs - 1) * a.k + min(a.k, last);
-  const uint2* cand = a.cand + size_t(t) * a.max_segments * a.k;
-  for (int i = threadIdx.x; i < n; i += kTopkThreads) sm.keys[i] = uint16_t(cand[i].x);
-  __syncthreads();
-  const int kk = select_sorted(n, a.k, sm);
-  int32_t* out = a.out + size_t(t) * a.k;
-  for (int r = threadIdx.x; r < a.k; r += kTopkThreads)
-    out[r] = r < kk ? int32_t(cand[0xffffu - (sm.sorted[r] & 0xffffu)].y) : -1;
-}
-
-// ---- cluster path ----------------------------------------------------------------------
-constexpr int kChunkCap = int(kIndexerMaxVisible / kTopkCluster);  // entries per CTA
-
-struct ClusterSmem {
-  uint32_t hist1[256], hist2[256];  // this chunk's histograms (read by the whole cluster)
-  uint32_t sum[256];                // the cluster's histogram of the current pass
-  uint32_t code[kSortCap];          // CTA 0: (key << 16) | (0xffff - slot) of the winners
-  int32_t idx[kSortCap];            // CTA 0: the winners' entry indices, slot = index order
-  uint32_t scan[32];
-  int sel[2];
-  int before_gt[kTopkCluster], before_eq[kTopkCluster];  // per earlier CTA of the row
-  uint16_t keys[kChunkCap];
-};
-
 // The cluster's histogram: bin b (thread b) summed over every CTA's `local` array.
+template <int C>
 __device__ void cluster_histogram(const uint32_t* local, uint32_t* sum) {
   if (threadIdx.x < 256) {
     const uint32_t addr = sm90::smem_u32(local + threadIdx.x);
     uint32_t v = 0;
 #pragma unroll
-    for (int c = 0; c < kTopkCluster; ++c) v += sm90::ld_cluster_4(sm90::map_to_rank(addr, c));
+    for (int c = 0; c < C; ++c) v += sm90::ld_cluster_4(sm90::map_to_rank(addr, c));
     sum[threadIdx.x] = v;
   }
   __syncthreads();
 }
 
-// grid (kTopkCluster, num_tokens), clusters of kTopkCluster CTAs along x: CTA `rank` of token
-// `blockIdx.y` holds entries [rank * chunk, (rank + 1) * chunk) of the row.
-__global__ void __launch_bounds__(kTopkThreads) topk_cluster_kernel(const TopkArgs a) {
-  extern __shared__ __align__(16) uint8_t smem_raw[];
-  ClusterSmem& sm = *reinterpret_cast<ClusterSmem*>(smem_raw);
-  sm90::griddep_wait();  // as topk_segment_kernel
+// grid (C, num_tokens), clusters of C CTAs along x (C = 1: no cluster): CTA `rank` of token
+// `blockIdx.y` holds entries [rank * chunk, (rank + 1) * chunk) of the row, chunk a multiple of
+// 8; thread j entries [j * per, (j + 1) * per) of the chunk, per a multiple of 8 and at most KPT
+// (the host's plan sizes KPT for the longest row).
+template <int C, int KPT>
+__global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(const TopkArgs a) {
+  static_assert(KPT % 8 == 0 && C >= 1 && C <= kTopkMaxCluster, "topk tile");
+  __shared__ RowSmem sm;
+  // Launched programmatically (IndexerParams::pdl): nothing is read before the kernel before
+  // is complete.
+  sm90::griddep_wait();
   sm90::griddep_launch_dependents();
-  const int rank = int(sm90::cluster_ctarank());
+  const int rank = C > 1 ? int(sm90::cluster_ctarank()) : 0;
   const int t = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int n_t = visible_of_token(a, t);
   const int kk = min(a.k, n_t);
@@ -365,107 +260,174 @@ __global__ void __launch_bounds__(kTopkThreads) topk_cluster_kernel(const TopkAr
       for (int r = tid; r < a.k; r += kTopkThreads) out[r] = -1;
     return;
   }
-  const int chunk = (n_t + kTopkCluster - 1) / kTopkCluster;
+  const int chunk = ((n_t + C - 1) / C + 7) & ~7;
   const int lo = min(n_t, rank * chunk);
   const int n = min(n_t, lo + chunk) - lo;
-  const uint16_t* row = a.scores + size_t(t) * a.stride + lo;
-  for (int i = tid; i < n; i += kTopkThreads) sm.keys[i] = uint16_t(order_key(row[i]));
-  __syncthreads();
+  const int per = ((chunk + kTopkThreads - 1) / kTopkThreads + 7) & ~7;  // uniform, <= KPT
+  const int base = tid * per;
+  const int nvalid = max(0, min(per, n - base));
+
+  // This thread's keys, two a word (entries past the row are never counted: nvalid).
+  uint32_t kv[KPT / 2];
+  const uint16_t* src = a.scores + size_t(t) * a.stride + lo + base;
+#pragma unroll
+  for (int w = 0; w < KPT / 2; ++w) kv[w] = 0;
+  if (a.vec_loads && nvalid == per) {
+#pragma unroll
+    for (int v = 0; v < KPT / 8; ++v) {
+      if (8 * v >= per) break;
+      const uint4 w = __ldg(reinterpret_cast<const uint4*>(src) + v);
+      kv[4 * v + 0] = w.x;
+      kv[4 * v + 1] = w.y;
+      kv[4 * v + 2] = w.z;
+      kv[4 * v + 3] = w.w;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < KPT; e += 2) {
+      if (e >= per) break;
+      const uint32_t x0 = e < nvalid ? __ldg(src + e) : 0u;
+      const uint32_t x1 = e + 1 < nvalid ? __ldg(src + e + 1) : 0u;
+      kv[e / 2] = x0 | (x1 << 16);
+    }
+  }
+#pragma unroll
+  for (int w = 0; w < KPT / 2; ++w)
+    if (2 * w < per)
+      kv[w] = order_key(uint16_t(kv[w] & 0xffffu)) | (order_key(uint16_t(kv[w] >> 16)) << 16);
 
   // Pass 1: the high byte. Every CTA finds the same crossing bin from the cluster's sum.
-  histogram(
-      n, sm.hist1, [](int) { return true; }, [&](int i) { return uint32_t(sm.keys[i]) >> 8; });
-  sm90::cluster_sync();  // every chunk's hist1 is complete
-  cluster_histogram(sm.hist1, sm.sum);
-  find_crossing(sm.sum, uint32_t(kk), sm.sel);
+  histogram<KPT>(
+      kv, per, nvalid, sm.part, sm.hist1, [](uint32_t) { return true; },
+      [](uint32_t key) { return key >> 8; });
+  const uint32_t* h = sm.hist1;
+  if constexpr (C > 1) {
+    sm90::cluster_sync();  // every chunk's hist1 is complete
+    cluster_histogram<C>(sm.hist1, sm.sum);
+    h = sm.sum;
+  }
+  find_crossing(h, uint32_t(kk), sm.sel);
   const uint32_t b1 = uint32_t(sm.sel[0]);
   const int above1 = sm.sel[1];
   // Pass 2: the low byte of the entries in bin b1.
-  histogram(
-      n, sm.hist2, [&](int i) { return (uint32_t(sm.keys[i]) >> 8) == b1; },
-      [&](int i) { return uint32_t(sm.keys[i]) & 0xffu; });
-  sm90::cluster_sync();  // every chunk's hist2 is complete
-  cluster_histogram(sm.hist2, sm.sum);
-  find_crossing(sm.sum, uint32_t(kk - above1), sm.sel);
+  histogram<KPT>(
+      kv, per, nvalid, sm.part, sm.hist2, [b1](uint32_t key) { return (key >> 8) == b1; },
+      [](uint32_t key) { return key & 0xffu; });
+  h = sm.hist2;
+  if constexpr (C > 1) {
+    sm90::cluster_sync();  // every chunk's hist2 is complete
+    cluster_histogram<C>(sm.hist2, sm.sum);
+    h = sm.sum;
+  }
+  find_crossing(h, uint32_t(kk - above1), sm.sel);
   const uint32_t b2 = uint32_t(sm.sel[0]);
   const uint32_t thr = (b1 << 8) | b2;
   const int need_eq = kk - (above1 + sm.sel[1]);
 
   // Entries above / at the threshold in each earlier chunk (warp c reads CTA c's histograms).
-  if (warp < rank) {
-    const uint32_t h1 = sm90::map_to_rank(sm90::smem_u32(sm.hist1), warp);
-    const uint32_t h2 = sm90::map_to_rank(sm90::smem_u32(sm.hist2), warp);
-    uint32_t gt = 0;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const uint32_t bin = uint32_t(8 * lane + j);
-      if (bin > b1) gt += sm90::ld_cluster_4(h1 + 4 * bin);
-      if (bin > b2) gt += sm90::ld_cluster_4(h2 + 4 * bin);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) gt += __shfl_xor_sync(0xffffffffu, gt, o);
-    if (lane == 0) {
-      sm.before_gt[warp] = int(gt);
-      sm.before_eq[warp] = int(sm90::ld_cluster_4(h2 + 4 * b2));
-    }
-  }
-  __syncthreads();
   int gt_off = 0, eq_off = 0;
-  for (int c = 0; c < rank; ++c) {
-    gt_off += sm.before_gt[c];
-    eq_off += sm.before_eq[c];
+  if constexpr (C > 1) {
+    if (warp < rank) {
+      const uint32_t h1 = sm90::map_to_rank(sm90::smem_u32(sm.hist1), warp);
+      const uint32_t h2 = sm90::map_to_rank(sm90::smem_u32(sm.hist2), warp);
+      uint32_t gt = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t bin = uint32_t(8 * lane + j);
+        if (bin > b1) gt += sm90::ld_cluster_4(h1 + 4 * bin);
+        if (bin > b2) gt += sm90::ld_cluster_4(h2 + 4 * bin);
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) gt += __shfl_xor_sync(0xffffffffu, gt, o);
+      if (lane == 0) {
+        sm.before_gt[warp] = int(gt);
+        sm.before_eq[warp] = int(sm90::ld_cluster_4(h2 + 4 * b2));
+      }
+    }
+    __syncthreads();
+    for (int c = 0; c < rank; ++c) {
+      gt_off += sm.before_gt[c];
+      eq_off += sm.before_eq[c];
+    }
   }
 
-  // Compaction in index order into CTA 0's slots: thread j owns positions [j*ch, (j+1)*ch).
-  const int ch = (n + kTopkThreads - 1) / kTopkThreads;
-  const int i_lo = min(n, tid * ch), i_hi = min(n, i_lo + ch);
+  // Compaction in index order into CTA 0's slots.
   uint32_t gt = 0, eq = 0;
-  for (int i = i_lo; i < i_hi; ++i) {
-    const uint32_t key = sm.keys[i];
-    gt += key > thr;
-    eq += key == thr;
+#pragma unroll
+  for (int e = 0; e < KPT; ++e) {
+    if (e >= per) break;
+    const uint32_t key = (kv[e / 2] >> (16 * (e & 1))) & 0xffffu;
+    gt += e < nvalid && key > thr;
+    eq += e < nvalid && key == thr;
   }
-  const uint32_t before = block_exclusive_scan(gt | (eq << 16), sm.scan);  // n < 65536
+  const uint32_t before = block_exclusive_scan(gt | (eq << 16), sm.scan);  // n <= 32768
   int gt_before = gt_off + int(before & 0xffffu), eq_before = eq_off + int(before >> 16);
-  const uint32_t code0 = sm90::map_to_rank(sm90::smem_u32(sm.code), 0);
-  const uint32_t idx0 = sm90::map_to_rank(sm90::smem_u32(sm.idx), 0);
-  for (int i = i_lo; i < i_hi; ++i) {
-    const uint32_t key = sm.keys[i];
-    int slot = -1;
-    if (key > thr) {
-      slot = gt_before + min(eq_before, need_eq);
-      ++gt_before;
-    } else if (key == thr) {
-      if (eq_before < need_eq) slot = gt_before + eq_before;
-      ++eq_before;
-    }
-    if (slot >= 0) {
-      sm90::st_cluster_4(code0 + 4 * uint32_t(slot), (key << 16) | (0xffffu - uint32_t(slot)));
-      sm90::st_cluster_4(idx0 + 4 * uint32_t(slot), uint32_t(lo + i));
+  const uint32_t code0 = C > 1 ? sm90::map_to_rank(sm90::smem_u32(sm.code), 0) : 0u;
+  const uint32_t idx0 = C > 1 ? sm90::map_to_rank(sm90::smem_u32(sm.idx), 0) : 0u;
+  if (gt | eq) {
+#pragma unroll
+    for (int e = 0; e < KPT; ++e) {
+      if (e >= per) break;
+      const uint32_t key = (kv[e / 2] >> (16 * (e & 1))) & 0xffffu;
+      int slot = -1;
+      if (e < nvalid) {
+        if (key > thr) {
+          slot = gt_before + min(eq_before, need_eq);
+          ++gt_before;
+        } else if (key == thr) {
+          if (eq_before < need_eq) slot = gt_before + eq_before;
+          ++eq_before;
+        }
+      }
+      if (slot >= 0) {
+        const uint32_t code = (key << 16) | (0xffffu - uint32_t(slot));
+        const int32_t entry = lo + base + e;
+        if constexpr (C > 1) {
+          sm90::st_cluster_4(code0 + 4 * uint32_t(slot), code);
+          sm90::st_cluster_4(idx0 + 4 * uint32_t(slot), uint32_t(entry));
+        } else {
+          sm.code[slot] = code;
+          sm.idx[slot] = entry;
+        }
+      }
     }
   }
-  sm90::cluster_sync();  // CTA 0 holds the kk winners; the others' histograms are read
-  if (rank != 0) return;
+  if constexpr (C > 1) {
+    sm90::cluster_sync();  // CTA 0 holds the kk winners; the others' histograms are read
+    if (rank != 0) return;
+  }
   int p2 = 1;
   while (p2 < kk) p2 <<= 1;
   for (int i = kk + tid; i < p2; i += kTopkThreads) sm.code[i] = 0;
   __syncthreads();
-  bitonic_desc(sm.code, p2);
+  if (p2 <= kTopkThreads)  // k <= 512: one element a thread, half the steps of two
+    bitonic_desc<1>(sm.code, p2);
+  else
+    bitonic_desc<kSortCap / kTopkThreads>(sm.code, p2);
   for (int r = tid; r < a.k; r += kTopkThreads)
     out[r] = r < kk ? sm.idx[0xffffu - (sm.code[r] & 0xffffu)] : -1;
 }
 
-void launch_cluster(const TopkArgs& a, int num_tokens, bool pdl, cudaStream_t stream) {
-  static std::atomic<uint64_t> attr{0};
-  once_per_device(attr, [] {
-    DSV4_CUDA_CHECK(cudaFuncSetAttribute(topk_cluster_kernel,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         int(sizeof(ClusterSmem))));
-  });
-  LaunchConfig c{dim3(unsigned(kTopkCluster), unsigned(num_tokens)), dim3(kTopkThreads),
-                 sizeof(ClusterSmem), stream, pdl};
-  c.cluster = dim3(kTopkCluster, 1, 1);
-  launch_kernel(c, topk_cluster_kernel, a);
+template <int C, int KPT>
+void launch_topk(const TopkArgs& a, int num_tokens, bool pdl, cudaStream_t stream) {
+  LaunchConfig c{dim3(unsigned(C), unsigned(num_tokens)), dim3(kTopkThreads), 0, stream, pdl};
+  c.cluster = dim3(C, 1, 1);
+  launch_kernel(c, indexer_topk_kernel<C, KPT>, a);
+}
+
+template <int C>
+void launch_topk_kpt(const TopkArgs& a, int kpt, int num_tokens, bool pdl, cudaStream_t stream) {
+  switch (kpt) {
+    case 8:
+      return launch_topk<C, 8>(a, num_tokens, pdl, stream);
+    case 16:
+      return launch_topk<C, 16>(a, num_tokens, pdl, stream);
+    case 32:
+      return launch_topk<C, 32>(a, num_tokens, pdl, stream);
+    case 64:
+      return launch_topk<C, 64>(a, num_tokens, pdl, stream);
+  }
+  throw Error(cat("indexer_topk: no kernel for ", kpt, " keys a thread"));
 }
 
 }  // namespace
@@ -473,36 +435,31 @@ void launch_cluster(const TopkArgs& a, int num_tokens, bool pdl, cudaStream_t st
 void indexer_topk(const IndexerParams& p, cudaStream_t stream) {
   indexer_detail::validate(p, indexer_detail::Stage::kTopk);
   if (p.batch.num_tokens == 0) return;
-  static_assert(int64_t(kIndexerMaxVisible / kSegment) * kIndexerMaxTopk <= kSegment,
-                "merged candidates must fit one segment");
-  const int segs = std::max(1, indexer_detail::num_segments(p));
-  const int seg_len = indexer_detail::topk_segment_len(p);
-  DSV4_CHECK(seg_len >= p.topk && seg_len <= kSegment && int64_t(segs) * p.topk <= kSegment,
-             "indexer_topk: segments of ", seg_len, " entries x ", segs, " for k ", p.topk);
-  TopkArgs a{reinterpret_cast<const uint16_t*>(p.scores),
-             p.score_stride,
-             p.batch.cu_seqlens,
-             p.batch.seq_pos0,
-             p.batch.num_seqs,
-             p.ratio,
-             p.topk,
-             seg_len,
-             segs,
-             p.topk_idx,
-             static_cast<uint2*>(p.workspace)};
-  if (indexer_detail::topk_uses_cluster(p)) {
-    DSV4_CHECK(p.batch.num_tokens <= 65535, "indexer_topk: ", p.batch.num_tokens,
-               " tokens exceed the cluster path's grid");
-    launch_cluster(a, p.batch.num_tokens, p.pdl, stream);
-    return;
+  const indexer_detail::TopkPlan plan = indexer_detail::topk_plan(p);
+  DSV4_CHECK(p.batch.num_tokens <= 65535, "indexer_topk: ", p.batch.num_tokens,
+             " tokens exceed the grid");
+  const bool vec = p.score_stride % 8 == 0 && reinterpret_cast<uintptr_t>(p.scores) % 16 == 0;
+  const TopkArgs a{reinterpret_cast<const uint16_t*>(p.scores),
+                   p.score_stride,
+                   p.batch.cu_seqlens,
+                   p.batch.seq_pos0,
+                   p.batch.num_seqs,
+                   p.ratio,
+                   p.topk,
+                   vec,
+                   p.topk_idx};
+  const int T = p.batch.num_tokens;
+  switch (plan.ctas_per_row) {
+    case 1:
+      return launch_topk_kpt<1>(a, plan.keys_per_thread, T, p.pdl, stream);
+    case 2:
+      return launch_topk_kpt<2>(a, plan.keys_per_thread, T, p.pdl, stream);
+    case 4:
+      return launch_topk_kpt<4>(a, plan.keys_per_thread, T, p.pdl, stream);
+    case 8:
+      return launch_topk_kpt<8>(a, plan.keys_per_thread, T, p.pdl, stream);
   }
-  launch_kernel(LaunchConfig{dim3(unsigned(p.batch.num_tokens), unsigned(segs)), dim3(kTopkThreads),
-                             0, stream, p.pdl},
-                topk_segment_kernel, a);
-  if (segs > 1)
-    launch_kernel(
-        LaunchConfig{dim3(unsigned(p.batch.num_tokens)), dim3(kTopkThreads), 0, stream, true},
-        topk_merge_kernel, a);
+  throw Error(cat("indexer_topk: no kernel for ", plan.ctas_per_row, " CTAs a row"));
 }
 
 }  // namespace dsv4::cuda
