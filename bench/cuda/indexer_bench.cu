@@ -246,7 +246,8 @@ int main(int argc, char** argv) {
                     pro = bench::real_config("pro", false);
   if (g_topk_only) {  // decode top-k over 4K / 16K / 32K entries, both paths
     // Every cluster size beside the batch's choice, batch 1-128.
-    for (int64_t ctx : {16384LL, 65536LL, 131072LL})
+    // 65540: 16385 entries, the engine's rows at 64K context (one past a multiple of 4096).
+    for (int64_t ctx : {16384LL, 65536LL, 65540LL, 131072LL})
       for (int sq : {1, 2})
         for (int b : {1, 2, 8, 32, 128}) {
           if (sq == 2 && b > 2) continue;

@@ -26,10 +26,14 @@ TopkPlan topk_plan(const IndexerParams& p) {
   TopkPlan plan;
   int c = p.topk_ctas_per_row;
   if (c == 0) {
+    // Within the grid budget, the fewest entries a thread (a CTA's time is its threads' loop
+    // length), ties to fewer CTAs; then more CTAs while threads would hold more than
+    // kTopkPreferKpt. A row just past a multiple of 4096 entries (the engine's 16385 at 64K
+    // context) thus takes the cluster that keeps 8 entries a thread instead of doubling them.
     c = 1;
-    while (c < kTopkMaxCluster && T * 2 * c <= int64_t(kTopkCtasPerSm) * sm_count() &&
-           chunk(2 * c) >= kTopkMinChunk)
-      c *= 2;
+    for (int cc = 2; cc <= kTopkMaxCluster && T * cc <= int64_t(kTopkCtasPerSm) * sm_count();
+         cc *= 2)
+      if (per(cc) < per(c)) c = cc;
     while (c < kTopkMaxCluster && per(c) > kTopkPreferKpt) c *= 2;
   }
   DSV4_CHECK(c == 1 || c == 2 || c == 4 || c == 8, "indexer_topk: ", c,

@@ -42,17 +42,17 @@ constexpr int kWgMinCtasPerSmPaired = 2;
 // Top-k (indexer_topk.cu): a row spread over a cluster of 1, 2, 4 or 8 CTAs of kTopkThreads
 // threads, each thread holding 8, 16, 32 or 64 of its entries in registers (so one cluster
 // covers kIndexerMaxVisible = 8 x 512 x 64 entries); winners sorted by a bitonic network of
-// kSortCap. By default the cluster grows while the grid stays within kTopkCtasPerSm CTAs an SM
-// and chunks keep at least kTopkMinChunk entries, then further while threads would hold more
-// than kTopkPreferKpt entries. H200, 2026-12-04 (indexer_bench --topk, back to back, µs, 1 / 2 /
-// 4 / 8 CTAs a row): b=1 4K entries 10.2 / 12.2 / 12.4 / 13.3; b=1 16K 16.7 / 14.9 / 12.5 /
-// 12.8; b=1 32K 25.0 / 18.3 / 15.2 / 14.0; b=32 16K 17.4 / 15.8 / 16.3 / 21.3; b=32 32K 26.4 /
-// 19.6 / 19.6 / 22.3; b=128 16K 17.9 / 19.9 / 30.5 / 50.3; b=128 32K 27.1 / 25.4 / 34.1 / 52.2.
+// kSortCap. By default (indexer.cpp, topk_plan) the cluster size within the grid budget
+// (kTopkCtasPerSm CTAs an SM) that gives threads the fewest entries, then a larger one while
+// threads would hold more than kTopkPreferKpt. H200, 2026-12-04 (indexer_bench --topk, back to
+// back, µs, 1 / 2 / 4 / 8 CTAs a row): b=1 4K entries 10.0 / 12.0 / 12.3 / 13.2; b=1 16K 16.5 /
+// 14.7 / 12.3 / 12.6; b=1 32K 24.9 / 18.2 / 15.1 / 13.8; b=32 16K 17.2 / 15.7 / 16.2 / 21.1;
+// b=32 32K 26.3 / 19.4 / 19.6 / 22.2; b=128 16K 17.8 / 19.7 / 30.5 / 50.2; b=128 32K 26.9 /
+// 25.1 / 33.2 / 51.9.
 constexpr int kTopkThreads = 512;
 constexpr int kSortCap = 1024;      // = kIndexerMaxTopk, the bitonic sort width
 constexpr int kTopkMaxCluster = 8;  // portable cluster size
 constexpr int kTopkMinKpt = 8, kTopkMaxKpt = 64, kTopkPreferKpt = 32;
 constexpr int kTopkCtasPerSm = 1;
-constexpr int kTopkMinChunk = 4096;
 
 }  // namespace dsv4::cuda::indexer_cfg
