@@ -463,8 +463,8 @@ TEST_F(CudaIndexer, TopkSmallBatch) {
 
 // Larger batches: 24 tokens (rows of 40000, 16384 and short ones) by the batch's choice and
 // forced to 2 and 8 CTAs a row; the engine's decode shapes at 64K context: 32 and 130 tokens of
-// 16385 entries (2 CTAs a row by the batch's choice: 32 tokens fill the GPU at 2, 130 would
-// hold 40 entries a thread at 1).
+// 16385 entries (by the batch's choice 4 CTAs a row at 16 entries a thread, and 2 at 24: one
+// CTA would hold 40 a thread).
 TEST_F(CudaIndexer, TopkLargeBatch) {
   std::vector<int> vis;
   for (int i = 0; i < 24; ++i) vis.push_back(i % 4 == 0 ? 40000 : (i % 4 == 1 ? 16384 : 100 * i));

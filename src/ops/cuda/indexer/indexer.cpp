@@ -1,7 +1,5 @@
 #include "ops/cuda/indexer/indexer.h"
 
-#include <algorithm>
-#include <cmath>
 #include "core/error.h"
 #include "ops/cuda/common/per_device.h"
 #include "ops/cuda/indexer/indexer_config.h"
