@@ -191,7 +191,6 @@ void run(const Shape& sh, std::mt19937& rng) {
       const double b2b = back_to_back_us([&] { indexer_topk(p, nullptr); }, 200);
       emit(b2b_name, b2b, 0, vis_sum * 2, "", 0);
     }
-    p.topk_ctas_per_row = 0;
     return;
   }
   if (g_logits_only) {
