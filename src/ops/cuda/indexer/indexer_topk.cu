@@ -142,69 +142,91 @@ __device__ void find_crossing(const uint32_t* hist, uint32_t target, int* sel) {
   __syncthreads();
 }
 
-// Sorts v[0, p2) descending (p2 a power of two <= kTopkThreads * E; all kTopkThreads threads
-// call it). Bitonic network over elements tid + kTopkThreads * e held in registers: exchanges
-// across fewer than 32 positions are warp shuffles (no barrier), wider ones go through v with a
-// barrier per step — 10 barrier steps for 512 elements instead of 45.
-template <int E>
-__device__ void bitonic_desc(uint32_t* v, int p2) {
-  static_assert(E >= 1 && E * kTopkThreads <= kSortCap, "elements per thread");
+// Sorts v[0, P2) descending (all kTopkThreads threads call it). Bitonic network over elements
+// tid + kTopkThreads * e held in registers, unrolled for the size so that every step's partner
+// and direction are constants: exchanges across fewer than 32 positions are warp shuffles (no
+// barrier), wider ones go through v with a barrier per step (10 of the 45 steps for 512
+// elements). Positions past P2 only ever meet each other (partners differ in bits < P2).
+template <int P2>
+__device__ void bitonic_desc(uint32_t* v) {
+  constexpr int E = P2 > kTopkThreads ? P2 / kTopkThreads : 1;
+  static_assert(P2 >= 2 && (P2 & (P2 - 1)) == 0 && P2 <= kSortCap, "sort width");
   const int tid = threadIdx.x;
   uint32_t x[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) {
     const int pos = tid + kTopkThreads * e;
-    x[e] = pos < p2 ? v[pos] : 0u;
+    x[e] = pos < P2 ? v[pos] : 0u;
   }
-  bool in_regs = true;
-  for (int size = 2; size <= p2; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      if (stride >= 32) {
-        if (in_regs) {
 #pragma unroll
-          for (int e = 0; e < E; ++e)
-            if (tid + kTopkThreads * e < p2) v[tid + kTopkThreads * e] = x[e];
-          __syncthreads();
-          in_regs = false;
-        }
-        for (int i = tid; i < p2 / 2; i += kTopkThreads) {
-          const int pos = 2 * i - (i & (stride - 1));
-          const int partner = pos + stride;
+  for (int size = 2; size <= P2; size <<= 1) {
+    if (size > 32) {  // strides size / 2 .. 32 through shared memory
+#pragma unroll
+      for (int e = 0; e < E; ++e)
+        if (tid + kTopkThreads * e < P2) v[tid + kTopkThreads * e] = x[e];
+      __syncthreads();
+#pragma unroll
+      for (int stride = size >> 1; stride >= 32; stride >>= 1) {
+        if (tid < P2 / 2) {  // P2 / 2 <= kTopkThreads pairs: one a thread
+          const int pos = 2 * tid - (tid & (stride - 1));
+          const uint32_t a = v[pos], b = v[pos + stride];
           const bool desc = (pos & size) == 0;
-          const uint32_t a = v[pos], b = v[partner];
-          if ((a < b) == desc) {
-            v[pos] = b;
-            v[partner] = a;
-          }
+          v[pos] = desc ? max(a, b) : min(a, b);
+          v[pos + stride] = desc ? min(a, b) : max(a, b);
         }
         __syncthreads();
-      } else {
-        if (!in_regs) {
+      }
 #pragma unroll
-          for (int e = 0; e < E; ++e) {
-            const int pos = tid + kTopkThreads * e;
-            x[e] = pos < p2 ? v[pos] : 0u;
-          }
-          in_regs = true;
-        }
-        // Position pos and pos ^ stride (lane ^ stride of this warp): the lower one keeps the
-        // larger value where its `size` block sorts descending, the smaller one otherwise.
+      for (int e = 0; e < E; ++e) {
+        const int pos = tid + kTopkThreads * e;
+        x[e] = pos < P2 ? v[pos] : 0u;
+      }
+    }
+    // Position pos and pos ^ stride (lane ^ stride of this warp): the lower one keeps the
+    // larger value where its `size` block sorts descending, the smaller one otherwise.
 #pragma unroll
-        for (int e = 0; e < E; ++e) {
-          const int pos = tid + kTopkThreads * e;
-          const uint32_t y = __shfl_xor_sync(0xffffffffu, x[e], stride);
-          const bool desc = (pos & size) == 0, lower = (pos & stride) == 0;
-          x[e] = lower == desc ? max(x[e], y) : min(x[e], y);
-        }
+    for (int stride = (size > 32 ? 16 : size >> 1); stride > 0; stride >>= 1) {
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const int pos = tid + kTopkThreads * e;
+        const uint32_t y = __shfl_xor_sync(0xffffffffu, x[e], stride);
+        const bool keep_max = ((pos & size) == 0) == ((pos & stride) == 0);
+        x[e] = keep_max ? max(x[e], y) : min(x[e], y);
       }
     }
   }
-  if (in_regs) {
 #pragma unroll
-    for (int e = 0; e < E; ++e)
-      if (tid + kTopkThreads * e < p2) v[tid + kTopkThreads * e] = x[e];
-  }
+  for (int e = 0; e < E; ++e)
+    if (tid + kTopkThreads * e < P2) v[tid + kTopkThreads * e] = x[e];
   __syncthreads();
+}
+
+// bitonic_desc for a run-time width p2 (a power of two, 1..kSortCap).
+__device__ void sort_desc(uint32_t* v, int p2) {
+  switch (p2) {
+    case 2:
+      return bitonic_desc<2>(v);
+    case 4:
+      return bitonic_desc<4>(v);
+    case 8:
+      return bitonic_desc<8>(v);
+    case 16:
+      return bitonic_desc<16>(v);
+    case 32:
+      return bitonic_desc<32>(v);
+    case 64:
+      return bitonic_desc<64>(v);
+    case 128:
+      return bitonic_desc<128>(v);
+    case 256:
+      return bitonic_desc<256>(v);
+    case 512:
+      return bitonic_desc<512>(v);
+    case 1024:
+      return bitonic_desc<1024>(v);
+    default:
+      __syncthreads();  // p2 == 1: one element, already in place
+  }
 }
 
 struct TopkArgs {
@@ -400,10 +422,7 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(const TopkAr
   while (p2 < kk) p2 <<= 1;
   for (int i = kk + tid; i < p2; i += kTopkThreads) sm.code[i] = 0;
   __syncthreads();
-  if (p2 <= kTopkThreads)  // k <= 512: one element a thread, half the steps of two
-    bitonic_desc<1>(sm.code, p2);
-  else
-    bitonic_desc<kSortCap / kTopkThreads>(sm.code, p2);
+  sort_desc(sm.code, p2);
   for (int r = tid; r < a.k; r += kTopkThreads)
     out[r] = r < kk ? sm.idx[0xffffu - (sm.code[r] & 0xffffu)] : -1;
 }
