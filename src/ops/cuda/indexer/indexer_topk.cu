@@ -237,14 +237,26 @@ struct TopkArgs {
   int num_seqs;
   int ratio;
   int k;
-  bool vec_loads;  // rows 16-byte aligned (stride a multiple of 8, scores 16-byte aligned)
+  // The host's plan, from the batch's longest row: entries a CTA (chunk) and a thread (per),
+  // multiples of 8, so that every thread's score loads are known before its row's length.
+  int chunk;
+  int per;
+  bool vec_loads;          // rows 16-byte aligned (stride a multiple of 8, scores 16-byte aligned)
+  bool one_token_per_seq;  // one token a sequence (max_seq_tokens 1, as many sequences as
+                           // tokens): token t is sequence t
   int32_t* out;
 };
 
-__device__ __forceinline__ int visible_of_token(const TopkArgs& a, int t) {
-  const int s = detail::seq_of_token(a.cu_seqlens, a.num_seqs, t);
-  const int pos = __ldg(a.seq_pos0 + s) + (t - __ldg(a.cu_seqlens + s));
-  return (pos + 1) / a.ratio;
+// Visible entries of token t. Decode batches (one token a sequence) read one position; others
+// find t's sequence with the whole block in one round trip (every thread tests a sequence)
+// instead of a binary search of dependent loads. All threads call it (`s_seq`: shared).
+__device__ int visible_of_token(const TopkArgs& a, int t, int* s_seq) {
+  if (a.one_token_per_seq) return (__ldg(a.seq_pos0 + t) + 1) / a.ratio;
+  for (int i = threadIdx.x; i < a.num_seqs; i += kTopkThreads)
+    if (__ldg(a.cu_seqlens + i) <= t && t < __ldg(a.cu_seqlens + i + 1)) *s_seq = i;
+  __syncthreads();
+  const int s = *s_seq;
+  return (__ldg(a.seq_pos0 + s) + (t - __ldg(a.cu_seqlens + s)) + 1) / a.ratio;
 }
 
 // The cluster's histogram: bin b (thread b) summed over every CTA's `local` array.
@@ -274,27 +286,19 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(const TopkAr
   sm90::griddep_launch_dependents();
   const int rank = C > 1 ? int(sm90::cluster_ctarank()) : 0;
   const int t = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int n_t = visible_of_token(a, t);
-  const int kk = min(a.k, n_t);
-  int32_t* out = a.out + size_t(t) * a.k;
-  if (kk <= 0) {  // the whole cluster leaves (same token): nothing selected
-    if (rank == 0)
-      for (int r = tid; r < a.k; r += kTopkThreads) out[r] = -1;
-    return;
-  }
-  const int chunk = ((n_t + C - 1) / C + 7) & ~7;
-  const int lo = min(n_t, rank * chunk);
-  const int n = min(n_t, lo + chunk) - lo;
-  const int per = ((chunk + kTopkThreads - 1) / kTopkThreads + 7) & ~7;  // uniform, <= KPT
-  const int base = tid * per;
-  const int nvalid = max(0, min(per, n - base));
+  const int per = a.per;  // uniform, <= KPT
+  const int lo = rank * a.chunk, base = tid * per;
 
-  // This thread's keys, two a word (entries past the row are never counted: nvalid).
+  // This thread's scores, loaded before its row's length is known (the plan fixes where each
+  // thread reads): entries [lo + base, + per) within the row's storage (score_stride); those
+  // past the row's visible entries are never counted (nvalid below).
   uint32_t kv[KPT / 2];
   const uint16_t* src = a.scores + size_t(t) * a.stride + lo + base;
+  const int64_t room = a.stride - (lo + base);  // entries of the row's storage from here
+  const int avail = room <= 0 ? 0 : (room < per ? int(room) : per);
 #pragma unroll
   for (int w = 0; w < KPT / 2; ++w) kv[w] = 0;
-  if (a.vec_loads && nvalid == per) {
+  if (a.vec_loads && avail == per) {
 #pragma unroll
     for (int v = 0; v < KPT / 8; ++v) {
       if (8 * v >= per) break;
@@ -308,11 +312,22 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(const TopkAr
 #pragma unroll
     for (int e = 0; e < KPT; e += 2) {
       if (e >= per) break;
-      const uint32_t x0 = e < nvalid ? __ldg(src + e) : 0u;
-      const uint32_t x1 = e + 1 < nvalid ? __ldg(src + e + 1) : 0u;
+      const uint32_t x0 = e < avail ? __ldg(src + e) : 0u;
+      const uint32_t x1 = e + 1 < avail ? __ldg(src + e + 1) : 0u;
       kv[e / 2] = x0 | (x1 << 16);
     }
   }
+
+  const int n_t = visible_of_token(a, t, &sm.sel[0]);
+  const int kk = min(a.k, n_t);
+  int32_t* out = a.out + size_t(t) * a.k;
+  if (kk <= 0) {  // the whole cluster leaves (same token): nothing selected
+    if (rank == 0)
+      for (int r = tid; r < a.k; r += kTopkThreads) out[r] = -1;
+    return;
+  }
+  const int n = max(0, min(n_t - lo, a.chunk));  // this CTA's entries of the row
+  const int nvalid = max(0, min(per, n - base));
 #pragma unroll
   for (int w = 0; w < KPT / 2; ++w)
     if (2 * w < per)
@@ -465,7 +480,10 @@ void indexer_topk(const IndexerParams& p, cudaStream_t stream) {
                    p.batch.num_seqs,
                    p.ratio,
                    p.topk,
+                   plan.chunk,
+                   plan.per,
                    vec,
+                   p.batch.max_seq_tokens == 1 && p.batch.num_seqs == p.batch.num_tokens,
                    p.topk_idx};
   const int T = p.batch.num_tokens;
   switch (plan.ctas_per_row) {
