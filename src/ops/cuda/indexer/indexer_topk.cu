@@ -15,8 +15,6 @@
 // trip through global memory.
 #include <cuda_bf16.h>
 
-#include <algorithm>
-
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
 #include "ops/cuda/common/launch.h"
@@ -51,6 +49,12 @@ struct RowSmem {
 __device__ __forceinline__ uint32_t order_key(uint16_t b) {
   if (b == 0x8000u) b = 0;
   return (b & 0x8000u) ? (~uint32_t(b) & 0xffffu) : (uint32_t(b) | 0x8000u);
+}
+
+// Key e of a thread's keys, held two a word (e even: the low half).
+template <int W>
+__device__ __forceinline__ uint32_t key_at(const uint32_t (&kv)[W], int e) {
+  return (kv[e / 2] >> (16 * (e & 1))) & 0xffffu;
 }
 
 // Exclusive block-wide prefix sum (all kTopkThreads threads call it; `scan`: 32 words).
@@ -96,7 +100,7 @@ __device__ void histogram(const uint32_t (&kv)[KPT / 2], int per, int nvalid, ui
 #pragma unroll
   for (int e = 0; e < KPT; ++e) {
     if (e >= per) break;  // uniform
-    const uint32_t key = (kv[e / 2] >> (16 * (e & 1))) & 0xffffu;
+    const uint32_t key = key_at(kv, e);
     if (e < nvalid && take(key)) atomicAdd(&part[bin_of(key) * kHistCopies + copy], 1u);
   }
   __syncthreads();
@@ -393,7 +397,7 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(const TopkAr
 #pragma unroll
   for (int e = 0; e < KPT; ++e) {
     if (e >= per) break;
-    const uint32_t key = (kv[e / 2] >> (16 * (e & 1))) & 0xffffu;
+    const uint32_t key = key_at(kv, e);
     gt += e < nvalid && key > thr;
     eq += e < nvalid && key == thr;
   }
@@ -405,7 +409,7 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(const TopkAr
 #pragma unroll
     for (int e = 0; e < KPT; ++e) {
       if (e >= per) break;
-      const uint32_t key = (kv[e / 2] >> (16 * (e & 1))) & 0xffffu;
+      const uint32_t key = key_at(kv, e);
       int slot = -1;
       if (e < nvalid) {
         if (key > thr) {
