@@ -41,6 +41,8 @@ TopkPlan topk_plan(const IndexerParams& p) {
   DSV4_CHECK(per(c) <= kpt, "indexer_topk: ", n, " visible entries do not fit ", c, " CTAs a row");
   plan.ctas_per_row = c;
   plan.keys_per_thread = kpt;
+  plan.chunk = int(chunk(c));
+  plan.per = int(per(c));
   return plan;
 }
 

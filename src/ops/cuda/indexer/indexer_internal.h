@@ -16,7 +16,9 @@ int64_t max_visible(const IndexerParams& p);
 // How indexer_topk spreads the rows: CTAs a row (a cluster) and entries a thread.
 struct TopkPlan {
   int ctas_per_row = 1;
-  int keys_per_thread = 8;
+  int keys_per_thread = 8;  // the kernel's register bound (8, 16, 32 or 64), >= per
+  int chunk = 0;            // entries a CTA (a multiple of 8), from the longest row
+  int per = 0;              // entries a thread (a multiple of 8)
 };
 TopkPlan topk_plan(const IndexerParams& p);
 

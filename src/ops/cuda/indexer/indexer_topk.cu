@@ -15,8 +15,6 @@
 // trip through global memory.
 #include <cuda_bf16.h>
 
-#include <algorithm>
-
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
 #include "ops/cuda/common/launch.h"
@@ -51,6 +49,12 @@ struct RowSmem {
 __device__ __forceinline__ uint32_t order_key(uint16_t b) {
   if (b == 0x8000u) b = 0;
   return (b & 0x8000u) ? (~uint32_t(b) & 0xffffu) : (uint32_t(b) | 0x8000u);
+}
+
+// Key e of a thread's keys, held two a word (e even: the low half).
+template <int W>
+__device__ __forceinline__ uint32_t key_at(const uint32_t (&kv)[W], int e) {
+  return (kv[e / 2] >> (16 * (e & 1))) & 0xffffu;
 }
 
 // Exclusive block-wide prefix sum (all kTopkThreads threads call it; `scan`: 32 words).
@@ -96,7 +100,7 @@ __device__ void histogram(const uint32_t (&kv)[KPT / 2], int per, int nvalid, ui
 #pragma unroll
   for (int e = 0; e < KPT; ++e) {
     if (e >= per) break;  // uniform
-    const uint32_t key = (kv[e / 2] >> (16 * (e & 1))) & 0xffffu;
+    const uint32_t key = key_at(kv, e);
     if (e < nvalid && take(key)) atomicAdd(&part[bin_of(key) * kHistCopies + copy], 1u);
   }
   __syncthreads();
@@ -142,69 +146,91 @@ __device__ void find_crossing(const uint32_t* hist, uint32_t target, int* sel) {
   __syncthreads();
 }
 
-// Sorts v[0, p2) descending (p2 a power of two <= kTopkThreads * E; all kTopkThreads threads
-// call it). Bitonic network over elements tid + kTopkThreads * e held in registers: exchanges
-// across fewer than 32 positions are warp shuffles (no barrier), wider ones go through v with a
-// barrier per step — 10 barrier steps for 512 elements instead of 45.
-template <int E>
-__device__ void bitonic_desc(uint32_t* v, int p2) {
-  static_assert(E >= 1 && E * kTopkThreads <= kSortCap, "elements per thread");
+// Sorts v[0, P2) descending (all kTopkThreads threads call it). Bitonic network over elements
+// tid + kTopkThreads * e held in registers, unrolled for the size so that every step's partner
+// and direction are constants: exchanges across fewer than 32 positions are warp shuffles (no
+// barrier), wider ones go through v with a barrier per step (10 of the 45 steps for 512
+// elements). Positions past P2 only ever meet each other (partners differ in bits < P2).
+template <int P2>
+__device__ void bitonic_desc(uint32_t* v) {
+  constexpr int E = P2 > kTopkThreads ? P2 / kTopkThreads : 1;
+  static_assert(P2 >= 2 && (P2 & (P2 - 1)) == 0 && P2 <= kSortCap, "sort width");
   const int tid = threadIdx.x;
   uint32_t x[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) {
     const int pos = tid + kTopkThreads * e;
-    x[e] = pos < p2 ? v[pos] : 0u;
+    x[e] = pos < P2 ? v[pos] : 0u;
   }
-  bool in_regs = true;
-  for (int size = 2; size <= p2; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      if (stride >= 32) {
-        if (in_regs) {
 #pragma unroll
-          for (int e = 0; e < E; ++e)
-            if (tid + kTopkThreads * e < p2) v[tid + kTopkThreads * e] = x[e];
-          __syncthreads();
-          in_regs = false;
-        }
-        for (int i = tid; i < p2 / 2; i += kTopkThreads) {
-          const int pos = 2 * i - (i & (stride - 1));
-          const int partner = pos + stride;
+  for (int size = 2; size <= P2; size <<= 1) {
+    if (size > 32) {  // strides size / 2 .. 32 through shared memory
+#pragma unroll
+      for (int e = 0; e < E; ++e)
+        if (tid + kTopkThreads * e < P2) v[tid + kTopkThreads * e] = x[e];
+      __syncthreads();
+#pragma unroll
+      for (int stride = size >> 1; stride >= 32; stride >>= 1) {
+        if (tid < P2 / 2) {  // P2 / 2 <= kTopkThreads pairs: one a thread
+          const int pos = 2 * tid - (tid & (stride - 1));
+          const uint32_t a = v[pos], b = v[pos + stride];
           const bool desc = (pos & size) == 0;
-          const uint32_t a = v[pos], b = v[partner];
-          if ((a < b) == desc) {
-            v[pos] = b;
-            v[partner] = a;
-          }
+          v[pos] = desc ? max(a, b) : min(a, b);
+          v[pos + stride] = desc ? min(a, b) : max(a, b);
         }
         __syncthreads();
-      } else {
-        if (!in_regs) {
+      }
 #pragma unroll
-          for (int e = 0; e < E; ++e) {
-            const int pos = tid + kTopkThreads * e;
-            x[e] = pos < p2 ? v[pos] : 0u;
-          }
-          in_regs = true;
-        }
-        // Position pos and pos ^ stride (lane ^ stride of this warp): the lower one keeps the
-        // larger value where its `size` block sorts descending, the smaller one otherwise.
+      for (int e = 0; e < E; ++e) {
+        const int pos = tid + kTopkThreads * e;
+        x[e] = pos < P2 ? v[pos] : 0u;
+      }
+    }
+    // Position pos and pos ^ stride (lane ^ stride of this warp): the lower one keeps the
+    // larger value where its `size` block sorts descending, the smaller one otherwise.
 #pragma unroll
-        for (int e = 0; e < E; ++e) {
-          const int pos = tid + kTopkThreads * e;
-          const uint32_t y = __shfl_xor_sync(0xffffffffu, x[e], stride);
-          const bool desc = (pos & size) == 0, lower = (pos & stride) == 0;
-          x[e] = lower == desc ? max(x[e], y) : min(x[e], y);
-        }
+    for (int stride = (size > 32 ? 16 : size >> 1); stride > 0; stride >>= 1) {
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const int pos = tid + kTopkThreads * e;
+        const uint32_t y = __shfl_xor_sync(0xffffffffu, x[e], stride);
+        const bool keep_max = ((pos & size) == 0) == ((pos & stride) == 0);
+        x[e] = keep_max ? max(x[e], y) : min(x[e], y);
       }
     }
   }
-  if (in_regs) {
 #pragma unroll
-    for (int e = 0; e < E; ++e)
-      if (tid + kTopkThreads * e < p2) v[tid + kTopkThreads * e] = x[e];
-  }
+  for (int e = 0; e < E; ++e)
+    if (tid + kTopkThreads * e < P2) v[tid + kTopkThreads * e] = x[e];
   __syncthreads();
+}
+
+// bitonic_desc for a run-time width p2 (a power of two, 1..kSortCap).
+__device__ void sort_desc(uint32_t* v, int p2) {
+  switch (p2) {
+    case 2:
+      return bitonic_desc<2>(v);
+    case 4:
+      return bitonic_desc<4>(v);
+    case 8:
+      return bitonic_desc<8>(v);
+    case 16:
+      return bitonic_desc<16>(v);
+    case 32:
+      return bitonic_desc<32>(v);
+    case 64:
+      return bitonic_desc<64>(v);
+    case 128:
+      return bitonic_desc<128>(v);
+    case 256:
+      return bitonic_desc<256>(v);
+    case 512:
+      return bitonic_desc<512>(v);
+    case 1024:
+      return bitonic_desc<1024>(v);
+    default:
+      __syncthreads();  // p2 == 1: one element, already in place
+  }
 }
 
 struct TopkArgs {
@@ -215,14 +241,26 @@ struct TopkArgs {
   int num_seqs;
   int ratio;
   int k;
-  bool vec_loads;  // rows 16-byte aligned (stride a multiple of 8, scores 16-byte aligned)
+  // The host's plan, from the batch's longest row: entries a CTA (chunk) and a thread (per),
+  // multiples of 8, so that every thread's score loads are known before its row's length.
+  int chunk;
+  int per;
+  bool vec_loads;          // rows 16-byte aligned (stride a multiple of 8, scores 16-byte aligned)
+  bool one_token_per_seq;  // one token a sequence (max_seq_tokens 1, as many sequences as
+                           // tokens): token t is sequence t
   int32_t* out;
 };
 
-__device__ __forceinline__ int visible_of_token(const TopkArgs& a, int t) {
-  const int s = detail::seq_of_token(a.cu_seqlens, a.num_seqs, t);
-  const int pos = __ldg(a.seq_pos0 + s) + (t - __ldg(a.cu_seqlens + s));
-  return (pos + 1) / a.ratio;
+// Visible entries of token t. Decode batches (one token a sequence) read one position; others
+// find t's sequence with the whole block in one round trip (every thread tests a sequence)
+// instead of a binary search of dependent loads. All threads call it (`s_seq`: shared).
+__device__ int visible_of_token(const TopkArgs& a, int t, int* s_seq) {
+  if (a.one_token_per_seq) return (__ldg(a.seq_pos0 + t) + 1) / a.ratio;
+  for (int i = threadIdx.x; i < a.num_seqs; i += kTopkThreads)
+    if (__ldg(a.cu_seqlens + i) <= t && t < __ldg(a.cu_seqlens + i + 1)) *s_seq = i;
+  __syncthreads();
+  const int s = *s_seq;
+  return (__ldg(a.seq_pos0 + s) + (t - __ldg(a.cu_seqlens + s)) + 1) / a.ratio;
 }
 
 // The cluster's histogram: bin b (thread b) summed over every CTA's `local` array.
@@ -252,27 +290,19 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(const TopkAr
   sm90::griddep_launch_dependents();
   const int rank = C > 1 ? int(sm90::cluster_ctarank()) : 0;
   const int t = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int n_t = visible_of_token(a, t);
-  const int kk = min(a.k, n_t);
-  int32_t* out = a.out + size_t(t) * a.k;
-  if (kk <= 0) {  // the whole cluster leaves (same token): nothing selected
-    if (rank == 0)
-      for (int r = tid; r < a.k; r += kTopkThreads) out[r] = -1;
-    return;
-  }
-  const int chunk = ((n_t + C - 1) / C + 7) & ~7;
-  const int lo = min(n_t, rank * chunk);
-  const int n = min(n_t, lo + chunk) - lo;
-  const int per = ((chunk + kTopkThreads - 1) / kTopkThreads + 7) & ~7;  // uniform, <= KPT
-  const int base = tid * per;
-  const int nvalid = max(0, min(per, n - base));
+  const int per = a.per;  // uniform, <= KPT
+  const int lo = rank * a.chunk, base = tid * per;
 
-  // This thread's keys, two a word (entries past the row are never counted: nvalid).
+  // This thread's scores, loaded before its row's length is known (the plan fixes where each
+  // thread reads): entries [lo + base, + per) within the row's storage (score_stride); those
+  // past the row's visible entries are never counted (nvalid below).
   uint32_t kv[KPT / 2];
   const uint16_t* src = a.scores + size_t(t) * a.stride + lo + base;
+  const int64_t room = a.stride - (lo + base);  // entries of the row's storage from here
+  const int avail = room <= 0 ? 0 : (room < per ? int(room) : per);
 #pragma unroll
   for (int w = 0; w < KPT / 2; ++w) kv[w] = 0;
-  if (a.vec_loads && nvalid == per) {
+  if (a.vec_loads && avail == per) {
 #pragma unroll
     for (int v = 0; v < KPT / 8; ++v) {
       if (8 * v >= per) break;
@@ -286,11 +316,22 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(const TopkAr
 #pragma unroll
     for (int e = 0; e < KPT; e += 2) {
       if (e >= per) break;
-      const uint32_t x0 = e < nvalid ? __ldg(src + e) : 0u;
-      const uint32_t x1 = e + 1 < nvalid ? __ldg(src + e + 1) : 0u;
+      const uint32_t x0 = e < avail ? __ldg(src + e) : 0u;
+      const uint32_t x1 = e + 1 < avail ? __ldg(src + e + 1) : 0u;
       kv[e / 2] = x0 | (x1 << 16);
     }
   }
+
+  const int n_t = visible_of_token(a, t, &sm.sel[0]);
+  const int kk = min(a.k, n_t);
+  int32_t* out = a.out + size_t(t) * a.k;
+  if (kk <= 0) {  // the whole cluster leaves (same token): nothing selected
+    if (rank == 0)
+      for (int r = tid; r < a.k; r += kTopkThreads) out[r] = -1;
+    return;
+  }
+  const int n = max(0, min(n_t - lo, a.chunk));  // this CTA's entries of the row
+  const int nvalid = max(0, min(per, n - base));
 #pragma unroll
   for (int w = 0; w < KPT / 2; ++w)
     if (2 * w < per)
@@ -356,7 +397,7 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(const TopkAr
 #pragma unroll
   for (int e = 0; e < KPT; ++e) {
     if (e >= per) break;
-    const uint32_t key = (kv[e / 2] >> (16 * (e & 1))) & 0xffffu;
+    const uint32_t key = key_at(kv, e);
     gt += e < nvalid && key > thr;
     eq += e < nvalid && key == thr;
   }
@@ -368,7 +409,7 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(const TopkAr
 #pragma unroll
     for (int e = 0; e < KPT; ++e) {
       if (e >= per) break;
-      const uint32_t key = (kv[e / 2] >> (16 * (e & 1))) & 0xffffu;
+      const uint32_t key = key_at(kv, e);
       int slot = -1;
       if (e < nvalid) {
         if (key > thr) {
@@ -400,10 +441,7 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(const TopkAr
   while (p2 < kk) p2 <<= 1;
   for (int i = kk + tid; i < p2; i += kTopkThreads) sm.code[i] = 0;
   __syncthreads();
-  if (p2 <= kTopkThreads)  // k <= 512: one element a thread, half the steps of two
-    bitonic_desc<1>(sm.code, p2);
-  else
-    bitonic_desc<kSortCap / kTopkThreads>(sm.code, p2);
+  sort_desc(sm.code, p2);
   for (int r = tid; r < a.k; r += kTopkThreads)
     out[r] = r < kk ? sm.idx[0xffffu - (sm.code[r] & 0xffffu)] : -1;
 }
@@ -446,7 +484,10 @@ void indexer_topk(const IndexerParams& p, cudaStream_t stream) {
                    p.batch.num_seqs,
                    p.ratio,
                    p.topk,
+                   plan.chunk,
+                   plan.per,
                    vec,
+                   p.batch.max_seq_tokens == 1 && p.batch.num_seqs == p.batch.num_tokens,
                    p.topk_idx};
   const int T = p.batch.num_tokens;
   switch (plan.ctas_per_row) {

@@ -20,85 +20,99 @@ namespace {
 
 using namespace sparse_attn_cfg;
 
+// One CTA a (token, head) row, warp w the value dims [128 w, 128 w + 128), lane 4 of them.
+// The first kCombineGroup splits' partials (m, l and the lane's values) are loaded at once and
+// kept in registers, so a row of at most kCombineGroup splits costs one round trip to L2 (the
+// decode step's splits: ~10 at batch 1) — before, a pass over the maxima then one over the
+// values, kCombineBatch = 4 splits a round trip each: 6 dependent round trips at 10 splits. The
+// sums still run split by split in order after the maximum over all splits, so the bits are
+// those of that kernel.
 __global__ void __launch_bounds__(kCombineWarps * 32) sparse_attn_combine_kernel(const AttnArgs a) {
+  static_assert(kCombineWarps * 128 == kHeadDim, "a warp per 128 value dims");
   sm90::griddep_wait();               // the attention grid has completed: its partials are visible
   sm90::griddep_launch_dependents();  // the next kernel (wo_a) may launch; it waits for us
-  const int lane = threadIdx.x & 31;
-  const int64_t row = int64_t(blockIdx.x) * kCombineWarps + (threadIdx.x >> 5);
-  if (row >= int64_t(a.num_tokens) * a.n_heads) return;
+  const int lane = threadIdx.x & 31, d = 128 * (threadIdx.x >> 5) + 4 * lane;
+  const int64_t row = blockIdx.x;
   const int h = int(row % a.n_heads);
-  const float* part = a.partials + row * a.num_splits * kPartialFloats;
-  // Splits in groups of kCombineBatch: every load of a group is issued before its first use (one
-  // L2 round trip a group, not one a split); the sums still run split by split in order, so the
-  // bits do not depend on the grouping.
-  constexpr int B = kCombineBatch;
-  float M = -INFINITY;
-  for (int s0 = 0; s0 < a.num_splits; s0 += B) {
-    float m[B];
+  const int ns = a.num_splits;
+  const float* part = a.partials + row * ns * kPartialFloats;
+  constexpr int G = kCombineGroup;
+  float m0[G], l0[G];
+  float4 v0[G];
 #pragma unroll
-    for (int j = 0; j < B; ++j)
-      m[j] = s0 + j < a.num_splits ? part[(s0 + j) * kPartialFloats + kHeadDim] : -INFINITY;
-#pragma unroll
-    for (int j = 0; j < B; ++j) M = fmaxf(M, m[j]);
+  for (int j = 0; j < G; ++j) {
+    const bool in = j < ns;
+    const float* ps = part + j * kPartialFloats;
+    m0[j] = in ? ps[kHeadDim] : -INFINITY;
+    l0[j] = in ? ps[kHeadDim + 1] : 0.0f;
+    v0[j] = in ? *reinterpret_cast<const float4*>(ps + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  float acc[16];
+  float M = -INFINITY;
 #pragma unroll
-  for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
-  __nv_bfloat16* out = a.out + row * kHeadDim;
+  for (int j = 0; j < G; ++j) M = fmaxf(M, m0[j]);
+  for (int s0 = G; s0 < ns; s0 += G) {  // more splits: their maxima, a group a round trip
+    float m[G];
+#pragma unroll
+    for (int j = 0; j < G; ++j)
+      m[j] = s0 + j < ns ? part[(s0 + j) * kPartialFloats + kHeadDim] : -INFINITY;
+#pragma unroll
+    for (int j = 0; j < G; ++j) M = fmaxf(M, m[j]);
+  }
+  __nv_bfloat16* out = a.out + row * kHeadDim + d;
   if (M == -INFINITY) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      *reinterpret_cast<uint2*>(out + 128 * i + 4 * lane) = make_uint2(0, 0);
+    *reinterpret_cast<uint2*>(out) = make_uint2(0, 0);
     return;
   }
   float L = 0.0f;
-  for (int s0 = 0; s0 < a.num_splits; s0 += B) {
-    float ms[B], ls[B];
-    float4 v[B][4];
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int j = 0; j < B; ++j) {
-      const bool in = s0 + j < a.num_splits;
+  for (int j = 0; j < G; ++j) {
+    if (m0[j] == -INFINITY) continue;  // an empty split, or past the last one
+    const float f = exp2f(m0[j] - M);
+    L += l0[j] * f;
+    acc[0] += v0[j].x * f;
+    acc[1] += v0[j].y * f;
+    acc[2] += v0[j].z * f;
+    acc[3] += v0[j].w * f;
+  }
+  for (int s0 = G; s0 < ns; s0 += G) {
+    float ms[G], ls[G];
+    float4 v[G];
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      const bool in = s0 + j < ns;
       const float* ps = part + (s0 + j) * kPartialFloats;
       ms[j] = in ? ps[kHeadDim] : -INFINITY;
       ls[j] = in ? ps[kHeadDim + 1] : 0.0f;
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        v[j][i] = in ? *reinterpret_cast<const float4*>(ps + 128 * i + 4 * lane)
-                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      v[j] = in ? *reinterpret_cast<const float4*>(ps + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 #pragma unroll
-    for (int j = 0; j < B; ++j) {
-      if (ms[j] == -INFINITY) continue;  // an empty split, or past the last one
+    for (int j = 0; j < G; ++j) {
+      if (ms[j] == -INFINITY) continue;
       const float f = exp2f(ms[j] - M);
       L += ls[j] * f;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        acc[4 * i + 0] += v[j][i].x * f;
-        acc[4 * i + 1] += v[j][i].y * f;
-        acc[4 * i + 2] += v[j][i].z * f;
-        acc[4 * i + 3] += v[j][i].w * f;
-      }
+      acc[0] += v[j].x * f;
+      acc[1] += v[j].y * f;
+      acc[2] += v[j].z * f;
+      acc[3] += v[j].w * f;
     }
   }
   L += exp2f(__ldg(a.sink + h) * 1.4426950408889634f - M);
   const float inv = 1.0f / L;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    uint2 v;
-    v.x = sm90::pack_bf16x2(acc[4 * i] * inv, acc[4 * i + 1] * inv);
-    v.y = sm90::pack_bf16x2(acc[4 * i + 2] * inv, acc[4 * i + 3] * inv);
-    *reinterpret_cast<uint2*>(out + 128 * i + 4 * lane) = v;
-  }
+  uint2 o;
+  o.x = sm90::pack_bf16x2(acc[0] * inv, acc[1] * inv);
+  o.y = sm90::pack_bf16x2(acc[2] * inv, acc[3] * inv);
+  *reinterpret_cast<uint2*>(out) = o;
 }
 
 }  // namespace
 
 void launch_combine(const AttnArgs& a, cudaStream_t stream) {
-  const int64_t rows = int64_t(a.num_tokens) * a.n_heads;
-  const int64_t blocks = (rows + kCombineWarps - 1) / kCombineWarps;
+  const int64_t rows = int64_t(a.num_tokens) * a.n_heads;  // a CTA each
+  if (rows == 0) return;
   // A programmatic dependent of the attention kernel: it waits for that grid before reading.
   launch_kernel(
-      LaunchConfig{dim3(unsigned(blocks)), dim3(kCombineWarps * 32), 0, stream, /*pdl=*/true},
+      LaunchConfig{dim3(unsigned(rows)), dim3(kCombineWarps * 32), 0, stream, /*pdl=*/true},
       sparse_attn_combine_kernel, a);
 }
 

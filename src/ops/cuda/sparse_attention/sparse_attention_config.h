@@ -41,8 +41,9 @@ struct WgmmaCfg {
   static constexpr int kRegsWg0 = 240, kRegsWg1 = 168, kRegsProducer = 96;
 };
 
+// The combine (sparse_attention_combine.cu): a CTA of kCombineWarps warps a (token, head) row,
+// each warp 128 of the 512 value dims; the partials of kCombineGroup splits loaded together.
 constexpr int kCombineWarps = 4;
-// Splits whose partials the combine loads together (sparse_attention_combine.cu).
-constexpr int kCombineBatch = 4;
+constexpr int kCombineGroup = 16;
 
 }  // namespace dsv4::cuda::sparse_attn_cfg
