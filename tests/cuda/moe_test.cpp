@@ -279,10 +279,6 @@ TEST(MoePack, RejectsWhatItCannotRepresent) {
 
 namespace emu {
 
-uint32_t byte_pair(uint32_t x, int i) {  // __byte_perm(x, 0, i | 4 << 4 | i << 8 | 4 << 12)
-  const uint32_t b = (x >> (8 * i)) & 0xffu;
-  return b | (b << 16);
-}
 uint32_t bf16x2_mul(uint32_t a, uint32_t b) {  // fma.rn.bf16x2 a, b, -0
   uint32_t r = 0;
   for (int h = 0; h < 2; ++h) {
@@ -411,18 +407,15 @@ Result run(const cm::PackedFp4& pw, int k, const std::vector<uint16_t>& act,
                   std::memcpy(&sc_lo, tl + cm::kPackCodeBytes + 8 * rp, 4);
                   std::memcpy(&sc_hi, tl + cm::kPackCodeBytes + 8 * rp + 4, 4);
                 }
-                const uint32_t kMul = F == ExpertFormat::kMxfp4 ? 128u : 16u;
-                uint32_t s0, s1;
-                if (F == ExpertFormat::kMxfp4) {
-                  const int g = kk / 2;
-                  s0 = byte_pair(sc_lo, 2 * g) * kMul + ep.a.bias;
-                  s1 = byte_pair(sc_lo, 2 * g + 1) * kMul + ep.b.bias;
-                } else {
-                  const uint32_t src = kk < 2 ? sc_lo : sc_hi;
-                  const int g = kk % 2;
-                  s0 = byte_pair(src, 2 * g) * kMul + ep.a.bias;
-                  s1 = byte_pair(src, 2 * g + 1) * kMul + ep.b.bias;
-                }
+                // Two scale groups a word, one per half (fp4_scale_row_pair); the k16 step's
+                // half broadcast to both (dequant_k16_half).
+                const bool mx = F == ExpertFormat::kMxfp4;
+                const uint32_t src = mx || kk < 2 ? sc_lo : sc_hi;
+                const bool hi = mx ? kk >= 2 : kk % 2 == 1;
+                const uint32_t p0 = cm::fp4_scale_row_pair<F>(src, false, ep.a.bias);
+                const uint32_t p1 = cm::fp4_scale_row_pair<F>(src, true, ep.b.bias);
+                const uint32_t s0 = hi ? (p0 >> 16) * 0x10001u : (p0 & 0xffffu) * 0x10001u;
+                const uint32_t s1 = hi ? (p1 >> 16) * 0x10001u : (p1 & 0xffffu) * 0x10001u;
                 uint32_t v[4], a[4];
                 cm::fp4_word_to_bf16x2(words[kk], v);
                 a[0] = bf16x2_mul(v[0], s0);

@@ -79,25 +79,9 @@ constexpr int gemm_smem_bytes() {
 
 #if defined(__CUDACC__)
 
-__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
-  return d;
-}
-
-// A fragment of one k16 step: code word -> exact BF16 e2m1 * scale (times 2^-k).
-__device__ __forceinline__ void dequant_k16(uint32_t word, uint32_t s_r0, uint32_t s_r1,
-                                            uint32_t (&a)[4]) {
-  uint32_t v[4];
-  fp4_word_to_bf16x2(word, v);
-  a[0] = bf16x2_mul(v[0], s_r0);
-  a[1] = bf16x2_mul(v[1], s_r1);
-  a[2] = bf16x2_mul(v[2], s_r0);
-  a[3] = bf16x2_mul(v[3], s_r1);
-}
-
-// a * {s.lo, s.lo} (HI = false) or a * {s.hi, s.hi}, exact as bf16x2_mul (ptxas folds the
-// broadcast into the multiply's operand: HMUL2 ... R.H0_H0 / R.H1_H1).
+// a * {s.lo, s.lo} (HI = false) or a * {s.hi, s.hi}: fma.rn.bf16x2 with -0 added, exact for
+// e2m1 x scale (ptxas folds the broadcast into the multiply's operand: HMUL2 ... R.H0_H0 /
+// R.H1_H1).
 template <bool HI>
 __device__ __forceinline__ uint32_t bf16x2_mul_half(uint32_t a, uint32_t s) {
   uint32_t d;
@@ -114,7 +98,8 @@ __device__ __forceinline__ uint32_t bf16x2_mul_half(uint32_t a, uint32_t s) {
   return d;
 }
 
-// dequant_k16 with each row's scale in one half of a two-scale word (fp4_scale_row_pair).
+// A fragment of one k16 step: code word -> exact BF16 e2m1 * scale (times 2^-k), each row's
+// scale in one half of a two-scale word (fp4_scale_row_pair).
 template <bool HI>
 __device__ __forceinline__ void dequant_k16_half(uint32_t word, uint32_t s_r0, uint32_t s_r1,
                                                  uint32_t (&a)[4]) {
@@ -124,11 +109,6 @@ __device__ __forceinline__ void dequant_k16_half(uint32_t word, uint32_t s_r0, u
   a[1] = bf16x2_mul_half<HI>(v[1], s_r1);
   a[2] = bf16x2_mul_half<HI>(v[2], s_r0);
   a[3] = bf16x2_mul_half<HI>(v[3], s_r1);
-}
-
-// {byte i, 0, byte i, 0} of x.
-__device__ __forceinline__ uint32_t byte_pair(uint32_t x, int i) {
-  return __byte_perm(x, 0u, uint32_t(i) | (4u << 4) | (uint32_t(i) << 8) | (4u << 12));
 }
 
 // FP8 fake-quantisation, in place, of the 128-wide block j of row r of a stage's activation
@@ -150,9 +130,28 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
   constexpr int B_BYTES = T::KC * B_KB;
   constexpr int STAGE = gemm_stage_bytes<F, T>();
   constexpr int NACC = T::BN / 2;
+  // The copy plan of the activation tile, the same for every stage of an item: thread tid
+  // copies 16-byte chunk c = tid % 8 of tile rows rr + q * RPP (q < QN; every k-block) when the
+  // threads cover at most BN rows at a time, else of row rr in every KSTEP-th k-block from
+  // kfirst. Rows differ by multiples of 8 within a thread, so its swizzled column is fixed.
+  // (The per-copy index arithmetic of a generic loop cost ~40 instructions a copy: 42 % of the
+  // kernel's instructions at 4096 tokens, an issue-bound kernel -- H200 Nsight, session 38.)
+  constexpr int RPP = T::THREADS / 8;
+  constexpr int QN = RPP <= T::BN ? T::BN / RPP : 1;
+  constexpr int KSTEP = RPP <= T::BN ? 1 : RPP / T::BN;
+  static_assert(T::BN % RPP == 0 || RPP % T::BN == 0, "activation copy plan");
+  static_assert(T::KC % KSTEP == 0 && RPP % 8 == 0, "activation copy plan");
+  // Weight copies: TOTAL 16-byte chunks a stage over the CTA's threads.
+  constexpr int CH_PER_SET = T::KC * TILE / 16;  // 16-byte chunks per (warpgroup, m-tile)
+  constexpr int W_TOTAL = T::WGS * T::MT * CH_PER_SET;
+  constexpr int W_PASSES = (W_TOTAL + T::THREADS - 1) / T::THREADS;
+  static_assert(TILE % 16 == 0, "weight tiles in 16-byte chunks");
   extern __shared__ uint8_t smem_raw[];
-  __shared__ int32_t s_row[T::BN];
+  // Each tile row's source (its activation row, at this thread's chunk column offset 0), or
+  // null past the tile's rows.
+  __shared__ const __nv_bfloat16* s_src[T::BN];
   uint8_t* smem = smem_raw + ((1024 - (sm90::smem_u32(smem_raw) & 1023)) & 1023);
+  const uint32_t smem32 = sm90::smem_u32(smem);
 
   sm90::griddep_wait();
   sm90::griddep_launch_dependents();
@@ -188,33 +187,44 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
 
     __syncthreads();  // the previous item is done with shared memory
     if (tid < T::BN)
-      s_row[tid] = tid < rows ? (a.act_row ? a.act_row[first + tid] : first + tid) : -1;
+      s_src[tid] =
+          tid < rows
+              ? a.act + size_t(a.act_row ? a.act_row[first + tid] : first + tid) * a.k
+              : nullptr;
     __syncthreads();
     const int quarters = T::BN >= 64 ? min(4, (4 * rows + T::BN - 1) / T::BN) : 4;
 
     auto load_chunk = [&](int ch) {
       if (ch < nch) {
-        uint8_t* st = smem + (ch % T::STAGES) * STAGE;
+        const uint32_t st = smem32 + (ch % T::STAGES) * STAGE;
         const int kb0 = ch * T::KC;
         const int nk = min(T::KC, KB - kb0);
-#pragma unroll 1
-        for (int i = tid; i < T::KC * T::BN * 8; i += T::THREADS) {
-          const int kbl = i / (T::BN * 8), r = (i / 8) % T::BN, c = i % 8;
+        const int c = tid % 8, rr = (tid / 8) % T::BN;
+        const int kfirst = RPP <= T::BN ? 0 : (tid / 8) / T::BN;
+        const uint32_t dst0 = st + rr * 128 + ((c ^ (rr & 7)) << 4);
+#pragma unroll
+        for (int q = 0; q < QN; ++q) {
           // Rows past the tile's tokens are not loaded: an MMA column depends only on its
           // own B column, and those columns are never stored.
-          if (kbl < nk && r < rows)
-            sm90::cp_async_16_zfill(
-                sm90::smem_u32(st + kbl * B_KB + r * 128 + ((c ^ (r & 7)) << 4)),
-                a.act + size_t(s_row[r]) * a.k + (kb0 + kbl) * 64 + c * 8, 16);
+          const __nv_bfloat16* src = s_src[rr + q * RPP];
+          if (src == nullptr) continue;
+          src += size_t(kb0) * 64 + c * 8;
+#pragma unroll
+          for (int kj = 0; kj < T::KC / KSTEP; ++kj) {
+            const int kbl = kfirst + kj * KSTEP;
+            if (kbl < nk)
+              sm90::cp_async_16(dst0 + kbl * B_KB + q * RPP * 128, src + kbl * 64);
+          }
         }
-        constexpr int CH_PER_SET = T::KC * TILE / 16;  // 16-byte chunks per (warpgroup, m-tile)
-#pragma unroll 1
-        for (int i = tid; i < T::WGS * T::MT * CH_PER_SET; i += T::THREADS) {
-          const int gm = i / CH_PER_SET, j = i % CH_PER_SET;
+        const uint8_t* wsrc = wbase + size_t(kb0) * TILE;
+#pragma unroll
+        for (int n = 0; n < W_PASSES; ++n) {
+          const int i = tid + n * T::THREADS;
+          if (W_TOTAL % T::THREADS != 0 && i >= W_TOTAL) break;
+          const int gm = i / CH_PER_SET, j = i - gm * CH_PER_SET;
           if (j * 16 < nk * TILE)
-            sm90::cp_async_16_zfill(sm90::smem_u32(st + B_BYTES + gm * (T::KC * TILE) + j * 16),
-                                    wbase + size_t(gm) * KB * TILE + size_t(kb0) * TILE + j * 16,
-                                    16);
+            sm90::cp_async_16(st + B_BYTES + gm * (T::KC * TILE) + j * 16,
+                              wsrc + size_t(gm) * KB * TILE + j * 16);
         }
       }
       sm90::cp_async_commit();
@@ -264,19 +274,28 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
         auto kblock = [&](int kbl, auto parity) {
           constexpr int P = decltype(parity)::value;
           uint4 words[T::MT];
-          uint32_t sc_lo[T::MT], sc_hi[T::MT];
+          // BF16 scales of rows r0 (s0) and r1 (s1), two scale groups a word, one per half
+          // (fp4_scale_row_pair; dequant_k16_half broadcasts the half): MXFP4's 32-wide groups
+          // 0 / 1 for k16 steps 0-1 / 2-3 in the low / high half of s*a; NVFP4's 16-wide groups
+          // 0-1 in s*a, 2-3 in s*b (k16 step kk: half kk % 2). Half the instructions of one
+          // byte_pair scale per (k16 step, row); the same BF16 values.
+          uint32_t s0a[T::MT], s1a[T::MT], s0b[T::MT], s1b[T::MT];
 #pragma unroll
           for (int mt = 0; mt < T::MT; ++mt) {
             const uint8_t* tl = st + B_BYTES + ((wg * T::MT + mt) * T::KC + kbl) * TILE;
             words[mt] = *reinterpret_cast<const uint4*>(tl + 16 * t);
+            uint32_t sc_lo, sc_hi = 0;
             if constexpr (F == ExpertFormat::kMxfp4) {
-              sc_lo[mt] = *reinterpret_cast<const uint32_t*>(tl + kPackCodeBytes + 4 * rp);
-              sc_hi[mt] = 0;
+              sc_lo = *reinterpret_cast<const uint32_t*>(tl + kPackCodeBytes + 4 * rp);
             } else {
               const uint2 s2 = *reinterpret_cast<const uint2*>(tl + kPackCodeBytes + 8 * rp);
-              sc_lo[mt] = s2.x;
-              sc_hi[mt] = s2.y;
+              sc_lo = s2.x;
+              sc_hi = s2.y;
             }
+            s0a[mt] = fp4_scale_row_pair<F>(sc_lo, false, ep.a.bias);
+            s1a[mt] = fp4_scale_row_pair<F>(sc_lo, true, ep.b.bias);
+            s0b[mt] = F == ExpertFormat::kMxfp4 ? 0u : fp4_scale_row_pair<F>(sc_hi, false, ep.a.bias);
+            s1b[mt] = F == ExpertFormat::kMxfp4 ? 0u : fp4_scale_row_pair<F>(sc_hi, true, ep.b.bias);
           }
           const uint64_t desc = sm90::desc_k_sw128(sm90::smem_u32(st + kbl * B_KB));
 #pragma unroll
@@ -296,25 +315,19 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
             for (int kq = 0; kq < T::KG; ++kq)
 #pragma unroll
               for (int mt = 0; mt < T::MT; ++mt) {
-                const int kk = kk0 + kq;
-                // BF16x2 scales of rows r0 and r1 for this k16 step (= fp4_scale_bf16x2).
-                constexpr uint32_t kMul = F == ExpertFormat::kMxfp4 ? 128u : 16u;
-                uint32_t s0, s1;
-                if constexpr (F == ExpertFormat::kMxfp4) {
-                  const int g = kk / 2;  // 32-wide group
-                  s0 = byte_pair(sc_lo[mt], 2 * g) * kMul + ep.a.bias;
-                  s1 = byte_pair(sc_lo[mt], 2 * g + 1) * kMul + ep.b.bias;
-                } else {
-                  const uint32_t src = kk < 2 ? sc_lo[mt] : sc_hi[mt];  // 16-wide group kk
-                  const int g = kk % 2;
-                  s0 = byte_pair(src, 2 * g) * kMul + ep.a.bias;
-                  s1 = byte_pair(src, 2 * g + 1) * kMul + ep.b.bias;
-                }
+                const int kk = kk0 + kq;  // a constant once unrolled
+                const bool mx = F == ExpertFormat::kMxfp4;
+                const uint32_t s0 = mx || kk < 2 ? s0a[mt] : s0b[mt];
+                const uint32_t s1 = mx || kk < 2 ? s1a[mt] : s1b[mt];
+                const bool hi = mx ? kk >= 2 : kk % 2 == 1;
                 const uint32_t word = kk == 0   ? words[mt].x
                                       : kk == 1 ? words[mt].y
                                       : kk == 2 ? words[mt].z
                                                 : words[mt].w;
-                dequant_k16(word, s0, s1, afr[b][kq][mt]);
+                if (hi)
+                  dequant_k16_half<true>(word, s0, s1, afr[b][kq][mt]);
+                else
+                  dequant_k16_half<false>(word, s0, s1, afr[b][kq][mt]);
               }
             sm90::warpgroup_arrive();
 #pragma unroll
