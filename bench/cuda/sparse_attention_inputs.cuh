@@ -25,6 +25,7 @@
 #include "kvcache/cache_layout.h"
 #include "ops/cpu/cache_codec.h"
 #include "ops/cuda/common/device_buffer.h"
+#include "ops/cuda/common/per_device.h"
 #include "ops/cuda/sparse_attention/sparse_attention.h"
 
 namespace dsv4::bench::sparse_attn {
@@ -32,13 +33,6 @@ namespace dsv4::bench::sparse_attn {
 using cuda::DeviceBuffer;
 
 constexpr int kWindow = 128, kPage = 64, kPoolPages = 64;
-
-inline int sm_count() {
-  int dev = 0, v = 0;
-  DSV4_CUDA_CHECK(cudaGetDevice(&dev));
-  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-  return v;
-}
 
 // Tiles `pool` (pool_bytes, whole pages, a multiple of 16) over n bytes of pages.
 __global__ void tile_pages(uint8_t* pages, int64_t n, const uint8_t* pool, int64_t pool_bytes) {

@@ -26,6 +26,7 @@
 #include "cuda/bench_util.h"
 #include "cuda/real_config.h"
 #include "ops/cuda/common/device_buffer.h"
+#include "ops/cuda/common/per_device.h"
 #include "ops/cuda/common/sm90/mbarrier.cuh"
 #include "ops/cuda/common/sm90/tma.cuh"
 #include "ops/cuda/gemm/tensor_map.h"
@@ -194,13 +195,6 @@ Case down_case(const char* name, const ModelConfig& c, long experts) {
   return {name, c.moe_inter_dim / 64 * kTileBytes, experts * (c.dim / 64)};
 }
 
-int sm_count() {
-  int dev = 0, n = 0;
-  DSV4_CUDA_CHECK(cudaGetDevice(&dev));
-  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-  return n;
-}
-
 template <int STAGE, int STAGES, int CW>
 void ring(const Case& c, const DeviceBuffer<uint8_t>& buf, int per_sm) {
   DSV4_CHECK(c.item_bytes % STAGE == 0, "weight_stream_bench: ", c.name, " item of ", c.item_bytes,
@@ -209,7 +203,7 @@ void ring(const Case& c, const DeviceBuffer<uint8_t>& buf, int per_sm) {
   const int smem = STAGE * STAGES;
   DSV4_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const size_t total = size_t(c.items) * c.item_bytes;
-  const int regions = int(buf.size() / total), grid = sm_count() * per_sm;
+  const int regions = int(buf.size() / total), grid = cuda::sm_count() * per_sm;
   bench::Result r;
   r.kernel = "weight_stream_ring";
   r.shape = std::string(c.name) + " bytes=" + std::to_string(total) +
@@ -228,7 +222,7 @@ void ring(const Case& c, const DeviceBuffer<uint8_t>& buf, int per_sm) {
 template <int UNROLL>
 void ldg(const Case& c, const DeviceBuffer<uint8_t>& buf, DeviceBuffer<uint32_t>& sink) {
   const size_t total = size_t(c.items) * c.item_bytes;
-  const int regions = int(buf.size() / total), grid = 2 * sm_count();
+  const int regions = int(buf.size() / total), grid = 2 * cuda::sm_count();
   bench::Result r;
   r.kernel = "weight_stream_ldg";
   r.shape = std::string(c.name) + " bytes=" + std::to_string(total) + " threads=512" +

@@ -83,7 +83,7 @@ void run(const Shape& shape, const DeviceBuffer<uint8_t>& pool, std::mt19937& rn
   sh.staged = false;
   Inputs in(sh, pool, rng);
   const int T = in.T, H = in.H, sq = sh.sq, b = sh.b;
-  const int sms = sm_count();
+  const int sms = cuda::sm_count();
 
   // Ours: the planner's choice.
   SparseAttnParams p = in.params(0);

@@ -187,10 +187,9 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
 
     __syncthreads();  // the previous item is done with shared memory
     if (tid < T::BN)
-      s_src[tid] =
-          tid < rows
-              ? a.act + size_t(a.act_row ? a.act_row[first + tid] : first + tid) * a.k
-              : nullptr;
+      s_src[tid] = tid < rows
+                       ? a.act + size_t(a.act_row ? a.act_row[first + tid] : first + tid) * a.k
+                       : nullptr;
     __syncthreads();
     const int quarters = T::BN >= 64 ? min(4, (4 * rows + T::BN - 1) / T::BN) : 4;
 
@@ -212,8 +211,7 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
 #pragma unroll
           for (int kj = 0; kj < T::KC / KSTEP; ++kj) {
             const int kbl = kfirst + kj * KSTEP;
-            if (kbl < nk)
-              sm90::cp_async_16(dst0 + kbl * B_KB + q * RPP * 128, src + kbl * 64);
+            if (kbl < nk) sm90::cp_async_16(dst0 + kbl * B_KB + q * RPP * 128, src + kbl * 64);
           }
         }
         const uint8_t* wsrc = wbase + size_t(kb0) * TILE;
@@ -294,8 +292,10 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
             }
             s0a[mt] = fp4_scale_row_pair<F>(sc_lo, false, ep.a.bias);
             s1a[mt] = fp4_scale_row_pair<F>(sc_lo, true, ep.b.bias);
-            s0b[mt] = F == ExpertFormat::kMxfp4 ? 0u : fp4_scale_row_pair<F>(sc_hi, false, ep.a.bias);
-            s1b[mt] = F == ExpertFormat::kMxfp4 ? 0u : fp4_scale_row_pair<F>(sc_hi, true, ep.b.bias);
+            s0b[mt] =
+                F == ExpertFormat::kMxfp4 ? 0u : fp4_scale_row_pair<F>(sc_hi, false, ep.a.bias);
+            s1b[mt] =
+                F == ExpertFormat::kMxfp4 ? 0u : fp4_scale_row_pair<F>(sc_hi, true, ep.b.bias);
           }
           const uint64_t desc = sm90::desc_k_sw128(sm90::smem_u32(st + kbl * B_KB));
 #pragma unroll
@@ -428,13 +428,12 @@ void launch_moe_gemm_instance(const GemmArgs& a, const LaunchCtx& c) {
   if (grid == 0) {
     DSV4_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    int per_sm = 0, sms = 0;
+    int per_sm = 0;
     DSV4_CUDA_CHECK(
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, T::THREADS, smem));
-    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     DSV4_CHECK(per_sm > 0, "moe expert GEMM (tile_n ", T::BN, "): no CTA fits on an SM (", smem,
                " bytes of shared memory)");
-    grid = per_sm * sms;
+    grid = per_sm * sm_count();
     grids[dev].store(grid, std::memory_order_release);
   }
   launch_kernel(c, kernel, dim3(grid), dim3(T::THREADS), size_t(smem), a);

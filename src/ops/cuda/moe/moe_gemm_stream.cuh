@@ -323,13 +323,12 @@ void launch_moe_gemm_stream_instance(const GemmArgs& a, const LaunchCtx& c) {
   if (grid == 0) {
     DSV4_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    int per_sm = 0, sms = 0;
+    int per_sm = 0;
     DSV4_CUDA_CHECK(
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, T::THREADS, smem));
-    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     DSV4_CHECK(per_sm > 0, "moe stream expert GEMM (tile_n ", T::BN, "): no CTA fits on an SM (",
                smem, " bytes of shared memory)");
-    grid = per_sm * sms;
+    grid = per_sm * sm_count();
     grids[dev].store(grid, std::memory_order_release);
   }
   launch_kernel(c, kernel, dim3(grid), dim3(T::THREADS), size_t(smem), a);

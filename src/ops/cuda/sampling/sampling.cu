@@ -42,6 +42,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/common/cuda_check.h"
+#include "ops/cuda/common/per_device.h"
 #include "ops/cuda/sampling/sampling.h"
 #include "ops/cuda/sampling/sampling_config.h"
 
@@ -712,10 +713,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingLaunch p) {
 // Blocks per row: enough to give every SM a share of the rows at small batch, at most the
 // portable cluster size.
 unsigned blocks_per_row(int rows) {
-  int device = 0, sms = 0;
-  DSV4_CUDA_CHECK(cudaGetDevice(&device));
-  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return unsigned(std::clamp(sms / std::max(rows, 1), 1, kMaxBlocksPerRow));
+  return unsigned(std::clamp(sm_count() / std::max(rows, 1), 1, kMaxBlocksPerRow));
 }
 
 void launch_clustered(void (*kernel)(SamplingLaunch), int rows, const SamplingLaunch& p,
