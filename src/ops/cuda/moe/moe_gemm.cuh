@@ -141,14 +141,14 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
   constexpr int KSTEP = RPP <= T::BN ? 1 : RPP / T::BN;
   static_assert(T::BN % RPP == 0 || RPP % T::BN == 0, "activation copy plan");
   static_assert(T::KC % KSTEP == 0 && RPP % 8 == 0, "activation copy plan");
-  // Weight copies: TOTAL 16-byte chunks a stage over the CTA's threads.
+  // Weight copies: W_TOTAL 16-byte chunks a stage, in W_PASSES passes over the CTA's threads.
   constexpr int CH_PER_SET = T::KC * TILE / 16;  // 16-byte chunks per (warpgroup, m-tile)
   constexpr int W_TOTAL = T::WGS * T::MT * CH_PER_SET;
   constexpr int W_PASSES = (W_TOTAL + T::THREADS - 1) / T::THREADS;
   static_assert(TILE % 16 == 0, "weight tiles in 16-byte chunks");
   extern __shared__ uint8_t smem_raw[];
-  // Each tile row's source (its activation row, at this thread's chunk column offset 0), or
-  // null past the tile's rows.
+  // Where each tile row's activations start (position -> activation row), null past the
+  // tile's rows; set once per item.
   __shared__ const __nv_bfloat16* s_src[T::BN];
   uint8_t* smem = smem_raw + ((1024 - (sm90::smem_u32(smem_raw) & 1023)) & 1023);
   const uint32_t smem32 = sm90::smem_u32(smem);
