@@ -205,31 +205,15 @@ __device__ void bitonic_desc(uint32_t* v) {
   __syncthreads();
 }
 
-// bitonic_desc for a run-time width p2 (a power of two, 1..kSortCap).
+// bitonic_desc for a run-time width p2 (a power of two, 1..kSortCap): the widths from P2 up.
+template <int P2 = 2>
 __device__ void sort_desc(uint32_t* v, int p2) {
-  switch (p2) {
-    case 2:
-      return bitonic_desc<2>(v);
-    case 4:
-      return bitonic_desc<4>(v);
-    case 8:
-      return bitonic_desc<8>(v);
-    case 16:
-      return bitonic_desc<16>(v);
-    case 32:
-      return bitonic_desc<32>(v);
-    case 64:
-      return bitonic_desc<64>(v);
-    case 128:
-      return bitonic_desc<128>(v);
-    case 256:
-      return bitonic_desc<256>(v);
-    case 512:
-      return bitonic_desc<512>(v);
-    case 1024:
-      return bitonic_desc<1024>(v);
-    default:
-      __syncthreads();  // p2 == 1: one element, already in place
+  if (p2 < 2) {
+    __syncthreads();  // one element (or none), already in place
+  } else if (p2 == P2) {
+    bitonic_desc<P2>(v);
+  } else if constexpr (P2 < kSortCap) {
+    sort_desc<2 * P2>(v, p2);
   }
 }
 

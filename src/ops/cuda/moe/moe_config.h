@@ -102,15 +102,17 @@ constexpr int kStreamQuantInDownMaxTokens = 0;
 // Three kernels (MoeArgs::router_path forces one; kAuto picks by rows). The K-parallel kernel (a
 // CTA of 256 threads per 8 rows x 2-4 experts, each thread a slice of K, the 256 partial sums added
 // in a fixed tree): 128-384 CTAs at the real shapes from one token on. The tiled kernel:
-// kRouterTileM x kRouterTileE tiles staged in shared memory (4 x 4 outputs per thread, the fp64 FMA
-// rate is the limit). The fp64 tensor-core kernel: 8 rows x 8 NT experts per CTA, K split over a
-// cluster of kRouterCluster CTAs (their partial sums added in rank order through distributed shared
-// memory).
+// kRouterTileM x kRouterTileE tiles staged in shared memory as doubles, fp64 tensor-core MMAs
+// (8 warps of 32 rows x 16 experts; each x row and gate row read once per tile, not per 8-16
+// rows as the cluster kernel does). The fp64 tensor-core kernel: 8 rows x 8 NT experts per CTA, K
+// split over a cluster of kRouterCluster CTAs (their partial sums added in rank order through
+// distributed shared memory).
 constexpr int kRouterGemvRows = 256;  // the K-parallel kernel's limit when forced
 // kAuto: the K-parallel kernel up to here, then MMA. H200 (route stage alone): M=1 gemv 11.2 /
 // mma 11.9 us Flash, 12.8 / 15.3 Pro; M=8 gemv 15.0 / mma 13.2 Flash, 20.5 / 16.5 Pro; M=2..4 not
 // measured: the crossover interpolates to ~3 (Flash) / ~4 (Pro), 2 is the conservative pick.
-// Never tiled (450-2300 us at every M measured).
+// Never tiled (450-2300 us at every M measured with per-thread fp64 FMAs; the MMA version is not
+// yet measured).
 constexpr int kRouterAutoGemvRows = 2;
 constexpr int kRouterCluster = 4;
 constexpr int kRouterTileM = 64, kRouterTileE = 64;

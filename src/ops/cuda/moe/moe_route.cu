@@ -351,23 +351,31 @@ __global__ void __cluster_dims__(1, 1, kRouterCluster) __launch_bounds__(256)
   cluster.sync();  // no CTA leaves while another still reads its s_cta
 }
 
-// Prefill (TM rows x TE experts per CTA, RT x RE per thread): K in chunks of KC staged in
-// shared memory as doubles (each BF16 converted once per CTA), the next chunk's loads in
-// flight while this one is multiplied; every output summed in K order by its thread.
-template <int TM, int TE, int RT, int RE>
+// Prefill (TM rows x TE experts per CTA) on fp64 tensor cores: K in chunks of KC staged in
+// shared memory as doubles (each BF16 converted once per CTA), the next chunk's loads in flight
+// while this one is multiplied. Warp w owns rows 32 (w / 4) .. +31 and experts 16 (w % 4) .. +15:
+// 4 x 2 m8n8k4 tiles, lane (g, t) feeding x row 8 i + g and expert 8 j + g at k = k0 + t (the
+// layout of router_mma_kernel's MMA). Every output summed over K in order by one warp (no K
+// splits); rows padded by 8 doubles so the 4 k rows a fragment load spans fall on alternate
+// bank halves (2 wavefronts a 256-byte load, the minimum). (The per-thread fp64 FMA version
+// took 450-2300 us at every M measured: the FMA rate and 4x4 outputs a thread.)
+template <int TM, int TE>
 __global__ void __launch_bounds__(256) router_tiled_kernel(const RouterArgs a) {
-  static_assert((TM / RT) * (TE / RE) == 256, "one output tile per thread");
+  static_assert(TM == 64 && TE == 64, "8 warps of 32 rows x 16 experts");
   constexpr int KC = kRouterKChunk, LOADS = (TM + TE) * (KC / 8), PER = (LOADS + 255) / 256;
-  __shared__ __align__(16) double xs[KC][TM];
-  __shared__ __align__(16) double ws[KC][TE];
-  const int tid = threadIdx.x, ty = tid / (TE / RE), tx = tid % (TE / RE);
+  constexpr int PAD = 8;
+  static_assert(KC % 8 == 0 && KC % 4 == 0, "k chunk");
+  __shared__ __align__(16) double xs[KC][TM + PAD];
+  __shared__ __align__(16) double ws[KC][TE + PAD];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int wr = 32 * (warp / 4), we = 16 * (warp % 4);
   const int e0 = blockIdx.x * TE, m0 = blockIdx.y * TM;
   router_prologue(a, 0, 0, 0, 0);  // prefill: no prefetch
-  double acc[RT][RE];
+  double c[4][2][2];
 #pragma unroll
-  for (int i = 0; i < RT; ++i)
+  for (int i = 0; i < 4; ++i)
 #pragma unroll
-    for (int j = 0; j < RE; ++j) acc[i][j] = 0.0;
+    for (int j = 0; j < 2; ++j) c[i][j][0] = c[i][j][1] = 0.0;
 
   uint4 pre[PER];
   auto load = [&](int k0) {
@@ -412,27 +420,30 @@ __global__ void __launch_bounds__(256) router_tiled_kernel(const RouterArgs a) {
     }
     __syncthreads();
     if (k0 + KC < a.dim) load(k0 + KC);
-#pragma unroll 4
-    for (int kk = 0; kk < KC; ++kk) {
-      double av[RT], bv[RE];
 #pragma unroll
-      for (int i = 0; i < RT; ++i) av[i] = xs[kk][ty * RT + i];
+    for (int kk = 0; kk < KC; kk += 4) {
+      double av[4], bv[2];
 #pragma unroll
-      for (int j = 0; j < RE; ++j) bv[j] = ws[kk][tx * RE + j];
+      for (int i = 0; i < 4; ++i) av[i] = xs[kk + t][wr + 8 * i + g];
 #pragma unroll
-      for (int i = 0; i < RT; ++i)
+      for (int j = 0; j < 2; ++j) bv[j] = ws[kk + t][we + 8 * j + g];
 #pragma unroll
-        for (int j = 0; j < RE; ++j) acc[i][j] = fma(av[i], bv[j], acc[i][j]);
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) dmma_8x8x4(c[i][j][0], c[i][j][1], av[i], bv[j]);
     }
   }
   quant_rows_share(a, m0, min(TM, a.m - m0));
+  // Accumulator c[i][j][h]: row 8 i + g, expert 8 j + 2 t + h of the warp's tile.
 #pragma unroll
-  for (int i = 0; i < RT; ++i)
+  for (int i = 0; i < 4; ++i)
 #pragma unroll
-    for (int j = 0; j < RE; ++j) {
-      const int mm = m0 + ty * RT + i, e = e0 + tx * RE + j;
-      if (mm < a.m && e < a.n_experts) store_logit(a, mm, e, acc[i][j]);
-    }
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int mm = m0 + wr + 8 * i + g, e = e0 + we + 8 * j + 2 * t + h;
+        if (mm < a.m && e < a.n_experts) store_logit(a, mm, e, c[i][j][h]);
+      }
 }
 
 // ---- selection and weights ------------------------------------------------------------------
@@ -846,7 +857,7 @@ void launch_router(const LaunchCtx& c, const MoeDeviceWeights& w, const MoeArgs&
     default: {
       constexpr int TM = kRouterTileM, TE = kRouterTileE;
       const dim3 grid((w.n_experts + TE - 1) / TE, (a.m + TM - 1) / TM);
-      launch_kernel(c, router_tiled_kernel<TM, TE, TM / 16, TE / 16>, grid, dim3(256), 0, r);
+      launch_kernel(c, router_tiled_kernel<TM, TE>, grid, dim3(256), 0, r);
     }
   }
 }

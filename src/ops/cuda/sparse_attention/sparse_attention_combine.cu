@@ -37,16 +37,21 @@ __global__ void __launch_bounds__(kCombineWarps * 32) sparse_attn_combine_kernel
   const int ns = a.num_splits;
   const float* part = a.partials + row * ns * kPartialFloats;
   constexpr int G = kCombineGroup;
+  // Splits s0 .. s0 + G - 1: every load issued before the first use (one L2 round trip);
+  // splits past the last read as empty (m = -inf).
+  auto load = [&](int s0, float(&m)[G], float(&l)[G], float4(&v)[G]) {
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      const bool in = s0 + j < ns;
+      const float* ps = part + (s0 + j) * kPartialFloats;
+      m[j] = in ? ps[kHeadDim] : -INFINITY;
+      l[j] = in ? ps[kHeadDim + 1] : 0.0f;
+      v[j] = in ? *reinterpret_cast<const float4*>(ps + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  };
   float m0[G], l0[G];
   float4 v0[G];
-#pragma unroll
-  for (int j = 0; j < G; ++j) {
-    const bool in = j < ns;
-    const float* ps = part + j * kPartialFloats;
-    m0[j] = in ? ps[kHeadDim] : -INFINITY;
-    l0[j] = in ? ps[kHeadDim + 1] : 0.0f;
-    v0[j] = in ? *reinterpret_cast<const float4*>(ps + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
+  load(0, m0, l0, v0);
   float M = -INFINITY;
 #pragma unroll
   for (int j = 0; j < G; ++j) M = fmaxf(M, m0[j]);
@@ -65,37 +70,25 @@ __global__ void __launch_bounds__(kCombineWarps * 32) sparse_attn_combine_kernel
   }
   float L = 0.0f;
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-  for (int j = 0; j < G; ++j) {
-    if (m0[j] == -INFINITY) continue;  // an empty split, or past the last one
-    const float f = exp2f(m0[j] - M);
-    L += l0[j] * f;
-    acc[0] += v0[j].x * f;
-    acc[1] += v0[j].y * f;
-    acc[2] += v0[j].z * f;
-    acc[3] += v0[j].w * f;
-  }
-  for (int s0 = G; s0 < ns; s0 += G) {
-    float ms[G], ls[G];
-    float4 v[G];
+  // A group's weighted sums, split by split in order.
+  auto add = [&](const float(&m)[G], const float(&l)[G], const float4(&v)[G]) {
 #pragma unroll
     for (int j = 0; j < G; ++j) {
-      const bool in = s0 + j < ns;
-      const float* ps = part + (s0 + j) * kPartialFloats;
-      ms[j] = in ? ps[kHeadDim] : -INFINITY;
-      ls[j] = in ? ps[kHeadDim + 1] : 0.0f;
-      v[j] = in ? *reinterpret_cast<const float4*>(ps + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-#pragma unroll
-    for (int j = 0; j < G; ++j) {
-      if (ms[j] == -INFINITY) continue;
-      const float f = exp2f(ms[j] - M);
-      L += ls[j] * f;
+      if (m[j] == -INFINITY) continue;  // an empty split, or past the last one
+      const float f = exp2f(m[j] - M);
+      L += l[j] * f;
       acc[0] += v[j].x * f;
       acc[1] += v[j].y * f;
       acc[2] += v[j].z * f;
       acc[3] += v[j].w * f;
     }
+  };
+  add(m0, l0, v0);
+  for (int s0 = G; s0 < ns; s0 += G) {
+    float m[G], l[G];
+    float4 v[G];
+    load(s0, m, l, v);
+    add(m, l, v);
   }
   L += exp2f(__ldg(a.sink + h) * 1.4426950408889634f - M);
   const float inv = 1.0f / L;
