@@ -637,14 +637,16 @@ TEST(MoeGemmEmu, KernelIndexingIsExactNvfp4) {
 TEST(MoeRouterPath, AutoAndForced) {
   using RP = cm::RouterPath;
   for (int m : {1, 2}) EXPECT_EQ(cm::router_path_choice(m, RP::kAuto), RP::kGemv) << m;
-  for (int m : {3, 4, 5, 8, 32, 128, 4096})
+  for (int m : {3, 4, 5, 8, 32, 128, 2048})
     EXPECT_EQ(cm::router_path_choice(m, RP::kAuto), RP::kMma) << m;
+  for (int m : {2049, 4096, 8192}) EXPECT_EQ(cm::router_path_choice(m, RP::kAuto), RP::kTiled) << m;
   EXPECT_EQ(cm::router_path_choice(4096, RP::kTiled), RP::kTiled);
   EXPECT_EQ(cm::router_path_choice(1, RP::kMma), RP::kMma);
   EXPECT_EQ(cm::router_path_choice(256, RP::kGemv), RP::kGemv);
   EXPECT_THROW(cm::router_path_choice(257, RP::kGemv), Error);
   EXPECT_EQ(cm::router_kernel_name(1), "router_gemv<1,2>");
   EXPECT_EQ(cm::router_kernel_name(300), "router_mma<16x32>");
+  EXPECT_EQ(cm::router_kernel_name(4096), "router_tiled<64,128>");
 }
 
 // The expert GEMM heuristic on the real geometries (host only: it reads the shape, not the
@@ -1442,6 +1444,8 @@ std::vector<RouteSpec> route_specs() {
   v.push_back({"custom_e8_dim128_m40", 8, 128, 2, 40});
   v.push_back({"custom_e8_dim128_sigmoid_m1", 8, 128, 2, 1, false, SG});
   v.push_back({"pro_route_only_m300", 384, 7168, 6, 300, false, ScoreFunc::kSqrtSoftplus, false});
+  // Beyond kRouterAutoMmaRows the heuristic takes the tiled kernel (a partial last row tile).
+  v.push_back({"flash_score_m2100", 256, 4096, 6, 2100});
   return v;
 }
 

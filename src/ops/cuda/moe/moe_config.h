@@ -101,22 +101,26 @@ constexpr int kStreamQuantInDownMaxTokens = 0;
 // ---- router (moe_route.cu): fp64 sums of the exact BF16 x BF16 products, no split partials ----
 // Three kernels (MoeArgs::router_path forces one; kAuto picks by rows). The K-parallel kernel (a
 // CTA of 256 threads per 8 rows x 2-4 experts, each thread a slice of K, the 256 partial sums added
-// in a fixed tree): 128-384 CTAs at the real shapes from one token on. The tiled kernel:
-// kRouterTileM x kRouterTileE tiles staged in shared memory as doubles, fp64 tensor-core MMAs
-// (8 warps of 32 rows x 16 experts; each x row and gate row read once per tile, not per 8-16
-// rows as the cluster kernel does). The fp64 tensor-core kernel: 8 rows x 8 NT experts per CTA, K
-// split over a cluster of kRouterCluster CTAs (their partial sums added in rank order through
-// distributed shared memory).
+// in a fixed tree): 128-384 CTAs at the real shapes from one token on. The fp64 tensor-core kernel:
+// 8 rows x 8 NT experts per CTA, K split over a cluster of kRouterCluster CTAs (their partial sums
+// added in rank order through distributed shared memory). The tiled kernel: kRouterTileM x
+// kRouterTileE tiles on fp64 tensor cores straight from registers, every output summed over the
+// whole K by one warp (each x row and gate row read once per tile, not per 8-16 rows as the
+// cluster kernel does; but one CTA walks all of K: ~230 us at Flash's dim even for one row).
 constexpr int kRouterGemvRows = 256;  // the K-parallel kernel's limit when forced
 // kAuto: the K-parallel kernel up to here, then MMA. H200 (route stage alone): M=1 gemv 11.2 /
 // mma 11.9 us Flash, 12.8 / 15.3 Pro; M=8 gemv 15.0 / mma 13.2 Flash, 20.5 / 16.5 Pro; M=2..4 not
 // measured: the crossover interpolates to ~3 (Flash) / ~4 (Pro), 2 is the conservative pick.
-// Never tiled (450-2300 us at every M measured with per-thread fp64 FMAs; the MMA version is not
-// yet measured).
 constexpr int kRouterAutoGemvRows = 2;
+// kAuto: the MMA kernel up to here, the tiled kernel beyond. H200 (route stage alone, session
+// 39): Flash M=512 mma 75 / tiled 287 us, M=4096 462 / 291; Pro M=512 163 / 454, M=4096 1121 /
+// 878. The MMA kernel grows ~linearly in M (0.11 us a row Flash, 0.27 Pro), the tiled one by
+// waves of (E / 128) x (M / 64) CTAs from its ~230 / ~390 us floor: crossover ~2300 rows
+// (Flash), ~1500 (Pro); 2048 is between (M 1024-2048 not measured).
+constexpr int kRouterAutoMmaRows = 2048;
 constexpr int kRouterCluster = 4;
-constexpr int kRouterTileM = 64, kRouterTileE = 64;
-constexpr int kRouterKChunk = 32;  // K per shared-memory stage of the tiled kernel
+constexpr int kRouterTileM = 64, kRouterTileE = 128;  // the tiled kernel's CTA tile
+constexpr int kRouterTiledKv = 4;                     // its MMA: m16n8k16 (k = 4 KV)
 
 // ---- routing / grouping ----------------------------------------------------------------------
 constexpr int kMaxExperts = 1024;  // plan kernel: one thread per expert

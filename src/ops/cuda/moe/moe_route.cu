@@ -351,98 +351,116 @@ __global__ void __cluster_dims__(1, 1, kRouterCluster) __launch_bounds__(256)
   cluster.sync();  // no CTA leaves while another still reads its s_cta
 }
 
-// Prefill (TM rows x TE experts per CTA) on fp64 tensor cores: K in chunks of KC staged in
-// shared memory as doubles (each BF16 converted once per CTA), the next chunk's loads in flight
-// while this one is multiplied. Warp w owns rows 32 (w / 4) .. +31 and experts 16 (w % 4) .. +15:
-// 4 x 2 m8n8k4 tiles, lane (g, t) feeding x row 8 i + g and expert 8 j + g at k = k0 + t (the
-// layout of router_mma_kernel's MMA). Every output summed over K in order by one warp (no K
-// splits); rows padded by 8 doubles so the 4 k rows a fragment load spans fall on alternate
-// bank halves (2 wavefronts a 256-byte load, the minimum). (The per-thread fp64 FMA version
-// took 450-2300 us at every M measured: the FMA rate and 4x4 outputs a thread.)
-template <int TM, int TE>
-__global__ void __launch_bounds__(256) router_tiled_kernel(const RouterArgs a) {
-  static_assert(TM == 64 && TE == 64, "8 warps of 32 rows x 16 experts");
-  constexpr int KC = kRouterKChunk, LOADS = (TM + TE) * (KC / 8), PER = (LOADS + 255) / 256;
-  constexpr int PAD = 8;
-  static_assert(KC % 8 == 0 && KC % 4 == 0, "k chunk");
-  __shared__ __align__(16) double xs[KC][TM + PAD];
-  __shared__ __align__(16) double ws[KC][TE + PAD];
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int wr = 32 * (warp / 4), we = 16 * (warp % 4);
-  const int e0 = blockIdx.x * TE, m0 = blockIdx.y * TM;
-  router_prologue(a, 0, 0, 0, 0);  // prefill: no prefetch
-  double c[4][2][2];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 2; ++j) c[i][j][0] = c[i][j][1] = 0.0;
+// Prefill (TM rows x TE experts per CTA) on fp64 tensor cores, straight from registers (no
+// shared memory, no barriers): warp w owns rows 32 (w / WE) .. +31 and experts 32 (w % WE) ..
+// +31, 2 x 4 m16n8k(4 KV) tiles. Per 32-wide k-block lane (g, t) loads 8 consecutive k of x rows
+// 8 i + g and of experts 8 j + g; step s feeds elements s .. s + KV - 1 as the MMA's k indices
+// t, t + 4, ... (router_mma_kernel's bijection, both operands alike); each BF16 value is
+// converted once per warp and used by 4 (x) or 2 (gate) MMAs. The next k-block's 8 loads are in
+// flight while this one is multiplied; the warps of a CTA share x and gate rows through L1.
+// Every output is summed over K in order by one warp (no K splits, no partials).
+// History (H200, route stage alone, Flash M = 4096): per-thread fp64 FMAs 906 us; m8n8k4 MMAs on
+// 64 x 64 tiles staged in shared memory as doubles 494 us (bound by the stores, the fragment
+// loads and two barriers per k chunk); from registers with m8n8k4 391 us (m8n8k4 runs at half
+// of sm_90's fp64 tensor rate: one CTA alone took 296 us), m16n8k4 317, m16n8k8 293, m16n8k16
+// 291 (Pro 878, router_mma 1121).
+// fp64 tensor-core MMA m16n8kK (K = 4 KV; sm_90's shapes): D[16 rows][8 experts] += A B. Lane
+// (g, t) holds A rows g (a[2q]) and g + 8 (a[2q + 1]) and B column g (b[q]) at k index t + 4 q;
+// D rows g (d[0], d[1]) and g + 8 (d[2], d[3]), columns 2 t, 2 t + 1.
+template <int KV>
+__device__ __forceinline__ void dmma_16x8(double (&d)[4], const double (&a)[2 * KV],
+                                          const double (&b)[KV]) {
+  if constexpr (KV == 1)
+    asm("mma.sync.aligned.m16n8k4.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+        "{%0, %1, %2, %3};"
+        : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+        : "d"(a[0]), "d"(a[1]), "d"(b[0]));
+  else if constexpr (KV == 2)
+    asm("mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+        : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(b[0]), "d"(b[1]));
+  else
+    asm("mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7, %8, %9, %10, %11}, {%12, %13, %14, %15}, {%0, %1, %2, %3};"
+        : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+        : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]), "d"(a[6]), "d"(a[7]),
+          "d"(b[0]), "d"(b[1]), "d"(b[2]), "d"(b[3]));
+}
 
-  uint4 pre[PER];
-  auto load = [&](int k0) {
+template <int TM, int TE, int KV>
+__global__ void __launch_bounds__(256) router_tiled_kernel(const RouterArgs a) {
+  constexpr int WM = TM / 32, WE = TE / 32;
+  static_assert(WM * WE == 8, "8 warps of 32 rows x 32 experts");
+  static_assert(KV == 1 || KV == 2 || KV == 4, "m16n8k4 / k8 / k16");
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int e0 = blockIdx.x * TE, m0 = blockIdx.y * TM;
+  const int wr = m0 + 32 * (warp / WE), we = e0 + 32 * (warp % WE);
+  router_prologue(a, 0, 0, 0, 0);  // prefill: no prefetch
+  // x rows 8 i + g (i = 2 m + h: m16 tile m, half h), experts 8 j + g, k = 8 t .. 8 t + 7.
+  const __nv_bfloat16* xp[4];
+  const uint16_t* gp[4];
 #pragma unroll
-    for (int q = 0; q < PER; ++q) {
-      const int i = tid + 256 * q;
-      const bool is_x = i < TM * (KC / 8);
-      const int idx = is_x ? i : i - TM * (KC / 8);
-      const int r = idx / (KC / 8), v = idx % (KC / 8);
-      const int grow = (is_x ? m0 : e0) + r;
-      pre[q] = make_uint4(0, 0, 0, 0);
-      if (i < LOADS && grow < (is_x ? a.m : a.n_experts)) {
-        pre[q] =
-            is_x
-                ? *reinterpret_cast<const uint4*>(a.x + size_t(grow) * a.dim + k0 + 8 * v)
-                : __ldg(reinterpret_cast<const uint4*>(a.gate + size_t(grow) * a.dim + k0 + 8 * v));
-      }
+  for (int i = 0; i < 4; ++i) {
+    const int r = wr + 8 * i + g, e = we + 8 * i + g;
+    xp[i] = r < a.m ? a.x + size_t(r) * a.dim + 8 * t : nullptr;
+    gp[i] = e < a.n_experts ? a.gate + size_t(e) * a.dim + 8 * t : nullptr;
+  }
+  uint4 xv[4], gv[4];
+  auto load = [&](int k) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      xv[i] = xp[i] ? *reinterpret_cast<const uint4*>(xp[i] + k) : make_uint4(0, 0, 0, 0);
+      gv[i] = gp[i] ? __ldg(reinterpret_cast<const uint4*>(gp[i] + k)) : make_uint4(0, 0, 0, 0);
     }
   };
+  auto elem = [](const uint4& v, int h) {  // BF16 element h (a constant once unrolled)
+    const uint32_t w = (&v.x)[h / 2];
+    return bf16_double(h % 2 ? w >> 16 : w & 0xffffu);
+  };
+  double c[2][4][4];
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) c[m][j][q] = 0.0;
   load(0);
-  for (int k0 = 0; k0 < a.dim; k0 += KC) {
-    __syncthreads();
+  for (int k0 = 0; k0 < a.dim; k0 += 32) {
+    const uint4 xc[4] = {xv[0], xv[1], xv[2], xv[3]};
+    const uint4 gc[4] = {gv[0], gv[1], gv[2], gv[3]};
+    if (k0 + 32 < a.dim) load(k0 + 32);
+      // Step s feeds the lane's elements s .. s + KV - 1 as k indices t, t + 4, ...: every k of
+      // the block once, the same bijection for x and the gate.
 #pragma unroll
-    for (int q = 0; q < PER; ++q) {
-      const int i = tid + 256 * q;
-      if (i >= LOADS) continue;
-      const bool is_x = i < TM * (KC / 8);
-      const int idx = is_x ? i : i - TM * (KC / 8);
-      const int r = idx / (KC / 8), v = idx % (KC / 8);
-      const uint32_t h[4] = {pre[q].x, pre[q].y, pre[q].z, pre[q].w};
+    for (int s = 0; s < 8; s += KV) {
+      double av[2][2 * KV], bv[4][KV];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const double lo = bf16_double(h[j] & 0xffffu), hi = bf16_double(h[j] >> 16);
-        if (is_x) {
-          xs[8 * v + 2 * j][r] = lo;
-          xs[8 * v + 2 * j + 1][r] = hi;
-        } else {
-          ws[8 * v + 2 * j][r] = lo;
-          ws[8 * v + 2 * j + 1][r] = hi;
+      for (int q = 0; q < KV; ++q) {
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          av[m][2 * q] = elem(xc[2 * m], s + q);
+          av[m][2 * q + 1] = elem(xc[2 * m + 1], s + q);
         }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) bv[j][q] = elem(gc[j], s + q);
       }
-    }
-    __syncthreads();
-    if (k0 + KC < a.dim) load(k0 + KC);
 #pragma unroll
-    for (int kk = 0; kk < KC; kk += 4) {
-      double av[4], bv[2];
+      for (int m = 0; m < 2; ++m)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) av[i] = xs[kk + t][wr + 8 * i + g];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) bv[j] = ws[kk + t][we + 8 * j + g];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) dmma_8x8x4(c[i][j][0], c[i][j][1], av[i], bv[j]);
+        for (int j = 0; j < 4; ++j) dmma_16x8<KV>(c[m][j], av[m], bv[j]);
     }
   }
   quant_rows_share(a, m0, min(TM, a.m - m0));
-  // Accumulator c[i][j][h]: row 8 i + g, expert 8 j + 2 t + h of the warp's tile.
+  // Accumulator c[m][j][q]: row 16 m + g (+ 8 for q >= 2), expert 8 j + 2 t + q % 2.
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
+  for (int m = 0; m < 2; ++m)
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
+    for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int mm = m0 + wr + 8 * i + g, e = e0 + we + 8 * j + 2 * t + h;
-        if (mm < a.m && e < a.n_experts) store_logit(a, mm, e, c[i][j][h]);
+      for (int q = 0; q < 4; ++q) {
+        const int mm = wr + 16 * m + g + 8 * (q / 2), e = we + 8 * j + 2 * t + q % 2;
+        if (mm < a.m && e < a.n_experts) store_logit(a, mm, e, c[m][j][q]);
       }
 }
 
@@ -798,7 +816,8 @@ RouterPath router_path_choice(int m, RouterPath requested) {
                "kernel takes up to ", kRouterGemvRows, " rows, not ", m);
     return requested;
   }
-  return m <= kRouterAutoGemvRows ? RouterPath::kGemv : RouterPath::kMma;
+  if (m <= kRouterAutoGemvRows) return RouterPath::kGemv;
+  return m > kRouterAutoMmaRows ? RouterPath::kTiled : RouterPath::kMma;
 }
 
 std::string router_kernel_name(int m, RouterPath requested) {
@@ -812,7 +831,7 @@ std::string router_kernel_name(int m, RouterPath requested) {
     case RouterPath::kMma:
       return cat("router_mma<", 8 * router_mma_tile(m).x, "x", 8 * router_mma_tile(m).y, ">");
     default:
-      return "router_tiled<64,64>";
+      return "router_tiled<64,128>";
   }
 }
 
@@ -857,7 +876,7 @@ void launch_router(const LaunchCtx& c, const MoeDeviceWeights& w, const MoeArgs&
     default: {
       constexpr int TM = kRouterTileM, TE = kRouterTileE;
       const dim3 grid((w.n_experts + TE - 1) / TE, (a.m + TM - 1) / TM);
-      launch_kernel(c, router_tiled_kernel<TM, TE>, grid, dim3(256), 0, r);
+      launch_kernel(c, router_tiled_kernel<TM, TE, kRouterTiledKv>, grid, dim3(256), 0, r);
     }
   }
 }
