@@ -831,7 +831,7 @@ std::string router_kernel_name(int m, RouterPath requested) {
     case RouterPath::kMma:
       return cat("router_mma<", 8 * router_mma_tile(m).x, "x", 8 * router_mma_tile(m).y, ">");
     default:
-      return "router_tiled<64,128>";
+      return cat("router_tiled<", kRouterTileM, ",", kRouterTileE, ">");
   }
 }
 
