@@ -120,7 +120,6 @@ constexpr int kRouterAutoGemvRows = 2;
 constexpr int kRouterAutoMmaRows = 2048;
 constexpr int kRouterCluster = 4;
 constexpr int kRouterTileM = 64, kRouterTileE = 128;  // the tiled kernel's CTA tile
-constexpr int kRouterTiledKv = 4;                     // its MMA: m16n8k16 (k = 4 KV)
 
 // ---- routing / grouping ----------------------------------------------------------------------
 constexpr int kMaxExperts = 1024;  // plan kernel: one thread per expert

@@ -351,11 +351,24 @@ __global__ void __cluster_dims__(1, 1, kRouterCluster) __launch_bounds__(256)
   cluster.sync();  // no CTA leaves while another still reads its s_cta
 }
 
+// fp64 tensor-core MMA m16n8k16 (sm_90; the m8n8k4 shape runs at half the fp64 tensor rate):
+// D[16 rows][8 experts] += A B. Lane (g, t) holds A rows g (a[2 q]) and g + 8 (a[2 q + 1]) and B
+// column g (b[q]) at k index t + 4 q; D rows g (d[0], d[1]) and g + 8 (d[2], d[3]), columns 2 t,
+// 2 t + 1.
+__device__ __forceinline__ void dmma_16x8x16(double (&d)[4], const double (&a)[8],
+                                             const double (&b)[4]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7, %8, %9, %10, %11}, {%12, %13, %14, %15}, {%0, %1, %2, %3};"
+      : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+      : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]), "d"(a[6]), "d"(a[7]),
+        "d"(b[0]), "d"(b[1]), "d"(b[2]), "d"(b[3]));
+}
+
 // Prefill (TM rows x TE experts per CTA) on fp64 tensor cores, straight from registers (no
 // shared memory, no barriers): warp w owns rows 32 (w / WE) .. +31 and experts 32 (w % WE) ..
-// +31, 2 x 4 m16n8k(4 KV) tiles. Per 32-wide k-block lane (g, t) loads 8 consecutive k of x rows
-// 8 i + g and of experts 8 j + g; step s feeds elements s .. s + KV - 1 as the MMA's k indices
-// t, t + 4, ... (router_mma_kernel's bijection, both operands alike); each BF16 value is
+// +31, 2 x 4 m16n8k16 tiles. Per 32-wide k-block lane (g, t) loads 8 consecutive k of x rows
+// 8 i + g and of experts 8 j + g; step s feeds elements s .. s + 3 as the MMA's k indices
+// t, t + 4, t + 8, t + 12 (router_mma_kernel's bijection, both operands alike); each BF16 value is
 // converted once per warp and used by 4 (x) or 2 (gate) MMAs. The next k-block's 8 loads are in
 // flight while this one is multiplied; the warps of a CTA share x and gate rows through L1.
 // Every output is summed over K in order by one warp (no K splits, no partials).
@@ -364,35 +377,10 @@ __global__ void __cluster_dims__(1, 1, kRouterCluster) __launch_bounds__(256)
 // loads and two barriers per k chunk); from registers with m8n8k4 391 us (m8n8k4 runs at half
 // of sm_90's fp64 tensor rate: one CTA alone took 296 us), m16n8k4 317, m16n8k8 293, m16n8k16
 // 291 (Pro 878, router_mma 1121).
-// fp64 tensor-core MMA m16n8kK (K = 4 KV; sm_90's shapes): D[16 rows][8 experts] += A B. Lane
-// (g, t) holds A rows g (a[2q]) and g + 8 (a[2q + 1]) and B column g (b[q]) at k index t + 4 q;
-// D rows g (d[0], d[1]) and g + 8 (d[2], d[3]), columns 2 t, 2 t + 1.
-template <int KV>
-__device__ __forceinline__ void dmma_16x8(double (&d)[4], const double (&a)[2 * KV],
-                                          const double (&b)[KV]) {
-  if constexpr (KV == 1)
-    asm("mma.sync.aligned.m16n8k4.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
-        "{%0, %1, %2, %3};"
-        : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
-        : "d"(a[0]), "d"(a[1]), "d"(b[0]));
-  else if constexpr (KV == 2)
-    asm("mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};"
-        : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
-        : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(b[0]), "d"(b[1]));
-  else
-    asm("mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7, %8, %9, %10, %11}, {%12, %13, %14, %15}, {%0, %1, %2, %3};"
-        : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
-        : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]), "d"(a[6]), "d"(a[7]),
-          "d"(b[0]), "d"(b[1]), "d"(b[2]), "d"(b[3]));
-}
-
-template <int TM, int TE, int KV>
+template <int TM, int TE>
 __global__ void __launch_bounds__(256) router_tiled_kernel(const RouterArgs a) {
   constexpr int WM = TM / 32, WE = TE / 32;
   static_assert(WM * WE == 8, "8 warps of 32 rows x 32 experts");
-  static_assert(KV == 1 || KV == 2 || KV == 4, "m16n8k4 / k8 / k16");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int e0 = blockIdx.x * TE, m0 = blockIdx.y * TM;
   const int wr = m0 + 32 * (warp / WE), we = e0 + 32 * (warp % WE);
@@ -430,13 +418,13 @@ __global__ void __launch_bounds__(256) router_tiled_kernel(const RouterArgs a) {
     const uint4 xc[4] = {xv[0], xv[1], xv[2], xv[3]};
     const uint4 gc[4] = {gv[0], gv[1], gv[2], gv[3]};
     if (k0 + 32 < a.dim) load(k0 + 32);
-      // Step s feeds the lane's elements s .. s + KV - 1 as k indices t, t + 4, ...: every k of
+#pragma unroll
+    for (int s = 0; s < 8; s += 4) {
+      // Elements s .. s + 3 of the lane's 8 as k indices t, t + 4, t + 8, t + 12: every k of
       // the block once, the same bijection for x and the gate.
+      double av[2][8], bv[4][4];
 #pragma unroll
-    for (int s = 0; s < 8; s += KV) {
-      double av[2][2 * KV], bv[4][KV];
-#pragma unroll
-      for (int q = 0; q < KV; ++q) {
+      for (int q = 0; q < 4; ++q) {
 #pragma unroll
         for (int m = 0; m < 2; ++m) {
           av[m][2 * q] = elem(xc[2 * m], s + q);
@@ -448,7 +436,7 @@ __global__ void __launch_bounds__(256) router_tiled_kernel(const RouterArgs a) {
 #pragma unroll
       for (int m = 0; m < 2; ++m)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) dmma_16x8<KV>(c[m][j], av[m], bv[j]);
+        for (int j = 0; j < 4; ++j) dmma_16x8x16(c[m][j], av[m], bv[j]);
     }
   }
   quant_rows_share(a, m0, min(TM, a.m - m0));
@@ -876,7 +864,7 @@ void launch_router(const LaunchCtx& c, const MoeDeviceWeights& w, const MoeArgs&
     default: {
       constexpr int TM = kRouterTileM, TE = kRouterTileE;
       const dim3 grid((w.n_experts + TE - 1) / TE, (a.m + TM - 1) / TM);
-      launch_kernel(c, router_tiled_kernel<TM, TE, kRouterTiledKv>, grid, dim3(256), 0, r);
+      launch_kernel(c, router_tiled_kernel<TM, TE>, grid, dim3(256), 0, r);
     }
   }
 }
