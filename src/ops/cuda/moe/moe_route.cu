@@ -40,6 +40,12 @@ __device__ __forceinline__ double bf16_double(uint32_t bits16) {
   return double(__uint_as_float(bits16 << 16));
 }
 
+// BF16 element h (0..7; a constant once unrolled) of 8 packed in a 16-byte load, as a double.
+__device__ __forceinline__ double bf16_elem_double(const uint4& v, int h) {
+  const uint32_t w = (&v.x)[h / 2];
+  return bf16_double(h % 2 ? w >> 16 : w & 0xffffu);
+}
+
 // The score of a logit in cpu::moe_route's fp32 formula, each fp32 operation correctly rounded
 // (exp and log1p in double, then rounded): sqrt(softplus(l)), softplus(l) = l for l > 20 (the
 // reference's threshold), else log1p(exp(l)); or sigmoid(l) = 1 / (1 + exp(-l)).
@@ -190,15 +196,9 @@ __global__ void __launch_bounds__(256) router_gemv_kernel(const RouterArgs a) {
       for (int h = 0; h < 8; ++h) {
         double xd[RT], gd[TE];
 #pragma unroll
-        for (int i = 0; i < RT; ++i) {
-          const uint32_t w = (&xv[u][i].x)[h / 2];
-          xd[i] = bf16_double(h % 2 ? w >> 16 : w & 0xffffu);
-        }
+        for (int i = 0; i < RT; ++i) xd[i] = bf16_elem_double(xv[u][i], h);
 #pragma unroll
-        for (int j = 0; j < TE; ++j) {
-          const uint32_t w = (&gv[u][j].x)[h / 2];
-          gd[j] = bf16_double(h % 2 ? w >> 16 : w & 0xffffu);
-        }
+        for (int j = 0; j < TE; ++j) gd[j] = bf16_elem_double(gv[u][j], h);
 #pragma unroll
         for (int i = 0; i < RT; ++i)
 #pragma unroll
@@ -307,15 +307,9 @@ __global__ void __cluster_dims__(1, 1, kRouterCluster) __launch_bounds__(256)
       for (int h = 0; h < 8; ++h) {
         double av[MT], bv[NT];
 #pragma unroll
-        for (int i = 0; i < MT; ++i) {
-          const uint32_t w = (&xv[u][i].x)[h / 2];
-          av[i] = bf16_double(h % 2 ? w >> 16 : w & 0xffffu);
-        }
+        for (int i = 0; i < MT; ++i) av[i] = bf16_elem_double(xv[u][i], h);
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          const uint32_t w = (&gv[u][j].x)[h / 2];
-          bv[j] = bf16_double(h % 2 ? w >> 16 : w & 0xffffu);
-        }
+        for (int j = 0; j < NT; ++j) bv[j] = bf16_elem_double(gv[u][j], h);
 #pragma unroll
         for (int i = 0; i < MT; ++i)
 #pragma unroll
@@ -402,17 +396,7 @@ __global__ void __launch_bounds__(256) router_tiled_kernel(const RouterArgs a) {
       gv[i] = gp[i] ? __ldg(reinterpret_cast<const uint4*>(gp[i] + k)) : make_uint4(0, 0, 0, 0);
     }
   };
-  auto elem = [](const uint4& v, int h) {  // BF16 element h (a constant once unrolled)
-    const uint32_t w = (&v.x)[h / 2];
-    return bf16_double(h % 2 ? w >> 16 : w & 0xffffu);
-  };
-  double c[2][4][4];
-#pragma unroll
-  for (int m = 0; m < 2; ++m)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) c[m][j][q] = 0.0;
+  double c[2][4][4] = {};
   load(0);
   for (int k0 = 0; k0 < a.dim; k0 += 32) {
     const uint4 xc[4] = {xv[0], xv[1], xv[2], xv[3]};
@@ -427,11 +411,11 @@ __global__ void __launch_bounds__(256) router_tiled_kernel(const RouterArgs a) {
       for (int q = 0; q < 4; ++q) {
 #pragma unroll
         for (int m = 0; m < 2; ++m) {
-          av[m][2 * q] = elem(xc[2 * m], s + q);
-          av[m][2 * q + 1] = elem(xc[2 * m + 1], s + q);
+          av[m][2 * q] = bf16_elem_double(xc[2 * m], s + q);
+          av[m][2 * q + 1] = bf16_elem_double(xc[2 * m + 1], s + q);
         }
 #pragma unroll
-        for (int j = 0; j < 4; ++j) bv[j][q] = elem(gc[j], s + q);
+        for (int j = 0; j < 4; ++j) bv[j][q] = bf16_elem_double(gc[j], s + q);
       }
 #pragma unroll
       for (int m = 0; m < 2; ++m)
