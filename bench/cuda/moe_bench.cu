@@ -3,7 +3,7 @@
 // w2; dequantised = BF16 weights of the same shapes; GEMMs only, no routing/SwiGLU), in the
 // same run. Shapes: V4-Flash (256 experts, top-6, dim 4096, inter 2048), V4-Pro (384, top-6,
 // 7168, 3072) as real_config.h reads them, and the golden sets' expert counts (tiny-flash 16 /
-// top-4, tiny-pro 24 / top-6, at their dim 256 / inter 128), tokens per layer M = 1 to 4096; MXFP4
+// top-4, tiny-pro 24 / top-6, at their dim 256 / inter 128), tokens per layer M = 1 to 8192; MXFP4
 // and NVFP4.
 //
 // Lines (bench_util.h JSON): moe_layer_<fmt> (all stages), launch_floor (as many empty
@@ -18,7 +18,7 @@
 // FLOPs = 2 * unique (token, expert) pairs * 3 * dim * inter; ceiling: BF16 tensor rate.
 //
 // Usage: moe_bench [filter ...]; filters name configs (flash, pro, golden16, golden24), formats
-// (mxfp4, nvfp4) or token counts (m1 ... m4096, or "decode": up to 128). A case runs when, for
+// (mxfp4, nvfp4) or token counts (m1 ... m8192, or "decode": up to 128). A case runs when, for
 // each of the three kinds that any filter names, one of those filters names it ("flash nvfp4
 // m512 m1024": both token counts of Flash NVFP4). An unknown filter is an error.
 #include <cublas_v2.h>
@@ -403,7 +403,7 @@ int main(int argc, char** argv) {
   try {
     std::vector<std::string> filters(argv + 1, argv + argc);
     const std::vector<Config> configs = moe_configs();
-    const std::vector<int> ms = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096};
+    const std::vector<int> ms = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
     for (const std::string& f : filters) {
       bool known = f == "mxfp4" || f == "nvfp4" || f == "decode";
       for (const Config& c : configs) known |= f == c.name;
