@@ -36,14 +36,10 @@ struct RouterArgs {
   int32_t* counters;
 };
 
-__device__ __forceinline__ double bf16_double(uint32_t bits16) {
-  return double(__uint_as_float(bits16 << 16));
-}
-
 // BF16 element h (0..7; a constant once unrolled) of 8 packed in a 16-byte load, as a double.
 __device__ __forceinline__ double bf16_elem_double(const uint4& v, int h) {
   const uint32_t w = (&v.x)[h / 2];
-  return bf16_double(h % 2 ? w >> 16 : w & 0xffffu);
+  return double(h % 2 ? num::bf16_hi(w) : num::bf16_lo(w));
 }
 
 // The score of a logit in cpu::moe_route's fp32 formula, each fp32 operation correctly rounded
