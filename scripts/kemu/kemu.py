@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CUDA_INCLUDE = "/usr/local/cuda/include"
+TSAN = False  # --tsan: kernels and tests under ThreadSanitizer, barriers as its only sync
 REPO = os.path.dirname(os.path.dirname(HERE))
 
 # Sources the emulator cannot compile (CUTLASS kernels; cuBLAS and CUB users): the entry points
@@ -271,8 +272,8 @@ def shadow(tree, out):
 # Build
 
 
-def flags(root):
-    f = ["-std=c++20", "-O2", "-g0", "-fno-pie", "-w", "-pthread",
+def flags(root, instrument=True):
+    f = ["-std=c++20", "-O2", "-g0", "-w", "-pthread",
          "-ffp-contract=off", "-fno-fast-math", "-fno-strict-aliasing",
          "-include", os.path.join(HERE, "kemu.h"),
          "-I", os.path.join(HERE, "override")]
@@ -282,6 +283,8 @@ def flags(root):
     # DSV4_HAVE_CUTLASS: the wgmma kernels need only the PTX layer, which override/ replaces.
     f += ["-isystem", CUDA_INCLUDE, "-DGTEST_HAS_PTHREAD=1", "-DDSV4_HAVE_CUTLASS=1",
           f'-DDSV4_SOURCE_DIR="{REPO}"']
+    if TSAN:
+        f += ["-DKEMU_TSAN"] + (["-fsanitize=thread", "-O1", "-g"] if instrument else [])
     return f
 
 
@@ -289,16 +292,16 @@ def compile_unit(root, src, objdir):
     """One object; its name carries a hash of the preprocessed unit, so edits anywhere rebuild."""
     base = os.path.relpath(src, root).replace("/", "_") if src.startswith(root) else \
         os.path.basename(src)
-    pp = subprocess.run(["g++"] + flags(root) + ["-E", "-x", "c++", src], capture_output=True,
-                        text=True)
+    fl = flags(root, instrument=os.path.basename(src) != "rt.cpp")  # the runtime stays plain
+    pp = subprocess.run(["g++"] + fl + ["-E", "-x", "c++", src], capture_output=True, text=True)
     if pp.returncode:
         sys.stderr.write(pp.stderr[:6000])
         raise SystemExit(f"kemu: cannot preprocess {src}")
-    key = hashlib.sha1(pp.stdout.encode()).hexdigest()[:16]
+    key = hashlib.sha1((pp.stdout + " ".join(fl)).encode()).hexdigest()[:16]
     obj = os.path.join(objdir, f"{base}.{key}.o")
     if os.path.exists(obj):
         return obj
-    r = subprocess.run(["g++"] + flags(root) + ["-x", "c++", "-c", src, "-o", obj],
+    r = subprocess.run(["g++"] + fl + ["-x", "c++", "-c", src, "-o", obj],
                        capture_output=True, text=True)
     if r.returncode:
         sys.stderr.write(f"== {src}\n{r.stderr[:6000]}\n")
@@ -343,9 +346,9 @@ def build(tests, cpu_build, out, jobs):
             raise SystemExit(f"kemu: {lib} missing: build the CPU tree first (README set-up)")
     bins = {}
     for t, obj in zip(tests, objs[len(units):]):
-        exe = os.path.join(out, t)
-        cmd = ["g++", "-no-pie", "-pthread", "-o", exe, obj] + common + ["-Wl,--start-group"] + \
-            libs + ["-Wl,--end-group", "-lgtest"]
+        exe = os.path.join(out, t + ("_tsan" if TSAN else ""))
+        cmd = ["g++", "-pthread"] + (["-fsanitize=thread"] if TSAN else []) + ["-o", exe, obj] + \
+            common + ["-Wl,--start-group"] + libs + ["-Wl,--end-group", "-lgtest"]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
             missing = sorted(set(re.findall(r"undefined reference to `([^']+)'", r.stderr)))
@@ -389,6 +392,9 @@ def main():
     ap.add_argument("tests", nargs="*", help="test names (tests/cuda/NAME.cpp)")
     ap.add_argument("--cases", help="a file of 'TEST REGEX' lines: run those cases, one process each")
     ap.add_argument("--cuda-include", default="/usr/local/cuda/include")
+    ap.add_argument("--tsan", action="store_true",
+                    help="ThreadSanitizer over the kernels: races between CUDA threads that no\n"
+                         "barrier, collective or mbarrier orders (racecheck's class)")
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--each", action="store_true", help="one process per test case")
     ap.add_argument("--match", default=".", help="with --each: cases matching this regex")
@@ -397,8 +403,9 @@ def main():
     ap.add_argument("--out", default=os.path.join(REPO, "build-kemu"))
     ap.add_argument("-j", type=int, default=os.cpu_count() or 2)
     args, extra = ap.parse_known_args()
-    global CUDA_INCLUDE
+    global CUDA_INCLUDE, TSAN
     CUDA_INCLUDE = args.cuda_include
+    TSAN = args.tsan
     if not os.path.exists(os.path.join(CUDA_INCLUDE, "cuda_runtime.h")):
         print(f"kemu: no CUDA headers at {CUDA_INCLUDE}: skipped")
         return 77

@@ -8,6 +8,38 @@
 #include <vector>
 
 #include <cuda.h>
+
+// KEMU_TSAN (kemu.py --tsan): the kernels are built with ThreadSanitizer and every CUDA thread is a
+// TSan fiber switched without synchronisation, so the only happens-before edges between threads
+// are the ones annotated below at barriers, warp collectives, mbarriers and the cluster barrier:
+// TSan then reports what compute-sanitizer's racecheck would (this file itself is not
+// instrumented; its own bookkeeping copies are hidden from TSan).
+#ifdef KEMU_TSAN
+#include <sanitizer/tsan_interface.h>
+extern "C" void AnnotateIgnoreReadsBegin(const char* f, int l);
+extern "C" void AnnotateIgnoreReadsEnd(const char* f, int l);
+extern "C" void AnnotateIgnoreWritesBegin(const char* f, int l);
+extern "C" void AnnotateIgnoreWritesEnd(const char* f, int l);
+#define KEMU_RELEASE(a) __tsan_release((void*)(a))
+#define KEMU_ACQUIRE(a) __tsan_acquire((void*)(a))
+#define KEMU_SWITCH_TSAN(fiber) __tsan_switch_to_fiber((fiber), __tsan_switch_to_fiber_no_sync)
+#define KEMU_HIDE_BEGIN()                          \
+  do {                                             \
+    AnnotateIgnoreReadsBegin(__FILE__, __LINE__);  \
+    AnnotateIgnoreWritesBegin(__FILE__, __LINE__); \
+  } while (0)
+#define KEMU_HIDE_END()                          \
+  do {                                           \
+    AnnotateIgnoreWritesEnd(__FILE__, __LINE__); \
+    AnnotateIgnoreReadsEnd(__FILE__, __LINE__);  \
+  } while (0)
+#else
+#define KEMU_RELEASE(a) (void)(a)
+#define KEMU_ACQUIRE(a) (void)(a)
+#define KEMU_SWITCH_TSAN(fiber) (void)(fiber)
+#define KEMU_HIDE_BEGIN() (void)0
+#define KEMU_HIDE_END() (void)0
+#endif
 #include <sys/mman.h>
 
 #include "kemu.h"
@@ -84,7 +116,14 @@ namespace {
 constexpr size_t kArena = 512 * 1024;  // a CTA's shared memory: dynamic at 0, then the statics
 constexpr size_t kMaxCtas = 16;        // CTAs of a cluster running together
 constexpr size_t kDynMax = 232448;
-alignas(4096) uint8_t g_arenas[kMaxCtas][kArena];
+alignas(4096) uint8_t g_static_arenas[kMaxCtas * kArena];
+// The cluster's arenas. Under KEMU_TSAN a fresh allocation for every cluster: TSan forgets the
+// last CTA's accesses to freed memory, so a CTA's shared memory has no history from the one
+// before it (reused memory would read as races between CTAs).
+uint8_t* g_arena_base = g_static_arenas;
+uint8_t* arena(int c) {
+  return g_arena_base + size_t(c) * kArena;
+}
 constexpr size_t kStackBytes = 512 * 1024;
 
 struct Bar {
@@ -111,6 +150,7 @@ struct Fiber {
   uint64_t cluster_gen = 0;  // the cluster barrier phase this thread arrived at
   std::vector<std::vector<Copy>> groups;
   std::vector<Copy> open;
+  void* tsan = nullptr;  // KEMU_TSAN: the fiber's TSan context, kept across blocks
 };
 
 struct MBar {
@@ -145,6 +185,8 @@ size_t g_stack_count = 0;
 Fiber* g_cur = nullptr;
 void* g_sched_sp = nullptr;
 const Body* g_body = nullptr;
+void* g_host_tsan = nullptr;     // KEMU_TSAN: the launching thread's context
+char g_grid_start, g_grid_done;  // happens-before from the host into the grid and back
 std::recursive_mutex g_launch_m;
 dim3 g_cluster_dims(1, 1, 1);
 bool g_restart = false;
@@ -160,11 +202,16 @@ void do_copy(const Copy& c) {
     std::memset(static_cast<uint8_t*>(c.dst) + c.src_bytes, 0, size_t(c.bytes - c.src_bytes));
 }
 
+void to_scheduler(Fiber& f) {
+  KEMU_SWITCH_TSAN(g_host_tsan);
+  kemu_switch(&f.sp, g_sched_sp);
+}
+
 void yield_until_changed(const uint64_t* word, uint64_t val) {
   g_cur->state = St::kWaiting;
   g_cur->wait_word = word;
   g_cur->wait_val = val;
-  kemu_switch(&g_cur->sp, g_sched_sp);
+  to_scheduler(*g_cur);
 }
 
 void release(Bar& b) {
@@ -174,12 +221,14 @@ void release(Bar& b) {
 
 // Arrive; release everyone once `need` have arrived.
 void arrive_wait(Bar& b, int need, bool wait) {
+  KEMU_RELEASE(&b);
   const uint64_t g = b.gen;
   if (++b.arrived >= need) {
     release(b);
-    return;
+  } else if (wait) {
+    yield_until_changed(&b.gen, g);
   }
-  if (wait) yield_until_changed(&b.gen, g);
+  if (wait) KEMU_ACQUIRE(&b);
 }
 
 void release_if_complete(Bar& b, int need) {
@@ -205,10 +254,16 @@ int wg_live(const Block& B, int wg) {
 }
 
 [[noreturn]] void fiber_entry() {
+  KEMU_ACQUIRE(&g_grid_start);
   (*g_body)();
   Fiber& f = *g_cur;
   cp_async_all(f);
+  KEMU_RELEASE(&g_grid_done);
   Block& B = g_blocks[f.cta];
+  // An exited thread counts as arrived at the barriers the others wait at.
+  KEMU_RELEASE(&B.sync);
+  KEMU_RELEASE(&B.warp[f.ctx.linear / 32]);
+  KEMU_RELEASE(&g_cluster_bar);
   --B.live;
   --g_cluster_live;
   const int w = f.ctx.linear / 32;
@@ -218,7 +273,7 @@ int wg_live(const Block& B, int wg) {
   release_if_complete(B.wg[w / 4], wg_live(B, w / 4));
   release_if_complete(g_cluster_bar, g_cluster_live);
   f.state = St::kDone;
-  kemu_switch(&f.sp, g_sched_sp);
+  to_scheduler(f);
   std::abort();
 }
 
@@ -251,7 +306,7 @@ void mbar_check(MBar& m) {
 
 // ---- shared memory ----
 uint8_t* dyn_smem() {
-  return g_arenas[g_cur ? g_cur->cta : 0];
+  return arena(g_cur ? g_cur->cta : 0);
 }
 void* static_smem(const void* key, size_t bytes, size_t align) {
   auto it = g_static_off.find(key);
@@ -262,16 +317,19 @@ void* static_smem(const void* key, size_t bytes, size_t align) {
     off = (g_static_end + align - 1) / align * align;
     g_static_end = off + bytes;
     if (g_static_end > kArena) fail("static shared memory beyond the emulator's arena");
-    std::memset(&g_arenas[0][0] + off, 0xff, bytes);
-    for (int c = 1; c < g_ctas; ++c) std::memset(g_arenas[c] + off, 0xff, bytes);
+    KEMU_HIDE_BEGIN();
+    for (int c = 0; c < g_ctas; ++c) {
+      std::memset(arena(c) + off, 0xff, bytes);
+    }
+    KEMU_HIDE_END();
     g_static_off.emplace(key, off);
   }
-  return g_arenas[g_cur->cta] + off;
+  return arena(g_cur->cta) + off;
 }
 uint32_t smem_addr(const void* p) {
   const uint8_t* q = static_cast<const uint8_t*>(p);
-  const uint8_t* base = &g_arenas[0][0];
-  if (q < base || q >= base + sizeof(g_arenas))
+  const uint8_t* base = g_arena_base;
+  if (q < base || q >= base + kMaxCtas * kArena)
     fail("shared-memory address of a non-shared pointer");
   const size_t d = size_t(q - base);
   if (d / kArena != size_t(g_cur->cta)) fail("shared::cta address of another CTA's memory");
@@ -282,16 +340,16 @@ void* smem_ptr(uint32_t a) {
   const int cta = rank ? int(rank) - 1 : g_cur->cta;
   if (cta >= g_ctas) fail("DSMEM rank outside the cluster");
   if ((a & 0xFFFFF) >= kArena) fail("shared address beyond the arena");
-  return g_arenas[cta] + (a & 0xFFFFF);
+  return arena(cta) + (a & 0xFFFFF);
 }
 uint32_t map_rank(uint32_t a, uint32_t rank) {
   return (a & 0xFFFFF) | ((rank + 1) << 20);
 }
 void* map_rank_ptr(const void* p, unsigned rank) {
   const uint8_t* q = static_cast<const uint8_t*>(p);
-  const size_t d = size_t(q - &g_arenas[0][0]);
+  const size_t d = size_t(q - g_arena_base);
   if (rank >= unsigned(g_ctas)) fail("map_shared_rank outside the cluster");
-  return g_arenas[rank] + d % kArena;
+  return arena(int(rank)) + d % kArena;
 }
 
 // ---- barriers and collectives ----
@@ -312,19 +370,25 @@ void warp_gather(unsigned mask, const void* in, int bytes, uint8_t (*all)[64]) {
   const int w = t.linear / 32, l = t.linear % 32;
   const int need = std::popcount(mask & b.warp_live[w]);
   if (!((mask >> l) & 1u)) fail("warp collective from a lane outside its mask");
+  KEMU_HIDE_BEGIN();
   std::memcpy(b.slots[w][l], in, size_t(bytes));
+  KEMU_HIDE_END();
   arrive_wait(b.warp[w], need, true);
+  KEMU_HIDE_BEGIN();
   std::memcpy(all, b.slots[w], sizeof(b.slots[w]));
+  KEMU_HIDE_END();
   arrive_wait(b.warp[w], need, true);
 }
 
 void cluster_arrive() {
+  KEMU_RELEASE(&g_cluster_bar);
   g_cur->cluster_gen = g_cluster_bar.gen;
   arrive_wait(g_cluster_bar, g_cluster_live, false);
 }
 void cluster_wait() {
   if (g_cluster_bar.gen == g_cur->cluster_gen)
     yield_until_changed(&g_cluster_bar.gen, g_cur->cluster_gen);
+  KEMU_ACQUIRE(&g_cluster_bar);
 }
 unsigned cluster_rank() {
   return unsigned(g_cur->cta);
@@ -337,7 +401,7 @@ void cluster_dims_hint(unsigned x, unsigned y, unsigned z) {
   g_restart = true;
   g_restart_dims = dim3(x, y, z);
   g_cur->state = St::kDone;
-  kemu_switch(&g_cur->sp, g_sched_sp);
+  to_scheduler(*g_cur);
   std::abort();
 }
 
@@ -360,6 +424,7 @@ void mbar_init(uint64_t* bar, int count) {
   g_mbars[bar] = m;
 }
 void mbar_arrive(uint64_t* bar, int64_t tx_bytes) {
+  KEMU_RELEASE(bar);
   MBar& m = mbar(bar);
   m.tx += tx_bytes;
   --m.pending;
@@ -367,6 +432,7 @@ void mbar_arrive(uint64_t* bar, int64_t tx_bytes) {
   mbar_check(m);
 }
 void mbar_complete_tx(uint64_t* bar, int64_t bytes) {
+  KEMU_RELEASE(bar);
   MBar& m = mbar(bar);
   m.tx -= bytes;
   mbar_check(m);
@@ -374,7 +440,10 @@ void mbar_complete_tx(uint64_t* bar, int64_t bytes) {
 void mbar_wait(uint64_t* bar, uint32_t parity) {
   for (;;) {
     MBar& m = mbar(bar);
-    if ((m.phase & 1u) != (parity & 1u)) return;
+    if ((m.phase & 1u) != (parity & 1u)) {
+      KEMU_ACQUIRE(bar);
+      return;
+    }
     yield_until_changed(&m.phase, m.phase);
   }
 }
@@ -448,7 +517,9 @@ void wgmma(const WgmmaOp& op) {
     fail("wgmma: only 128-byte swizzled descriptors are emulated");
   Block& B = cur_block();
   const int wg = t.linear / 128, idx = t.linear % 128;
+  KEMU_HIDE_BEGIN();
   B.wg_ops[wg][idx] = op;
+  KEMU_HIDE_END();
   const int need = wg_live(B, wg);
   if (need != 128) fail("wgmma with a partial warpgroup");
   arrive_wait(B.wg[wg], need, true);
@@ -525,6 +596,12 @@ void run_grid(dim3 grid, dim3 block, size_t smem, dim3 cluster, cudaStream_t st,
   g_fibers.resize(total);
   for (size_t i = 0; i < total; ++i) g_fibers[i].stack = g_stacks + i * kStackBytes;
   g_body = &body;
+#ifdef KEMU_TSAN
+  g_host_tsan = __tsan_get_current_fiber();
+  for (size_t i = 0; i < total; ++i)
+    if (!g_fibers[i].tsan) g_fibers[i].tsan = __tsan_create_fiber(0);
+#endif
+  KEMU_RELEASE(&g_grid_start);
   g_ctas = cs;
   g_cluster_dims = cluster;
   g_static_off.clear();
@@ -535,6 +612,10 @@ void run_grid(dim3 grid, dim3 block, size_t smem, dim3 cluster, cudaStream_t st,
   for (uint64_t cl = 0; cl < clusters; ++cl) {
     const uint3 cid{unsigned(cl % cgrid.x), unsigned((cl / cgrid.x) % cgrid.y),
                     unsigned(cl / (uint64_t(cgrid.x) * cgrid.y))};
+#ifdef KEMU_TSAN
+    g_arena_base = static_cast<uint8_t*>(std::aligned_alloc(4096, size_t(cs) * kArena));
+    KEMU_RELEASE(&g_grid_start);  // the allocation happens before the cluster's accesses
+#endif
     g_mbars.clear();
     g_cluster_bar = Bar{};
     g_cluster_live = int(total);
@@ -550,7 +631,9 @@ void run_grid(dim3 grid, dim3 block, size_t smem, dim3 cluster, cudaStream_t st,
         const int lanes = std::clamp(n - 32 * w, 0, 32);
         B.warp_live[w] = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1u);
       }
-      std::memset(g_arenas[c], 0xff, g_static_end);  // poison: NaN in every float format
+      KEMU_HIDE_BEGIN();
+      std::memset(arena(c), 0xff, g_static_end);  // poison: NaN in every float format
+      KEMU_HIDE_END();
       const unsigned rx = unsigned(c) % cluster.x, ry = (unsigned(c) / cluster.x) % cluster.y,
                      rz = unsigned(c) / (cluster.x * cluster.y);
       const uint3 bid{cid.x * cluster.x + rx, cid.y * cluster.y + ry, cid.z * cluster.z + rz};
@@ -580,6 +663,7 @@ void run_grid(dim3 grid, dim3 block, size_t smem, dim3 cluster, cudaStream_t st,
         blockIdx = f.ctx.bid;
         blockDim = f.ctx.bdim;
         gridDim = f.ctx.gdim;
+        KEMU_SWITCH_TSAN(f.tsan);
         kemu_switch(&g_sched_sp, f.sp);
         g_cur = nullptr;
         progress = true;
@@ -596,6 +680,11 @@ void run_grid(dim3 grid, dim3 block, size_t smem, dim3 cluster, cudaStream_t st,
         fail("deadlock: every live thread waits at a barrier that cannot complete");
       }
     }
+#ifdef KEMU_TSAN
+    KEMU_ACQUIRE(&g_grid_done);  // every access of the cluster happens before the free
+    std::free(g_arena_base);
+    g_arena_base = g_static_arenas;
+#endif
     if (g_restart) {
       if (cl != 0) fail("cluster hint after the first cluster");
       g_body = nullptr;
@@ -605,6 +694,7 @@ void run_grid(dim3 grid, dim3 block, size_t smem, dim3 cluster, cudaStream_t st,
     }
   }
   g_body = nullptr;
+  KEMU_ACQUIRE(&g_grid_done);
   t = ThreadCtx{{}, {}, {}, {}, -1};
 }
 
