@@ -380,8 +380,10 @@ def each(exe, match, timeout, extra):
         why = ""
         if rc:
             bad += 1
-            lines = [x for x in text.splitlines() if "kemu:" in x or "Failure" in x]
-            why = " | ".join(lines[:2]) if lines else text.strip().splitlines()[-1:]
+            lines = [x for x in text.splitlines()
+                     if "kemu:" in x or "Failure" in x or "SUMMARY: ThreadSanitizer" in x]
+            tail = text.strip().splitlines()[-1:] or [""]
+            why = " | ".join(lines[:2]) if lines else tail[0]
         print(f"{c:64s} {'ok' if rc == 0 else 'rc=%d' % rc:7s} {time.time() - t0:7.1f}s {why}",
               flush=True)
     return bad
