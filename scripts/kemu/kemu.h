@@ -81,7 +81,6 @@ void mbar_init(uint64_t* bar, int count);
 void mbar_arrive(uint64_t* bar, int64_t tx_bytes);
 void mbar_complete_tx(uint64_t* bar, int64_t bytes);
 void mbar_wait(uint64_t* bar, uint32_t parity);
-bool mbar_test(uint64_t* bar, uint32_t parity);
 void cp_async_mbar_arrive(uint64_t* bar);
 void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar);
 struct WgmmaOp {
@@ -95,11 +94,6 @@ struct WgmmaOp {
   bool scale_d;
 };
 void wgmma(const WgmmaOp& op);
-struct TensorMap {
-  const void* base;
-  uint64_t dim0, dim1, stride1;
-  uint32_t box0, box1, esize, swizzle;
-};
 void tma_load_2d(const void* map, uint64_t* bar, void* dst, int c0, int c1);
 void cp_async(void* dst, const void* src, int bytes, int src_bytes);
 void cp_async_commit();
@@ -108,7 +102,6 @@ void cp_async_wait(int n);
 inline int lane() {
   return t.linear & 31;
 }
-void set_ctx(const ThreadCtx& c);
 
 template <typename T>
 T shfl_from(unsigned mask, T v, int src) {
@@ -117,6 +110,28 @@ T shfl_from(unsigned mask, T v, int src) {
   warp_gather(mask, &v, sizeof(T), all);
   T r;
   std::memcpy(&r, all[src], sizeof(T));
+  return r;
+}
+// __shfl_{xor,down,up}_sync: a source lane outside the caller's `width` segment reads its own v.
+template <typename T>
+T shfl_in_segment(unsigned mask, T v, int src, int width) {
+  const int l = lane();
+  return shfl_from(mask, v, (src & ~(width - 1)) == (l & ~(width - 1)) ? src : l);
+}
+// __reduce_*_sync: `op` over the values of the lanes in `mask`, in lane order.
+template <typename T, typename Op>
+T warp_reduce(unsigned mask, T v, Op op) {
+  uint8_t all[32][64];
+  warp_gather(mask, &v, sizeof(T), all);
+  bool first = true;
+  T r{};
+  for (int i = 0; i < 32; ++i)
+    if ((mask >> i) & 1u) {
+      T x;
+      std::memcpy(&x, all[i], sizeof(T));
+      r = first ? x : op(r, x);
+      first = false;
+    }
   return r;
 }
 
@@ -162,18 +177,6 @@ cudaError_t cudaOccupancyMaxActiveClusters(int* n, void (*f)(A...), const cudaLa
 inline void __syncthreads() {
   ::kemu::syncthreads();
 }
-inline int __syncthreads_or(int p) {
-  // Rare in this code base; emulate with a shared flag.
-  static std::atomic<int> flag{0};
-  ::kemu::syncthreads();
-  if (p) flag.store(1);
-  ::kemu::syncthreads();
-  int r = flag.load();
-  ::kemu::syncthreads();
-  if (::kemu::t.linear == 0) flag.store(0);
-  ::kemu::syncthreads();
-  return r;
-}
 inline void __syncwarp(unsigned mask = 0xffffffffu) {
   uint8_t all[32][64];
   char c = 0;
@@ -193,24 +196,15 @@ T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
 }
 template <typename T>
 T __shfl_xor_sync(unsigned mask, T v, int m, int width = 32) {
-  const int l = ::kemu::lane();
-  int s = l ^ m;
-  if ((s & ~(width - 1)) != (l & ~(width - 1))) s = l;
-  return ::kemu::shfl_from(mask, v, s);
+  return ::kemu::shfl_in_segment(mask, v, ::kemu::lane() ^ m, width);
 }
 template <typename T>
 T __shfl_down_sync(unsigned mask, T v, unsigned d, int width = 32) {
-  const int l = ::kemu::lane();
-  int s = l + int(d);
-  if ((s & ~(width - 1)) != (l & ~(width - 1))) s = l;
-  return ::kemu::shfl_from(mask, v, s);
+  return ::kemu::shfl_in_segment(mask, v, ::kemu::lane() + int(d), width);
 }
 template <typename T>
 T __shfl_up_sync(unsigned mask, T v, unsigned d, int width = 32) {
-  const int l = ::kemu::lane();
-  int s = l - int(d);
-  if (s < (l & ~(width - 1))) s = l;
-  return ::kemu::shfl_from(mask, v, s);
+  return ::kemu::shfl_in_segment(mask, v, ::kemu::lane() - int(d), width);
 }
 inline unsigned __ballot_sync(unsigned mask, int p) {
   uint8_t all[32][64];
@@ -232,46 +226,15 @@ inline unsigned __activemask() {
 }
 template <typename T>
 T __reduce_add_sync(unsigned mask, T v) {
-  uint8_t all[32][64];
-  ::kemu::warp_gather(mask, &v, sizeof(T), all);
-  T r = 0;
-  for (int i = 0; i < 32; ++i)
-    if ((mask >> i) & 1u) {
-      T x;
-      std::memcpy(&x, all[i], sizeof(T));
-      r += x;
-    }
-  return r;
+  return ::kemu::warp_reduce(mask, v, [](T x, T y) { return T(x + y); });
 }
 template <typename T>
 T __reduce_max_sync(unsigned mask, T v) {
-  uint8_t all[32][64];
-  ::kemu::warp_gather(mask, &v, sizeof(T), all);
-  bool first = true;
-  T r{};
-  for (int i = 0; i < 32; ++i)
-    if ((mask >> i) & 1u) {
-      T x;
-      std::memcpy(&x, all[i], sizeof(T));
-      r = first ? x : std::max(r, x);
-      first = false;
-    }
-  return r;
+  return ::kemu::warp_reduce(mask, v, [](T x, T y) { return std::max(x, y); });
 }
 template <typename T>
 T __reduce_min_sync(unsigned mask, T v) {
-  uint8_t all[32][64];
-  ::kemu::warp_gather(mask, &v, sizeof(T), all);
-  bool first = true;
-  T r{};
-  for (int i = 0; i < 32; ++i)
-    if ((mask >> i) & 1u) {
-      T x;
-      std::memcpy(&x, all[i], sizeof(T));
-      r = first ? x : std::min(r, x);
-      first = false;
-    }
-  return r;
+  return ::kemu::warp_reduce(mask, v, [](T x, T y) { return std::min(x, y); });
 }
 
 // ---- bit casts and exact-rounding arithmetic (the host FPU rounds to nearest by default) ----
@@ -596,6 +559,17 @@ void run_grid(dim3 grid, dim3 block, size_t smem, dim3 cluster, cudaStream_t str
 // During stream capture, launches are recorded; otherwise run now.
 void submit(cudaStream_t stream, std::function<void()> work);
 
+// Every launch (launch_kernel, <<<...>>>, cudaLaunchKernelEx): the arguments converted to the
+// kernel's parameter types now, the grid run in stream order (or recorded during capture).
+template <typename... KArgs, typename... Args>
+void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, dim3 cluster,
+            cudaStream_t stream, Args&&... args) {
+  auto tup = std::make_shared<std::tuple<std::decay_t<KArgs>...>>(std::forward<Args>(args)...);
+  submit(stream,
+         [=] { run_grid(grid, block, smem, cluster, stream, [&] { std::apply(kernel, *tup); }); });
+}
+
+// kernel<<<grid, block, smem, stream>>>(args), rewritten by kemu.py to launcher(kernel, ...)(args).
 template <typename... KArgs>
 struct Launcher {
   void (*kernel)(KArgs...);
@@ -604,12 +578,7 @@ struct Launcher {
   cudaStream_t stream;
   template <typename... Args>
   void operator()(Args&&... args) const {
-    auto tup = std::make_shared<std::tuple<std::decay_t<KArgs>...>>(std::forward<Args>(args)...);
-    auto k = kernel;
-    auto g = grid, b = block;
-    auto s = smem;
-    auto st = stream;
-    submit(stream, [=] { run_grid(g, b, s, dim3(1, 1, 1), st, [&] { std::apply(k, *tup); }); });
+    launch(kernel, grid, block, smem, dim3(1, 1, 1), stream, std::forward<Args>(args)...);
   }
 };
 template <typename... KArgs>
@@ -620,44 +589,39 @@ Launcher<KArgs...> launcher(void (*k)(KArgs...), dim3 g, dim3 b, size_t smem = 0
 
 template <typename... KArgs, typename... Args>
 cudaError_t launch_ex(const cudaLaunchConfig_t* cfg, void (*kernel)(KArgs...), Args&&... args) {
-  auto tup = std::make_shared<std::tuple<std::decay_t<KArgs>...>>(std::forward<Args>(args)...);
   dim3 cluster(1, 1, 1);
   for (unsigned i = 0; i < cfg->numAttrs; ++i)
     if (cfg->attrs[i].id == cudaLaunchAttributeClusterDimension)
       cluster = dim3(cfg->attrs[i].val.clusterDim.x, cfg->attrs[i].val.clusterDim.y,
                      cfg->attrs[i].val.clusterDim.z);
-  const dim3 g = cfg->gridDim, b = cfg->blockDim;
-  const size_t smem = cfg->dynamicSmemBytes;
-  cudaStream_t st = cfg->stream;
-  submit(st, [=] { run_grid(g, b, smem, cluster, st, [&] { std::apply(kernel, *tup); }); });
+  launch(kernel, cfg->gridDim, cfg->blockDim, cfg->dynamicSmemBytes, cluster, cfg->stream,
+         std::forward<Args>(args)...);
   return cudaSuccess;
 }
 
 }  // namespace kemu
 #define cudaLaunchKernelEx ::kemu::launch_ex
 
+// The project's device numerics (BF16 halves and rounding), for the emulations below, rt.cpp and
+// the overrides: compiled here as host code like every kernel.
+#include "ops/cuda/common/numerics.cuh"
+
 namespace kemu::ptx {
-inline float bf_lo(uint32_t v) {
-  return __uint_as_float(v << 16);
-}
-inline float bf_hi(uint32_t v) {
-  return __uint_as_float(v & 0xffff0000u);
-}
-inline uint16_t bf_rn(float f) {
-  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-}
+using dsv4::cuda::num::bf16_bits;
+using dsv4::cuda::num::bf16_hi;
+using dsv4::cuda::num::bf16_lo;
 // fma.rn.bf16x2 d, a, {s.h, s.h}, c: one rounding of a * s + c per half.
 inline uint32_t fma_bf16x2_bcast(uint32_t a, uint32_t s, int hi, uint32_t c) {
-  const float sv = hi ? bf_hi(s) : bf_lo(s);
-  const float lo = float(double(bf_lo(a)) * double(sv) + double(bf_lo(c)));
-  const float h = float(double(bf_hi(a)) * double(sv) + double(bf_hi(c)));
-  return uint32_t(bf_rn(lo)) | (uint32_t(bf_rn(h)) << 16);
+  const float sv = hi ? bf16_hi(s) : bf16_lo(s);
+  const float lo = float(double(bf16_lo(a)) * double(sv) + double(bf16_lo(c)));
+  const float h = float(double(bf16_hi(a)) * double(sv) + double(bf16_hi(c)));
+  return uint32_t(bf16_bits(lo)) | (uint32_t(bf16_bits(h)) << 16);
 }
 // cvt.rn.relu.bf16x2.f32 d, hi, lo
 inline uint32_t cvt_relu_bf16x2(float hi, float lo) {
   auto r = [](float x) -> uint16_t {
     if (std::isnan(x)) return 0x7fff;
-    const uint16_t b = bf_rn(x);
+    const uint16_t b = bf16_bits(x);
     return (b & 0x8000u) ? 0 : b;
   };
   return uint32_t(r(lo)) | (uint32_t(r(hi)) << 16);
@@ -691,8 +655,8 @@ inline void mma_f64_884(double& c0, double& c1, double a, double b) {
 inline void mma_f64_16816(double& d0, double& d1, double& d2, double& d3, double a0, double a1,
                           double a2, double a3, double a4, double a5, double a6, double a7,
                           double b0, double b1, double b2, double b3) {
+  // 96 bytes a lane: gathered as A (64) then B (32).
   double mine[12] = {a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3};
-  static_assert(sizeof(mine) <= 96);
   uint8_t all[32][64], all2[32][64];
   ::kemu::warp_gather(0xffffffffu, mine, 64, all);
   ::kemu::warp_gather(0xffffffffu, mine + 8, 32, all2);

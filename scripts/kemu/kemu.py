@@ -301,8 +301,9 @@ def compile_unit(root, src, objdir):
     obj = os.path.join(objdir, f"{base}.{key}.o")
     if os.path.exists(obj):
         return obj
-    r = subprocess.run(["g++"] + fl + ["-x", "c++", "-c", src, "-o", obj],
-                       capture_output=True, text=True)
+    # The object from the preprocessed text already in hand (preprocessing once).
+    r = subprocess.run(["g++"] + fl + ["-x", "c++-cpp-output", "-c", "-", "-o", obj],
+                       input=pp.stdout, capture_output=True, text=True)
     if r.returncode:
         sys.stderr.write(f"== {src}\n{r.stderr[:6000]}\n")
         raise SystemExit(f"kemu: cannot compile {src}")

@@ -1,10 +1,7 @@
 // kemu runtime: the block executor and the CUDA runtime API on host memory.
-#include <chrono>
-#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 #include <cuda.h>
@@ -48,9 +45,7 @@ struct CUstream_st {
   bool capturing = false;
   std::vector<std::function<void()>>* capture = nullptr;
 };
-struct CUevent_st {
-  int dummy = 0;
-};
+struct CUevent_st {};
 struct CUgraph_st {
   std::vector<std::function<void()>> work;
 };
@@ -160,7 +155,6 @@ struct MBar {
 };
 
 struct Block {
-  int n = 0;
   int live = 0;
   Bar sync;
   Bar named[16];
@@ -169,7 +163,6 @@ struct Block {
   unsigned warp_live[32] = {};
   uint8_t slots[32][32][64];
   WgmmaOp wg_ops[8][128];
-  size_t static_top = 0;  // bump allocator for the statics
 };
 
 Block g_blocks[kMaxCtas];
@@ -447,9 +440,6 @@ void mbar_wait(uint64_t* bar, uint32_t parity) {
     yield_until_changed(&m.phase, m.phase);
   }
 }
-bool mbar_test(uint64_t* bar, uint32_t parity) {
-  return (mbar(bar).phase & 1u) != (parity & 1u);
-}
 void cp_async_mbar_arrive(uint64_t* bar) {
   cp_async_all(*g_cur);
   mbar_arrive(bar, 0);
@@ -459,6 +449,22 @@ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   mbar_complete_tx(bar, bytes);
 }
 
+namespace {
+// What cuTensorMapEncodeTiled stores in the CUtensorMap (2-D maps only).
+struct TensorMap {
+  const void* base;
+  uint64_t dim0, dim1, stride1;
+  uint32_t box0, box1, esize, swizzle;
+};
+static_assert(sizeof(TensorMap) <= sizeof(CUtensorMap));
+
+// The 32/64/128-byte swizzle of TMA and of wgmma descriptors, on shared-memory address bits: the
+// 16-byte chunk index (bits 4..) XOR the 128-byte row index (bits 7..) within the pattern.
+uint32_t swizzle(uint32_t a, uint32_t bytes) {
+  return bytes ? a ^ (((a >> 7) & (bytes / 16 - 1)) << 4) : a;
+}
+}  // namespace
+
 void tma_load_2d(const void* map, uint64_t* bar, void* dst, int c0, int c1) {
   TensorMap tm;
   std::memcpy(&tm, map, sizeof(tm));
@@ -466,13 +472,7 @@ void tma_load_2d(const void* map, uint64_t* bar, void* dst, int c0, int c1) {
   const uint32_t row_bytes = tm.box0 * tm.esize;
   for (uint32_t r = 0; r < tm.box1; ++r)
     for (uint32_t e = 0; e < tm.box0; ++e) {
-      uint32_t a = base + r * row_bytes + e * tm.esize;
-      if (tm.swizzle == 128)
-        a ^= ((a >> 7) & 7u) << 4;
-      else if (tm.swizzle == 64)
-        a ^= ((a >> 7) & 3u) << 4;
-      else if (tm.swizzle == 32)
-        a ^= ((a >> 7) & 1u) << 4;
+      const uint32_t a = swizzle(base + r * row_bytes + e * tm.esize, tm.swizzle);
       uint8_t* d = static_cast<uint8_t*>(smem_ptr(a));
       const int64_t x = int64_t(c0) + e, y = int64_t(c1) + r;
       if (x < 0 || y < 0 || uint64_t(x) >= tm.dim0 || uint64_t(y) >= tm.dim1)
@@ -490,9 +490,7 @@ void tma_load_2d(const void* map, uint64_t* bar, void* dst, int c0, int c1) {
 namespace {
 const uint8_t* desc_byte(uint64_t desc, uint32_t addr_off) {
   const uint32_t start = uint32_t(desc & 0x3FFF) << 4;
-  uint32_t a = start + addr_off;
-  a ^= ((a >> 7) & 7u) << 4;  // 128-byte swizzle on the address bits
-  return static_cast<const uint8_t*>(smem_ptr(a));
+  return static_cast<const uint8_t*>(smem_ptr(swizzle(start + addr_off, 128)));
 }
 uint32_t desc_lbo(uint64_t d) {
   return uint32_t((d >> 16) & 0x3FFF) << 4;
@@ -508,7 +506,7 @@ float elem(const uint8_t* p, int kind) {
   }
   uint16_t b;
   std::memcpy(&b, p, 2);
-  return __uint_as_float(uint32_t(b) << 16);
+  return ptx::bf16_lo(b);
 }
 }  // namespace
 
@@ -534,7 +532,7 @@ void wgmma(const WgmmaOp& op) {
           const int rr = r % 16, lane = (rr % 8) * 4 + (k % 8) / 2;
           const int reg = (rr < 8 ? 0 : 1) + (k < 8 ? 0 : 2);
           const uint32_t w = ops[32 * (r / 16) + lane].a[reg];
-          v = (k % 2) ? __uint_as_float(w & 0xffff0000u) : __uint_as_float(w << 16);
+          v = (k % 2) ? ptx::bf16_hi(w) : ptx::bf16_lo(w);
         } else {
           v = elem(desc_byte(op.da, uint32_t(r / 8) * desc_sbo(op.da) + uint32_t(r % 8) * 128u +
                                         uint32_t(k * eb)),
@@ -621,7 +619,6 @@ void run_grid(dim3 grid, dim3 block, size_t smem, dim3 cluster, cudaStream_t st,
     g_cluster_live = int(total);
     for (int c = 0; c < cs; ++c) {
       Block& B = g_blocks[c];
-      B.n = n;
       B.live = n;
       B.sync = Bar{};
       for (auto& x : B.named) x = Bar{};
@@ -751,6 +748,8 @@ cudaError_t cudaRuntimeGetVersion(int* v) {
   return cudaSuccess;
 }
 
+// The device kemu reports: an H200's limits, so heuristics choose what they choose there.
+constexpr size_t kTotalMem = size_t(140) << 30;
 static int attr_value(cudaDeviceAttr a) {
   switch (a) {
     case cudaDevAttrMultiProcessorCount:
@@ -760,7 +759,7 @@ static int attr_value(cudaDeviceAttr a) {
     case cudaDevAttrComputeCapabilityMinor:
       return 0;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin:
-      return 232448;
+      return int(kemu::kDynMax);
     case cudaDevAttrMaxSharedMemoryPerMultiprocessor:
       return 233472;
     case cudaDevAttrMaxSharedMemoryPerBlock:
@@ -794,25 +793,25 @@ cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int) {
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
   std::memset(p, 0, sizeof(*p));
   std::snprintf(p->name, sizeof(p->name), "kemu (CPU emulation of an H200)");
-  p->major = 9;
-  p->minor = 0;
-  p->multiProcessorCount = 132;
-  p->sharedMemPerBlockOptin = 232448;
-  p->sharedMemPerMultiprocessor = 233472;
-  p->sharedMemPerBlock = 49152;
-  p->totalGlobalMem = size_t(140) << 30;
-  p->l2CacheSize = 50 * 1024 * 1024;
-  p->maxThreadsPerBlock = 1024;
-  p->maxThreadsPerMultiProcessor = 2048;
-  p->warpSize = 32;
-  p->regsPerBlock = 65536;
-  p->regsPerMultiprocessor = 65536;
-  p->memoryBusWidth = 6144;
+  p->major = attr_value(cudaDevAttrComputeCapabilityMajor);
+  p->minor = attr_value(cudaDevAttrComputeCapabilityMinor);
+  p->multiProcessorCount = attr_value(cudaDevAttrMultiProcessorCount);
+  p->sharedMemPerBlockOptin = size_t(attr_value(cudaDevAttrMaxSharedMemoryPerBlockOptin));
+  p->sharedMemPerMultiprocessor = size_t(attr_value(cudaDevAttrMaxSharedMemoryPerMultiprocessor));
+  p->sharedMemPerBlock = size_t(attr_value(cudaDevAttrMaxSharedMemoryPerBlock));
+  p->totalGlobalMem = kTotalMem;
+  p->l2CacheSize = attr_value(cudaDevAttrL2CacheSize);
+  p->maxThreadsPerBlock = attr_value(cudaDevAttrMaxThreadsPerBlock);
+  p->maxThreadsPerMultiProcessor = attr_value(cudaDevAttrMaxThreadsPerMultiProcessor);
+  p->warpSize = attr_value(cudaDevAttrWarpSize);
+  p->regsPerBlock = attr_value(cudaDevAttrMaxRegistersPerBlock);
+  p->regsPerMultiprocessor = attr_value(cudaDevAttrMaxRegistersPerMultiprocessor);
+  p->memoryBusWidth = attr_value(cudaDevAttrGlobalMemoryBusWidth);
   return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total) {
-  *free_b = size_t(130) << 30;
-  *total = size_t(140) << 30;
+  *free_b = kTotalMem - (size_t(10) << 30);
+  *total = kTotalMem;
   return cudaSuccess;
 }
 
@@ -1038,7 +1037,6 @@ static CUresult kemu_encode_tiled(CUtensorMap* map, CUtensorMapDataType type, cu
                : swz == CU_TENSOR_MAP_SWIZZLE_64B ? 64u
                : swz == CU_TENSOR_MAP_SWIZZLE_32B ? 32u
                                                   : 0u;
-  static_assert(sizeof(tm) <= sizeof(CUtensorMap));
   std::memset(map, 0, sizeof(*map));
   std::memcpy(map, &tm, sizeof(tm));
   return CUDA_SUCCESS;

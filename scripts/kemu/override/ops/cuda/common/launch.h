@@ -2,8 +2,6 @@
 #pragma once
 #include <cuda_runtime.h>
 #include <cstddef>
-#include <memory>
-#include <tuple>
 #include <utility>
 #include "ops/cuda/common/cuda_check.h"
 
@@ -18,11 +16,6 @@ struct LaunchConfig {
 };
 template <typename... KArgs, typename... Args>
 void launch_kernel(const LaunchConfig& c, void (*kernel)(KArgs...), Args&&... args) {
-  auto tup = std::make_shared<std::tuple<std::decay_t<KArgs>...>>(std::forward<Args>(args)...);
-  const LaunchConfig cc = c;
-  ::kemu::submit(c.stream, [=] {
-    ::kemu::run_grid(cc.grid, cc.block, cc.smem, cc.cluster, cc.stream,
-                     [&] { std::apply(kernel, *tup); });
-  });
+  ::kemu::launch(kernel, c.grid, c.block, c.smem, c.cluster, c.stream, std::forward<Args>(args)...);
 }
 }  // namespace dsv4::cuda

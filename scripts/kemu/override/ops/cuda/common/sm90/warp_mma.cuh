@@ -1,17 +1,12 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include "ops/cuda/common/numerics.cuh"
 #include "ops/cuda/common/sm90/smem.cuh"
 namespace dsv4::cuda::sm90 {
 namespace kemu_detail {
-inline float lo(uint32_t v) {
-  return __uint_as_float(v << 16);
-}
-inline float hi(uint32_t v) {
-  return __uint_as_float(v & 0xffff0000u);
-}
 inline float half_of(uint32_t v, int h) {
-  return h ? hi(v) : lo(v);
+  return h ? num::bf16_hi(v) : num::bf16_lo(v);
 }
 // ldmatrix: lanes 8j..8j+7 give the row addresses of matrix j (j < count).
 inline void ldmatrix(uint32_t* r, int count, bool trans, const void* p) {
@@ -37,14 +32,19 @@ inline void ldmatrix(uint32_t* r, int count, bool trans, const void* p) {
     r[j] = uint32_t(e[0]) | (uint32_t(e[1]) << 16);
   }
 }
-}  // namespace kemu_detail
-inline void ldmatrix_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, const void* p) {
+// The x4 forms: four 8x8 matrices, one register each.
+inline void ldmatrix4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, bool trans,
+                      const void* p) {
   uint32_t r[4];
-  kemu_detail::ldmatrix(r, 4, false, p);
+  ldmatrix(r, 4, trans, p);
   r0 = r[0];
   r1 = r[1];
   r2 = r[2];
   r3 = r[3];
+}
+}  // namespace kemu_detail
+inline void ldmatrix_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, const void* p) {
+  kemu_detail::ldmatrix4(r0, r1, r2, r3, false, p);
 }
 inline void ldmatrix_x2(uint32_t& r0, uint32_t& r1, const void* p) {
   uint32_t r[2];
@@ -54,12 +54,7 @@ inline void ldmatrix_x2(uint32_t& r0, uint32_t& r1, const void* p) {
 }
 inline void ldmatrix_x4_trans(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3,
                               const void* p) {
-  uint32_t r[4];
-  kemu_detail::ldmatrix(r, 4, true, p);
-  r0 = r[0];
-  r1 = r[1];
-  r2 = r[2];
-  r3 = r[3];
+  kemu_detail::ldmatrix4(r0, r1, r2, r3, true, p);
 }
 // mma.sync m16n8k16 row.col f32.bf16.bf16.f32: products exact in fp32, summed in k order.
 inline void mma_bf16_16816(float* d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
