@@ -13,13 +13,6 @@ namespace {
 
 using tok::chat::ThinkingMode;
 
-// A string member of an object, or "" when it is missing or not a string (json::value would throw
-// a type error that is no API error: a non-string "type" then fails validation with a 400).
-std::string string_member(const ordered_json& o, const char* key) {
-  const auto it = o.find(key);
-  return it != o.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
 // OpenAI content: a string, null, or text parts (joined with newlines, as vLLM does).
 ordered_json flatten_content(const ordered_json& content, size_t i) {
   if (!content.is_array()) {
@@ -31,11 +24,11 @@ ordered_json flatten_content(const ordered_json& content, size_t i) {
   std::string text;
   for (size_t k = 0; k < content.size(); ++k) {
     const ordered_json& part = content[k];
-    if (!part.is_object() || string_member(part, "type") != "text" || !part.contains("text") ||
-        !part["text"].is_string())
+    const std::string at = cat("messages[", i, "].content[", k, "]");
+    if (!part.is_object() || JsonFields(part, at + ".").string("type").value_or("") != "text" ||
+        !part.contains("text") || !part["text"].is_string())
       throw ApiError(400,
-                     cat("messages[", i, "].content[", k,
-                         "]: only text parts ({\"type\": \"text\", \"text\": ...}) are supported"),
+                     at + ": only text parts ({\"type\": \"text\", \"text\": ...}) are supported",
                      "messages");
     if (k) text += "\n";
     text += part["text"].get<std::string>();
@@ -69,8 +62,8 @@ std::set<std::string> check_tools(const ordered_json& tools) {
   for (size_t i = 0; i < tools.size(); ++i) {
     const ordered_json& t = tools[i];
     const std::string at = cat("tools[", i, "]");
-    if (!t.is_object() || string_member(t, "type") != "function" || !t.contains("function") ||
-        !t["function"].is_object())
+    if (!t.is_object() || JsonFields(t, at + ".").string("type").value_or("") != "function" ||
+        !t.contains("function") || !t["function"].is_object())
       throw ApiError(400, at + " must be {\"type\": \"function\", \"function\": {...}}", "tools");
     const ordered_json& fn = t["function"];
     if (!fn.contains("name") || !fn["name"].is_string() || fn["name"].get<std::string>().empty())
@@ -91,7 +84,7 @@ std::set<std::string> check_tools(const ordered_json& tools) {
 // The system message the official encoder reads tools and response_format from (added, empty,
 // when the conversation does not start with one).
 ordered_json& system_message(ordered_json& messages) {
-  if (string_member(messages[0], "role") != "system")
+  if (JsonFields(messages[0], "messages[0].").string("role").value_or("") != "system")
     messages.insert(messages.begin(), ordered_json{{"role", "system"}, {"content", ""}});
   return messages[0];
 }
@@ -164,7 +157,8 @@ ChatPrompt render_chat_prompt(const ordered_json& body, bool add_bos) {
       choice = tc->get<std::string>();
       if (choice != "none" && choice != "auto" && choice != "required")
         f.fail("tool_choice", "must be \"none\", \"auto\", \"required\" or a named function");
-    } else if (tc->is_object() && string_member(*tc, "type") == "function" &&
+    } else if (tc->is_object() &&
+               JsonFields(*tc, "tool_choice.").string("type").value_or("") == "function" &&
                tc->contains("function") && (*tc)["function"].is_object() &&
                (*tc)["function"].contains("name") && (*tc)["function"]["name"].is_string()) {
       choice = "named";
@@ -185,7 +179,7 @@ ChatPrompt render_chat_prompt(const ordered_json& body, bool add_bos) {
     p.tools = true;
   }
   if (const ordered_json* rf = f.object("response_format")) {
-    const std::string type = string_member(*rf, "type");
+    const std::string type = JsonFields(*rf, "response_format.").string("type").value_or("");
     if (type == "json_object" || type == "json_schema") {
       // The official encoder's response-format section (no grammar: the model is asked to
       // follow it; its output is not checked).
