@@ -568,6 +568,12 @@ TEST_F(CudaMhc, SplitEdgeSizes) {
 TEST_F(CudaMhc, SplitForcedPrefill) {
   uint64_t seed = 750;
   check_pre(4096, 1000, true, seed++, cuda::HcPath::kSplit);
+  // From kSplitStagedMinTokens the projection stages the streams through shared memory: at the
+  // threshold, a partial last tile, Pro's width (14 d-chunks a split) and hc_head.
+  check_pre(4096, 1024, false, seed++, cuda::HcPath::kSplit);
+  check_pre(4096, 1025, true, seed++, cuda::HcPath::kSplit);
+  check_pre(7168, 1100, true, seed++, cuda::HcPath::kSplit);
+  check_head(4096, 1100, true, seed++, cuda::HcPath::kSplit);
   check_pre(7168, 300, false, seed++, cuda::HcPath::kSplit);
   check_post_pre(4096, 2048, true, false, seed++, cuda::HcPath::kSplit);
   check_post_pre(7168, 700, true, true, seed++, cuda::HcPath::kSplit);
@@ -847,6 +853,12 @@ TEST(MhcApi, SplitPathShapes) {
         ASSERT_LE(size_t(tokens) * g.splits, cuda::mhc_split::reserved_partials(sms))
             << dim << " " << tokens << " " << sms;
       }
+  // The staged projection from kSplitStagedMinTokens, never for hc_post_pre (can_stage false).
+  EXPECT_FALSE(cuda::mhc_split::geometry(4096, kSplitStagedMinTokens - 1, 132).staged);
+  EXPECT_TRUE(cuda::mhc_split::geometry(4096, kSplitStagedMinTokens, 132).staged);
+  EXPECT_TRUE(cuda::mhc_split::geometry(7168, 8192, 132).staged);
+  EXPECT_FALSE(cuda::mhc_split::geometry(7168, 8192, 132, false).staged);
+  EXPECT_EQ(cuda::mhc_split::geometry(4096, 8192, 132).rows, 16 * kSplitMaxMt);
   // Flash and Pro at one token on an H200 (132 SMs): one d-chunk per CTA.
   EXPECT_EQ(cuda::mhc_split::geometry(4096, 1, 132).splits, 128);
   EXPECT_EQ(cuda::mhc_split::geometry(7168, 1, 132).splits, 224);

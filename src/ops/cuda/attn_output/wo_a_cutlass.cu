@@ -6,8 +6,10 @@
 //   B = o_g  [T, in_g]       K-major (row stride num_heads*512), batch stride in_g
 //   D = z_g^T [o_lora, T]    column-major = z row-major [T, G*o_lora], batch stride o_lora
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -42,29 +44,27 @@ using LayoutAct = cutlass::layout::ColumnMajor;  // K x T with K contiguous: K-m
 using LayoutD = cutlass::layout::ColumnMajor;    // rows contiguous
 constexpr int kAlignW = 16, kAlignAct = 8, kAlignD = 8;
 
-using TileShape = Shape<_128, _128, _64>;  // (weight rows, tokens, K)
 using ClusterShape = Shape<_1, _1, _1>;
 
-using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlignD, ElementD,
-    LayoutD, kAlignD, cutlass::epilogue::TmaWarpSpecializedCooperative>::CollectiveOp;
+// One CUTLASS kernel per CTA tile (weight rows, tokens, K).
+template <class TileShape>
+struct WoAGemm {
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlignD,
+      ElementD, LayoutD, kAlignD, cutlass::epilogue::TmaWarpSpecializedCooperative>::CollectiveOp;
 
-using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cute::tuple<ElementW, ElementScale>,
-    LayoutW, kAlignW, ElementAct, LayoutAct, kAlignAct, float, TileShape, ClusterShape,
-    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-        sizeof(typename CollectiveEpilogue::SharedStorage))>,
-    cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cute::tuple<ElementW, ElementScale>,
+      LayoutW, kAlignW, ElementAct, LayoutAct, kAlignAct, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
 
-using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>,
-                                                        CollectiveMainloop, CollectiveEpilogue>;
-using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
-
-using StrideW = typename GemmKernel::StrideA;
-using StrideAct = typename GemmKernel::StrideB;
-using StrideD = typename GemmKernel::StrideD;
-using StrideS = typename CollectiveMainloop::StrideScale;
+  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>,
+                                                          CollectiveMainloop, CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+};
 
 // CUTLASS's persistent scheduler may want a small workspace. One per (device, stream): ranks run
 // as threads on one or several GPUs, each on its own stream, concurrently; grown under a lock and
@@ -96,9 +96,14 @@ void* workspace(size_t bytes, cudaStream_t stream) {
   return b.ptr;
 }
 
-}  // namespace
-
-void wo_a_tensor_core(const WoAArgs& a, cudaStream_t stream) {
+template <class TileShape>
+void run_wo_a(const WoAArgs& a, cudaStream_t stream) {
+  using Gemm = typename WoAGemm<TileShape>::Gemm;
+  using GemmKernel = typename WoAGemm<TileShape>::GemmKernel;
+  using StrideW = typename GemmKernel::StrideA;
+  using StrideAct = typename GemmKernel::StrideB;
+  using StrideD = typename GemmKernel::StrideD;
+  using StrideS = typename WoAGemm<TileShape>::CollectiveMainloop::StrideScale;
   const int M = a.o_lora, N = a.num_tokens, K = a.in_g, L = a.o_groups;
   const StrideW sw = make_stride(int64_t(K), Int<1>{}, int64_t(M) * K);
   const StrideAct sa = make_stride(a.ldo, Int<1>{}, int64_t(K));
@@ -125,6 +130,21 @@ void wo_a_tensor_core(const WoAArgs& a, cudaStream_t stream) {
   DSV4_CHECK(st == cutlass::Status::kSuccess,
              "wo_a: CUTLASS run failed: ", cutlassGetStatusString(st));
   DSV4_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+// EXPERIMENT (session 42): DSV4_X_WOA_N=256 runs 128 x 256 tiles (half the weight conversions
+// per FLOP of 128 x 128), for the A/B on the H200.
+void wo_a_tensor_core(const WoAArgs& a, cudaStream_t stream) {
+  static const bool wide = [] {
+    const char* v = std::getenv("DSV4_X_WOA_N");
+    return v != nullptr && std::string(v) == "256";
+  }();
+  if (wide)
+    run_wo_a<Shape<_128, _256, _64>>(a, stream);
+  else
+    run_wo_a<Shape<_128, _128, _64>>(a, stream);
 }
 
 #else

@@ -69,6 +69,11 @@ constexpr int kSplitReduceParts = 10;
 // Up to this many tokens (one CTA each: about a wave) the finishing kernel loads the streams and
 // the norm weight early (mhc_split.cu, kEarly); beyond, where two CTAs an SM pay, where used.
 constexpr int kSplitEarlyLoadMaxTokens = 256;
+// From this many tokens the projection (kPre / kHead) stages the streams through shared memory,
+// kSplitProjStages deep (cp.async): prefill, where the register kernel's one chunk in flight
+// held it to ~1.6 TB/s.
+constexpr int kSplitStagedMinTokens = 1024;
+constexpr int kSplitProjStages = 4;
 constexpr int kSplitMaxSplitsPerPart =
     (kSplitMaxDim / kSplitDimUnit + kSplitReduceParts - 1) / kSplitReduceParts;
 static_assert(kSplitMaxYChunks == 5 && kSplitReduceParts * (kMixPre + 1) <= kSplitFinishThreads &&

@@ -16,6 +16,7 @@
 #include "ops/cuda/common/cuda_check.h"
 #include "ops/cuda/common/launch.h"
 #include "ops/cuda/common/per_device.h"
+#include "ops/cuda/common/sm90/cp_async.cuh"
 #include "ops/cuda/common/sm90/sync.cuh"
 #include "ops/cuda/common/sm90/warp_mma.cuh"
 #include "ops/cuda/gemm/act_quant.cuh"
@@ -74,13 +75,39 @@ __device__ __forceinline__ uint4 ld16(const void* p) {
 // Thread (warp j, lane = 4g + tq) holds, per d-chunk, 8 consecutive dims d = 32 dc + 8 tq of stream
 // j for token rows g and g + 8 of each m-tile (the A fragments, K permuted within the chunk the
 // same way on both operands) and the 8 matching fn values of mix rows nt * 8 + g (B fragments).
+//
+// kStages > 0 (prefill sizes, kPre / kHead; stage_bytes()): the streams come through a ring of
+// kStages shared-memory stages filled by cp.async kStages - 1 chunks ahead, each thread copying
+// exactly the 16-byte pieces it later reads (so its own wait_group is the only synchronisation):
+// 48 KB in flight a CTA (two CTAs an SM, by registers) where the register path held one chunk
+// (8 KB) and ran at ~1.6 TB/s (8192 tokens, Flash: 168 us for 268 MB). The reduction buffers
+// reuse the ring afterwards.
 template <Kind kKind, int kMt>
+struct ProjSmem {
+  static constexpr int kRows = 16 * kMt;
+  float red[kHc][kRows][mix_of<kKind>()];
+  double red_ss[kHc][kRows];
+};
+template <int kMt>
+constexpr int stage_bytes() {
+  return kMt * 2 * kHc * 32 * 16;  // [mt][h][warp][lane] x 16 bytes
+}
+// Dynamic shared memory of a projection instance: the reduction buffers, overlaying the ring.
+template <Kind kKind, int kMt, int kStages>
+constexpr size_t proj_smem_bytes() {
+  return std::max(size_t(kStages) * stage_bytes<kMt>(), sizeof(ProjSmem<kKind, kMt>));
+}
+
+template <Kind kKind, int kMt, int kStages>
 __global__ void __launch_bounds__(kSplitProjThreads) hc_split_proj_kernel(const ProjArgs p) {
   constexpr int kMix = mix_of<kKind>();
   constexpr int kNt = (kMix + 7) / 8;
   constexpr int kRows = 16 * kMt;
-  __shared__ float red[kHc][kRows][kMix];
-  __shared__ double red_ss[kHc][kRows];
+  static_assert(kStages == 0 || (kKind != Kind::kPostPre && kStages >= 2), "staged: kPre, kHead");
+  extern __shared__ __align__(16) uint8_t proj_dyn[];
+  ProjSmem<kKind, kMt>& sm = *reinterpret_cast<ProjSmem<kKind, kMt>*>(proj_dyn);
+  auto& red = sm.red;
+  auto& red_ss = sm.red_ss;
 
   const int j = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int s = blockIdx.x;
@@ -135,8 +162,34 @@ __global__ void __launch_bounds__(kSplitProjThreads) hc_split_proj_kernel(const 
       }
   };
   uint4 anext[kMt][2];
-  if constexpr (kKind != Kind::kPostPre)
+  if constexpr (kKind != Kind::kPostPre && kStages == 0)
     if (dc0 < dc1) load_a(dc0, anext);
+  // Staged: this thread's pieces of chunk dc into stage dc % kStages (rows past the tile: zeros).
+  constexpr int kRing = kStages > 0 ? kStages : 1;
+  uint4* ring = reinterpret_cast<uint4*>(proj_dyn);
+  auto slot = [&](int stage, int mt, int h) -> uint4* {
+    return ring + (((stage * kMt + mt) * 2 + h) * kHc + j) * 32 + lane;
+  };
+  auto stage_a = [&](int dc) {
+    if (dc < dc1) {
+      const int d = dc * kSplitDimUnit + 8 * tq;
+#pragma unroll
+      for (int mt = 0; mt < kMt; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = mt * 16 + g + 8 * h;
+          const bool in = row < rows;
+          sm90::cp_async_16_zfill(
+              slot(dc % kRing, mt, h),
+              p.streams + (in ? int64_t(t0 + row) * n + int64_t(j) * p.dim + d : 0), in ? 16 : 0);
+        }
+    }
+    sm90::cp_async_commit();  // one group per chunk, empty past the range: uniform counting
+  };
+  if constexpr (kStages > 0) {
+#pragma unroll
+    for (int st = 0; st < kStages - 1; ++st) stage_a(dc0 + st);
+  }
 
   for (int dc = dc0; dc < dc1; ++dc) {  // uniform over the CTA (barrier inside for kPostPre)
     float4 fnext[kNt][2];
@@ -144,7 +197,15 @@ __global__ void __launch_bounds__(kSplitProjThreads) hc_split_proj_kernel(const 
     if (more) load_fn(dc + 1, fnext);
     const int d = dc * kSplitDimUnit + 8 * tq;
     uint4 a[kMt][2];
-    if constexpr (kKind != Kind::kPostPre) {
+    if constexpr (kStages > 0) {
+      sm90::cp_async_wait<kStages - 2>();  // chunk dc has landed (this thread's own pieces)
+      // Its stage was read last at chunk dc - 1 by this thread, into registers already used.
+      stage_a(dc + kStages - 1);
+#pragma unroll
+      for (int mt = 0; mt < kMt; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) a[mt][h] = *slot(dc % kRing, mt, h);
+    } else if constexpr (kKind != Kind::kPostPre) {
 #pragma unroll
       for (int mt = 0; mt < kMt; ++mt) a[mt][0] = anext[mt][0], a[mt][1] = anext[mt][1];
       if (more) load_a(dc + 1, anext);
@@ -222,6 +283,10 @@ __global__ void __launch_bounds__(kSplitProjThreads) hc_split_proj_kernel(const 
   }
 
   // The 4 warps' partials (streams 0..3) added in that order; one partial per CTA and token.
+  if constexpr (kStages > 0) {
+    sm90::cp_async_wait<0>();  // (only empty groups are left) ...
+    __syncthreads();           // ... and every warp is done with the ring that red overlays
+  }
 #pragma unroll
   for (int mt = 0; mt < kMt; ++mt) {
 #pragma unroll
@@ -283,17 +348,37 @@ __device__ __forceinline__ void quantize_y(const FinishArgs& p, const float (&yv
   }
 }
 
-// kEarly (decode-sized steps): the norm weight is loaded before the wait and the streams right
-// after it, so their round trips overlap the partials' reduction instead of following it; it
-// holds them in registers throughout (~2x the registers: one CTA per SM), so prefill-sized
-// steps, whose many CTAs want two per SM, load them where they are used. Same arithmetic.
-template <Kind kKind, bool kEarly>
-__global__ void __launch_bounds__(kSplitFinishThreads) hc_split_finish_kernel(const FinishArgs p) {
+// How the finishing kernel fetches the token's streams. kEarly (decode-sized steps): the norm
+// weight before the wait and the streams right after it, so their round trips overlap the
+// partials' reduction instead of following it, held in registers throughout (~2x the registers:
+// one CTA per SM). kStaged (prefill-sized steps, many CTAs an SM): the streams copied by cp.async
+// into shared memory right after the wait (each collapse thread the pieces it later reads, so its
+// wait_group is the only synchronisation), overlapping the reduction with no registers held (the
+// register-loaded kernel fetched them after the gates: ~1.5 TB/s at 8192 tokens). Same arithmetic.
+enum class FinishLoad { kEarly, kStaged };
+template <Kind kKind>
+constexpr int finish_collapse_threads() {
+  return kSplitFinishThreads - (kKind == Kind::kHead ? 0 : 32);
+}
+// kStaged's dynamic shared memory at a width: [i][stream][collapse thread] 16-byte pieces.
+template <Kind kKind>
+constexpr size_t finish_staged_smem(int dim) {
+  const int c = finish_collapse_threads<kKind>();
+  return size_t((dim / 8 + c - 1) / c) * kHc * c * 16;
+}
+
+template <Kind kKind, FinishLoad kLoad>
+__global__ void __launch_bounds__(kSplitFinishThreads, kLoad == FinishLoad::kStaged ? 3 : 1)
+    hc_split_finish_kernel(const FinishArgs p) {
+  constexpr bool kEarly = kLoad == FinishLoad::kEarly;
+  constexpr bool kStaged = kLoad == FinishLoad::kStaged;
   constexpr bool kHead = kKind == Kind::kHead;
   constexpr int kMix = mix_of<kKind>(), kV = kMix + 1;
   constexpr int kFirst = kHead ? 0 : 32;  // warp 0 runs Sinkhorn unless this is the head
-  constexpr int kCollapse = kSplitFinishThreads - kFirst;
+  constexpr int kCollapse = finish_collapse_threads<kKind>();
+  static_assert(kCollapse == kSplitFinishThreads - kFirst);
   constexpr int kMaxC = (kSplitMaxDim / 8 + kCollapse - 1) / kCollapse;
+  extern __shared__ __align__(16) uint4 finish_dyn[];  // kStaged: [i][stream][ct]
   __shared__ double red[kSplitReduceParts][kV];
   __shared__ float pre_s[kHc], comb_s[16];
   __shared__ double red_y[kSplitFinishThreads / 32];
@@ -328,6 +413,20 @@ __global__ void __launch_bounds__(kSplitFinishThreads) hc_split_finish_kernel(co
   sm90::griddep_wait();
   sm90::griddep_launch_dependents();
   if constexpr (kEarly) load_streams();  // written by the projection: after the wait
+  if constexpr (kStaged) {
+    if (ct >= 0) {
+#pragma unroll
+      for (int i = 0; i < kMaxC; ++i) {
+        const int c = ct + i * kCollapse;
+        if (c >= chunks) break;
+#pragma unroll
+        for (int jj = 0; jj < kHc; ++jj)
+          sm90::cp_async_16(finish_dyn + (i * kHc + jj) * kCollapse + ct,
+                            X + int64_t(jj) * p.dim + c * 8);
+      }
+      sm90::cp_async_commit();
+    }
+  }
 
   // Partials: value v (a mix, or the sum of squares at v == kMix) over kSplitReduceParts fixed
   // ranges of splits, each summed in split order in fp64, then the ranges in order. Every load of
@@ -389,7 +488,17 @@ __global__ void __launch_bounds__(kSplitFinishThreads) hc_split_finish_kernel(co
 
   // Collapse.
   const float w0 = pre_s[0], w1 = pre_s[1], w2 = pre_s[2], w3 = pre_s[3];
-  if constexpr (!kEarly) load_streams();
+  if constexpr (kStaged) {
+    sm90::cp_async_wait<0>();
+#pragma unroll
+    for (int i = 0; i < kMaxC; ++i) {
+      const int c = ct + i * kCollapse;
+#pragma unroll
+      for (int jj = 0; jj < kHc; ++jj)
+        raw[i][jj] =
+            c < chunks ? finish_dyn[(i * kHc + jj) * kCollapse + ct] : make_uint4(0, 0, 0, 0);
+    }
+  }
   float yv[kMaxC][8];
 #pragma unroll
   for (int i = 0; i < kMaxC; ++i) {
@@ -483,9 +592,60 @@ void* workspace(size_t bytes, cudaStream_t stream) {
 }
 
 template <typename Args>
-void launch_pdl(void (*kernel)(Args), dim3 grid, int threads, cudaStream_t stream,
+void launch_pdl(void (*kernel)(Args), dim3 grid, int threads, size_t smem, cudaStream_t stream,
                 const Args& args) {
-  launch_kernel(LaunchConfig{grid, dim3(threads, 1, 1), 0, stream, /*pdl=*/true}, kernel, args);
+  launch_kernel(LaunchConfig{grid, dim3(threads, 1, 1), smem, stream, /*pdl=*/true}, kernel, args);
+}
+
+template <Kind kKind, int kMt, int kStages>
+void launch_proj(dim3 grid, cudaStream_t stream, const ProjArgs& a) {
+  auto kernel = hc_split_proj_kernel<kKind, kMt, kStages>;
+  constexpr size_t smem = proj_smem_bytes<kKind, kMt, kStages>();
+  if constexpr (smem > 48 * 1024) {
+    static std::atomic<uint64_t> attr{0};
+    once_per_device(attr, [&] {
+      DSV4_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    });
+  }
+  launch_pdl(kernel, grid, kSplitProjThreads, smem, stream, a);
+}
+
+template <Kind kKind>
+void launch_finish(const Params& p, const Geometry& geo, float* part_mix, double* part_ss,
+                   cudaStream_t stream) {
+  FinishArgs f;
+  f.dim = p.dim;
+  f.splits = geo.splits;
+  f.iters = p.iters;
+  f.norm_eps = p.norm_eps;
+  f.hc_eps = p.hc_eps;
+  f.streams = kKind == Kind::kPostPre ? p.streams_out : p.streams;
+  f.base = p.base;
+  f.scale = p.scale;
+  f.norm_w = p.norm_w;
+  f.nrm_eps = p.nrm_eps;
+  f.part_mix = part_mix;
+  f.part_ss = part_ss;
+  f.y = p.y;
+  f.post = p.post;
+  f.comb = p.comb;
+  f.q_codes = p.q_codes;
+  f.q_scales_t = p.q_scales_t;
+  f.q_ld_scales = p.q_ld_scales;
+  if (p.tokens <= kSplitEarlyLoadMaxTokens) {
+    launch_pdl(hc_split_finish_kernel<kKind, FinishLoad::kEarly>, dim3(p.tokens, 1, 1),
+               kSplitFinishThreads, 0, stream, f);
+  } else {
+    auto kernel = hc_split_finish_kernel<kKind, FinishLoad::kStaged>;
+    static std::atomic<uint64_t> attr{0};
+    once_per_device(attr, [&] {
+      DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(finish_staged_smem<kKind>(kSplitMaxDim))));
+    });
+    launch_pdl(kernel, dim3(p.tokens, 1, 1), kSplitFinishThreads, finish_staged_smem<kKind>(p.dim),
+               stream, f);
+  }
 }
 
 template <Kind kKind>
@@ -506,39 +666,25 @@ void launch_kind(const Params& p, const Geometry& geo, float* part_mix, double* 
   a.part_mix = part_mix;
   a.part_ss = part_ss;
   const dim3 grid(geo.splits, geo.tiles, 1);
-  switch (geo.rows / 16) {
-    case 1:
-      launch_pdl(hc_split_proj_kernel<kKind, 1>, grid, kSplitProjThreads, stream, a);
-      break;
-    case 2:
-      launch_pdl(hc_split_proj_kernel<kKind, 2>, grid, kSplitProjThreads, stream, a);
-      break;
-    default:
-      launch_pdl(hc_split_proj_kernel<kKind, kSplitMaxMt>, grid, kSplitProjThreads, stream, a);
-      break;
+  if (geo.staged) {
+    DSV4_CHECK(kKind != Kind::kPostPre && geo.rows == 16 * kSplitMaxMt,
+               "mHC split path: no staged projection for this kind or tile of ", geo.rows);
+    if constexpr (kKind != Kind::kPostPre)
+      launch_proj<kKind, kSplitMaxMt, kSplitProjStages>(grid, stream, a);
+  } else {
+    switch (geo.rows / 16) {
+      case 1:
+        launch_proj<kKind, 1, 0>(grid, stream, a);
+        break;
+      case 2:
+        launch_proj<kKind, 2, 0>(grid, stream, a);
+        break;
+      default:
+        launch_proj<kKind, kSplitMaxMt, 0>(grid, stream, a);
+        break;
+    }
   }
-  FinishArgs f;
-  f.dim = p.dim;
-  f.splits = geo.splits;
-  f.iters = p.iters;
-  f.norm_eps = p.norm_eps;
-  f.hc_eps = p.hc_eps;
-  f.streams = kKind == Kind::kPostPre ? p.streams_out : p.streams;
-  f.base = p.base;
-  f.scale = p.scale;
-  f.norm_w = p.norm_w;
-  f.nrm_eps = p.nrm_eps;
-  f.part_mix = part_mix;
-  f.part_ss = part_ss;
-  f.y = p.y;
-  f.post = p.post;
-  f.comb = p.comb;
-  f.q_codes = p.q_codes;
-  f.q_scales_t = p.q_scales_t;
-  f.q_ld_scales = p.q_ld_scales;
-  launch_pdl(p.tokens <= kSplitEarlyLoadMaxTokens ? hc_split_finish_kernel<kKind, true>
-                                                  : hc_split_finish_kernel<kKind, false>,
-             dim3(p.tokens, 1, 1), kSplitFinishThreads, stream, f);
+  launch_finish<kKind>(p, geo, part_mix, part_ss, stream);
 }
 
 }  // namespace
@@ -551,12 +697,13 @@ void reserve_workspace(cudaStream_t stream) {
   workspace(0, stream);
 }
 
-Geometry geometry(int dim, int tokens, int sm_count) {
+Geometry geometry(int dim, int tokens, int sm_count, bool can_stage) {
   Geometry g;
   g.rows = 16 * split_mtiles(tokens);
   g.tiles = (tokens + g.rows - 1) / g.rows;
+  g.staged = can_stage && tokens >= kSplitStagedMinTokens;
   // At most two CTAs of 4 warps per SM over all tiles (one wave: the projection CTAs of the
-  // largest tiles fit two per SM), every CTA at least one d-chunk.
+  // largest tiles fit two per SM, by registers), every CTA at least one d-chunk.
   const int chunks = dim / kSplitDimUnit;
   const int per_tile = std::max(1, 2 * sm_count / g.tiles);
   g.chunks_per_split = (chunks + std::min(chunks, per_tile) - 1) / std::min(chunks, per_tile);
@@ -567,7 +714,7 @@ Geometry geometry(int dim, int tokens, int sm_count) {
 void launch(const Params& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
   DSV4_CHECK(split_supports_dim(p.dim), "mHC split path: dim ", p.dim, " is not a width it takes");
-  const Geometry geo = geometry(p.dim, p.tokens, sm_count());
+  const Geometry geo = geometry(p.dim, p.tokens, sm_count(), p.kind != Kind::kPostPre);
   DSV4_CHECK(geo.tiles <= 65535, "mHC split path: ", p.tokens,
              " tokens need more than 65535 tiles");
   const int mix = p.kind == Kind::kHead ? kMixHead : kMixPre;

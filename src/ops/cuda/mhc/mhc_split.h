@@ -57,10 +57,13 @@ struct Params {
 
 // Grid of the projection kernel for a shape (host arithmetic, no CUDA call): token rows per
 // tile, tiles, d-chunks per split, splits.
+// staged: the projection stages the streams through shared memory (mhc_config.h,
+// kSplitStagedMinTokens; kPre and kHead only).
 struct Geometry {
   int rows = 0, tiles = 0, chunks_per_split = 0, splits = 0;
+  bool staged = false;
 };
-Geometry geometry(int dim, int tokens, int sm_count);
+Geometry geometry(int dim, int tokens, int sm_count, bool can_stage = true);
 
 // Partials (token, split pairs) the workspace reserves: 64 (2 sms + 8), at least tokens x splits
 // of every shape of up to that many tokens (so every decode step and prefill chunk of up to ~17K

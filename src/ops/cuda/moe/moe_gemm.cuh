@@ -23,6 +23,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "ops/cuda/moe/fp4_pack.h"
@@ -362,7 +363,7 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
     };
     // Prefill tiles run the MMA on the quarters of BN the tile's rows need (N = BN/4 .. BN; the
     // accumulators of the unused columns idle).
-    if constexpr (T::BN >= 64) {
+    if constexpr (T::BN >= 64 && T::QUARTERS) {
       switch (quarters) {
         case 1:
           mainloop(std::integral_constant<int, T::BN / 4>{});
@@ -451,9 +452,26 @@ void launch_moe_gemm_impl(int tile_n, bool gate_up, const GemmArgs& a, const Lau
     case 64:
       return gate_up ? launch_moe_gemm_instance<F, TileN64, true>(a, c)
                      : launch_moe_gemm_instance<F, TileN64, false>(a, c);
-    case 128:
+    case 128: {
+      static const int kg = [] {
+        const char* v = std::getenv("DSV4_X_T128_KG");
+        return v != nullptr ? std::atoi(v) : 1;
+      }();
+      if (kg == 2)
+        return gate_up ? launch_moe_gemm_instance<F, TileN128K2, true>(a, c)
+                       : launch_moe_gemm_instance<F, TileN128K2, false>(a, c);
+      if (kg == 21)
+        return gate_up ? launch_moe_gemm_instance<F, TileN128K2S, true>(a, c)
+                       : launch_moe_gemm_instance<F, TileN128K2S, false>(a, c);
+      if (kg == 41)
+        return gate_up ? launch_moe_gemm_instance<F, TileN128K4S, true>(a, c)
+                       : launch_moe_gemm_instance<F, TileN128K4S, false>(a, c);
+      if (kg == 11)
+        return gate_up ? launch_moe_gemm_instance<F, TileN128K1S, true>(a, c)
+                       : launch_moe_gemm_instance<F, TileN128K1S, false>(a, c);
       return gate_up ? launch_moe_gemm_instance<F, TileN128, true>(a, c)
                      : launch_moe_gemm_instance<F, TileN128, false>(a, c);
+    }
     default:
       throw Error(cat("moe expert GEMM: unsupported token tile ", tile_n));
   }
