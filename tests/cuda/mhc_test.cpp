@@ -580,6 +580,18 @@ TEST_F(CudaMhc, SplitForcedPrefill) {
   check_head(4096, 500, true, seed++, cuda::HcPath::kSplit);
 }
 
+// The staged projection and finishing kernels (prefill sizes) at narrow widths: cheap enough for
+// the emulator in CI (scripts/kemu/ci_cases.txt); d-chunks fewer than the stages, a partial
+// last tile, hc_head, a ring that wraps.
+TEST_F(CudaMhc, SplitStagedNarrow) {
+  uint64_t seed = 770;
+  check_pre(128, 1024, true, seed++, cuda::HcPath::kSplit);
+  check_pre(256, 1090, false, seed++, cuda::HcPath::kSplit);
+  check_head(128, 1030, true, seed++, cuda::HcPath::kSplit);
+  // 33 tiles of 64: 8 splits of 4 d-chunks, so the 4-stage ring wraps.
+  check_pre(1024, 2100, true, seed++, cuda::HcPath::kSplit);
+}
+
 // The cluster kernel, which kAuto no longer runs at these widths, at prefill sizes (several
 // m-tiles per cluster tile; hc_post_pre as hc_post then hc_pre).
 TEST_F(CudaMhc, ClusterForcedPrefill) {
