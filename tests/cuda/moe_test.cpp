@@ -1226,6 +1226,12 @@ std::vector<Spec> specs() {
   }
   // The 128 tile at every MMA width (N = 32, 64, 96, 128 by the rows of each tile).
   v.push_back({"tile128_mx_m300", 256, 128, 16, 4, MX, false, 300, 1, 128});
+  // The grouping over many CTAs (kPlanMultiMinPairs pairs and more): a partial last chunk,
+  // 256 experts, all tokens on one expert, hash routing.
+  v.push_back({"plan_multi_nv_m2100", 256, 128, 16, 4, NV, false, 2100});
+  v.push_back({"plan_multi_e256_mx_m1400", 256, 128, 256, 6, MX, false, 1400});
+  v.push_back({"plan_multi_skew_nv_m2100", 256, 128, 16, 4, NV, false, 2100, 1});
+  v.push_back({"plan_multi_hash_mx_m2100", 256, 128, 16, 4, MX, true, 2100});
   // MXFP4 scales beyond 2^1 (the BF16 scale bias moves off its default).
   v.push_back({"bigscale_mx_m17", 256, 128, 16, 4, MX, false, 17, 0, 0, false, 14});
   // Real sizes: Flash (4096 / 2048, golden-sized 16 experts, top-6), Pro (7168 / 3072).

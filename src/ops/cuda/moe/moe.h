@@ -169,6 +169,7 @@ struct MoeWorkspace {
   float* sorted_wt = nullptr;       // [m*K]
   int32_t* expert_first = nullptr;  // [E + 1] first position of each expert
   int4* tiles = nullptr;            // [m*K] (expert, first position, rows, 0)
+  int32_t* plan_counts = nullptr;   // [chunks of kPlanChunk pairs, E] the multi-CTA grouping's
   __nv_bfloat16* act = nullptr;     // [m*K, inter] SwiGLU output
   __nv_bfloat16* actq = nullptr;    // [m*K, inter] its FP8 fake-quantisation
   __nv_bfloat16* ye = nullptr;      // [m*K, dim] expert outputs (BF16, unweighted sum terms)

@@ -133,6 +133,12 @@ constexpr int kRouterTileM = 64, kRouterTileE = 128;  // the tiled kernel's CTA 
 constexpr int kMaxExperts = 1024;  // plan kernel: one thread per expert
 constexpr int kMaxTopK = 16;
 constexpr int kPlanThreads = 1024;
+// From this many (row, slot) pairs the grouping runs over many CTAs (moe_route.cu, plan_count /
+// plan_scan / plan_place): one CTA walking 49,152 pairs took 136 us of the 8K prefill's CSA
+// layer on the H200. Each CTA of the count and place kernels takes kPlanChunk pairs.
+constexpr int kPlanMultiMinPairs = 8192;
+constexpr int kPlanChunk = 512;
+constexpr int kPlanChunkThreads = 256;
 constexpr int kFinishWarps = 8;  // route_select: one warp per token
 // Up to this many rows (and scores fitting the shared memory below) selection and grouping
 // run as one single-CTA kernel (which stages them twice: biased and raw).

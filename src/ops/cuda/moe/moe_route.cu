@@ -532,7 +532,27 @@ struct PlanArgs {
   float* sorted_wt;
   int32_t* expert_first;
   int4* tiles;
+  int32_t* chunk_counts;  // multi-CTA grouping: [chunks, E]
 };
+
+// Rank of pair p within its expert by a shared-memory counter, or -1 for a repeated expert in
+// its row (counted once) and an expert id out of range (flagged).
+__device__ __forceinline__ int pair_rank(const PlanArgs& a, const int32_t* sel, int p, int* s_cnt) {
+  const int K = a.top_k, r = p / K, i = p % K, e = sel[p];
+  bool skip = e < 0 || e >= a.n_experts;
+  if (skip) atomicOr(&a.counters[2], kErrExpertRange);
+  for (int j = 0; j < i && !skip; ++j) skip = sel[size_t(r) * K + j] == e;
+  return skip ? -1 : atomicAdd(&s_cnt[e], 1);
+}
+
+// Expert e's tiles from its first position and count.
+__device__ __forceinline__ void write_tiles(const PlanArgs& a, int e, int first, int count,
+                                            int first_tile) {
+  const int nt = (count + a.tile_n - 1) / a.tile_n;
+  for (int j = 0; j < nt; ++j)
+    a.tiles[first_tile + j] =
+        make_int4(e, first + j * a.tile_n, min(a.tile_n, count - j * a.tile_n), 0);
+}
 
 // Exclusive scan of (a, b) over the CTA's threads (kPlanThreads); returns the totals.
 __device__ __forceinline__ int2 block_scan2(int a, int b, int2& excl, int2* s_warp) {
@@ -571,13 +591,7 @@ __device__ void plan_body(const PlanArgs& a, const int32_t* sel, const float* wt
   for (int e = tid; e < kMaxExperts; e += kPlanThreads) s_cnt[e] = 0;
   __syncthreads();
   // Rank of each (row, slot) within its expert; a repeated expert in a row counts once.
-  for (int p = tid; p < n; p += kPlanThreads) {
-    const int r = p / K, i = p % K, e = sel[p];
-    bool skip = e < 0 || e >= E;
-    if (skip) atomicOr(&a.counters[2], kErrExpertRange);
-    for (int j = 0; j < i && !skip; ++j) skip = sel[size_t(r) * K + j] == e;
-    a.pair_pos[p] = skip ? -1 : atomicAdd(&s_cnt[e], 1);
-  }
+  for (int p = tid; p < n; p += kPlanThreads) a.pair_pos[p] = pair_rank(a, sel, p, s_cnt);
   __syncthreads();
   const int c = tid < E ? s_cnt[tid] : 0;
   const int nt = (c + a.tile_n - 1) / a.tile_n;
@@ -595,9 +609,7 @@ __device__ void plan_body(const PlanArgs& a, const int32_t* sel, const float* wt
   }
   if (tid < E) {
     a.expert_first[tid] = excl.x;
-    for (int j = 0; j < nt; ++j)
-      a.tiles[excl.y + j] =
-          make_int4(tid, excl.x + j * a.tile_n, min(a.tile_n, c - j * a.tile_n), 0);
+    write_tiles(a, tid, excl.x, c, excl.y);
   }
   if (tid == 0) {
     a.expert_first[E] = total.x;
@@ -610,6 +622,74 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const PlanArgs a) {
   sm90::griddep_wait();
   sm90::griddep_launch_dependents();
   plan_body(a, a.sel, a.wt);
+}
+
+// ---- grouping over many CTAs (pairs >= kPlanMultiMinPairs) -------------------------------------
+// 1. count: CTA b ranks the pairs of its chunk within their experts (pair_pos = the rank in the
+//    chunk) and writes its per-expert counts. 2. scan (one CTA, a thread per expert): the counts
+//    become each chunk's first rank within the expert, the experts' first positions and tiles as
+//    plan_body makes them. 3. place: position = expert's first + chunk's first + rank. The same
+//    groups and tiles as plan_body; positions within an expert follow chunk order, the order
+//    inside a chunk is the shared counter's (plan_body's is too: nothing reads it as an order).
+__global__ void __launch_bounds__(kPlanChunkThreads) plan_count_kernel(const PlanArgs a) {
+  __shared__ int s_cnt[kMaxExperts];
+  sm90::griddep_wait();
+  sm90::griddep_launch_dependents();
+  const int E = a.n_experts, n = a.m * a.top_k;
+  for (int e = threadIdx.x; e < E; e += kPlanChunkThreads) s_cnt[e] = 0;
+  __syncthreads();
+  const int p0 = blockIdx.x * kPlanChunk, p1 = min(n, p0 + kPlanChunk);
+  for (int p = p0 + threadIdx.x; p < p1; p += kPlanChunkThreads)
+    a.pair_pos[p] = pair_rank(a, a.sel, p, s_cnt);
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += kPlanChunkThreads)
+    a.chunk_counts[size_t(blockIdx.x) * E + e] = s_cnt[e];
+}
+
+__global__ void __launch_bounds__(kPlanThreads) plan_scan_kernel(const PlanArgs a, int chunks) {
+  __shared__ int2 s_warp[kPlanThreads / 32];
+  sm90::griddep_wait();
+  sm90::griddep_launch_dependents();
+  const int tid = threadIdx.x, E = a.n_experts;
+  int c = 0;
+  if (tid < E) {
+    int32_t* col = a.chunk_counts + tid;
+#pragma unroll 8
+    for (int b = 0; b < chunks; ++b) {
+      const int v = col[size_t(b) * E];
+      col[size_t(b) * E] = c;
+      c += v;
+    }
+  }
+  const int nt = (c + a.tile_n - 1) / a.tile_n;
+  int2 excl;
+  const int2 total = block_scan2(c, nt, excl, s_warp);
+  if (tid < E) {
+    a.expert_first[tid] = excl.x;
+    write_tiles(a, tid, excl.x, c, excl.y);
+  }
+  if (tid == 0) {
+    a.expert_first[E] = total.x;
+    a.counters[0] = total.x;
+    a.counters[1] = total.y;
+  }
+}
+
+__global__ void __launch_bounds__(kPlanChunkThreads) plan_place_kernel(const PlanArgs a) {
+  sm90::griddep_wait();
+  sm90::griddep_launch_dependents();
+  const int E = a.n_experts, K = a.top_k, n = a.m * K;
+  const int p0 = blockIdx.x * kPlanChunk, p1 = min(n, p0 + kPlanChunk);
+  const int32_t* first_in_chunk = a.chunk_counts + size_t(blockIdx.x) * E;
+  for (int p = p0 + threadIdx.x; p < p1; p += kPlanChunkThreads) {
+    const int rank = a.pair_pos[p];
+    if (rank < 0) continue;
+    const int e = a.sel[p];
+    const int pos = a.expert_first[e] + first_in_chunk[e] + rank;
+    a.pair_pos[p] = pos;
+    a.sorted_row[pos] = p / K;
+    a.sorted_wt[pos] = a.wt[p];
+  }
 }
 
 // Decode: selection of every row (one warp per row, the biased scores of all rows staged by all
@@ -755,6 +835,7 @@ PlanArgs plan_args(const MoeDeviceWeights& w, const MoeArgs& a, const MoeWorkspa
   p.sorted_wt = ws.sorted_wt;
   p.expert_first = ws.expert_first;
   p.tiles = ws.tiles;
+  p.chunk_counts = ws.plan_counts;
   return p;
 }
 
@@ -863,6 +944,10 @@ void launch_router(const LaunchCtx& c, const MoeDeviceWeights& w, const MoeArgs&
   }
 }
 
+bool plan_multi_cta(long pairs) {
+  return pairs >= kPlanMultiMinPairs;
+}
+
 bool route_plan_fused(int m, int n_experts) {
   return m <= kFusedRouteRows && size_t(m) * n_experts * sizeof(float) <= kFusedRouteSmem;
 }
@@ -876,7 +961,16 @@ void launch_route_select(const LaunchCtx& c, const MoeDeviceWeights& w, const Mo
 
 void launch_plan(const LaunchCtx& c, const MoeDeviceWeights& w, const MoeArgs& a,
                  const MoeWorkspace& ws, int tile_n) {
-  launch_kernel(c, plan_kernel, dim3(1), dim3(kPlanThreads), 0, plan_args(w, a, ws, tile_n));
+  const PlanArgs p = plan_args(w, a, ws, tile_n);
+  const long pairs = long(a.m) * a.p.top_k;
+  if (!plan_multi_cta(pairs)) {
+    launch_kernel(c, plan_kernel, dim3(1), dim3(kPlanThreads), 0, p);
+    return;
+  }
+  const int chunks = int((pairs + kPlanChunk - 1) / kPlanChunk);
+  launch_kernel(c, plan_count_kernel, dim3(chunks), dim3(kPlanChunkThreads), 0, p);
+  launch_kernel(c, plan_scan_kernel, dim3(1), dim3(kPlanThreads), 0, p, chunks);
+  launch_kernel(c, plan_place_kernel, dim3(chunks), dim3(kPlanChunkThreads), 0, p);
 }
 
 void launch_route_plan_small(const LaunchCtx& c, const MoeDeviceWeights& w, const MoeArgs& a,
