@@ -48,38 +48,18 @@ __device__ __forceinline__ float e2m1_mag_value(int c) {
   return c < 4 ? 0.5f * float(c) : float(1 << (c / 2 - 1)) * (c & 1 ? 1.5f : 1.0f);
 }
 
-__global__ void __launch_bounds__(kQueryWarps * 32) indexer_query_kernel(
-    const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ wproj,
-    const int32_t* __restrict__ cu_seqlens, const int32_t* __restrict__ seq_pos0, int num_seqs,
-    int num_tokens, int n_heads, const float* __restrict__ inv_freq, float had_scale, float w_scale,
-    __nv_bfloat16* __restrict__ q_out, __nv_bfloat16* __restrict__ w_out) {
-  // Launched programmatically (IndexerParams::pdl): nothing is read before the kernel before
-  // is complete.
-  sm90::griddep_wait();
-  sm90::griddep_launch_dependents();
-  const int lane = threadIdx.x & 31;
-  const int64_t gw = int64_t(blockIdx.x) * kQueryWarps + (threadIdx.x >> 5);
-  if (gw >= int64_t(num_tokens) * n_heads) return;
-  const int t = int(gw / n_heads), h = int(gw % n_heads);
-  const int s = detail::seq_of_token(cu_seqlens, num_seqs, t);
-  const int pos = __ldg(seq_pos0 + s) + (t - __ldg(cu_seqlens + s));
-
-  // Lane l holds elements 4l .. 4l+3.
-  const size_t row = (size_t(t) * n_heads + h) * kHeadDim;
-  const uint2 raw = *reinterpret_cast<const uint2*>(q + row + 4 * lane);
+// One head row of token t by the calling warp: RoPE (cs: the lane's two pairs, lanes >= 16),
+// Hadamard, FP4 fake-quantisation; lane l holds elements 4l .. 4l+3.
+__device__ __forceinline__ uint2 query_row(uint2 raw, const float2 (&cs)[2], float had_scale,
+                                           int lane) {
   float x[4] = {sm90::bf16lo_to_float(raw.x), sm90::bf16hi_to_float(raw.x),
                 sm90::bf16lo_to_float(raw.y), sm90::bf16hi_to_float(raw.y)};
 
   // RoPE on dims 64..127: pairs (64 + 2i, 65 + 2i); lane l >= 16 holds pairs i = 2l-32, 2l-31.
   if (lane >= 16) {
-    const float p = float(pos);
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      const int i = 2 * lane - 32 + k;
-      const float angle = __fmul_rn(p, __ldg(inv_freq + i));
-      double sd, cd;
-      sincos(double(angle), &sd, &cd);
-      const float c = float(cd), sn = float(sd);
+      const float c = cs[k].x, sn = cs[k].y;
       const float a = x[2 * k], b = x[2 * k + 1];
       x[2 * k] = round_bf16(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn)));
       x[2 * k + 1] = round_bf16(__fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c)));
@@ -127,11 +107,56 @@ __global__ void __launch_bounds__(kQueryWarps * 32) indexer_query_kernel(
   uint2 o;
   o.x = uint32_t(outb[0]) | (uint32_t(outb[1]) << 16);
   o.y = uint32_t(outb[2]) | (uint32_t(outb[3]) << 16);
-  *reinterpret_cast<uint2*>(q_out + row + 4 * lane) = o;
+  return o;
+}
 
-  if (lane == 0) {
-    const float wv = __bfloat162float(wproj[size_t(t) * n_heads + h]);
-    w_out[size_t(t) * n_heads + h] = __float2bfloat16_rn(__fmul_rn(wv, w_scale));
+__global__ void __launch_bounds__(kQueryWarps * 32)
+    indexer_query_kernel(const __nv_bfloat16* __restrict__ q,
+                         const __nv_bfloat16* __restrict__ wproj,
+                         const int32_t* __restrict__ cu_seqlens,
+                         const int32_t* __restrict__ seq_pos0, int num_seqs, int n_heads,
+                         const float* __restrict__ inv_freq, float had_scale, float w_scale,
+                         __nv_bfloat16* __restrict__ q_out, __nv_bfloat16* __restrict__ w_out) {
+  static_assert(kRopePairs == 32, "one pair a lane of warp 0; two a lane of lanes 16..31");
+  __shared__ float2 s_cs[kRopePairs];
+  // Launched programmatically (IndexerParams::pdl): nothing is read before the kernel before
+  // is complete.
+  sm90::griddep_wait();
+  sm90::griddep_launch_dependents();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int t = blockIdx.x;
+  if (warp == 0) {
+    // cos / sin of pair i = lane at the token's position, as the per-head code computed them:
+    // the fp32 angle, then sincos in double rounded to float.
+    const int s = detail::seq_of_token(cu_seqlens, num_seqs, t);
+    const int pos = __ldg(seq_pos0 + s) + (t - __ldg(cu_seqlens + s));
+    const float angle = __fmul_rn(float(pos), __ldg(inv_freq + lane));
+    double sd, cd;
+    sincos(double(angle), &sd, &cd);
+    s_cs[lane] = make_float2(float(cd), float(sd));
+  }
+  uint2 raw[kQueryRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kQueryRowsPerWarp; ++r) {
+    const int h = warp + r * kQueryWarps;
+    raw[r] =
+        h < n_heads
+            ? *reinterpret_cast<const uint2*>(q + (size_t(t) * n_heads + h) * kHeadDim + 4 * lane)
+            : make_uint2(0, 0);
+  }
+  __syncthreads();
+  float2 cs[2] = {make_float2(0.f, 0.f), make_float2(0.f, 0.f)};
+  if (lane >= 16) cs[0] = s_cs[2 * lane - 32], cs[1] = s_cs[2 * lane - 31];
+#pragma unroll
+  for (int r = 0; r < kQueryRowsPerWarp; ++r) {
+    const int h = warp + r * kQueryWarps;
+    if (h >= n_heads) break;  // warp-uniform
+    const size_t row = (size_t(t) * n_heads + h) * kHeadDim;
+    *reinterpret_cast<uint2*>(q_out + row + 4 * lane) = query_row(raw[r], cs, had_scale, lane);
+    if (lane == 0) {
+      const float wv = __bfloat162float(wproj[size_t(t) * n_heads + h]);
+      w_out[size_t(t) * n_heads + h] = __float2bfloat16_rn(__fmul_rn(wv, w_scale));
+    }
   }
 }
 
@@ -145,12 +170,10 @@ void indexer_query(const IndexerParams& p, cudaStream_t stream) {
   const float had_scale = static_cast<float>(1.0 / std::sqrt(double(kHeadDim)));
   const float w_scale =
       static_cast<float>(1.0 / std::sqrt(double(kHeadDim)) / std::sqrt(double(p.n_heads)));
-  const int64_t warps = int64_t(p.batch.num_tokens) * p.n_heads;
-  const int64_t blocks = (warps + kQueryWarps - 1) / kQueryWarps;
-  launch_kernel(LaunchConfig{dim3(unsigned(blocks)), dim3(kQueryWarps * 32), 0, stream, p.pdl},
-                indexer_query_kernel, p.q, p.wproj, p.batch.cu_seqlens, p.batch.seq_pos0,
-                p.batch.num_seqs, p.batch.num_tokens, p.n_heads, p.inv_freq, had_scale, w_scale,
-                p.q_fp4, p.weights);
+  launch_kernel(
+      LaunchConfig{dim3(unsigned(p.batch.num_tokens)), dim3(kQueryWarps * 32), 0, stream, p.pdl},
+      indexer_query_kernel, p.q, p.wproj, p.batch.cu_seqlens, p.batch.seq_pos0, p.batch.num_seqs,
+      p.n_heads, p.inv_freq, had_scale, w_scale, p.q_fp4, p.weights);
 }
 
 }  // namespace dsv4::cuda
