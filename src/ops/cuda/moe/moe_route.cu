@@ -545,15 +545,6 @@ __device__ __forceinline__ int pair_rank(const PlanArgs& a, const int32_t* sel, 
   return skip ? -1 : atomicAdd(&s_cnt[e], 1);
 }
 
-// Expert e's tiles from its first position and count.
-__device__ __forceinline__ void write_tiles(const PlanArgs& a, int e, int first, int count,
-                                            int first_tile) {
-  const int nt = (count + a.tile_n - 1) / a.tile_n;
-  for (int j = 0; j < nt; ++j)
-    a.tiles[first_tile + j] =
-        make_int4(e, first + j * a.tile_n, min(a.tile_n, count - j * a.tile_n), 0);
-}
-
 // Exclusive scan of (a, b) over the CTA's threads (kPlanThreads); returns the totals.
 __device__ __forceinline__ int2 block_scan2(int a, int b, int2& excl, int2* s_warp) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -582,6 +573,39 @@ __device__ __forceinline__ int2 block_scan2(int a, int b, int2& excl, int2* s_wa
   return total;
 }
 
+// Expert e's tiles from its first position and count: its full tiles (tile_n rows) from
+// full_tile on, its partial last tile (if any) at part_tile. The plan puts every full tile
+// before every partial one (counters[3] = the full tiles), so a GEMM can run each class with its
+// own kernel (GemmArgs::tile_class).
+__device__ __forceinline__ void write_tiles(const PlanArgs& a, int e, int first, int count,
+                                            int full_tile, int part_tile) {
+  const int nfull = count / a.tile_n, rest = count - nfull * a.tile_n;
+  for (int j = 0; j < nfull; ++j)
+    a.tiles[full_tile + j] = make_int4(e, first + j * a.tile_n, a.tile_n, 0);
+  if (rest > 0) a.tiles[part_tile] = make_int4(e, first + nfull * a.tile_n, rest, 0);
+}
+
+// The experts' first positions and tiles from their counts c (thread e < E; every thread of the
+// CTA calls it: block scans).
+__device__ __forceinline__ void write_groups(const PlanArgs& a, int c, int2* s_warp, int* s_first) {
+  const int tid = threadIdx.x, E = a.n_experts;
+  const int nfull = c / a.tile_n, npart = c % a.tile_n != 0 ? 1 : 0;
+  int2 excl, excl_part;
+  const int2 total = block_scan2(c, nfull, excl, s_warp);
+  const int2 total_part = block_scan2(npart, 0, excl_part, s_warp);
+  if (tid < E) {
+    if (s_first) s_first[tid] = excl.x;
+    a.expert_first[tid] = excl.x;
+    write_tiles(a, tid, excl.x, c, excl.y, total.y + excl_part.x);
+  }
+  if (tid == 0) {
+    a.expert_first[E] = total.x;
+    a.counters[0] = total.x;
+    a.counters[1] = total.y + total_part.x;
+    a.counters[3] = total.y;
+  }
+}
+
 // The grouping by one CTA of kPlanThreads threads from sel / wt ([m, K], global or shared,
 // written before and visible to the CTA).
 __device__ void plan_body(const PlanArgs& a, const int32_t* sel, const float* wt) {
@@ -593,11 +617,7 @@ __device__ void plan_body(const PlanArgs& a, const int32_t* sel, const float* wt
   // Rank of each (row, slot) within its expert; a repeated expert in a row counts once.
   for (int p = tid; p < n; p += kPlanThreads) a.pair_pos[p] = pair_rank(a, sel, p, s_cnt);
   __syncthreads();
-  const int c = tid < E ? s_cnt[tid] : 0;
-  const int nt = (c + a.tile_n - 1) / a.tile_n;
-  int2 excl;
-  const int2 total = block_scan2(c, nt, excl, s_warp);
-  if (tid < E) s_first[tid] = excl.x;
+  write_groups(a, tid < E ? s_cnt[tid] : 0, s_warp, s_first);
   __syncthreads();
   for (int p = tid; p < n; p += kPlanThreads) {
     const int rank = a.pair_pos[p];
@@ -606,15 +626,6 @@ __device__ void plan_body(const PlanArgs& a, const int32_t* sel, const float* wt
     a.pair_pos[p] = pos;
     a.sorted_row[pos] = p / K;
     a.sorted_wt[pos] = wt[p];
-  }
-  if (tid < E) {
-    a.expert_first[tid] = excl.x;
-    write_tiles(a, tid, excl.x, c, excl.y);
-  }
-  if (tid == 0) {
-    a.expert_first[E] = total.x;
-    a.counters[0] = total.x;
-    a.counters[1] = total.y;
   }
 }
 
@@ -661,18 +672,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_scan_kernel(const PlanArgs 
       c += v;
     }
   }
-  const int nt = (c + a.tile_n - 1) / a.tile_n;
-  int2 excl;
-  const int2 total = block_scan2(c, nt, excl, s_warp);
-  if (tid < E) {
-    a.expert_first[tid] = excl.x;
-    write_tiles(a, tid, excl.x, c, excl.y);
-  }
-  if (tid == 0) {
-    a.expert_first[E] = total.x;
-    a.counters[0] = total.x;
-    a.counters[1] = total.y;
-  }
+  write_groups(a, c, s_warp, nullptr);
 }
 
 __global__ void __launch_bounds__(kPlanChunkThreads) plan_place_kernel(const PlanArgs a) {
