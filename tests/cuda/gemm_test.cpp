@@ -309,10 +309,11 @@ TEST_F(CudaGemm, Smoke) {
 
 // ---- quantisation ------------------------------------------------------------------------------
 
+// The last shape has enough blocks (kQuantDeepBlocks) for several loads in flight a warp.
 TEST_F(CudaGemm, ActQuantBytesMatchCpu) {
   Rng rng(11);
-  for (const auto& [m, k] :
-       std::vector<std::pair<int, int>>{{1, 128}, {3, 4096}, {65, 1024}, {1000, 640}, {17, 7168}}) {
+  for (const auto& [m, k] : std::vector<std::pair<int, int>>{
+           {1, 128}, {3, 4096}, {65, 1024}, {1000, 640}, {17, 7168}, {301, 14336}}) {
     std::vector<float> x = random_block_acts(rng, m, k, true);
     // Edge values: signed zeros, BF16 subnormals, the largest BF16, exact e4m3 midpoints.
     x[0] = -0.0f;

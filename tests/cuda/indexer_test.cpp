@@ -324,6 +324,13 @@ TEST_F(CudaIndexer, QueryPathBitExact) {
     DSV4_CUDA_CHECK(cudaDeviceSynchronize());
     check_query(f);
   }
+  // Prefill-sized launches (kQueryPrefillTokens and more: several head rows a warp).
+  for (int heads : {4, 12, 64}) {
+    Fixture f(make_batch({300, 250, 7}, {0, 1000000, 65529}), heads, 8, 64, rng);
+    cuda::indexer_query(f.p, nullptr);
+    DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+    check_query(f);
+  }
 }
 
 TEST_F(CudaIndexer, DecodeMixedLengths) {

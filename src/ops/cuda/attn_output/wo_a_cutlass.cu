@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "ops/cuda/attn_output/attn_output_config.h"
 #include "ops/cuda/attn_output/wo_a_kernels.h"
 #include "ops/cuda/common/cuda_check.h"
 #include "ops/cuda/common/per_device.h"
@@ -134,14 +135,9 @@ void run_wo_a(const WoAArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
-// EXPERIMENT (session 42): DSV4_X_WOA_N=256 runs 128 x 256 tiles (half the weight conversions
-// per FLOP of 128 x 128), for the A/B on the H200.
+// The CTA tile's tokens by attn_output_cfg::wo_a_tile_tokens.
 void wo_a_tensor_core(const WoAArgs& a, cudaStream_t stream) {
-  static const bool wide = [] {
-    const char* v = std::getenv("DSV4_X_WOA_N");
-    return v != nullptr && std::string(v) == "256";
-  }();
-  if (wide)
+  if (attn_output_cfg::wo_a_tile_tokens(a.num_tokens, a.o_lora, a.o_groups, sm_count()) == 256)
     run_wo_a<Shape<_128, _256, _64>>(a, stream);
   else
     run_wo_a<Shape<_128, _128, _64>>(a, stream);

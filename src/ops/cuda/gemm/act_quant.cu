@@ -14,10 +14,14 @@ namespace dsv4::cuda {
 namespace {
 
 constexpr int kQuantThreads = 256;  // 8 warps; a half-warp quantises one 128-element block
-// A warp loads kQuantLoads pairs of consecutive blocks before quantising the first (2 KB a warp
-// in flight; one pair at a time held 512 B: 71 us for the 8K prefill's wo_b input, ~2.8 TB/s).
-constexpr int kQuantLoads = 4;
+// From kQuantDeepBlocks blocks a warp loads kQuantDeepLoads pairs of consecutive blocks before
+// quantising the first (2 KB a warp in flight; one pair at a time held 512 B: 71 us for the 8K
+// prefill's wo_b input, ~2.8 TB/s); below, one pair a warp (decode: the most CTAs, the shortest
+// chain; four pairs took 7.8 us at one token against 1.8).
+constexpr int kQuantDeepLoads = 4;
+constexpr int64_t kQuantDeepBlocks = 32768;
 
+template <int kLoads>
 __global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(ActQuantParams p) {
   // The GEMM that consumes these codes may start launching (it waits for our completion
   // before it reads them).
@@ -31,24 +35,25 @@ __global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(ActQuantParams
   const int hl = threadIdx.x & 15;           // lane inside the half-warp: 8 elements each
   const int64_t warp_id = (int64_t(blockIdx.x) * kQuantThreads + threadIdx.x) / 32;
   const int64_t warps = int64_t(gridDim.x) * kQuantThreads / 32;
-  constexpr int kWarpBlocks = 2 * kQuantLoads;
+  constexpr int kWarpBlocks = 2 * kLoads;
   // The loop bound is uniform over the warp (the shuffles need all 32 lanes).
   for (int64_t wb = warp_id * kWarpBlocks; wb < blocks; wb += warps * kWarpBlocks) {
-    uint4 raw[kQuantLoads];
+    uint4 raw[kLoads];
+    int64_t row[kLoads];
+    int kb[kLoads];
 #pragma unroll
-    for (int q = 0; q < kQuantLoads; ++q) {
+    for (int q = 0; q < kLoads; ++q) {
       const int64_t blk = wb + 2 * q + half;
+      row[q] = blk / kb_per_row;
+      kb[q] = int(blk - row[q] * kb_per_row);
       raw[q] = make_uint4(0, 0, 0, 0);
       if (blk < blocks)
-        raw[q] = __ldg(reinterpret_cast<const uint4*>(p.x + (blk / kb_per_row) * ldx +
-                                                      (blk % kb_per_row) * 128 + hl * 8));
+        raw[q] = __ldg(
+            reinterpret_cast<const uint4*>(p.x + row[q] * ldx + int64_t(kb[q]) * 128 + hl * 8));
     }
 #pragma unroll
-    for (int q = 0; q < kQuantLoads; ++q) {
-      const int64_t blk = wb + 2 * q + half;
-      const bool valid = blk < blocks;  // uniform over each half-warp
-      const int64_t row = valid ? blk / kb_per_row : 0;
-      const int kb = valid ? int(blk % kb_per_row) : 0;
+    for (int q = 0; q < kLoads; ++q) {
+      const bool valid = wb + 2 * q + half < blocks;  // uniform over each half-warp
       const __nv_bfloat16* xv = reinterpret_cast<const __nv_bfloat16*>(&raw[q]);
       float v[8];
 #pragma unroll
@@ -56,13 +61,13 @@ __global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(ActQuantParams
       uint32_t e = 0;
       const uint2 codes = act_quant::quantize_block8(v, e);
       if (!valid) continue;
-      *reinterpret_cast<uint2*>(p.codes + row * p.k + int64_t(kb) * 128 + hl * 8) = codes;
+      *reinterpret_cast<uint2*>(p.codes + row[q] * p.k + int64_t(kb[q]) * 128 + hl * 8) = codes;
       if (hl == 0) {
         // With the pad rows up to fp8_scale_ld(m) (ld_scales >= that) as 0: the tensor-core GEMM
         // reads them (fp8_gemm_prefill.cu, sfa_rows) and they should not be whatever the
         // workspace held.
-        act_quant::store_block_scale(p.scales_t, p.ld_scales, kb, row, p.m, e);
-        if (p.scales_e8m0) p.scales_e8m0[row * kb_per_row + kb] = uint8_t(e);
+        act_quant::store_block_scale(p.scales_t, p.ld_scales, kb[q], row[q], p.m, e);
+        if (p.scales_e8m0) p.scales_e8m0[row[q] * kb_per_row + kb[q]] = uint8_t(e);
       }
     }
   }
@@ -95,14 +100,15 @@ void quantize_act_fp8(const ActQuantParams& p, cudaStream_t stream) {
       reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && reinterpret_cast<uintptr_t>(p.codes) % 16 == 0,
       "quantize_act_fp8: x and codes must be 16-byte aligned");
   const int64_t blocks = int64_t(p.m) * (p.k / 128);
-  const int64_t per_cta = kQuantThreads / 32 * 2 * kQuantLoads;  // blocks per CTA per iteration
+  const bool deep = blocks >= kQuantDeepBlocks;
+  const int64_t per_cta = kQuantThreads / 32 * 2 * (deep ? kQuantDeepLoads : 1);  // an iteration
   const int grid = int(std::min<int64_t>((blocks + per_cta - 1) / per_cta, 1 << 20));
   LaunchConfig cfg;
   cfg.grid = dim3(unsigned(grid), 1, 1);
   cfg.block = dim3(kQuantThreads, 1, 1);
   cfg.stream = stream;
   cfg.pdl = p.pdl;
-  launch_kernel(cfg, act_quant_kernel, p);
+  launch_kernel(cfg, deep ? act_quant_kernel<kQuantDeepLoads> : act_quant_kernel<1>, p);
 }
 
 void fp8_weight_scales_to_f32(const uint8_t* e8m0, int n, int k, float* scales_t,

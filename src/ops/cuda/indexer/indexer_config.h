@@ -11,12 +11,15 @@ constexpr int kKeyScales = kHeadDim / kFp4Block;  // UE8M0 per key
 // Heads: the logits kernel runs 8, 16, 32 or 64 (its MMA width), fewer padded with zeros.
 constexpr int kMaxHeads = 64;
 
-// Query path: one CTA per token; a warp per head row, 4 values per lane, each warp's rows
-// (heads w, w + kQueryWarps, ...) loaded together; the token's RoPE cos/sin computed once (they
-// do not depend on the head: computing them per (token, head) in double precision was most of
-// the kernel, 354 us at the 8K prefill on the H200).
+// Query path: a CTA per (token, group of kQueryWarps x R heads); a warp per head row, 4 values
+// per lane, each warp's R rows (heads w, w + kQueryWarps, ...) loaded together; the CTA's warp 0
+// computes the token's RoPE cos/sin once (they do not depend on the head: computing them per
+// (token, head) in double precision was most of the kernel, 354 us at the 8K prefill on the
+// H200). R = kQueryRowsPrefill (a CTA per token) from kQueryPrefillTokens tokens, else 1 (one
+// row a warp keeps a decode step's latency at one row's: 8 rows a warp took 9.3 us at b = 1).
 constexpr int kQueryWarps = 8;
-constexpr int kQueryRowsPerWarp = (kMaxHeads + kQueryWarps - 1) / kQueryWarps;
+constexpr int kQueryRowsPrefill = (kMaxHeads + kQueryWarps - 1) / kQueryWarps;
+constexpr int kQueryPrefillTokens = 512;
 constexpr int kRopePairs = kRopeDim / 2;
 
 // Logits: 4 warps x 32 keys (two m16 tiles) per key tile; up to 4 query tokens of one sequence

@@ -110,6 +110,7 @@ __device__ __forceinline__ uint2 query_row(uint2 raw, const float2 (&cs)[2], flo
   return o;
 }
 
+template <int kRows>
 __global__ void __launch_bounds__(kQueryWarps * 32)
     indexer_query_kernel(const __nv_bfloat16* __restrict__ q,
                          const __nv_bfloat16* __restrict__ wproj,
@@ -124,7 +125,7 @@ __global__ void __launch_bounds__(kQueryWarps * 32)
   sm90::griddep_wait();
   sm90::griddep_launch_dependents();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int t = blockIdx.x;
+  const int t = blockIdx.x, h0 = blockIdx.y * kQueryWarps * kRows;
   if (warp == 0) {
     // cos / sin of pair i = lane at the token's position, as the per-head code computed them:
     // the fp32 angle, then sincos in double rounded to float.
@@ -135,10 +136,10 @@ __global__ void __launch_bounds__(kQueryWarps * 32)
     sincos(double(angle), &sd, &cd);
     s_cs[lane] = make_float2(float(cd), float(sd));
   }
-  uint2 raw[kQueryRowsPerWarp];
+  uint2 raw[kRows];
 #pragma unroll
-  for (int r = 0; r < kQueryRowsPerWarp; ++r) {
-    const int h = warp + r * kQueryWarps;
+  for (int r = 0; r < kRows; ++r) {
+    const int h = h0 + warp + r * kQueryWarps;
     raw[r] =
         h < n_heads
             ? *reinterpret_cast<const uint2*>(q + (size_t(t) * n_heads + h) * kHeadDim + 4 * lane)
@@ -148,8 +149,8 @@ __global__ void __launch_bounds__(kQueryWarps * 32)
   float2 cs[2] = {make_float2(0.f, 0.f), make_float2(0.f, 0.f)};
   if (lane >= 16) cs[0] = s_cs[2 * lane - 32], cs[1] = s_cs[2 * lane - 31];
 #pragma unroll
-  for (int r = 0; r < kQueryRowsPerWarp; ++r) {
-    const int h = warp + r * kQueryWarps;
+  for (int r = 0; r < kRows; ++r) {
+    const int h = h0 + warp + r * kQueryWarps;
     if (h >= n_heads) break;  // warp-uniform
     const size_t row = (size_t(t) * n_heads + h) * kHeadDim;
     *reinterpret_cast<uint2*>(q_out + row + 4 * lane) = query_row(raw[r], cs, had_scale, lane);
@@ -170,10 +171,14 @@ void indexer_query(const IndexerParams& p, cudaStream_t stream) {
   const float had_scale = static_cast<float>(1.0 / std::sqrt(double(kHeadDim)));
   const float w_scale =
       static_cast<float>(1.0 / std::sqrt(double(kHeadDim)) / std::sqrt(double(p.n_heads)));
-  launch_kernel(
-      LaunchConfig{dim3(unsigned(p.batch.num_tokens)), dim3(kQueryWarps * 32), 0, stream, p.pdl},
-      indexer_query_kernel, p.q, p.wproj, p.batch.cu_seqlens, p.batch.seq_pos0, p.batch.num_seqs,
-      p.n_heads, p.inv_freq, had_scale, w_scale, p.q_fp4, p.weights);
+  const bool prefill = p.batch.num_tokens >= kQueryPrefillTokens;
+  const int rows = prefill ? kQueryRowsPrefill : 1;
+  const dim3 grid(unsigned(p.batch.num_tokens),
+                  unsigned((p.n_heads + kQueryWarps * rows - 1) / (kQueryWarps * rows)));
+  const LaunchConfig cfg{grid, dim3(kQueryWarps * 32), 0, stream, p.pdl};
+  auto kernel = prefill ? indexer_query_kernel<kQueryRowsPrefill> : indexer_query_kernel<1>;
+  launch_kernel(cfg, kernel, p.q, p.wproj, p.batch.cu_seqlens, p.batch.seq_pos0, p.batch.num_seqs,
+                p.n_heads, p.inv_freq, had_scale, w_scale, p.q_fp4, p.weights);
 }
 
 }  // namespace dsv4::cuda

@@ -163,8 +163,7 @@ struct MoeWorkspace {
   int32_t* sel = nullptr;           // [m, K] experts in selection order
   float* wt = nullptr;              // [m, K] routing weights
   __nv_bfloat16* xq = nullptr;      // [m, dim]
-  int32_t* counters = nullptr;      // [0] unique pairs P, [1] tiles T, [2] error flags (0 = ok),
-                                    // [3] full tiles (tile_n rows: they come first in `tiles`)
+  int32_t* counters = nullptr;      // [0] unique pairs P, [1] tiles T, [2] error flags (0 = ok)
   int32_t* pair_pos = nullptr;      // [m, K] position in the sorted list; -1 = repeated expert
   int32_t* sorted_row = nullptr;    // [m*K] token row of each position
   float* sorted_wt = nullptr;       // [m*K]

@@ -14,15 +14,14 @@ namespace dsv4::cuda::moe {
 // flight beyond the one being computed).
 // KG k16 steps are dequantised, then issued as one wgmma group (4 = one group per k-block:
 // fewer fence/commit/wait instructions, twice the A-fragment registers in flight).
-template <int BN_, int WGS_, int MT_, int KC_, int STAGES_, int KG_, bool QUARTERS_ = true>
+template <int BN_, int WGS_, int MT_, int KC_, int STAGES_, int KG_>
 struct GemmTile {
-  static constexpr bool QUARTERS = QUARTERS_;  // prefill tiles: MMA width by the tile's rows
-  static constexpr int BN = BN_;               // tokens per tile (wgmma N)
-  static constexpr int WGS = WGS_;             // consumer warpgroups per CTA
-  static constexpr int MT = MT_;               // m64 tiles per warpgroup
-  static constexpr int KC = KC_;               // 64-wide k-blocks per stage (even)
-  static constexpr int STAGES = STAGES_;       // >= 3
-  static constexpr int KG = KG_;               // 1, 2 or 4
+  static constexpr int BN = BN_;          // tokens per tile (wgmma N)
+  static constexpr int WGS = WGS_;        // consumer warpgroups per CTA
+  static constexpr int MT = MT_;          // m64 tiles per warpgroup
+  static constexpr int KC = KC_;          // 64-wide k-blocks per stage (even)
+  static constexpr int STAGES = STAGES_;  // >= 3
+  static constexpr int KG = KG_;          // 1, 2 or 4
   static constexpr int THREADS = 128 * WGS;
   static constexpr int BM = 64 * WGS * MT;  // weight rows per CTA tile
   static_assert(BN % 8 == 0 && BN <= 256, "wgmma N");
@@ -37,13 +36,6 @@ using TileN32 = GemmTile<32, 1, 1, 2, 5, 4>;
 // one k16 step per wgmma group keeps the A registers next to 64-128 accumulators.
 using TileN64 = GemmTile<64, 2, 2, 2, 4, 1>;
 using TileN128 = GemmTile<128, 2, 2, 2, 4, 1>;
-// EXPERIMENT (session 42, DSV4_X_T128_KG=2): two k16 steps a wgmma group (four wgmmas between
-// waits instead of two; 16 more A-fragment registers).
-// 21 / 11 / 41: one MMA width (128) for every tile (fewer registers than four widths).
-using TileN128K2 = GemmTile<128, 2, 2, 2, 4, 2>;
-using TileN128K2S = GemmTile<128, 2, 2, 2, 4, 2, false>;
-using TileN128K1S = GemmTile<128, 2, 2, 2, 4, 1, false>;
-using TileN128K4S = GemmTile<128, 2, 2, 2, 4, 4, false>;
 
 // ---- decode expert GEMM (moe_gemm_stream.cuh): the same W4A16 mainloop, warp-specialised ----
 // One persistent CTA per SM walks (token tile, 64-row block) items; a producer warp keeps a

@@ -23,7 +23,6 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 #include "ops/cuda/moe/fp4_pack.h"
@@ -50,8 +49,7 @@ struct GemmArgs {
   const __nv_bfloat16* act = nullptr;  // activation rows [*, k]
   const int32_t* act_row = nullptr;    // position -> activation row; null: row = position
   const int4* tiles = nullptr;         // (expert, first position, rows, 0)
-  const int32_t* counters = nullptr;   // [1] = number of tiles, [3] = full tiles (first)
-  int tile_class = 0;                  // 0: every tile, 1: the full tiles, 2: the partial ones
+  const int32_t* counters = nullptr;   // [1] = number of tiles
   const float* pos_weight = nullptr;   // gate/up: routing weight of each position
   float swiglu_limit = 0;
   __nv_bfloat16* out = nullptr;  // [positions, ldo]
@@ -162,9 +160,7 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
   const int KB = a.k / 64;
   const int nch = (KB + T::KC - 1) / T::KC;
   const int row_blocks = a.n_rows / T::BM;
-  const int t_begin = a.tile_class == 2 ? a.counters[3] : 0;
-  const int t_end = a.tile_class == 1 ? a.counters[3] : a.counters[1];
-  const int total = (t_end - t_begin) * row_blocks;
+  const int total = a.counters[1] * row_blocks;
   const int rp = 8 * warp + lane / 4;  // this thread's row-pair scale record
   // A fragments in two buffers that alternate between consecutive wgmma groups. The registers
   // of an in-flight wgmma's A operand must not be written before a wait retires it (PTX: undefined;
@@ -182,7 +178,7 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
         for (int i = 0; i < 4; ++i) afr[b][kq][mt][i] = 0u;
 
   for (int item = blockIdx.x; item < total; item += gridDim.x) {
-    const int4 tile = a.tiles[t_begin + item / row_blocks];
+    const int4 tile = a.tiles[item / row_blocks];
     const int rbc = item % row_blocks;
     const int e = tile.x, first = tile.y, rows = tile.z;
     const Fp4Epilogue ep = a.epi[e];
@@ -366,7 +362,7 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
     };
     // Prefill tiles run the MMA on the quarters of BN the tile's rows need (N = BN/4 .. BN; the
     // accumulators of the unused columns idle).
-    if constexpr (T::BN >= 64 && T::QUARTERS) {
+    if constexpr (T::BN >= 64) {
       switch (quarters) {
         case 1:
           mainloop(std::integral_constant<int, T::BN / 4>{});
@@ -455,39 +451,9 @@ void launch_moe_gemm_impl(int tile_n, bool gate_up, const GemmArgs& a, const Lau
     case 64:
       return gate_up ? launch_moe_gemm_instance<F, TileN64, true>(a, c)
                      : launch_moe_gemm_instance<F, TileN64, false>(a, c);
-    case 128: {
-      static const int kg = [] {
-        const char* v = std::getenv("DSV4_X_T128_KG");
-        return v != nullptr ? std::atoi(v) : 1;
-      }();
-      if (kg == 2)
-        return gate_up ? launch_moe_gemm_instance<F, TileN128K2, true>(a, c)
-                       : launch_moe_gemm_instance<F, TileN128K2, false>(a, c);
-      if (kg == 21)
-        return gate_up ? launch_moe_gemm_instance<F, TileN128K2S, true>(a, c)
-                       : launch_moe_gemm_instance<F, TileN128K2S, false>(a, c);
-      if (kg == 41)
-        return gate_up ? launch_moe_gemm_instance<F, TileN128K4S, true>(a, c)
-                       : launch_moe_gemm_instance<F, TileN128K4S, false>(a, c);
-      if (kg == 94 || kg == 92) {  // the full tiles at one width, the partial ones by quarters
-        GemmArgs full = a, part = a;
-        full.tile_class = 1;
-        part.tile_class = 2;
-        if (kg == 94)
-          gate_up ? launch_moe_gemm_instance<F, TileN128K4S, true>(full, c)
-                  : launch_moe_gemm_instance<F, TileN128K4S, false>(full, c);
-        else
-          gate_up ? launch_moe_gemm_instance<F, TileN128K2S, true>(full, c)
-                  : launch_moe_gemm_instance<F, TileN128K2S, false>(full, c);
-        return gate_up ? launch_moe_gemm_instance<F, TileN128, true>(part, c)
-                       : launch_moe_gemm_instance<F, TileN128, false>(part, c);
-      }
-      if (kg == 11)
-        return gate_up ? launch_moe_gemm_instance<F, TileN128K1S, true>(a, c)
-                       : launch_moe_gemm_instance<F, TileN128K1S, false>(a, c);
+    case 128:
       return gate_up ? launch_moe_gemm_instance<F, TileN128, true>(a, c)
                      : launch_moe_gemm_instance<F, TileN128, false>(a, c);
-    }
     default:
       throw Error(cat("moe expert GEMM: unsupported token tile ", tile_n));
   }

@@ -64,11 +64,6 @@ __device__ __forceinline__ void quant_block_warp_raw(uint2 raw, __nv_bfloat16* o
   *reinterpret_cast<uint2*>(out + 4 * lane) = num::fp8_fake_quant_warp128(raw);
 }
 
-__device__ __forceinline__ void quant_block_warp(const __nv_bfloat16* in, __nv_bfloat16* out,
-                                                 int lane) {
-  quant_block_warp_raw(*reinterpret_cast<const uint2*>(in + 4 * lane), out, lane);
-}
-
 // FP8 fake-quantisation of one 128-block held by an aligned half-warp, 8 values a lane (raw:
 // BF16 pairs of in[8 (lane % 16) .. + 8)); the same amax, scale and values as
 // quant_block_warp_raw. Called by the whole warp; only lanes with `valid` (uniform over each
@@ -573,36 +568,24 @@ __device__ __forceinline__ int2 block_scan2(int a, int b, int2& excl, int2* s_wa
   return total;
 }
 
-// Expert e's tiles from its first position and count: its full tiles (tile_n rows) from
-// full_tile on, its partial last tile (if any) at part_tile. The plan puts every full tile
-// before every partial one (counters[3] = the full tiles), so a GEMM can run each class with its
-// own kernel (GemmArgs::tile_class).
-__device__ __forceinline__ void write_tiles(const PlanArgs& a, int e, int first, int count,
-                                            int full_tile, int part_tile) {
-  const int nfull = count / a.tile_n, rest = count - nfull * a.tile_n;
-  for (int j = 0; j < nfull; ++j)
-    a.tiles[full_tile + j] = make_int4(e, first + j * a.tile_n, a.tile_n, 0);
-  if (rest > 0) a.tiles[part_tile] = make_int4(e, first + nfull * a.tile_n, rest, 0);
-}
-
 // The experts' first positions and tiles from their counts c (thread e < E; every thread of the
-// CTA calls it: block scans).
+// CTA calls it: a block scan).
 __device__ __forceinline__ void write_groups(const PlanArgs& a, int c, int2* s_warp, int* s_first) {
   const int tid = threadIdx.x, E = a.n_experts;
-  const int nfull = c / a.tile_n, npart = c % a.tile_n != 0 ? 1 : 0;
-  int2 excl, excl_part;
-  const int2 total = block_scan2(c, nfull, excl, s_warp);
-  const int2 total_part = block_scan2(npart, 0, excl_part, s_warp);
+  const int nt = (c + a.tile_n - 1) / a.tile_n;
+  int2 excl;
+  const int2 total = block_scan2(c, nt, excl, s_warp);
   if (tid < E) {
     if (s_first) s_first[tid] = excl.x;
     a.expert_first[tid] = excl.x;
-    write_tiles(a, tid, excl.x, c, excl.y, total.y + excl_part.x);
+    for (int j = 0; j < nt; ++j)
+      a.tiles[excl.y + j] =
+          make_int4(tid, excl.x + j * a.tile_n, min(a.tile_n, c - j * a.tile_n), 0);
   }
   if (tid == 0) {
     a.expert_first[E] = total.x;
     a.counters[0] = total.x;
-    a.counters[1] = total.y + total_part.x;
-    a.counters[3] = total.y;
+    a.counters[1] = total.y;
   }
 }
 
@@ -724,11 +707,13 @@ __global__ void __launch_bounds__(kPlanThreads, 1)
 
 // ---- FP8 fake-quantisation of the first counters[0] rows (cols % 128 == 0) -----------------
 // The (row, 128-block) items are contiguous in memory (blocks of a row, then the next row); a
-// half-warp quantises one block, 16 bytes a lane, and a warp loads kQuantRowsLoads pairs of
-// blocks before the first is quantised, so 2 KB a warp are in flight (a warp per block, 8 bytes a
-// lane, held 256 B: 171 us for the 8K prefill's 201 MB, ~2.4 TB/s on the H200).
-constexpr int kQuantRowsLoads = 4;
-constexpr int kQuantRowsWarpItems = 2 * kQuantRowsLoads;
+// half-warp quantises one block, 16 bytes a lane. From kQuantRowsDeepItems items a warp loads
+// kQuantRowsDeepLoads pairs of blocks before the first is quantised (2 KB a warp in flight; a warp
+// per block, 8 bytes a lane, held 256 B: 171 us for the 8K prefill's 201 MB, ~2.4 TB/s); below,
+// one pair a warp (decode: four pairs took 2.8 us at one token against 1.6).
+constexpr int kQuantRowsDeepLoads = 4;
+constexpr long kQuantRowsDeepItems = 32768;
+template <int kLoads>
 __global__ void __launch_bounds__(256)
     quant_rows_kernel(const __nv_bfloat16* in, __nv_bfloat16* out, int max_rows, int cols,
                       const int32_t* counters) {
@@ -736,17 +721,17 @@ __global__ void __launch_bounds__(256)
   sm90::griddep_launch_dependents();
   const int nb = cols / kActBlock, lane = threadIdx.x % 32, half = lane / 16;
   const long items = long(min(max_rows, counters[0])) * nb;
-  const long i0 = (long(blockIdx.x) * 8 + threadIdx.x / 32) * kQuantRowsWarpItems;
+  const long i0 = (long(blockIdx.x) * 8 + threadIdx.x / 32) * (2 * kLoads);
   if (i0 >= items) return;  // warp-uniform
-  uint4 raw[kQuantRowsLoads];
+  uint4 raw[kLoads];
 #pragma unroll
-  for (int q = 0; q < kQuantRowsLoads; ++q) {
+  for (int q = 0; q < kLoads; ++q) {
     const long i = i0 + 2 * q + half;
     raw[q] = i < items ? *reinterpret_cast<const uint4*>(in + i * kActBlock + 8 * (lane % 16))
                        : make_uint4(0, 0, 0, 0);
   }
 #pragma unroll
-  for (int q = 0; q < kQuantRowsLoads; ++q) {
+  for (int q = 0; q < kLoads; ++q) {
     const long i = i0 + 2 * q + half;  // valid: uniform over each half-warp
     quant_block_halfwarp_raw(raw[q], out + i * kActBlock + 8 * (lane % 16), i < items);
   }
@@ -993,9 +978,11 @@ void launch_quant_rows(const LaunchCtx& c, const __nv_bfloat16* in, __nv_bfloat1
   DSV4_CHECK(cols % kActBlock == 0, "moe: activation quantisation of ", cols,
              " columns (a multiple of ", kActBlock, " required)");
   const long items = long(max_rows) * (cols / kActBlock);
-  const long per_cta = 8 * kQuantRowsWarpItems;
-  launch_kernel(c, quant_rows_kernel, dim3(unsigned((items + per_cta - 1) / per_cta)), dim3(256), 0,
-                in, out, max_rows, cols, counters);
+  const bool deep = items >= kQuantRowsDeepItems;
+  const long per_cta = 8 * 2 * (deep ? kQuantRowsDeepLoads : 1);
+  launch_kernel(c, deep ? quant_rows_kernel<kQuantRowsDeepLoads> : quant_rows_kernel<1>,
+                dim3(unsigned((items + per_cta - 1) / per_cta)), dim3(256), 0, in, out, max_rows,
+                cols, counters);
 }
 
 void launch_combine(const LaunchCtx& c, const MoeWorkspace& ws, int m, int top_k,
