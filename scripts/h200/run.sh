@@ -32,6 +32,8 @@
 #   V4-Flash shapes cut to [filter] layers (default 8): JSON lines in $OUT/serve-bench.jsonl, the
 #   table in $OUT/serve-bench.md. $SWEEP_ARGS: more sweep.py flags (scripts/h200/multi.sh: random
 #   weights at full depth over several GPUs).
+# scripts/h200/steps.sh: one call of named steps (only the targets, tests and benchmarks named),
+#   for short lends.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 START=$(date +%s)
