@@ -6,10 +6,8 @@
 //   B = o_g  [T, in_g]       K-major (row stride num_heads*512), batch stride in_g
 //   D = z_g^T [o_lora, T]    column-major = z row-major [T, G*o_lora], batch stride o_lora
 #include <cstdint>
-#include <cstdlib>
 #include <map>
 #include <mutex>
-#include <string>
 #include <utility>
 #include <vector>
 

@@ -45,4 +45,15 @@ void once_per_device(std::atomic<uint64_t>& done, F&& setup) {
   done.fetch_or(bit, std::memory_order_acq_rel);
 }
 
+// Opts kKernel into `bytes` of dynamic shared memory (the most any of its launches asks for),
+// once per device: one flag per kernel instance, so callers need no static of their own.
+template <auto kKernel>
+void opt_in_dynamic_smem(int bytes) {
+  static std::atomic<uint64_t> done{0};
+  once_per_device(done, [&] {
+    DSV4_CUDA_CHECK(
+        cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  });
+}
+
 }  // namespace dsv4::cuda

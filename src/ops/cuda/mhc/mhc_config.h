@@ -89,6 +89,8 @@ constexpr bool uses_split_kernel(int dim, int tokens) {
 constexpr int split_mtiles(int tokens) {
   return tokens <= 16 ? 1 : tokens <= 32 ? 2 : kSplitMaxMt;
 }
+// The staged projection is instantiated for the largest tiles only.
+static_assert(split_mtiles(kSplitStagedMinTokens) == kSplitMaxMt);
 
 // Per-token kernel: threads per CTA (one per chunk of 8 of the token's 4*dim values, whole warps,
 // at most kTokenMaxThreads). A function of dim only, so the reduction order is fixed per width.

@@ -599,15 +599,9 @@ void launch_pdl(void (*kernel)(Args), dim3 grid, int threads, size_t smem, cudaS
 
 template <Kind kKind, int kMt, int kStages>
 void launch_proj(dim3 grid, cudaStream_t stream, const ProjArgs& a) {
-  auto kernel = hc_split_proj_kernel<kKind, kMt, kStages>;
+  constexpr auto kernel = hc_split_proj_kernel<kKind, kMt, kStages>;
   constexpr size_t smem = proj_smem_bytes<kKind, kMt, kStages>();
-  if constexpr (smem > 48 * 1024) {
-    static std::atomic<uint64_t> attr{0};
-    once_per_device(attr, [&] {
-      DSV4_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    });
-  }
+  if constexpr (smem > 48 * 1024) opt_in_dynamic_smem<kernel>(int(smem));
   launch_pdl(kernel, grid, kSplitProjThreads, smem, stream, a);
 }
 
@@ -637,12 +631,8 @@ void launch_finish(const Params& p, const Geometry& geo, float* part_mix, double
     launch_pdl(hc_split_finish_kernel<kKind, FinishLoad::kEarly>, dim3(p.tokens, 1, 1),
                kSplitFinishThreads, 0, stream, f);
   } else {
-    auto kernel = hc_split_finish_kernel<kKind, FinishLoad::kStaged>;
-    static std::atomic<uint64_t> attr{0};
-    once_per_device(attr, [&] {
-      DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           int(finish_staged_smem<kKind>(kSplitMaxDim))));
-    });
+    constexpr auto kernel = hc_split_finish_kernel<kKind, FinishLoad::kStaged>;
+    opt_in_dynamic_smem<kernel>(int(finish_staged_smem<kKind>(kSplitMaxDim)));
     launch_pdl(kernel, dim3(p.tokens, 1, 1), kSplitFinishThreads, finish_staged_smem<kKind>(p.dim),
                stream, f);
   }
@@ -666,9 +656,8 @@ void launch_kind(const Params& p, const Geometry& geo, float* part_mix, double* 
   a.part_mix = part_mix;
   a.part_ss = part_ss;
   const dim3 grid(geo.splits, geo.tiles, 1);
-  if (geo.staged) {
-    DSV4_CHECK(kKind != Kind::kPostPre && geo.rows == 16 * kSplitMaxMt,
-               "mHC split path: no staged projection for this kind or tile of ", geo.rows);
+  if (geo.staged) {  // never for kPostPre (launch passes can_stage = false); tiles of 64 rows
+    DSV4_CHECK(kKind != Kind::kPostPre, "mHC split path: no staged hc_post_pre projection");
     if constexpr (kKind != Kind::kPostPre)
       launch_proj<kKind, kSplitMaxMt, kSplitProjStages>(grid, stream, a);
   } else {

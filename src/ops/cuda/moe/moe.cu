@@ -41,7 +41,7 @@ MoeWorkspace carve(const MoeDeviceWeights& w, int m, int top_k, uint8_t* base, s
   ws.sorted_wt = take<float>(p, pairs);
   ws.expert_first = take<int32_t>(p, E + 1);
   ws.tiles = take<int4>(p, pairs);
-  ws.plan_counts = take<int32_t>(p, (pairs + kPlanChunk - 1) / kPlanChunk * E);
+  ws.plan_counts = take<int32_t>(p, plan_chunks(long(pairs)) * E);
   ws.act = take<__nv_bfloat16>(p, pairs * w.inter);
   ws.actq = take<__nv_bfloat16>(p, pairs * w.inter);
   ws.ye = take<__nv_bfloat16>(p, pairs * w.dim);

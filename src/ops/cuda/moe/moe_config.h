@@ -131,6 +131,9 @@ constexpr int kPlanThreads = 1024;
 constexpr int kPlanMultiMinPairs = 8192;
 constexpr int kPlanChunk = 512;
 constexpr int kPlanChunkThreads = 256;
+constexpr long plan_chunks(long pairs) {
+  return (pairs + kPlanChunk - 1) / kPlanChunk;
+}
 constexpr int kFinishWarps = 8;  // route_select: one warp per token
 // Up to this many rows (and scores fitting the shared memory below) selection and grouping
 // run as one single-CTA kernel (which stages them twice: biased and raw).

@@ -26,8 +26,6 @@ void launch_plan(const LaunchCtx& c, const MoeDeviceWeights& w, const MoeArgs& a
                  const MoeWorkspace& ws, int tile_n);
 // Decode-sized batches: selection + grouping in one single-CTA kernel.
 bool route_plan_fused(int m, int n_experts);
-// Whether the grouping of `pairs` (row, slot) pairs runs over many CTAs (three launches).
-bool plan_multi_cta(long pairs);
 void launch_route_plan_small(const LaunchCtx& c, const MoeDeviceWeights& w, const MoeArgs& a,
                              const MoeWorkspace& ws, int tile_n);
 void launch_quant_rows(const LaunchCtx& c, const __nv_bfloat16* in, __nv_bfloat16* out,

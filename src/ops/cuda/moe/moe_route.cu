@@ -929,10 +929,6 @@ void launch_router(const LaunchCtx& c, const MoeDeviceWeights& w, const MoeArgs&
   }
 }
 
-bool plan_multi_cta(long pairs) {
-  return pairs >= kPlanMultiMinPairs;
-}
-
 bool route_plan_fused(int m, int n_experts) {
   return m <= kFusedRouteRows && size_t(m) * n_experts * sizeof(float) <= kFusedRouteSmem;
 }
@@ -948,11 +944,11 @@ void launch_plan(const LaunchCtx& c, const MoeDeviceWeights& w, const MoeArgs& a
                  const MoeWorkspace& ws, int tile_n) {
   const PlanArgs p = plan_args(w, a, ws, tile_n);
   const long pairs = long(a.m) * a.p.top_k;
-  if (!plan_multi_cta(pairs)) {
+  if (pairs < kPlanMultiMinPairs) {
     launch_kernel(c, plan_kernel, dim3(1), dim3(kPlanThreads), 0, p);
     return;
   }
-  const int chunks = int((pairs + kPlanChunk - 1) / kPlanChunk);
+  const int chunks = int(plan_chunks(pairs));
   launch_kernel(c, plan_count_kernel, dim3(chunks), dim3(kPlanChunkThreads), 0, p);
   launch_kernel(c, plan_scan_kernel, dim3(1), dim3(kPlanThreads), 0, p, chunks);
   launch_kernel(c, plan_place_kernel, dim3(chunks), dim3(kPlanChunkThreads), 0, p);
