@@ -58,7 +58,7 @@ for s in ${STEPS:-build}; do
       DSV4_BENCH_OUT="$OUT/moe.jsonl" timeout 300 build-h200/bench/moe_bench ${MOE_ARGS:-flash nvfp4 m4096 m8192} \
         > "$OUT/moe.log" 2>&1
       el "moe_bench rc $?"
-      grep -E '"moe_(layer|stage_gateup|stage_down)_' "$OUT/moe.jsonl" | summary ;;
+      grep -E '"moe_(layer|stage_gateup|stage_down|experts_tiled|gemm_gateup_tiled|gemm_down_tiled)' "$OUT/moe.jsonl" | summary ;;
     mhc)
       DSV4_BENCH_OUT="$OUT/mhc.jsonl" timeout 300 build-h200/bench/mhc_bench --model all \
         --tokens "${MHC_TOKENS:-128,1024,8192}" > "$OUT/mhc.log" 2>&1

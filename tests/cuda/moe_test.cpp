@@ -700,6 +700,12 @@ TEST(MoeGemmChoice, RealShapes) {
   EXPECT_EQ(cm::moe_gemm_choice(flash, 4096, 6, ST).tile_n, 16);
   EXPECT_EQ(cm::moe_gemm_choice(flash, 1, 6, TL).tile_n, 8);
   EXPECT_EQ(cm::moe_gemm_choice(flash, 1, 6, TL, 128).tile_n, 128);
+  // The 256 tile only when forced (never the heuristic's pick), with its separate quantisation;
+  // a geometry its 128 weight rows do not divide is refused.
+  EXPECT_EQ(cm::moe_gemm_choice(flash, 8192, 6, TL, 256).tile_n, 256);
+  EXPECT_FALSE(cm::moe_gemm_choice(flash, 8192, 6, TL, 256).quant_in_down);
+  for (int m : {1, 1366, 8192, 65536}) EXPECT_NE(cm::moe_gemm_choice(flash, m, 6).tile_n, 256);
+  EXPECT_THROW(cm::moe_gemm_choice(shape(16, 192, 64), 1, 4, TL, 256), Error);  // dim 192
   EXPECT_EQ(cm::moe_gemm_choice(flash, 1, 6, cm::MoeGemmPath::kAuto, 32).path, TL);
   EXPECT_THROW(cm::moe_gemm_choice(flash, 1, 6, ST, 32), Error);
   EXPECT_THROW(cm::moe_gemm_choice(flash, 1, 6, TL, 16), Error);
@@ -1220,12 +1226,16 @@ std::vector<Spec> specs() {
   v.push_back({"skew_nv_m1000", 256, 128, 16, 4, NV, false, 1000, 1});
   v.push_back({"skew_mx_hash_m65", 256, 128, 16, 4, MX, true, 65, 1});
   // Every token tile (kernel instance), partial tiles everywhere (65 rows on expert 3).
-  for (int t : {8, 32, 64, 128}) {
+  for (int t : {8, 32, 64, 128, 256}) {
     v.push_back({"tile" + std::to_string(t) + "_mx_m65", 256, 128, 16, 4, MX, false, 65, 1, t});
     v.push_back({"tile" + std::to_string(t) + "_nv_m65", 256, 128, 16, 4, NV, false, 65, 1, t});
   }
   // The 128 tile at every MMA width (N = 32, 64, 96, 128 by the rows of each tile).
   v.push_back({"tile128_mx_m300", 256, 128, 16, 4, MX, false, 300, 1, 128});
+  // The 256 tile at every MMA width (N = 64 .. 256: 300 rows on expert 3 = 256 + 44, the other
+  // 900 pairs over experts 0-7) and the same for NVFP4 (its second scale word per k16 pair).
+  v.push_back({"tile256_mx_m300", 256, 128, 16, 4, MX, false, 300, 1, 256});
+  v.push_back({"tile256_nv_m300", 256, 128, 16, 4, NV, false, 300, 1, 256});
   // The grouping over many CTAs (kPlanMultiMinPairs pairs and more): a partial last chunk,
   // 256 experts, all tokens on one expert, hash routing.
   v.push_back({"plan_multi_nv_m2100", 256, 128, 16, 4, NV, false, 2100});
@@ -1241,6 +1251,7 @@ std::vector<Spec> specs() {
   v.push_back({"flash_mx_m17", 4096, 2048, 16, 6, MX, false, 17, 0, 0, true});
   v.push_back({"flash_nv_m65", 4096, 2048, 16, 6, NV, false, 65, 0, 0, true});
   v.push_back({"flash_nv_m65_tile128", 4096, 2048, 16, 6, NV, false, 65, 1, 128, true});
+  v.push_back({"flash_nv_m130_tile256", 4096, 2048, 16, 6, NV, false, 130, 1, 256, true});
   v.push_back({"pro_nv_m3", 7168, 3072, 8, 6, NV, false, 3, 0, 0, true});
   v.push_back({"pro_mx_hash_m4", 7168, 3072, 8, 6, MX, true, 4, 0, 0, true});
 

@@ -65,6 +65,8 @@ int gemm_tile_rows(int tile_n) {
       return TileN64::BM;
     case 128:
       return TileN128::BM;
+    case 256:
+      return TileN256::BM;
     default:
       return 0;
   }
@@ -80,6 +82,8 @@ bool moe_fuses_act_quant(int tile_n) {
       return gemm_quantises_b<TileN64>();
     case 128:
       return gemm_quantises_b<TileN128>();
+    case 256:
+      return gemm_quantises_b<TileN256>();
     default:
       return false;
   }

@@ -74,7 +74,7 @@ enum class MoeGemmPath {
   kAuto,
   kStream,  // few rows per expert: warp-specialised bulk-copy weight stream (moe_gemm_stream.cuh);
             // tiles 8, 16
-  kTiled,   // moe_gemm.cuh; tiles 8, 32, 64, 128
+  kTiled,   // moe_gemm.cuh; tiles 8, 32, 64, 128, 256 (256 only when forced)
 };
 const char* moe_gemm_path_name(MoeGemmPath p);
 
@@ -118,7 +118,7 @@ struct MoeArgs {
   cudaStream_t stream = nullptr;
   unsigned stages = kStageAll;
   // Expert GEMM: path and token tile. kAuto with tile_n 0: the heuristic; kAuto with a tile:
-  // the tiled GEMM with that tile (8, 32, 64 or 128); kStream / kTiled with tile_n 0: that
+  // the tiled GEMM with that tile (8, 32, 64, 128 or 256); kStream / kTiled with tile_n 0: that
   // path's heuristic tile.
   MoeGemmPath gemm_path = MoeGemmPath::kAuto;
   int tile_n = 0;

@@ -36,6 +36,14 @@ using TileN32 = GemmTile<32, 1, 1, 2, 5, 4>;
 // one k16 step per wgmma group keeps the A registers next to 64-128 accumulators.
 using TileN64 = GemmTile<64, 2, 2, 2, 4, 1>;
 using TileN128 = GemmTile<128, 2, 2, 2, 4, 1>;
+// 256 tokens x 128 weight rows (one m64 tile a warpgroup, m64n256 wgmmas; MMA widths 64 / 128 /
+// 192 / 256 by the tile's rows): each dequantised weight fragment feeds twice the columns of
+// the 128 tile (half the dequantisation and A-register traffic per MMA), for 1.46x the bytes a
+// stage (64 KB of activations + 9 KB of weights; 3 stages fill the 227 KB). CUTLASS's RS
+// mixed-input GEMM gained 20-25 % from 128x128 to 128x256 on wo_a (H200, stop 42). Taken only
+// when forced (MoeArgs::tile_n = 256) until measured against the 128 tile (bench: moe_bench's
+// "tiled256" rows).
+using TileN256 = GemmTile<256, 2, 1, 2, 3, 1>;
 
 // ---- decode expert GEMM (moe_gemm_stream.cuh): the same W4A16 mainloop, warp-specialised ----
 // One persistent CTA per SM walks (token tile, 64-row block) items; a producer warp keeps a

@@ -76,6 +76,10 @@ template <ExpertFormat F, class T>
 constexpr int gemm_smem_bytes() {
   return T::STAGES * gemm_stage_bytes<F, T>() + 1024;  // + alignment slack
 }
+// The largest tile's stages and its static row table (s_src) within the 227 KB a CTA of sm_90
+// may opt in to.
+static_assert(gemm_smem_bytes<ExpertFormat::kNvfp4, TileN256>() + 256 * sizeof(void*) <= 227 * 1024,
+              "TileN256 does not fit shared memory");
 
 #if defined(__CUDACC__)
 
@@ -141,6 +145,7 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
   constexpr int KSTEP = RPP <= T::BN ? 1 : RPP / T::BN;
   static_assert(T::BN % RPP == 0 || RPP % T::BN == 0, "activation copy plan");
   static_assert(T::KC % KSTEP == 0 && RPP % 8 == 0, "activation copy plan");
+  static_assert(T::BN <= T::THREADS, "one thread sets each tile row's source (s_src)");
   // Weight copies: W_TOTAL 16-byte chunks a stage, in W_PASSES passes over the CTA's threads.
   constexpr int CH_PER_SET = T::KC * TILE / 16;  // 16-byte chunks per (warpgroup, m-tile)
   constexpr int W_TOTAL = T::WGS * T::MT * CH_PER_SET;
@@ -454,6 +459,9 @@ void launch_moe_gemm_impl(int tile_n, bool gate_up, const GemmArgs& a, const Lau
     case 128:
       return gate_up ? launch_moe_gemm_instance<F, TileN128, true>(a, c)
                      : launch_moe_gemm_instance<F, TileN128, false>(a, c);
+    case 256:
+      return gate_up ? launch_moe_gemm_instance<F, TileN256, true>(a, c)
+                     : launch_moe_gemm_instance<F, TileN256, false>(a, c);
     default:
       throw Error(cat("moe expert GEMM: unsupported token tile ", tile_n));
   }
@@ -461,7 +469,7 @@ void launch_moe_gemm_impl(int tile_n, bool gate_up, const GemmArgs& a, const Lau
 
 #endif  // __CUDACC__
 
-// Host launchers (moe_gemm_mxfp4.cu / moe_gemm_nvfp4.cu): tile_n in {8, 32, 64, 128}.
+// Host launchers (moe_gemm_mxfp4.cu / moe_gemm_nvfp4.cu): tile_n in {8, 32, 64, 128, 256}.
 void launch_moe_gemm_mxfp4(int tile_n, bool gate_up, const GemmArgs& a, const LaunchCtx& c);
 void launch_moe_gemm_nvfp4(int tile_n, bool gate_up, const GemmArgs& a, const LaunchCtx& c);
 

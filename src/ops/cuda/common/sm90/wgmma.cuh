@@ -164,6 +164,8 @@ struct Bf16MmaRS {
       return gmma::MMA_64x96x16_F32BF16BF16_RS<Major::K, kMajorB>{};
     else if constexpr (N == 128)
       return gmma::MMA_64x128x16_F32BF16BF16_RS<Major::K, kMajorB>{};
+    else if constexpr (N == 192)
+      return gmma::MMA_64x192x16_F32BF16BF16_RS<Major::K, kMajorB>{};
     else if constexpr (N == 256)
       return gmma::MMA_64x256x16_F32BF16BF16_RS<Major::K, kMajorB>{};
   }
