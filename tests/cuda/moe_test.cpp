@@ -706,6 +706,16 @@ TEST(MoeGemmChoice, RealShapes) {
   EXPECT_FALSE(cm::moe_gemm_choice(flash, 8192, 6, TL, 256).quant_in_down);
   for (int m : {1, 1366, 8192, 65536}) EXPECT_NE(cm::moe_gemm_choice(flash, m, 6).tile_n, 256);
   EXPECT_THROW(cm::moe_gemm_choice(shape(16, 192, 64), 1, 4, TL, 256), Error);  // dim 192
+  // The warp-specialised tiled GEMM: only when forced, tile 256 only, separate quantisation.
+  const cm::MoeGemmPath WS = cm::MoeGemmPath::kTiledWs;
+  EXPECT_EQ(cm::moe_gemm_choice(flash, 8192, 6, WS).tile_n, 256);
+  EXPECT_EQ(cm::moe_gemm_choice(flash, 8192, 6, WS).path, WS);
+  EXPECT_FALSE(cm::moe_gemm_choice(flash, 8192, 6, WS).quant_in_down);
+  for (int m : {1, 1366, 8192, 65536}) EXPECT_NE(cm::moe_gemm_choice(flash, m, 6).path, WS);
+  EXPECT_THROW(cm::moe_gemm_choice(flash, 8192, 6, WS, 128), Error);
+  EXPECT_THROW(cm::moe_gemm_choice(flash, 8192, 6, WS, 0, cm::MoeDownQuant::kInDown), Error);
+  EXPECT_THROW(cm::moe_gemm_choice(shape(16, 192, 64), 1, 4, WS), Error);
+  EXPECT_STREQ(cm::moe_gemm_path_name(WS), "tiled_ws");
   EXPECT_EQ(cm::moe_gemm_choice(flash, 1, 6, cm::MoeGemmPath::kAuto, 32).path, TL);
   EXPECT_THROW(cm::moe_gemm_choice(flash, 1, 6, ST, 32), Error);
   EXPECT_THROW(cm::moe_gemm_choice(flash, 1, 6, TL, 16), Error);
@@ -742,6 +752,7 @@ struct Spec {
   cm::MoeGemmPath path = cm::MoeGemmPath::kAuto;  // expert GEMM path (kAuto: the heuristic)
   ScoreFunc score = ScoreFunc::kSqrtSoftplus;
   cm::MoeDownQuant quant = cm::MoeDownQuant::kAuto;  // where the down activations are quantised
+  int ctas = 0;  // the expert GEMMs' grid cap (MoeArgs::gemm_ctas): many items a CTA
 };
 
 // The stream path with the down GEMM's activation quantisation placed one way.
@@ -753,6 +764,17 @@ Spec separate_quant(Spec s) {
 Spec quant_in_down(Spec s) {
   s.path = cm::MoeGemmPath::kStream;
   s.quant = cm::MoeDownQuant::kInDown;
+  return s;
+}
+
+// The warp-specialised tiled GEMM (its 256 tile), optionally on a few CTAs.
+Spec tiled_ws(Spec s, int ctas = 0) {
+  s.path = cm::MoeGemmPath::kTiledWs;
+  s.ctas = ctas;
+  return s;
+}
+Spec on_ctas(Spec s, int ctas) {
+  s.ctas = ctas;
   return s;
 }
 
@@ -891,6 +913,7 @@ GpuOut run_gpu(const Layer& L, const std::vector<float>& x, const std::vector<in
   a.tile_n = L.s.tile_n;
   a.gemm_path = L.s.path;
   a.down_quant = L.s.quant;
+  a.gemm_ctas = L.s.ctas;
   a.pdl = pdl;
   Stream st;
   a.stream = st.s;
@@ -1236,6 +1259,16 @@ std::vector<Spec> specs() {
   // 900 pairs over experts 0-7) and the same for NVFP4 (its second scale word per k16 pair).
   v.push_back({"tile256_mx_m300", 256, 128, 16, 4, MX, false, 300, 1, 256});
   v.push_back({"tile256_nv_m300", 256, 128, 16, 4, NV, false, 300, 1, 256});
+  // The warp-specialised 256 tile: every width, and on 3 CTAs (~13 items a CTA: its stage ring
+  // runs on across items; the down GEMM's K of 128 is one stage an item) beside the plain tiled
+  // kernel on 3 CTAs.
+  v.push_back(tiled_ws({"ws256_mx_m300", 256, 128, 16, 4, MX, false, 300, 1, 256}));
+  v.push_back(tiled_ws({"ws256_nv_m300", 256, 128, 16, 4, NV, false, 300, 1, 256}));
+  v.push_back(tiled_ws({"ws256_nv_m65", 256, 128, 16, 4, NV, false, 65, 1, 256}));
+  v.push_back(tiled_ws({"ws256_nv_m1000_ctas3", 256, 128, 16, 4, NV, false, 1000}, 3));
+  v.push_back(tiled_ws({"ws256_mx_m1000_ctas3", 256, 128, 16, 4, MX, false, 1000}, 3));
+  v.push_back(on_ctas({"tile256_nv_m1000_ctas3", 256, 128, 16, 4, NV, false, 1000, 0, 256}, 3));
+  v.push_back(on_ctas({"tile128_nv_m1000_ctas3", 256, 128, 16, 4, NV, false, 1000, 0, 128}, 3));
   // The grouping over many CTAs (kPlanMultiMinPairs pairs and more): a partial last chunk,
   // 256 experts, all tokens on one expert, hash routing.
   v.push_back({"plan_multi_nv_m2100", 256, 128, 16, 4, NV, false, 2100});
@@ -1252,6 +1285,7 @@ std::vector<Spec> specs() {
   v.push_back({"flash_nv_m65", 4096, 2048, 16, 6, NV, false, 65, 0, 0, true});
   v.push_back({"flash_nv_m65_tile128", 4096, 2048, 16, 6, NV, false, 65, 1, 128, true});
   v.push_back({"flash_nv_m130_tile256", 4096, 2048, 16, 6, NV, false, 130, 1, 256, true});
+  v.push_back(tiled_ws({"flash_nv_m130_ws256", 4096, 2048, 16, 6, NV, false, 130, 1, 256, true}));
   v.push_back({"pro_nv_m3", 7168, 3072, 8, 6, NV, false, 3, 0, 0, true});
   v.push_back({"pro_mx_hash_m4", 7168, 3072, 8, 6, MX, true, 4, 0, 0, true});
 
@@ -1506,6 +1540,34 @@ TEST_F(MoeCudaSmoke, SameOutputWithoutPdl) {
   expect_bits_equal(a.xq, b.xq, "xq with and without PDL");
   expect_bits_equal(actq_by_pair(a, s.m, s.K, s.inter), actq_by_pair(b, s.m, s.K, s.inter),
                     "each pair's quantised activations with and without PDL");
+}
+
+// The warp-specialised 256 tile runs the plain tiled kernel's products in its order: every
+// output of both GEMMs bit-identical to it, with the whole grid and on 3 CTAs (many items each),
+// gate/up at every MMA width (skewed rows) and both formats.
+TEST_F(MoeCudaSmoke, TiledWsEqualsTiled256) {
+  for (ExpertFormat f : {NV, MX}) {
+    SCOPED_TRACE(f == NV ? "nvfp4" : "mxfp4");
+    auto L = make_layer({"ws_vs_tiled", 256, 128, 16, 4, f, false, 300, 1, 256}, 23);
+    std::mt19937 rng(29);
+    const std::vector<float> x = gaussian(size_t(L->s.m) * L->s.dim, 1.0f, rng);
+    const std::vector<float> shared = gaussian(size_t(L->s.m) * L->s.dim, 0.1f, rng);
+    const std::vector<int32_t> tokens(L->s.m, 0);
+    const GpuOut ref = run_gpu(*L, x, tokens, shared);
+    ASSERT_EQ(ref.path, cm::MoeGemmPath::kTiled);
+    for (int ctas : {0, 3}) {
+      SCOPED_TRACE(ctas ? "on 3 CTAs" : "on every SM");
+      L->s.path = cm::MoeGemmPath::kTiledWs;
+      L->s.ctas = ctas;
+      const GpuOut ws = run_gpu(*L, x, tokens, shared);
+      L->s.path = cm::MoeGemmPath::kTiled;
+      L->s.ctas = 0;
+      ASSERT_EQ(ws.path, cm::MoeGemmPath::kTiledWs);
+      expect_bits_equal(ws.act, ref.act, "gate/up + SwiGLU");
+      expect_bits_equal(ws.ye, ref.ye, "down projections");
+      expect_bits_equal(ws.y, ref.y, "y");
+    }
+  }
 }
 
 TEST_F(MoeCudaSmoke, RejectsUnsupported) {

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "ops/cuda/moe/moe_gemm.cuh"
 #include "ops/cuda/moe/moe_gemm_stream.cuh"
+#include "ops/cuda/moe/moe_gemm_ws.cuh"
 #include "ops/cuda/moe/moe_kernels.h"
 
 namespace dsv4::cuda::moe {
@@ -222,6 +223,7 @@ MoeWorkspace carve_moe_workspace(const MoeDeviceWeights& w, int m, int top_k, vo
 void moe_forward(const MoeDeviceWeights& w, const MoeArgs& a) {
   const MoeParams& p = a.p;
   DSV4_CHECK(a.m >= 0, "moe_forward: m = ", a.m);
+  DSV4_CHECK(a.gemm_ctas >= 0, "moe_forward: gemm_ctas = ", a.gemm_ctas, " (0: no cap)");
   DSV4_CHECK(p.score_func == ScoreFunc::kSqrtSoftplus || p.score_func == ScoreFunc::kSigmoid,
              "moe_forward: only the sqrt-softplus and sigmoid routers are implemented on CUDA");
   DSV4_CHECK(p.top_k >= 1 && p.top_k <= std::min(kMaxTopK, w.n_experts), "moe_forward: top_k ",
@@ -250,11 +252,14 @@ void moe_forward(const MoeDeviceWeights& w, const MoeArgs& a) {
     if (a.stages & kStageRoute) launch_route_select(c, w, a, ws);
     if (a.stages & kStagePlan) launch_plan(c, w, a, ws, tile_n);
   }
-  auto gemm = [&](const GemmArgs& g, bool gate_up) {
+  auto gemm = [&](GemmArgs g, bool gate_up) {
+    g.max_ctas = a.gemm_ctas;
     const bool mx = w.format == ExpertFormat::kMxfp4;
     if (gc.path == MoeGemmPath::kStream)
       (mx ? launch_moe_gemm_stream_mxfp4 : launch_moe_gemm_stream_nvfp4)(
           tile_n, gate_up, !gate_up && gc.quant_in_down, g, c);
+    else if (gc.path == MoeGemmPath::kTiledWs)
+      (mx ? launch_moe_gemm_ws_mxfp4 : launch_moe_gemm_ws_nvfp4)(tile_n, gate_up, g, c);
     else
       (mx ? launch_moe_gemm_mxfp4 : launch_moe_gemm_nvfp4)(tile_n, gate_up, g, c);
   };

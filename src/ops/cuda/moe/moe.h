@@ -72,9 +72,11 @@ enum MoeStage : unsigned {
 // kAuto; an explicit choice that does not fit the shape is an error, never a fallback).
 enum class MoeGemmPath {
   kAuto,
-  kStream,  // few rows per expert: warp-specialised bulk-copy weight stream (moe_gemm_stream.cuh);
-            // tiles 8, 16
-  kTiled,   // moe_gemm.cuh; tiles 8, 32, 64, 128, 256 (256 only when forced)
+  kStream,   // few rows per expert: warp-specialised bulk-copy weight stream (moe_gemm_stream.cuh);
+             // tiles 8, 16
+  kTiled,    // moe_gemm.cuh; tiles 8, 32, 64, 128, 256 (256 only when forced)
+  kTiledWs,  // moe_gemm_ws.cuh: the tiled GEMM fed by a producer warp through a ring that persists
+             // across items; tile 256; only when forced (not yet measured against kTiled)
 };
 const char* moe_gemm_path_name(MoeGemmPath p);
 
@@ -124,6 +126,9 @@ struct MoeArgs {
   int tile_n = 0;
   MoeDownQuant down_quant = MoeDownQuant::kAuto;
   bool pdl = true;  // programmatic dependent launch between consecutive stages
+  // The expert GEMMs' persistent grid: at most this many CTAs (0: every SM's resident CTAs).
+  // Tests use it to run many work items per CTA (the rings and item loops wrapping).
+  int gemm_ctas = 0;
   RouterPath router_path = RouterPath::kAuto;  // tests and benchmarks force each
   // kMma's rows per CTA (8 or 16; 0: router_mma_tile's choice by m) — for benchmarks.
   int router_mma_rows = 0;

@@ -22,6 +22,7 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -58,6 +59,7 @@ struct GemmArgs {
   // FP8-fake-quantises its activation tile in shared memory; the CTAs of row block 0 also
   // store the quantised rows here ([positions, k]).
   __nv_bfloat16* act_q_out = nullptr;
+  int max_ctas = 0;  // the persistent grid's cap (MoeArgs::gemm_ctas); 0: none
 };
 
 // Decode tiles quantise the down GEMM's activations themselves (no separate launch).
@@ -125,6 +127,122 @@ __device__ __forceinline__ uint2 quant_b_block(uint8_t* st, int b_kb, int r, int
   const uint2 q = num::fp8_fake_quant_warp128(*p);
   *p = q;
   return q;
+}
+
+// One k-block of a stage for one warpgroup: its MT weight tiles' code words and scales (w: the
+// first m-tile's tile of this k-block; the next m-tile's is KC tiles on), then 4 / KG wgmma
+// groups of width N with B at `desc` (the k-block's activation rows). Group j of the k-block
+// dequantises into A buffer (P + j) % 2, P the k-block's parity when a k-block holds an odd number
+// of groups (P = 0 otherwise). t: the thread in the warpgroup; rp: its row-pair scale record.
+template <ExpertFormat F, class T, int N, int P>
+__device__ __forceinline__ void gemm_kblock(const uint8_t* w, uint64_t desc, const Fp4Epilogue& ep,
+                                            int t, int rp, uint32_t (&afr)[2][T::KG][T::MT][4],
+                                            float (&acc)[T::MT][T::BN / 2]) {
+  constexpr int TILE = pack_tile_bytes(F);
+  uint4 words[T::MT];
+  // BF16 scales of rows r0 (s0) and r1 (s1), two scale groups a word, one per half
+  // (fp4_scale_row_pair; dequant_k16_half broadcasts the half): MXFP4's 32-wide groups
+  // 0 / 1 for k16 steps 0-1 / 2-3 in the low / high half of s*a; NVFP4's 16-wide groups
+  // 0-1 in s*a, 2-3 in s*b (k16 step kk: half kk % 2). Half the instructions of one
+  // byte_pair scale per (k16 step, row); the same BF16 values.
+  uint32_t s0a[T::MT], s1a[T::MT], s0b[T::MT], s1b[T::MT];
+#pragma unroll
+  for (int mt = 0; mt < T::MT; ++mt) {
+    const uint8_t* tl = w + mt * T::KC * TILE;
+    words[mt] = *reinterpret_cast<const uint4*>(tl + 16 * t);
+    uint32_t sc_lo, sc_hi = 0;
+    if constexpr (F == ExpertFormat::kMxfp4) {
+      sc_lo = *reinterpret_cast<const uint32_t*>(tl + kPackCodeBytes + 4 * rp);
+    } else {
+      const uint2 s2 = *reinterpret_cast<const uint2*>(tl + kPackCodeBytes + 8 * rp);
+      sc_lo = s2.x;
+      sc_hi = s2.y;
+    }
+    s0a[mt] = fp4_scale_row_pair<F>(sc_lo, false, ep.a.bias);
+    s1a[mt] = fp4_scale_row_pair<F>(sc_lo, true, ep.b.bias);
+    s0b[mt] = F == ExpertFormat::kMxfp4 ? 0u : fp4_scale_row_pair<F>(sc_hi, false, ep.a.bias);
+    s1b[mt] = F == ExpertFormat::kMxfp4 ? 0u : fp4_scale_row_pair<F>(sc_hi, true, ep.b.bias);
+  }
+#pragma unroll
+  for (int kk0 = 0; kk0 < 4; kk0 += T::KG) {
+    const int b = (P + kk0 / T::KG) & 1;  // a constant once unrolled
+    // The group that last read afr[b] (two groups back) must retire before afr[b] is
+    // rewritten: wait until at most the previous group is in flight, and keep afr[b]'s
+    // old values (so their registers) live up to that wait.
+    sm90::warpgroup_wait<1>();
+#pragma unroll
+    for (int kq = 0; kq < T::KG; ++kq)
+#pragma unroll
+      for (int mt = 0; mt < T::MT; ++mt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) sm90::warpgroup_fence_operand(afr[b][kq][mt][i]);
+#pragma unroll
+    for (int kq = 0; kq < T::KG; ++kq)
+#pragma unroll
+      for (int mt = 0; mt < T::MT; ++mt) {
+        const int kk = kk0 + kq;  // a constant once unrolled
+        const bool mx = F == ExpertFormat::kMxfp4;
+        const uint32_t s0 = mx || kk < 2 ? s0a[mt] : s0b[mt];
+        const uint32_t s1 = mx || kk < 2 ? s1a[mt] : s1b[mt];
+        const bool hi = mx ? kk >= 2 : kk % 2 == 1;
+        const uint32_t word = kk == 0   ? words[mt].x
+                              : kk == 1 ? words[mt].y
+                              : kk == 2 ? words[mt].z
+                                        : words[mt].w;
+        if (hi)
+          dequant_k16_half<true>(word, s0, s1, afr[b][kq][mt]);
+        else
+          dequant_k16_half<false>(word, s0, s1, afr[b][kq][mt]);
+      }
+    sm90::warpgroup_arrive();
+#pragma unroll
+    for (int kq = 0; kq < T::KG; ++kq)
+#pragma unroll
+      for (int mt = 0; mt < T::MT; ++mt)
+        sm90::Bf16MmaRS<N>::wgmma(afr[b][kq][mt], desc + uint64_t(2 * (kk0 + kq)), acc[mt], true);
+    sm90::warpgroup_commit_batch();
+  }
+}
+
+// The epilogue of a warpgroup's MT m-tiles (the first is 64-row block rb64_0 of the projection):
+// gate/up (interleaved w1/w3 rows): a = bf16(w_pos * silu(min(g, L)) * clamp(u, -L, L)) with g, u
+// the BF16-rounded projections; down: BF16 of the projection. Accumulator i of m-tile mt: row
+// 16*warp + lane/4 (+8 for i%4 >= 2) of the m-tile's 64 rows, token column 8*(i/4) + 2*(lane%4)
+// + i%2; columns past the tile's rows are not stored.
+template <class T, bool GATE_UP>
+__device__ __forceinline__ void gemm_epilogue(const GemmArgs& a, const Fp4Epilogue& ep,
+                                              const float (&acc)[T::MT][T::BN / 2], int rb64_0,
+                                              int warp, int lane, int first, int rows) {
+#pragma unroll
+  for (int mt = 0; mt < T::MT; ++mt) {
+    const int rb64 = rb64_0 + mt;
+#pragma unroll
+    for (int j = 0; j < T::BN / 8; ++j)
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int col = 8 * j + 2 * (lane % 4) + q;
+        if (col >= rows) continue;
+        const int pos = first + col;
+        const float d0 = acc[mt][4 * j + q], d1 = acc[mt][4 * j + 2 + q];
+        if constexpr (GATE_UP) {
+          const int i = rb64 * 32 + 8 * warp + lane / 4;  // intermediate index
+          float g = num::bf16r(__fmul_rn(d0, ep.a.mult));
+          float u = num::bf16r(__fmul_rn(d1, ep.b.mult));
+          const float lim = a.swiglu_limit;
+          if (lim > 0) {  // std::clamp / std::min, NaN passing through as on the CPU
+            u = u < -lim ? -lim : (lim < u ? lim : u);
+            g = lim < g ? lim : g;
+          }
+          float v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+          v = __fmul_rn(a.pos_weight[pos], v);
+          a.out[size_t(pos) * a.ldo + i] = __float2bfloat16_rn(v);
+        } else {
+          const int n = rb64 * 64 + 16 * warp + lane / 4;
+          a.out[size_t(pos) * a.ldo + n] = __float2bfloat16_rn(__fmul_rn(d0, ep.a.mult));
+          a.out[size_t(pos) * a.ldo + n + 8] = __float2bfloat16_rn(__fmul_rn(d1, ep.b.mult));
+        }
+      }
+  }
 }
 
 template <ExpertFormat F, class T, bool GATE_UP>
@@ -271,78 +389,10 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
           sm90::fence_proxy_async_smem();
           __syncthreads();
         }
-        // One k-block: its weight words and scales, then 4 / KG wgmma groups. Group j of the
-        // k-block dequantises into A buffer (P + j) % 2, P the k-block's parity when a k-block
-        // holds an odd number of groups (P = 0 otherwise).
         auto kblock = [&](int kbl, auto parity) {
-          constexpr int P = decltype(parity)::value;
-          uint4 words[T::MT];
-          // BF16 scales of rows r0 (s0) and r1 (s1), two scale groups a word, one per half
-          // (fp4_scale_row_pair; dequant_k16_half broadcasts the half): MXFP4's 32-wide groups
-          // 0 / 1 for k16 steps 0-1 / 2-3 in the low / high half of s*a; NVFP4's 16-wide groups
-          // 0-1 in s*a, 2-3 in s*b (k16 step kk: half kk % 2). Half the instructions of one
-          // byte_pair scale per (k16 step, row); the same BF16 values.
-          uint32_t s0a[T::MT], s1a[T::MT], s0b[T::MT], s1b[T::MT];
-#pragma unroll
-          for (int mt = 0; mt < T::MT; ++mt) {
-            const uint8_t* tl = st + B_BYTES + ((wg * T::MT + mt) * T::KC + kbl) * TILE;
-            words[mt] = *reinterpret_cast<const uint4*>(tl + 16 * t);
-            uint32_t sc_lo, sc_hi = 0;
-            if constexpr (F == ExpertFormat::kMxfp4) {
-              sc_lo = *reinterpret_cast<const uint32_t*>(tl + kPackCodeBytes + 4 * rp);
-            } else {
-              const uint2 s2 = *reinterpret_cast<const uint2*>(tl + kPackCodeBytes + 8 * rp);
-              sc_lo = s2.x;
-              sc_hi = s2.y;
-            }
-            s0a[mt] = fp4_scale_row_pair<F>(sc_lo, false, ep.a.bias);
-            s1a[mt] = fp4_scale_row_pair<F>(sc_lo, true, ep.b.bias);
-            s0b[mt] =
-                F == ExpertFormat::kMxfp4 ? 0u : fp4_scale_row_pair<F>(sc_hi, false, ep.a.bias);
-            s1b[mt] =
-                F == ExpertFormat::kMxfp4 ? 0u : fp4_scale_row_pair<F>(sc_hi, true, ep.b.bias);
-          }
-          const uint64_t desc = sm90::desc_k_sw128(sm90::smem_u32(st + kbl * B_KB));
-#pragma unroll
-          for (int kk0 = 0; kk0 < 4; kk0 += T::KG) {
-            const int b = (P + kk0 / T::KG) & 1;  // a constant once unrolled
-            // The group that last read afr[b] (two groups back) must retire before afr[b] is
-            // rewritten: wait until at most the previous group is in flight, and keep afr[b]'s
-            // old values (so their registers) live up to that wait.
-            sm90::warpgroup_wait<1>();
-#pragma unroll
-            for (int kq = 0; kq < T::KG; ++kq)
-#pragma unroll
-              for (int mt = 0; mt < T::MT; ++mt)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) sm90::warpgroup_fence_operand(afr[b][kq][mt][i]);
-#pragma unroll
-            for (int kq = 0; kq < T::KG; ++kq)
-#pragma unroll
-              for (int mt = 0; mt < T::MT; ++mt) {
-                const int kk = kk0 + kq;  // a constant once unrolled
-                const bool mx = F == ExpertFormat::kMxfp4;
-                const uint32_t s0 = mx || kk < 2 ? s0a[mt] : s0b[mt];
-                const uint32_t s1 = mx || kk < 2 ? s1a[mt] : s1b[mt];
-                const bool hi = mx ? kk >= 2 : kk % 2 == 1;
-                const uint32_t word = kk == 0   ? words[mt].x
-                                      : kk == 1 ? words[mt].y
-                                      : kk == 2 ? words[mt].z
-                                                : words[mt].w;
-                if (hi)
-                  dequant_k16_half<true>(word, s0, s1, afr[b][kq][mt]);
-                else
-                  dequant_k16_half<false>(word, s0, s1, afr[b][kq][mt]);
-              }
-            sm90::warpgroup_arrive();
-#pragma unroll
-            for (int kq = 0; kq < T::KG; ++kq)
-#pragma unroll
-              for (int mt = 0; mt < T::MT; ++mt)
-                sm90::Bf16MmaRS<N>::wgmma(afr[b][kq][mt], desc + uint64_t(2 * (kk0 + kq)), acc[mt],
-                                          true);
-            sm90::warpgroup_commit_batch();
-          }
+          gemm_kblock<F, T, N, decltype(parity)::value>(
+              st + B_BYTES + (wg * T::MT * T::KC + kbl) * TILE,
+              sm90::desc_k_sw128(sm90::smem_u32(st + kbl * B_KB)), ep, t, rp, afr, acc);
         };
         // nk is even (K % 128 == 0, KC even), so the parity pattern repeats every two k-blocks
         // and every chunk starts on buffer 0.
@@ -386,38 +436,8 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
       mainloop(std::integral_constant<int, T::BN>{});
     }
 
-    // Epilogue. Accumulator i of m-tile mt: row 16*warp + lane/4 (+8 for i%4 >= 2) of the
-    // m-tile's 64 rows, token column 8*(i/4) + 2*(lane%4) + i%2.
-#pragma unroll
-    for (int mt = 0; mt < T::MT; ++mt) {
-      const int rb64 = rbc * (T::WGS * T::MT) + wg * T::MT + mt;
-#pragma unroll
-      for (int j = 0; j < T::BN / 8; ++j)
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          const int col = 8 * j + 2 * (lane % 4) + q;
-          if (col >= rows) continue;
-          const int pos = first + col;
-          const float d0 = acc[mt][4 * j + q], d1 = acc[mt][4 * j + 2 + q];
-          if constexpr (GATE_UP) {
-            const int i = rb64 * 32 + 8 * warp + lane / 4;  // intermediate index
-            float g = num::bf16r(__fmul_rn(d0, ep.a.mult));
-            float u = num::bf16r(__fmul_rn(d1, ep.b.mult));
-            const float lim = a.swiglu_limit;
-            if (lim > 0) {  // std::clamp / std::min, NaN passing through as on the CPU
-              u = u < -lim ? -lim : (lim < u ? lim : u);
-              g = lim < g ? lim : g;
-            }
-            float v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
-            v = __fmul_rn(a.pos_weight[pos], v);
-            a.out[size_t(pos) * a.ldo + i] = __float2bfloat16_rn(v);
-          } else {
-            const int n = rb64 * 64 + 16 * warp + lane / 4;
-            a.out[size_t(pos) * a.ldo + n] = __float2bfloat16_rn(__fmul_rn(d0, ep.a.mult));
-            a.out[size_t(pos) * a.ldo + n + 8] = __float2bfloat16_rn(__fmul_rn(d1, ep.b.mult));
-          }
-        }
-    }
+    gemm_epilogue<T, GATE_UP>(a, ep, acc, rbc * (T::WGS * T::MT) + wg * T::MT, warp, lane, first,
+                              rows);
   }
 }
 
@@ -441,6 +461,7 @@ void launch_moe_gemm_instance(const GemmArgs& a, const LaunchCtx& c) {
     grid = per_sm * sm_count();
     grids[dev].store(grid, std::memory_order_release);
   }
+  if (a.max_ctas > 0) grid = std::min(grid, a.max_ctas);
   launch_kernel(c, kernel, dim3(grid), dim3(T::THREADS), size_t(smem), a);
 }
 

@@ -331,6 +331,7 @@ void launch_moe_gemm_stream_instance(const GemmArgs& a, const LaunchCtx& c) {
     grid = per_sm * sm_count();
     grids[dev].store(grid, std::memory_order_release);
   }
+  if (a.max_ctas > 0) grid = std::min(grid, a.max_ctas);
   launch_kernel(c, kernel, dim3(grid), dim3(T::THREADS), size_t(smem), a);
 }
 

@@ -57,6 +57,8 @@ const char* moe_gemm_path_name(MoeGemmPath p) {
       return "stream";
     case MoeGemmPath::kTiled:
       return "tiled";
+    case MoeGemmPath::kTiledWs:
+      return "tiled_ws";
   }
   return "?";
 }
@@ -82,6 +84,16 @@ MoeGemmChoice moe_gemm_choice(const MoeDeviceWeights& w, int m, int top_k, MoeGe
                w.dim, ", ", w.inter, ")");
     c.quant_in_down = quant == MoeDownQuant::kAuto ? m <= kStreamQuantInDownMaxTokens
                                                    : quant == MoeDownQuant::kInDown;
+  } else if (path == MoeGemmPath::kTiledWs) {
+    c.tile_n = tile_n ? tile_n : 256;
+    DSV4_CHECK(c.tile_n == 256,
+               "moe: the warp-specialised tiled expert GEMM's token tile is 256, not ", c.tile_n);
+    DSV4_CHECK(tiled_fits(w, c.tile_n), "moe: token tile ", c.tile_n, " (weight rows ",
+               gemm_tile_rows(c.tile_n), ") does not fit inter ", w.inter, " / dim ", w.dim);
+    c.quant_in_down = false;
+    DSV4_CHECK(quant != MoeDownQuant::kInDown,
+               "moe: the warp-specialised tiled expert GEMM takes the separately quantised "
+               "activations");
   } else {
     c.tile_n = tile_n ? tile_n : tiled_tile(w, m, top_k);
     DSV4_CHECK(tiled_fits(w, c.tile_n), "moe: token tile ", c.tile_n, " (weight rows ",
