@@ -350,9 +350,9 @@ void run_config(const Config& c, ExpertFormat f, const std::vector<int>& ms,
     // launch (counted in moe_experts_streamsq, not in moe_gemm_down_streamsq).
     // "streamsq8": the stream path held to 8-token tiles where the default takes 16 (an expert
     // with more rows is streamed twice, a tile carries half the MMA work).
-    // "tiled256": the tiled GEMM forced to its 256-token tile, "tiled_ws256" the same tile
-    // warp-specialised (moe_gemm_ws.cuh) -- neither the heuristic's pick until measured faster
-    // than the 128 tile.
+    // "tiled256": the tiled GEMM forced to its 256-token tile, "tiled_ws256" / "tiled_ws128" the
+    // 256 / 128 tiles warp-specialised (moe_gemm_ws.cuh) -- none the heuristic's pick until
+    // measured faster than the plain 128 tile.
     struct Variant {
       cm::MoeGemmPath path;
       cm::MoeDownQuant quant;
@@ -365,7 +365,8 @@ void run_config(const Config& c, ExpertFormat f, const std::vector<int>& ms,
           Variant{cm::MoeGemmPath::kStream, cm::MoeDownQuant::kSeparate, 8, "streamsq8"},
           Variant{cm::MoeGemmPath::kTiled, cm::MoeDownQuant::kAuto, 0, "tiled"},
           Variant{cm::MoeGemmPath::kTiled, cm::MoeDownQuant::kAuto, 256, "tiled256"},
-          Variant{cm::MoeGemmPath::kTiledWs, cm::MoeDownQuant::kAuto, 0, "tiled_ws256"}}) {
+          Variant{cm::MoeGemmPath::kTiledWs, cm::MoeDownQuant::kAuto, 0, "tiled_ws256"},
+          Variant{cm::MoeGemmPath::kTiledWs, cm::MoeDownQuant::kAuto, 128, "tiled_ws128"}}) {
       if (v.tile_n && v.tile_n == cm::moe_gemm_choice(w, m, c.K, v.path, 0, v.quant).tile_n)
         continue;  // the same as the variant without a forced tile
       const std::string pn = v.name;

@@ -706,13 +706,14 @@ TEST(MoeGemmChoice, RealShapes) {
   EXPECT_FALSE(cm::moe_gemm_choice(flash, 8192, 6, TL, 256).quant_in_down);
   for (int m : {1, 1366, 8192, 65536}) EXPECT_NE(cm::moe_gemm_choice(flash, m, 6).tile_n, 256);
   EXPECT_THROW(cm::moe_gemm_choice(shape(16, 192, 64), 1, 4, TL, 256), Error);  // dim 192
-  // The warp-specialised tiled GEMM: only when forced, tile 256 only, separate quantisation.
+  // The warp-specialised tiled GEMM: only when forced, tiles 128 / 256, separate quantisation.
   const cm::MoeGemmPath WS = cm::MoeGemmPath::kTiledWs;
   EXPECT_EQ(cm::moe_gemm_choice(flash, 8192, 6, WS).tile_n, 256);
   EXPECT_EQ(cm::moe_gemm_choice(flash, 8192, 6, WS).path, WS);
   EXPECT_FALSE(cm::moe_gemm_choice(flash, 8192, 6, WS).quant_in_down);
   for (int m : {1, 1366, 8192, 65536}) EXPECT_NE(cm::moe_gemm_choice(flash, m, 6).path, WS);
-  EXPECT_THROW(cm::moe_gemm_choice(flash, 8192, 6, WS, 128), Error);
+  EXPECT_EQ(cm::moe_gemm_choice(flash, 8192, 6, WS, 128).tile_n, 128);
+  EXPECT_THROW(cm::moe_gemm_choice(flash, 8192, 6, WS, 64), Error);
   EXPECT_THROW(cm::moe_gemm_choice(flash, 8192, 6, WS, 0, cm::MoeDownQuant::kInDown), Error);
   EXPECT_THROW(cm::moe_gemm_choice(shape(16, 192, 64), 1, 4, WS), Error);
   EXPECT_STREQ(cm::moe_gemm_path_name(WS), "tiled_ws");
@@ -1265,6 +1266,8 @@ std::vector<Spec> specs() {
   v.push_back(tiled_ws({"ws256_mx_m300", 256, 128, 16, 4, MX, false, 300, 1, 256}));
   v.push_back(tiled_ws({"ws256_nv_m300", 256, 128, 16, 4, NV, false, 300, 1, 256}));
   v.push_back(tiled_ws({"ws256_nv_m65", 256, 128, 16, 4, NV, false, 65, 1, 256}));
+  v.push_back(tiled_ws({"ws128_nv_m300", 256, 128, 16, 4, NV, false, 300, 1, 128}));
+  v.push_back(tiled_ws({"ws128_mx_m1000_ctas3", 256, 128, 16, 4, MX, false, 1000, 0, 128}, 3));
   v.push_back(tiled_ws({"ws256_nv_m1000_ctas3", 256, 128, 16, 4, NV, false, 1000}, 3));
   v.push_back(tiled_ws({"ws256_mx_m1000_ctas3", 256, 128, 16, 4, MX, false, 1000}, 3));
   v.push_back(on_ctas({"tile256_nv_m1000_ctas3", 256, 128, 16, 4, NV, false, 1000, 0, 256}, 3));
@@ -1286,6 +1289,7 @@ std::vector<Spec> specs() {
   v.push_back({"flash_nv_m65_tile128", 4096, 2048, 16, 6, NV, false, 65, 1, 128, true});
   v.push_back({"flash_nv_m130_tile256", 4096, 2048, 16, 6, NV, false, 130, 1, 256, true});
   v.push_back(tiled_ws({"flash_nv_m130_ws256", 4096, 2048, 16, 6, NV, false, 130, 1, 256, true}));
+  v.push_back(tiled_ws({"flash_mx_m200_ws128", 4096, 2048, 16, 6, MX, false, 200, 1, 128, true}));
   v.push_back({"pro_nv_m3", 7168, 3072, 8, 6, NV, false, 3, 0, 0, true});
   v.push_back({"pro_mx_hash_m4", 7168, 3072, 8, 6, MX, true, 4, 0, 0, true});
 
@@ -1542,13 +1546,13 @@ TEST_F(MoeCudaSmoke, SameOutputWithoutPdl) {
                     "each pair's quantised activations with and without PDL");
 }
 
-// The warp-specialised 256 tile runs the plain tiled kernel's products in its order: every
-// output of both GEMMs bit-identical to it, with the whole grid and on 3 CTAs (many items each),
-// gate/up at every MMA width (skewed rows) and both formats.
-TEST_F(MoeCudaSmoke, TiledWsEqualsTiled256) {
-  for (ExpertFormat f : {NV, MX}) {
-    SCOPED_TRACE(f == NV ? "nvfp4" : "mxfp4");
-    auto L = make_layer({"ws_vs_tiled", 256, 128, 16, 4, f, false, 300, 1, 256}, 23);
+// The warp-specialised tiles run the plain tiled kernel's products in its order: every output of
+// both GEMMs bit-identical to it, with the whole grid and on 3 CTAs (many items each), at every
+// MMA width (skewed rows), both formats, both tiles.
+TEST_F(MoeCudaSmoke, TiledWsEqualsTiled) {
+  for (const auto& [f, tile] : {std::pair{NV, 256}, std::pair{MX, 256}, std::pair{MX, 128}}) {
+    SCOPED_TRACE(cat(f == NV ? "nvfp4" : "mxfp4", ", tile ", tile));
+    auto L = make_layer({"ws_vs_tiled", 256, 128, 16, 4, f, false, 300, 1, tile}, 23);
     std::mt19937 rng(29);
     const std::vector<float> x = gaussian(size_t(L->s.m) * L->s.dim, 1.0f, rng);
     const std::vector<float> shared = gaussian(size_t(L->s.m) * L->s.dim, 0.1f, rng);

@@ -75,8 +75,9 @@ enum class MoeGemmPath {
   kStream,   // few rows per expert: warp-specialised bulk-copy weight stream (moe_gemm_stream.cuh);
              // tiles 8, 16
   kTiled,    // moe_gemm.cuh; tiles 8, 32, 64, 128, 256 (256 only when forced)
-  kTiledWs,  // moe_gemm_ws.cuh: the tiled GEMM fed by a producer warp through a ring that persists
-             // across items; tile 256; only when forced (not yet measured against kTiled)
+  kTiledWs,  // moe_gemm_ws.cuh: the tiled GEMM fed by a producer warpgroup through a ring that
+             // persists across items; tiles 128, 256 (0: 256); only when forced (not yet
+             // measured against kTiled)
 };
 const char* moe_gemm_path_name(MoeGemmPath p);
 

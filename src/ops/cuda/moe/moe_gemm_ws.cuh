@@ -3,8 +3,8 @@
 // mbarrier-guarded stages that persists across work items:
 //  * one persistent CTA per SM over the (token tile, weight-row block) items in moe_gemm.cuh's
 //    order (item = blockIdx.x + j * gridDim.x);
-//  * the producer warp fills a stage with one bulk copy (cp.async.bulk) of each m64 tile's KC
-//    packed weight tiles (a 64-row block's K stream is contiguous, fp4_pack.h) and, lane-parallel,
+//  * the producer warpgroup fills a stage with one bulk copy (cp.async.bulk) of each m64 tile's KC
+//    packed weight tiles (a 64-row block's K stream is contiguous, fp4_pack.h) and, in parallel,
 //    cp.async of the tile's activation rows (gathered by position, 128-byte swizzle) whose
 //    completion the same full barrier tracks (cp.async.mbarrier.arrive); it runs on into the next
 //    item while the consumers finish this one: no pipeline drain or refill at item boundaries and
@@ -13,9 +13,9 @@
 //    rows need (quarters of BN), releasing a stage on its empty barrier once the next stage's
 //    first k-block has retired its wgmmas.
 // Same products in the same order as moe_gemm.cuh's kernel with the same tile: bit-identical
-// outputs. The CTA's 288 threads get 168 registers each (ptxas allocates by warpgroup): TileN256
-// fits (166, no spills); TileN128's consumers would spill (252 in moe_gemm.cuh's kernel) without
-// a producer warpgroup that gives its registers away (setmaxnreg).
+// outputs. Registers: the producer warpgroup gives its share to the consumers (setmaxnreg,
+// kWsProducerRegs / kWsConsumerRegs): TileN128's consumers hold 128 accumulators and two m-tiles'
+// A fragments (252 registers in moe_gemm.cuh's kernel).
 #pragma once
 
 #include "ops/cuda/moe/moe_gemm.cuh"
@@ -29,15 +29,23 @@ namespace dsv4::cuda::moe {
 
 #if defined(__CUDACC__)
 
+// setmaxnreg budgets: 128 x (40 + 2 x 232) <= 64K.
+constexpr int kWsProducerRegs = 40, kWsConsumerRegs = 232;
+constexpr int kWsProducerThreads = 128;
+
 template <ExpertFormat F, class T, bool GATE_UP>
-__global__ void __launch_bounds__(T::THREADS + 32, 1) moe_gemm_ws_kernel(const GemmArgs a) {
+__global__ void __launch_bounds__(T::THREADS + kWsProducerThreads, 1)
+    moe_gemm_ws_kernel(const GemmArgs a) {
   constexpr int TILE = pack_tile_bytes(F);
   constexpr int B_KB = T::BN * 128;  // one k-block of BN activation rows
   constexpr int B_BYTES = T::KC * B_KB;
   constexpr int STAGE = gemm_stage_bytes<F, T>();
   constexpr int NACC = T::BN / 2;
-  constexpr int MTILES = T::WGS * T::MT;  // m64 tiles per item
-  static_assert(T::BN % 4 == 0 && T::KC % 2 == 0, "ws tile");
+  constexpr int MTILES = T::WGS * T::MT;         // m64 tiles per item
+  constexpr int RSTEP = kWsProducerThreads / 8;  // tile rows a copy pass covers
+  static_assert(T::WGS == 2 && 128 * (kWsProducerRegs + 2 * kWsConsumerRegs) <= 65536,
+                "ws registers");
+  static_assert(T::BN % RSTEP == 0 && T::KC % 2 == 0, "ws tile");
   // The release after a stage's first k-block needs two wgmma groups in it (the first group's
   // wait leaves the previous stage's last group in flight, the second's retires it).
   static_assert(T::KG <= 2, "ws tile: at least two wgmma groups a k-block");
@@ -52,9 +60,9 @@ __global__ void __launch_bounds__(T::THREADS + 32, 1) moe_gemm_ws_kernel(const G
   if (tid == 0) {
 #pragma unroll 1
     for (int s = 0; s < T::STAGES; ++s) {
-      // full: the producer's arrive.expect_tx + one cp.async arrival per producer lane;
+      // full: the producer's arrive.expect_tx + one cp.async arrival per producer thread;
       // empty: one arrival per consumer warp.
-      sm90::mbar_init(&full_bar[s], 1 + 32);
+      sm90::mbar_init(&full_bar[s], 1 + kWsProducerThreads);
       sm90::mbar_init(&empty_bar[s], T::THREADS / 32);
     }
     sm90::fence_barrier_init();
@@ -70,22 +78,24 @@ __global__ void __launch_bounds__(T::THREADS + 32, 1) moe_gemm_ws_kernel(const G
   const int total = a.counters[1] * row_blocks;
 
   if (tid >= T::THREADS) {
-    // ---- producer warp ----
-    // Lane l copies 16-byte chunk c = l % 8 of tile rows l / 8, l / 8 + 4, ... (rows past the
-    // tile's tokens are not loaded: an MMA column depends only on its own B column, and those
-    // columns are never stored).
-    const int lane = tid % 32, c = lane % 8, r0 = lane / 8;
+    // ---- producer warpgroup ----
+    sm90::warpgroup_reg_dealloc<kWsProducerRegs>();
+    // Thread p copies 16-byte chunk c = p % 8 of tile rows p / 8, p / 8 + RSTEP, ... (rows past
+    // the tile's tokens are not loaded: an MMA column depends only on its own B column, and
+    // those columns are never stored).
+    const int p = tid - T::THREADS, c = p % 8, r0 = p / 8;
     uint32_t g = 0;  // stages filled so far (the consumers count the same sequence)
 #pragma unroll 1
     for (int item = blockIdx.x; item < total; item += gridDim.x) {
       const int4 tile = a.tiles[item / row_blocks];
       const int rbc = item % row_blocks;
       const int first = tile.y, rows = tile.z;
-      __syncwarp();  // every lane has issued the previous item's copies (their sources read)
-      for (int r = lane; r < T::BN; r += 32)
+      // Every producer thread has issued the previous item's copies (read their sources).
+      sm90::named_barrier_sync(1, kWsProducerThreads);
+      for (int r = p; r < T::BN; r += kWsProducerThreads)
         s_src[r] =
             r < rows ? a.act + size_t(a.act_row ? a.act_row[first + r] : first + r) * a.k : nullptr;
-      __syncwarp();
+      sm90::named_barrier_sync(1, kWsProducerThreads);
       const uint8_t* wbase = a.w + size_t(tile.x) * a.w_stride + size_t(rbc) * MTILES * KB * TILE;
 #pragma unroll 1
       for (int ch = 0; ch < nch; ++ch, ++g) {
@@ -94,7 +104,7 @@ __global__ void __launch_bounds__(T::THREADS + 32, 1) moe_gemm_ws_kernel(const G
         uint8_t* st = smem + s * STAGE;
         const uint32_t st32 = sm90::smem_u32(st);
         const int kb0 = ch * T::KC, nk = min(T::KC, KB - kb0);
-        if (lane == 0) {
+        if (p == 0) {
           const uint32_t bytes = uint32_t(nk * TILE);
           sm90::mbar_arrive_expect_tx(&full_bar[s], bytes * MTILES);
 #pragma unroll
@@ -104,7 +114,7 @@ __global__ void __launch_bounds__(T::THREADS + 32, 1) moe_gemm_ws_kernel(const G
                             sm90::kEvictNormal);
         }
 #pragma unroll 1
-        for (int r = r0; r < rows && r < T::BN; r += 4) {
+        for (int r = r0; r < rows && r < T::BN; r += RSTEP) {
           const __nv_bfloat16* src = s_src[r] + size_t(kb0) * 64 + c * 8;
           const uint32_t dst = st32 + r * 128 + ((c ^ (r & 7)) << 4);
 #pragma unroll
@@ -114,8 +124,8 @@ __global__ void __launch_bounds__(T::THREADS + 32, 1) moe_gemm_ws_kernel(const G
         sm90::cp_async_mbar_arrive_noinc(&full_bar[s]);
       }
     }
-    // Tail: the warp leaves only once the consumers have released every stage, i.e. after all
-    // of its copies have landed and been read (none still in flight at its exit).
+    // Tail: the warpgroup leaves only once the consumers have released every stage, i.e. after
+    // all of its copies have landed and been read (none still in flight at its exit).
 #pragma unroll 1
     for (int i = 0; i < T::STAGES; ++i, ++g)
       sm90::mbar_wait(&empty_bar[g % T::STAGES], ((g / T::STAGES) & 1u) ^ 1u);
@@ -123,6 +133,7 @@ __global__ void __launch_bounds__(T::THREADS + 32, 1) moe_gemm_ws_kernel(const G
   }
 
   // ---- consumer warpgroups ----
+  sm90::warpgroup_reg_alloc<kWsConsumerRegs>();
   // The warpgroup index through a broadcast, so the compiler keeps it (and the addresses built
   // from it) in uniform registers.
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
@@ -228,20 +239,23 @@ void launch_moe_gemm_ws_instance(const GemmArgs& a, const LaunchCtx& c) {
     DSV4_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int per_sm = 0;
-    DSV4_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, T::THREADS + 32, smem));
+    DSV4_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, kernel, T::THREADS + kWsProducerThreads, smem));
     DSV4_CHECK(per_sm > 0, "moe warp-specialised expert GEMM (tile_n ", T::BN,
                "): no CTA fits on an SM (", smem, " bytes of shared memory)");
     grid = per_sm * sm_count();
     grids[dev].store(grid, std::memory_order_release);
   }
   if (a.max_ctas > 0) grid = std::min(grid, a.max_ctas);
-  launch_kernel(c, kernel, dim3(grid), dim3(T::THREADS + 32), size_t(smem), a);
+  launch_kernel(c, kernel, dim3(grid), dim3(T::THREADS + kWsProducerThreads), size_t(smem), a);
 }
 
 template <ExpertFormat F>
 void launch_moe_gemm_ws_impl(int tile_n, bool gate_up, const GemmArgs& a, const LaunchCtx& c) {
   switch (tile_n) {
+    case 128:
+      return gate_up ? launch_moe_gemm_ws_instance<F, TileN128, true>(a, c)
+                     : launch_moe_gemm_ws_instance<F, TileN128, false>(a, c);
     case 256:
       return gate_up ? launch_moe_gemm_ws_instance<F, TileN256, true>(a, c)
                      : launch_moe_gemm_ws_instance<F, TileN256, false>(a, c);
@@ -252,7 +266,8 @@ void launch_moe_gemm_ws_impl(int tile_n, bool gate_up, const GemmArgs& a, const 
 
 #endif  // __CUDACC__
 
-// Host launchers (moe_gemm_ws_{mxfp4,nvfp4}.cu): tile_n 256; n_rows % 128 == 0, k % 128 == 0.
+// Host launchers (moe_gemm_ws_{mxfp4,nvfp4}.cu): tile_n 128 or 256; n_rows a multiple of the
+// tile's weight rows, k % 128 == 0.
 void launch_moe_gemm_ws_mxfp4(int tile_n, bool gate_up, const GemmArgs& a, const LaunchCtx& c);
 void launch_moe_gemm_ws_nvfp4(int tile_n, bool gate_up, const GemmArgs& a, const LaunchCtx& c);
 

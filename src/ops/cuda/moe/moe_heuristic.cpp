@@ -86,8 +86,9 @@ MoeGemmChoice moe_gemm_choice(const MoeDeviceWeights& w, int m, int top_k, MoeGe
                                                    : quant == MoeDownQuant::kInDown;
   } else if (path == MoeGemmPath::kTiledWs) {
     c.tile_n = tile_n ? tile_n : 256;
-    DSV4_CHECK(c.tile_n == 256,
-               "moe: the warp-specialised tiled expert GEMM's token tile is 256, not ", c.tile_n);
+    DSV4_CHECK(c.tile_n == 128 || c.tile_n == 256,
+               "moe: the warp-specialised tiled expert GEMM's token tile is 128 or 256, not ",
+               c.tile_n);
     DSV4_CHECK(tiled_fits(w, c.tile_n), "moe: token tile ", c.tile_n, " (weight rows ",
                gemm_tile_rows(c.tile_n), ") does not fit inter ", w.inter, " / dim ", w.dim);
     c.quant_in_down = false;
