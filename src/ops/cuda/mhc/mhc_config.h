@@ -68,6 +68,9 @@ constexpr int kSplitMaxYChunks =
 constexpr int kSplitReduceParts = 10;
 // Up to this many tokens (one CTA each: about a wave) the finishing kernel loads the streams and
 // the norm weight early (mhc_split.cu, kEarly); beyond, where two CTAs an SM pay, where used.
+// Beyond it the finish is the staged kernel and Sinkhorn runs apart, after it (two tokens a warp,
+// hc_split_sinkhorn_kernel): in the finish, warp 0's 20 dependent iterations (~3 us a token, by
+// count of the dependent operations, not measured) outlast the collapse and hold the CTA's slot.
 constexpr int kSplitEarlyLoadMaxTokens = 256;
 // From this many tokens the projection (kPre / kHead) stages the streams through shared memory,
 // kSplitProjStages deep (cp.async): prefill, where the register kernel's one chunk in flight

@@ -473,15 +473,22 @@ __global__ void __launch_bounds__(kSplitFinishThreads, kLoad == FinishLoad::kSta
       if (lane >= kHc && lane < 2 * kHc)
         p.post[t * kHc + (lane - kHc)] =
             fmul(2.0f, sigmoidf_ref(fadd(fmul(m, __ldg(p.scale + 1)), __ldg(p.base + lane))));
-      else if (lane >= 2 * kHc && lane < kMix)
-        comb_s[lane - 2 * kHc] = fadd(fmul(m, __ldg(p.scale + 2)), __ldg(p.base + lane));
+      else if (lane >= 2 * kHc && lane < kMix) {
+        const float logit = fadd(fmul(m, __ldg(p.scale + 2)), __ldg(p.base + lane));
+        if constexpr (kStaged)
+          p.comb[t * 16 + (lane - 2 * kHc)] = logit;  // hc_split_sinkhorn_kernel's input
+        else
+          comb_s[lane - 2 * kHc] = logit;
+      }
     }
   }
   __syncthreads();
   if constexpr (!kHead) {
     if (warp == 0) {  // both half-warps normalise the same matrix (the shuffles need all lanes)
-      const float c = sinkhorn4_lanes(comb_s[lane & 15], p.iters, p.hc_eps);
-      if (lane < 16) p.comb[t * 16 + lane] = c;
+      if constexpr (!kStaged) {
+        const float c = sinkhorn4_lanes(comb_s[lane & 15], p.iters, p.hc_eps);
+        if (lane < 16) p.comb[t * 16 + lane] = c;
+      }
       return;
     }
   }
@@ -553,6 +560,30 @@ __global__ void __launch_bounds__(kSplitFinishThreads, kLoad == FinishLoad::kSta
     if (c < chunks) Y[c] = pack8(yv[i]);
   }
   if constexpr (!kHead) quantize_y(p, yv, ct, chunks);
+}
+
+// ---- 3. Sinkhorn apart (prefill-sized steps, after the staged finish) --------------------------
+// The staged finishing kernel leaves the comb logits in `comb`; this normalises them in place,
+// two tokens a warp (one a half-warp: sinkhorn4_lanes works on each half's own lanes), so the 20
+// dependent iterations (~3 us a token) no longer hold a finishing CTA, and its SM slot, after its
+// collapse is done. The same function on the same logits: the same bits as in the finish.
+struct SinkhornArgs {
+  float* comb = nullptr;  // [tokens, 16]: logits in, the doubly stochastic matrices out
+  int tokens = 0, iters = 20;
+  float eps = 1e-6f;
+};
+constexpr int kSinkhornThreads = 256;
+constexpr int kSinkhornTokensPerCta = kSinkhornThreads / 16;
+
+__global__ void __launch_bounds__(kSinkhornThreads) hc_split_sinkhorn_kernel(const SinkhornArgs p) {
+  sm90::griddep_wait();
+  sm90::griddep_launch_dependents();
+  const int lane = threadIdx.x & 31;
+  const int64_t t = int64_t(blockIdx.x) * kSinkhornTokensPerCta + threadIdx.x / 16;
+  const bool live = t < p.tokens;  // a dead half-warp normalises zeros: every lane must shuffle
+  const float c = live ? p.comb[t * 16 + (lane & 15)] : 0.0f;
+  const float r = sinkhorn4_lanes(c, p.iters, p.eps);
+  if (live) p.comb[t * 16 + (lane & 15)] = r;
 }
 
 // ---- host side -------------------------------------------------------------------------------
@@ -635,6 +666,16 @@ void launch_finish(const Params& p, const Geometry& geo, float* part_mix, double
     opt_in_dynamic_smem<kernel>(int(finish_staged_smem<kKind>(kSplitMaxDim)));
     launch_pdl(kernel, dim3(p.tokens, 1, 1), kSplitFinishThreads, finish_staged_smem<kKind>(p.dim),
                stream, f);
+    if constexpr (kKind != Kind::kHead) {
+      SinkhornArgs sa;
+      sa.comb = p.comb;
+      sa.tokens = p.tokens;
+      sa.iters = p.iters;
+      sa.eps = p.hc_eps;
+      launch_pdl(hc_split_sinkhorn_kernel,
+                 dim3((p.tokens + kSinkhornTokensPerCta - 1) / kSinkhornTokensPerCta, 1, 1),
+                 kSinkhornThreads, 0, stream, sa);
+    }
   }
 }
 

@@ -2,7 +2,8 @@
 // 32 up to kSplitMaxDim, any token count (mhc_cfg::uses_split_kernel). Internal to the mhc family:
 // mhc.cu validates the parameters and picks the path.
 //
-// Two kernels, chained by programmatic dependent launch, no cluster and no grid-wide barrier:
+// Two kernels (three at prefill sizes), chained by programmatic dependent launch, no cluster and
+// no grid-wide barrier:
 //  1. projection, grid (splits, token tiles): CTA s owns a contiguous range of d-chunks (32 dims of
 //     all 4 streams; warp j takes stream j) for a tile of 16/32/64 tokens; for hc_post_pre it first
 //     computes the new streams of its range (hc_post, the CPU's operations) and writes them. The
@@ -16,6 +17,9 @@
 //     scheduling; computes the RMS factor and the gates (warp 0), runs Sinkhorn on 16 lanes of
 //     warp 0 while warps 1-7 collapse y = bf16(sum_j pre_j h_j) (and the fused RMSNorm, and the
 //     FP8 quantisation of y: a half-warp holds one 128-element block).
+//  3. beyond kSplitEarlyLoadMaxTokens tokens (the staged finish), Sinkhorn runs apart, after the
+//     finish, two tokens a warp (the finish leaves the comb logits in `comb`): 20 dependent
+//     iterations no longer keep a finishing CTA resident once its collapse is done.
 // Every fp32 step after the projection is the CPU's operation in its order (mhc_math.cuh).
 #pragma once
 
