@@ -32,6 +32,8 @@
 //        [--batches 1,8,32,128] [--contexts 4096,65536] [--no-prefill] [--no-branches]
 //        (--no-branches: CudaModelLimits::concurrent_branches off, the sub-layers' side
 //        branches on the one stream)
+//        [--moe-tiled tiled|tiled256|ws128|ws256] (the expert GEMM kernel of the steps on the
+//        tiled path, i.e. the prefill: CudaModelLimits::moe_tiled_path / moe_tiled_tile)
 //        [--dry-run FREE_GIB]  (no GPU: the layer mix, cache size and rooflines it would run)
 // Output: JSON lines (stdout, and $DSV4_BENCH_OUT), progress on stderr; the markdown tables:
 // scripts/e2e_depth_report.py.
@@ -390,7 +392,10 @@ struct Options {
   std::string model = "flash", fmt = "nvfp4";
   int layers = 0;  // 0: as many as fit
   bool quick = false, kernels = true, prefill = true;
-  bool branches = true;    // CudaModelLimits::concurrent_branches (--no-branches: off)
+  bool branches = true;  // CudaModelLimits::concurrent_branches (--no-branches: off)
+  // CudaModelLimits::moe_tiled_path / moe_tiled_tile (--moe-tiled tiled|tiled256|ws128|ws256).
+  cuda::moe::MoeGemmPath moe_tiled_path = cuda::moe::MoeGemmPath::kTiled;
+  int moe_tiled_tile = 0;
   double dry_run_gib = 0;  // > 0: no GPU; plan for this much free memory and print the rooflines
   std::vector<int> batches = {1, 8, 32, 128};
   std::vector<int64_t> contexts = {4096, 65536};
@@ -740,7 +745,7 @@ struct Built {
 
 // The model with n layers, its activations for the largest step and the cache pool for
 // kMaxBatch + 1 sequences of the longest context; throws on out-of-memory.
-Built build(const Model& m, int n, ExpertFormat fmt, int64_t max_ctx, bool branches) {
+Built build(const Model& m, int n, ExpertFormat fmt, int64_t max_ctx, const Options& o) {
   Built b;
   b.config = config_with_layers(m, n);
   const ModelConfig& c = b.config;
@@ -751,7 +756,9 @@ Built build(const Model& m, int n, ExpertFormat fmt, int64_t max_ctx, bool branc
   lim.max_seqs = kMaxBatch;
   lim.max_context = max_ctx + 256;
   lim.max_logit_rows = kMaxBatch;
-  lim.concurrent_branches = branches;
+  lim.concurrent_branches = o.branches;
+  lim.moe_tiled_path = o.moe_tiled_path;
+  lim.moe_tiled_tile = o.moe_tiled_tile;
   b.ctx = std::make_unique<DeviceContext>(0);
   b.model = std::make_unique<CudaModel>(*b.ctx, c, std::move(w), lim);
   b.act_gib = double(b.model->activation_bytes()) / double(1ull << 30);
@@ -848,7 +855,7 @@ void run(const Options& o) {
   for (;;) {
     DSV4_CHECK(n >= 1, "not even one layer fits");
     try {
-      B = build(m, n, fmt, max_ctx, o.branches);
+      B = build(m, n, fmt, max_ctx, o);
       break;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "[%s %s] %d layers do not fit (%s): trying %d\n", m.name.c_str(),
@@ -877,7 +884,13 @@ void run(const Options& o) {
                  B.act_gib, B.cache_gib, kMaxBatch + 1, (long long)model.limits().max_context,
                  double(free_bytes()) / double(1ull << 30), seconds_since(t_start));
   }
-  const std::string prefix = m.name + " " + o.fmt;
+  // A forced MoE kernel names itself in every row (the rows are not the default engine's).
+  const std::string prefix =
+      m.name + " " + o.fmt +
+      (o.moe_tiled_path != cuda::moe::MoeGemmPath::kTiled || o.moe_tiled_tile != 0
+           ? cat(" [moe ", cuda::moe::moe_gemm_path_name(o.moe_tiled_path), " tile ",
+                 o.moe_tiled_tile, "]")
+           : std::string());
   auto base_extra = [&](const std::string& phase, int batch, int64_t ctx) {
     Extra e;
     e.kv("model", m.name).kv("fmt", o.fmt).kv("phase", phase).kv("batch", double(batch));
@@ -1235,7 +1248,8 @@ int main(int argc, char** argv) {
   Options o;
   const char* usage =
       "usage: e2e_depth_bench [flash|pro] [nvfp4|mxfp4] [--layers N] [--quick] [--no-kernels] "
-      "[--no-prefill] [--no-branches] [--batches 1,8,32,128] [--contexts 4096,65536] "
+      "[--no-prefill] [--no-branches] [--moe-tiled tiled|tiled256|ws128|ws256] "
+      "[--batches 1,8,32,128] [--contexts 4096,65536] "
       "[--dry-run FREE_GIB]\n";
   try {
     for (int i = 1; i < argc; ++i) {
@@ -1262,7 +1276,20 @@ int main(int argc, char** argv) {
         o.prefill = false;
       else if (a == "--no-branches")
         o.branches = false;
-      else if (a == "--batches") {
+      else if (a == "--moe-tiled") {
+        const std::string v = value();
+        using P = cuda::moe::MoeGemmPath;
+        if (v == "tiled")
+          o.moe_tiled_path = P::kTiled, o.moe_tiled_tile = 0;
+        else if (v == "tiled256")
+          o.moe_tiled_path = P::kTiled, o.moe_tiled_tile = 256;
+        else if (v == "ws128")
+          o.moe_tiled_path = P::kTiledWs, o.moe_tiled_tile = 128;
+        else if (v == "ws256")
+          o.moe_tiled_path = P::kTiledWs, o.moe_tiled_tile = 256;
+        else
+          throw Error(cat("--moe-tiled ", v, ": tiled, tiled256, ws128 or ws256"));
+      } else if (a == "--batches") {
         o.batches.clear();
         for (int64_t b : parse_list(value())) o.batches.push_back(int(b));
       } else if (a == "--contexts")

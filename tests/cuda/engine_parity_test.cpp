@@ -217,6 +217,45 @@ TEST_P(EngineParity, SideBranchesEqualOneStream) {
   EXPECT_EQ(first_diff_row(g1, ref, p.V()), size_t(-1));
 }
 
+// The expert GEMM kernels a benchmark can force on the tiled path's steps (CudaModelLimits::
+// moe_tiled_path / moe_tiled_tile) compute the products of the plain tiled kernel with the same
+// tile in its order: a whole-prompt prefill (the tiled path: ~75 rows an expert) gives the
+// default engine's logits bit for bit with the warp-specialised 128 tile, the plain 256 tile's
+// with the warp-specialised 256 tile; the 256 tile is within the end-to-end tolerance of 128.
+TEST_P(EngineParity, ForcedTiledMoeKernelsKeepTheBits) {
+  Preset& p = preset();
+  using P = cuda::moe::MoeGemmPath;
+  cuda::moe::MoeDeviceWeights shape;
+  shape.n_experts = p.gpu->config.n_routed_experts;
+  shape.dim = p.gpu->config.dim;
+  shape.inter = p.gpu->config.moe_inter_dim;
+  ASSERT_EQ(cuda::moe::moe_gemm_choice(shape, kLen, p.gpu->config.n_activated_experts).path,
+            P::kTiled)
+      << "the prefill must take the tiled path for this test to mean anything";
+  auto run = [&](P path, int tile) {
+    CudaStackOptions o;
+    o.max_seqs = 1;
+    o.max_context = 640;
+    o.max_step_tokens = kLen;
+    o.moe_tiled_path = path;
+    o.moe_tiled_tile = tile;
+    auto s = open_cuda_stack(p.dir.path(), o);
+    CudaRunner& r = *s->runner;
+    const int a = r.open_sequence();
+    std::vector<float> out = r.step_logits({{a, {p.prompt.begin(), p.prompt.end()}, true}});
+    for (int i = 0; i < 4; ++i) {  // decode steps after it (the stream path: unaffected)
+      const std::vector<float> l = r.step_logits({{a, {p.prompt[10 + i]}, false}});
+      out.insert(out.end(), l.begin(), l.end());
+    }
+    return out;
+  };
+  const std::vector<float> ref = run(P::kTiled, 0), ws128 = run(P::kTiledWs, 128);
+  EXPECT_EQ(first_diff_row(ws128, ref, p.V()), size_t(-1)) << "ws128 vs the default tile";
+  const std::vector<float> t256 = run(P::kTiled, 256), ws256 = run(P::kTiledWs, 256);
+  EXPECT_EQ(first_diff_row(ws256, t256, p.V()), size_t(-1)) << "ws256 vs the plain 256 tile";
+  expect_logits_close("the 256 tile vs the default 128 tile", t256, ref, p.V());
+}
+
 // A decode step of a size without a graph runs as the next captured size, padded with dummy
 // rows of the runner's scratch sequence (token 0 at position 0, fresh states). Its real rows are
 // bit for bit those of the same graph run with a real fourth sequence in the dummy's place (a

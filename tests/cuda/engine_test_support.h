@@ -40,6 +40,9 @@ struct CudaStackOptions {
   bool graphs = false;
   bool exact_linears = false;
   bool branches = true;  // CudaModelLimits::concurrent_branches
+  // CudaModelLimits::moe_tiled_path / moe_tiled_tile (the tiled path's expert GEMM kernel).
+  cuda::moe::MoeGemmPath moe_tiled_path = cuda::moe::MoeGemmPath::kTiled;
+  int moe_tiled_tile = 0;
 };
 
 // The CUDA backend of one checkpoint: model, runner and (verify mode) the CPU weights and the
@@ -69,6 +72,8 @@ inline std::unique_ptr<CudaStack> open_cuda_stack(const std::string& dir,
   lim.max_context = o.max_context;
   lim.exact_linears = o.exact_linears;
   lim.concurrent_branches = o.branches;
+  lim.moe_tiled_path = o.moe_tiled_path;
+  lim.moe_tiled_tile = o.moe_tiled_tile;
   s->context = std::make_unique<DeviceContext>(0);
   s->model = std::make_unique<CudaModel>(*s->context, s->config, std::move(w), lim);
   CudaRunnerOptions ro;

@@ -868,6 +868,11 @@ void CudaModel::moe(int block, const DeviceStep& st, const bf16* x, bf16* out) {
   m.workspace = act_.moe_ws;
   m.workspace_bytes = act_.moe_ws_bytes;
   m.stream = stream_;
+  if ((limits_.moe_tiled_path != cuda::moe::MoeGemmPath::kTiled || limits_.moe_tiled_tile != 0) &&
+      cuda::moe::moe_gemm_choice(b.moe, T, m.p.top_k).path == cuda::moe::MoeGemmPath::kTiled) {
+    m.gemm_path = limits_.moe_tiled_path;
+    m.tile_n = limits_.moe_tiled_tile;
+  }
   // Decode-sized steps: the shared expert on the side stream beside the routed experts, joined
   // before their combine reads its output. The router and the plan are launched first: launched
   // after the shared expert, they found its GEMMs (and the kernels those had launched early)
