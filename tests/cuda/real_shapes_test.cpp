@@ -548,6 +548,9 @@ std::vector<MoeSpec> moe_specs() {
       {"flash_mx_score_m16_stream", 4096, 2048, 256, 6, MX, false, 16, 1, cm::MoeGemmPath::kStream},
       {"flash_nv_score_m128_stream", 4096, 2048, 256, 6, NV, false, 128, 2,
        cm::MoeGemmPath::kStream},
+      // The warp-specialised tiled GEMM (its default 256 tile, forced) with all 256 experts.
+      {"flash_mx_score_m512_tiled_ws", 4096, 2048, 256, 6, MX, false, 512, 2,
+       cm::MoeGemmPath::kTiledWs},
   };
 }
 
