@@ -1,5 +1,5 @@
 // Prefill-path grouped FP4 expert GEMM, warp-specialised: moe_gemm.cuh's tile, mainloop
-// (gemm_kblock) and epilogue (gemm_epilogue), fed by a producer warp through a ring of
+// (gemm_kblock) and epilogue (gemm_epilogue), fed by a producer warpgroup through a ring of
 // mbarrier-guarded stages that persists across work items:
 //  * one persistent CTA per SM over the (token tile, weight-row block) items in moe_gemm.cuh's
 //    order (item = blockIdx.x + j * gridDim.x);
