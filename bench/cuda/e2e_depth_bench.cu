@@ -32,8 +32,9 @@
 //        [--batches 1,8,32,128] [--contexts 4096,65536] [--no-prefill] [--no-branches]
 //        (--no-branches: CudaModelLimits::concurrent_branches off, the sub-layers' side
 //        branches on the one stream)
-//        [--moe-tiled tiled|tiled256|ws128|ws256] (the expert GEMM kernel of the steps on the
-//        tiled path, i.e. the prefill: CudaModelLimits::moe_tiled_path / moe_tiled_tile)
+//        [--moe-tiled auto|tiled|tiled256|ws128|ws256] (the expert GEMM kernel of the steps on the
+//        tiled paths, i.e. the prefill: CudaModelLimits::moe_tiled_path / moe_tiled_tile;
+//        tiled = the plain kernel's 128 tile, auto = the heuristic's pick)
 //        [--dry-run FREE_GIB]  (no GPU: the layer mix, cache size and rooflines it would run)
 // Output: JSON lines (stdout, and $DSV4_BENCH_OUT), progress on stderr; the markdown tables:
 // scripts/e2e_depth_report.py.
@@ -1248,7 +1249,7 @@ int main(int argc, char** argv) {
   Options o;
   const char* usage =
       "usage: e2e_depth_bench [flash|pro] [nvfp4|mxfp4] [--layers N] [--quick] [--no-kernels] "
-      "[--no-prefill] [--no-branches] [--moe-tiled tiled|tiled256|ws128|ws256] "
+      "[--no-prefill] [--no-branches] [--moe-tiled auto|tiled|tiled256|ws128|ws256] "
       "[--batches 1,8,32,128] [--contexts 4096,65536] "
       "[--dry-run FREE_GIB]\n";
   try {
@@ -1279,8 +1280,10 @@ int main(int argc, char** argv) {
       else if (a == "--moe-tiled") {
         const std::string v = value();
         using P = cuda::moe::MoeGemmPath;
-        if (v == "tiled")
+        if (v == "auto")
           o.moe_tiled_path = P::kTiled, o.moe_tiled_tile = 0;
+        else if (v == "tiled")
+          o.moe_tiled_path = P::kTiled, o.moe_tiled_tile = 128;
         else if (v == "tiled256")
           o.moe_tiled_path = P::kTiled, o.moe_tiled_tile = 256;
         else if (v == "ws128")
@@ -1288,7 +1291,7 @@ int main(int argc, char** argv) {
         else if (v == "ws256")
           o.moe_tiled_path = P::kTiledWs, o.moe_tiled_tile = 256;
         else
-          throw Error(cat("--moe-tiled ", v, ": tiled, tiled256, ws128 or ws256"));
+          throw Error(cat("--moe-tiled ", v, ": auto, tiled, tiled256, ws128 or ws256"));
       } else if (a == "--batches") {
         o.batches.clear();
         for (int64_t b : parse_list(value())) o.batches.push_back(int(b));

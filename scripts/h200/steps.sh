@@ -9,7 +9,7 @@
 # TEST_TIMEOUT s each), depth (e2e_depth_bench flash nvfp4 --quick --layers 8 DEPTH_ARGS; the
 # step times and a CSA layer's prefill kernels printed), moe (moe_bench MOE_ARGS), mhc (mhc_bench
 # --tokens MHC_TOKENS), woa (attn_output_bench's tensor-core rows), prefill_moe (the 8K prefill
-# with each MoE kernel of MOE_TILED, default 'tiled tiled256 ws128 ws256'). JSON lines land in $OUT (one
+# with each MoE kernel of MOE_TILED, default 'auto tiled ws128 ws256'). JSON lines land in $OUT (one
 # file a step: the device tool returns a limited number of files). Keep the machine warm between
 # calls: it is released after ~30 s idle, and a new one starts from an empty build tree.
 set -uo pipefail
@@ -57,7 +57,7 @@ for s in ${STEPS:-build}; do
       grep '"e2e_depth_kernel"' "$OUT/depth.jsonl" | grep ' CSA prefill ' | summary ;;
     prefill_moe)
       # The 8K prefill with each MoE kernel of the tiled path (e2e_depth_bench --moe-tiled).
-      for v in ${MOE_TILED:-tiled tiled256 ws128 ws256}; do
+      for v in ${MOE_TILED:-auto tiled ws128 ws256}; do
         DSV4_BENCH_OUT="$OUT/prefill_moe.jsonl" timeout "${DEPTH_TIMEOUT:-330}" \
           build-h200/bench/e2e_depth_bench flash nvfp4 --quick --layers 8 --batches 1 \
           --contexts 4096 --moe-tiled "$v" > /dev/null 2>> "$OUT/prefill_moe.log"

@@ -217,11 +217,11 @@ TEST_P(EngineParity, SideBranchesEqualOneStream) {
   EXPECT_EQ(first_diff_row(g1, ref, p.V()), size_t(-1));
 }
 
-// The expert GEMM kernels a benchmark can force on the tiled path's steps (CudaModelLimits::
+// The expert GEMM kernels a benchmark can force on the tiled paths' steps (CudaModelLimits::
 // moe_tiled_path / moe_tiled_tile) compute the products of the plain tiled kernel with the same
-// tile in its order: a whole-prompt prefill (the tiled path: ~75 rows an expert) gives the
-// default engine's logits bit for bit with the warp-specialised 128 tile, the plain 256 tile's
-// with the warp-specialised 256 tile; the 256 tile is within the end-to-end tolerance of 128.
+// tile in its order: a whole-prompt prefill (~75 rows an expert) gives the plain 128 tile's
+// logits bit for bit with the warp-specialised 128 tile (the default engine's pick there), the
+// plain 256 tile's with the warp-specialised 256 tile; 256 is within the end-to-end tolerance.
 TEST_P(EngineParity, ForcedTiledMoeKernelsKeepTheBits) {
   Preset& p = preset();
   using P = cuda::moe::MoeGemmPath;
@@ -230,8 +230,8 @@ TEST_P(EngineParity, ForcedTiledMoeKernelsKeepTheBits) {
   shape.dim = p.gpu->config.dim;
   shape.inter = p.gpu->config.moe_inter_dim;
   ASSERT_EQ(cuda::moe::moe_gemm_choice(shape, kLen, p.gpu->config.n_activated_experts).path,
-            P::kTiled)
-      << "the prefill must take the tiled path for this test to mean anything";
+            P::kTiledWs)
+      << "the prefill must take a tiled path for this test to mean anything";
   auto run = [&](P path, int tile) {
     CudaStackOptions o;
     o.max_seqs = 1;
@@ -249,8 +249,11 @@ TEST_P(EngineParity, ForcedTiledMoeKernelsKeepTheBits) {
     }
     return out;
   };
-  const std::vector<float> ref = run(P::kTiled, 0), ws128 = run(P::kTiledWs, 128);
-  EXPECT_EQ(first_diff_row(ws128, ref, p.V()), size_t(-1)) << "ws128 vs the default tile";
+  const std::vector<float> ref = run(P::kTiled, 128), ws128 = run(P::kTiledWs, 128);
+  EXPECT_EQ(first_diff_row(ws128, ref, p.V()), size_t(-1)) << "ws128 vs the plain 128 tile";
+  // The default engine (kAuto: the warp-specialised 128 tile at ~75 rows an expert).
+  const std::vector<float> deflt = run(P::kTiled, 0);
+  EXPECT_EQ(first_diff_row(deflt, ref, p.V()), size_t(-1)) << "the default vs the plain 128 tile";
   const std::vector<float> t256 = run(P::kTiled, 256), ws256 = run(P::kTiledWs, 256);
   EXPECT_EQ(first_diff_row(ws256, t256, p.V()), size_t(-1)) << "ws256 vs the plain 256 tile";
   expect_logits_close("the 256 tile vs the default 128 tile", t256, ref, p.V());

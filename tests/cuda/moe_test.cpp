@@ -657,7 +657,8 @@ TEST(MoeGemmChoice, RealShapes) {
     w.n_experts = E, w.dim = dim, w.inter = inter;
     return w;
   };
-  const cm::MoeGemmPath ST = cm::MoeGemmPath::kStream, TL = cm::MoeGemmPath::kTiled;
+  const cm::MoeGemmPath ST = cm::MoeGemmPath::kStream, TL = cm::MoeGemmPath::kTiled,
+                        WS = cm::MoeGemmPath::kTiledWs;
   const cm::MoeDeviceWeights flash = shape(256, 4096, 2048), pro = shape(384, 7168, 3072);
   struct Want {
     int m;
@@ -666,14 +667,17 @@ TEST(MoeGemmChoice, RealShapes) {
   };
   // The stream GEMM up to kStreamAutoMaxRowsPerExpert rows per expert (tile 8 up to 8 tokens
   // and up to kStreamTile8MaxRows rows per expert, else 16): Flash (256 experts, top-6) up to
-  // 1365 tokens, Pro (384) up to 2048; the tiled GEMM beyond (its tile by rows per expert: 128
+  // 1365 tokens, Pro (384) up to 2048; the warp-specialised tiled GEMM beyond, its 128 tile up to
+  // 159 rows an expert (6784 tokens), 256 from 160 (the plain tiled GEMM's tile by rows: 128
   // there).
   static_assert(cm::kStreamAutoMaxRowsPerExpert == 32, "the token counts below assume 32");
+  static_assert(cm::kWsTile256MinRows == 160, "the token counts below assume 160");
   static_assert(cm::kStreamTile8MaxRows == 4, "the token counts below assume 4");
-  for (const Want& x : {Want{1, ST, 8}, Want{2, ST, 8}, Want{8, ST, 8}, Want{16, ST, 8},
-                        Want{128, ST, 8}, Want{170, ST, 8}, Want{171, ST, 16}, Want{256, ST, 16},
-                        Want{512, ST, 16}, Want{1024, ST, 16}, Want{1365, ST, 16},
-                        Want{1366, TL, 128}, Want{2048, TL, 128}, Want{4096, TL, 128}}) {
+  for (const Want& x :
+       {Want{1, ST, 8}, Want{2, ST, 8}, Want{8, ST, 8}, Want{16, ST, 8}, Want{128, ST, 8},
+        Want{170, ST, 8}, Want{171, ST, 16}, Want{256, ST, 16}, Want{512, ST, 16},
+        Want{1024, ST, 16}, Want{1365, ST, 16}, Want{1366, WS, 128}, Want{2048, WS, 128},
+        Want{4096, WS, 128}, Want{6784, WS, 128}, Want{6785, WS, 256}, Want{8192, WS, 256}}) {
     const cm::MoeGemmChoice c = cm::moe_gemm_choice(flash, x.m, 6);
     EXPECT_EQ(c.path, x.path) << "flash m " << x.m;
     EXPECT_EQ(c.tile_n, x.tile_n) << "flash m " << x.m;
@@ -681,15 +685,15 @@ TEST(MoeGemmChoice, RealShapes) {
   }
   EXPECT_EQ(cm::moe_gemm_choice(pro, 1, 6).path, ST);
   EXPECT_EQ(cm::moe_gemm_choice(pro, 2048, 6).path, ST);
-  EXPECT_EQ(cm::moe_gemm_choice(pro, 2049, 6).path, TL);
+  EXPECT_EQ(cm::moe_gemm_choice(pro, 2049, 6).path, WS);
   EXPECT_EQ(cm::moe_gemm_choice(pro, 256, 6).tile_n, 8);   // 4 rows an expert
   EXPECT_EQ(cm::moe_gemm_choice(pro, 257, 6).tile_n, 16);  // 5
-  EXPECT_EQ(cm::moe_gemm_choice(pro, 4096, 6).path, TL);
+  EXPECT_EQ(cm::moe_gemm_choice(pro, 4096, 6).path, WS);
   // Fewer tokens than experts: rows per expert counts the experts the pairs can reach (a golden
   // set's 16 experts, top-4: 128 tokens are 32 rows each, 129 are 33).
   const cm::MoeDeviceWeights golden = shape(16, 256, 128);
   EXPECT_EQ(cm::moe_gemm_choice(golden, 128, 4).path, ST);
-  EXPECT_EQ(cm::moe_gemm_choice(golden, 129, 4).path, TL);
+  EXPECT_EQ(cm::moe_gemm_choice(golden, 129, 4).path, WS);
   // A geometry the stream GEMM cannot run (inter not a multiple of 128): the tiled GEMM.
   EXPECT_EQ(cm::moe_gemm_choice(shape(16, 256, 64), 1, 4).path, TL);
   // Forced paths: each path's own tiles (stream: 8 up to 8 tokens or 4 rows an expert, else 16),
@@ -704,14 +708,14 @@ TEST(MoeGemmChoice, RealShapes) {
   // a geometry its 128 weight rows do not divide is refused.
   EXPECT_EQ(cm::moe_gemm_choice(flash, 8192, 6, TL, 256).tile_n, 256);
   EXPECT_FALSE(cm::moe_gemm_choice(flash, 8192, 6, TL, 256).quant_in_down);
-  for (int m : {1, 1366, 8192, 65536}) EXPECT_NE(cm::moe_gemm_choice(flash, m, 6).tile_n, 256);
+  for (int m : {1, 1366, 8192, 65536})
+    EXPECT_EQ(cm::moe_gemm_choice(flash, m, 6, TL).path, TL);  // forced: the plain kernel
   EXPECT_THROW(cm::moe_gemm_choice(shape(16, 192, 64), 1, 4, TL, 256), Error);  // dim 192
-  // The warp-specialised tiled GEMM: only when forced, tiles 128 / 256, separate quantisation.
-  const cm::MoeGemmPath WS = cm::MoeGemmPath::kTiledWs;
+  // The warp-specialised tiled GEMM forced: tiles 128 / 256, separate quantisation.
   EXPECT_EQ(cm::moe_gemm_choice(flash, 8192, 6, WS).tile_n, 256);
   EXPECT_EQ(cm::moe_gemm_choice(flash, 8192, 6, WS).path, WS);
   EXPECT_FALSE(cm::moe_gemm_choice(flash, 8192, 6, WS).quant_in_down);
-  for (int m : {1, 1366, 8192, 65536}) EXPECT_NE(cm::moe_gemm_choice(flash, m, 6).path, WS);
+  for (int m : {1, 1365}) EXPECT_NE(cm::moe_gemm_choice(flash, m, 6).path, WS);
   EXPECT_EQ(cm::moe_gemm_choice(flash, 8192, 6, WS, 128).tile_n, 128);
   EXPECT_THROW(cm::moe_gemm_choice(flash, 8192, 6, WS, 64), Error);
   EXPECT_THROW(cm::moe_gemm_choice(flash, 8192, 6, WS, 0, cm::MoeDownQuant::kInDown), Error);
@@ -1522,14 +1526,18 @@ TEST_F(MoeCudaSmoke, TinyLayerRuns) {
 // in the sorted order (its rank within its expert) comes from an atomic counter, so two runs
 // may store an expert's rows in different orders (every output is per pair, so y is not
 // affected); -1 slots (a repeated expert) stay zero.
-std::vector<float> actq_by_pair(const GpuOut& g, int m, int K, int inter) {
-  std::vector<float> v(size_t(m) * K * inter, 0.0f);
+std::vector<float> rows_by_pair(const GpuOut& g, const std::vector<float>& by_pos, int m, int K,
+                                int width) {
+  std::vector<float> v(size_t(m) * K * width, 0.0f);
   for (int p = 0; p < m * K; ++p) {
     const int pos = g.pair_pos[size_t(p)];
     if (pos < 0) continue;
-    std::copy_n(g.actq.data() + size_t(pos) * inter, inter, v.data() + size_t(p) * inter);
+    std::copy_n(by_pos.data() + size_t(pos) * width, width, v.data() + size_t(p) * width);
   }
   return v;
+}
+std::vector<float> actq_by_pair(const GpuOut& g, int m, int K, int inter) {
+  return rows_by_pair(g, g.actq, m, K, inter);
 }
 
 TEST_F(MoeCudaSmoke, SameOutputWithoutPdl) {
@@ -1567,8 +1575,12 @@ TEST_F(MoeCudaSmoke, TiledWsEqualsTiled) {
       L->s.path = cm::MoeGemmPath::kTiled;
       L->s.ctas = 0;
       ASSERT_EQ(ws.path, cm::MoeGemmPath::kTiledWs);
-      expect_bits_equal(ws.act, ref.act, "gate/up + SwiGLU");
-      expect_bits_equal(ws.ye, ref.ye, "down projections");
+      // By pair: an expert's rows may sit in another order in each run (actq_by_pair).
+      const int m = L->s.m, K = L->s.K;
+      expect_bits_equal(rows_by_pair(ws, ws.act, m, K, L->s.inter),
+                        rows_by_pair(ref, ref.act, m, K, L->s.inter), "gate/up + SwiGLU");
+      expect_bits_equal(rows_by_pair(ws, ws.ye, m, K, L->s.dim),
+                        rows_by_pair(ref, ref.ye, m, K, L->s.dim), "down projections");
       expect_bits_equal(ws.y, ref.y, "y");
     }
   }

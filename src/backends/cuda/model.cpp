@@ -869,7 +869,7 @@ void CudaModel::moe(int block, const DeviceStep& st, const bf16* x, bf16* out) {
   m.workspace_bytes = act_.moe_ws_bytes;
   m.stream = stream_;
   if ((limits_.moe_tiled_path != cuda::moe::MoeGemmPath::kTiled || limits_.moe_tiled_tile != 0) &&
-      cuda::moe::moe_gemm_choice(b.moe, T, m.p.top_k).path == cuda::moe::MoeGemmPath::kTiled) {
+      cuda::moe::moe_gemm_choice(b.moe, T, m.p.top_k).path != cuda::moe::MoeGemmPath::kStream) {
     m.gemm_path = limits_.moe_tiled_path;
     m.tile_n = limits_.moe_tiled_tile;
   }

@@ -58,9 +58,10 @@ struct CudaModelLimits {
   // their combine). Same kernels and buffers either way, so the same bytes; what it saves is
   // the short kernels' latency in series. Never with observers or several ranks.
   bool concurrent_branches = true;
-  // Benchmarks: the expert GEMM kernel that steps the heuristic gives the tiled path run instead
-  // (ops/cuda/moe/moe.h: kTiled or kTiledWs and a token tile; kTiled with tile 0: the heuristic's
-  // own). Steps on the stream path (decode sizes) are unaffected; one rank only.
+  // Benchmarks: the expert GEMM kernel that steps the heuristic gives the tiled paths (kTiled,
+  // kTiledWs) run instead (ops/cuda/moe/moe.h: kTiled or kTiledWs and a token tile; kTiled with
+  // tile 0: the heuristic's own). Steps on the stream path (decode sizes) are unaffected; one
+  // rank only.
   cuda::moe::MoeGemmPath moe_tiled_path = cuda::moe::MoeGemmPath::kTiled;
   int moe_tiled_tile = 0;
 };

@@ -76,8 +76,8 @@ enum class MoeGemmPath {
              // tiles 8, 16
   kTiled,    // moe_gemm.cuh; tiles 8, 32, 64, 128, 256 (256 only when forced)
   kTiledWs,  // moe_gemm_ws.cuh: the tiled GEMM fed by a producer warpgroup through a ring that
-             // persists across items; tiles 128, 256 (0: 256); only when forced (not yet
-             // measured against kTiled)
+             // persists across items; tiles 128, 256 (0: 256); kAuto's pick where the tiled
+             // path would take its 128 tile
 };
 const char* moe_gemm_path_name(MoeGemmPath p);
 

@@ -40,9 +40,10 @@ using TileN128 = GemmTile<128, 2, 2, 2, 4, 1>;
 // 192 / 256 by the tile's rows): each dequantised weight fragment feeds twice the columns of
 // the 128 tile (half the dequantisation and A-register traffic per MMA), for 1.46x the bytes a
 // stage (64 KB of activations + 9 KB of weights; 3 stages fill the 227 KB). CUTLASS's RS
-// mixed-input GEMM gained 20-25 % from 128x128 to 128x256 on wo_a (H200, stop 42). Taken only
-// when forced (MoeArgs::tile_n = 256) until measured against the 128 tile (bench: moe_bench's
-// "tiled256" rows).
+// mixed-input GEMM gained 20-25 % from 128x128 to 128x256 on wo_a (H200, stop 42). In the plain
+// kernel (moe_gemm.cuh) only when forced: slower than its 128 tile (H100, M 8192 gate/up + down
+// 6571 vs 5954 us); the warp-specialised kernel (moe_gemm_ws.cuh) takes it from
+// kWsTile256MinRows rows an expert.
 using TileN256 = GemmTile<256, 2, 1, 2, 3, 1>;
 
 // ---- decode expert GEMM (moe_gemm_stream.cuh): the same W4A16 mainloop, warp-specialised ----
@@ -87,6 +88,15 @@ using StreamN16 = StreamTile<16, 5, 4>;
 // 8 up to kTiledTile8MaxRows, 32 up to kTiledTile32MaxRows, 128 beyond.
 constexpr int kTiledTile8MaxRows = 8;
 constexpr int kTiledTile32MaxRows = 32;
+// kAuto: where the tiled path takes its 128 tile (beyond kTiledTile32MaxRows rows an expert) the
+// warp-specialised kernel runs instead (moe_gemm_ws.cuh): its 128 tile, its 256 tile from this
+// many rows an expert. H100 (stop 43, 09d02c5, moe_bench flash nvfp4, gate/up + down us): M 4096
+// (96 rows) plain 128 3283, ws128 2779, ws256 3342; M 8192 (192 rows) plain 5954, ws128 5157,
+// ws256 5188; the engine's 8K prefill (e2e_depth_bench --quick --layers 8, 43 EXTRAPOLATED):
+// plain 128 556.2 ms, plain 256 560.2, ws128 511.4, ws256 499.4 (a CSA layer's expert GEMMs
+// 6378 / 5159 / 4743 us plain / ws128 / ws256). 160: between 96 (128 wins) and 192 (256 wins
+// in the engine).
+constexpr int kWsTile256MinRows = 160;
 constexpr int kStreamAutoMaxRowsPerExpert = kTiledTile32MaxRows;
 // The stream path's token tile: 8 up to 8 tokens (every expert one tile) and while the mean rows
 // per active expert are at most this, 16 beyond (an expert over 8 rows streams its weights once

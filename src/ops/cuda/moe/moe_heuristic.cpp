@@ -74,6 +74,13 @@ MoeGemmChoice moe_gemm_choice(const MoeDeviceWeights& w, int m, int top_k, MoeGe
         tile_n == 0 && rows_per_expert(w, m, top_k) <= kStreamAutoMaxRowsPerExpert && stream_fits(w)
             ? MoeGemmPath::kStream
             : MoeGemmPath::kTiled;
+    // Where the tiled path would take its 128 tile, the warp-specialised kernel instead (measured
+    // faster, moe_config.h kWsTile256MinRows): its 128 tile, or its 256 tile from that many rows
+    // an expert.
+    if (path == MoeGemmPath::kTiled && tile_n == 0 && tiled_tile(w, m, top_k) == 128) {
+      path = MoeGemmPath::kTiledWs;
+      tile_n = rows_per_expert(w, m, top_k) >= kWsTile256MinRows && tiled_fits(w, 256) ? 256 : 128;
+    }
   }
   c.path = path;
   if (path == MoeGemmPath::kStream) {
