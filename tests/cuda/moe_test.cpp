@@ -1609,7 +1609,7 @@ TEST_F(MoeCudaSmoke, RejectsUnsupported) {
   EXPECT_EQ(cm::moe_gemm_choice(L->dev, 3, 4, ST).tile_n, 8);
   EXPECT_EQ(cm::moe_gemm_choice(L->dev, 9, 4, ST).tile_n, 8);    // 3 rows an expert
   EXPECT_EQ(cm::moe_gemm_choice(L->dev, 17, 4, ST).tile_n, 16);  // 5
-  EXPECT_EQ(cm::moe_gemm_choice(L->dev, 1000, 4).path, TL);
+  EXPECT_EQ(cm::moe_gemm_choice(L->dev, 1000, 4).path, cm::MoeGemmPath::kTiledWs);  // 250 rows
 }
 
 // The stream GEMM path too: the same output with and without programmatic dependent launch.
