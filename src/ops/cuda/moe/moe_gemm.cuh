@@ -245,6 +245,28 @@ __device__ __forceinline__ void gemm_epilogue(const GemmArgs& a, const Fp4Epilog
   }
 }
 
+// Calls f(std::integral_constant<int, N>) for the MMA width a tile of `rows` tokens needs: from
+// BN 64 on, the quarter of BN that covers them (BN/4 .. BN: the accumulators of the unused
+// columns idle); smaller tiles always BN. N is a template argument: a width chosen by a branch
+// inside the mainloop makes ptxas serialise every wgmma with the next dequantisation.
+template <int BN, class F>
+__device__ __forceinline__ void for_mma_width(int rows, F&& f) {
+  if constexpr (BN >= 64) {
+    switch (min(4, (4 * rows + BN - 1) / BN)) {
+      case 1:
+        return f(std::integral_constant<int, BN / 4>{});
+      case 2:
+        return f(std::integral_constant<int, BN / 2>{});
+      case 3:
+        return f(std::integral_constant<int, 3 * BN / 4>{});
+      default:
+        return f(std::integral_constant<int, BN>{});
+    }
+  } else {
+    return f(std::integral_constant<int, BN>{});
+  }
+}
+
 template <ExpertFormat F, class T, bool GATE_UP>
 __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) {
   constexpr int TILE = pack_tile_bytes(F);
@@ -314,7 +336,6 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
                        ? a.act + size_t(a.act_row ? a.act_row[first + tid] : first + tid) * a.k
                        : nullptr;
     __syncthreads();
-    const int quarters = T::BN >= 64 ? min(4, (4 * rows + T::BN - 1) / T::BN) : 4;
 
     auto load_chunk = [&](int ch) {
       if (ch < nch) {
@@ -360,8 +381,7 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
 #pragma unroll
     for (int s = 0; s < T::STAGES - 2; ++s) load_chunk(s);
 
-    // The mainloop for one MMA width N (a template argument: a width chosen by a branch
-    // inside the loop makes ptxas serialise every wgmma with the next dequantisation).
+    // The mainloop for one MMA width N (for_mma_width).
     auto mainloop = [&](auto width) {
       constexpr int N = decltype(width)::value;
 #pragma unroll 1
@@ -417,52 +437,40 @@ __global__ void __launch_bounds__(T::THREADS) moe_gemm_kernel(const GemmArgs a) 
     };
     // Prefill tiles run the MMA on the quarters of BN the tile's rows need (N = BN/4 .. BN; the
     // accumulators of the unused columns idle).
-    if constexpr (T::BN >= 64) {
-      switch (quarters) {
-        case 1:
-          mainloop(std::integral_constant<int, T::BN / 4>{});
-          break;
-        case 2:
-          mainloop(std::integral_constant<int, T::BN / 2>{});
-          break;
-        case 3:
-          mainloop(std::integral_constant<int, 3 * T::BN / 4>{});
-          break;
-        default:
-          mainloop(std::integral_constant<int, T::BN>{});
-          break;
-      }
-    } else {
-      mainloop(std::integral_constant<int, T::BN>{});
-    }
+    for_mma_width<T::BN>(rows, mainloop);
 
     gemm_epilogue<T, GATE_UP>(a, ep, acc, rbc * (T::WGS * T::MT) + wg * T::MT, warp, lane, first,
                               rows);
   }
 }
 
-// One kernel instance: opt-in shared memory and the persistent grid (resident CTAs per SM x
-// SMs) are set up once per instance and device.
-template <ExpertFormat F, class T, bool GATE_UP>
-void launch_moe_gemm_instance(const GemmArgs& a, const LaunchCtx& c) {
-  auto kernel = moe_gemm_kernel<F, T, GATE_UP>;
-  constexpr int smem = gemm_smem_bytes<F, T>();
+// Launches one persistent expert-GEMM instance: its opt-in shared memory and its grid (resident
+// CTAs per SM x SMs) are set up once per instance and device; GemmArgs::max_ctas caps the grid.
+// `what` names the kernel family in the error when no CTA fits.
+template <auto kKernel>
+void launch_persistent_gemm(int threads, int smem, const char* what, int tile_n, const GemmArgs& a,
+                            const LaunchCtx& c) {
   static std::atomic<int> grids[kMaxDevices] = {};
   const int dev = current_device();
   int grid = grids[dev].load(std::memory_order_acquire);
   if (grid == 0) {
     DSV4_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int per_sm = 0;
-    DSV4_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, T::THREADS, smem));
-    DSV4_CHECK(per_sm > 0, "moe expert GEMM (tile_n ", T::BN, "): no CTA fits on an SM (", smem,
+    DSV4_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, threads, smem));
+    DSV4_CHECK(per_sm > 0, what, " (tile_n ", tile_n, "): no CTA fits on an SM (", smem,
                " bytes of shared memory)");
     grid = per_sm * sm_count();
     grids[dev].store(grid, std::memory_order_release);
   }
   if (a.max_ctas > 0) grid = std::min(grid, a.max_ctas);
-  launch_kernel(c, kernel, dim3(grid), dim3(T::THREADS), size_t(smem), a);
+  launch_kernel(c, kKernel, dim3(grid), dim3(threads), size_t(smem), a);
+}
+
+template <ExpertFormat F, class T, bool GATE_UP>
+void launch_moe_gemm_instance(const GemmArgs& a, const LaunchCtx& c) {
+  launch_persistent_gemm<moe_gemm_kernel<F, T, GATE_UP>>(T::THREADS, gemm_smem_bytes<F, T>(),
+                                                         "moe expert GEMM", T::BN, a, c);
 }
 
 template <ExpertFormat F>

@@ -315,24 +315,8 @@ __global__ void __launch_bounds__(T::THREADS, 1) moe_gemm_stream_kernel(const Ge
 // One kernel instance; one CTA per SM (the grid is computed once per instance and device).
 template <ExpertFormat F, class T, bool GATE_UP, bool QUANT_B>
 void launch_moe_gemm_stream_instance(const GemmArgs& a, const LaunchCtx& c) {
-  auto kernel = moe_gemm_stream_kernel<F, T, GATE_UP, QUANT_B>;
-  constexpr int smem = stream_smem_bytes<F, T>();
-  static std::atomic<int> grids[kMaxDevices] = {};
-  const int dev = current_device();
-  int grid = grids[dev].load(std::memory_order_acquire);
-  if (grid == 0) {
-    DSV4_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    int per_sm = 0;
-    DSV4_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, T::THREADS, smem));
-    DSV4_CHECK(per_sm > 0, "moe stream expert GEMM (tile_n ", T::BN, "): no CTA fits on an SM (",
-               smem, " bytes of shared memory)");
-    grid = per_sm * sm_count();
-    grids[dev].store(grid, std::memory_order_release);
-  }
-  if (a.max_ctas > 0) grid = std::min(grid, a.max_ctas);
-  launch_kernel(c, kernel, dim3(grid), dim3(T::THREADS), size_t(smem), a);
+  launch_persistent_gemm<moe_gemm_stream_kernel<F, T, GATE_UP, QUANT_B>>(
+      T::THREADS, stream_smem_bytes<F, T>(), "moe stream expert GEMM", T::BN, a, c);
 }
 
 // gate_up: the gate/up GEMM (quant_b must be false); else the down GEMM, quantising its

@@ -160,7 +160,6 @@ __global__ void __launch_bounds__(T::THREADS + kWsProducerThreads, 1)
     const int rbc = item % row_blocks;
     const int e = tile.x, first = tile.y, rows = tile.z;
     const Fp4Epilogue ep = a.epi[e];
-    const int quarters = T::BN >= 64 ? min(4, (4 * rows + T::BN - 1) / T::BN) : 4;
 
     float acc[T::MT][NACC];
 #pragma unroll
@@ -205,49 +204,16 @@ __global__ void __launch_bounds__(T::THREADS + kWsProducerThreads, 1)
         for (int i = 0; i < NACC; ++i) sm90::warpgroup_fence_operand(acc[mt][i]);
       if (pending >= 0) release(pending);
     };
-    if constexpr (T::BN >= 64) {
-      switch (quarters) {
-        case 1:
-          mainloop(std::integral_constant<int, T::BN / 4>{});
-          break;
-        case 2:
-          mainloop(std::integral_constant<int, T::BN / 2>{});
-          break;
-        case 3:
-          mainloop(std::integral_constant<int, 3 * T::BN / 4>{});
-          break;
-        default:
-          mainloop(std::integral_constant<int, T::BN>{});
-          break;
-      }
-    } else {
-      mainloop(std::integral_constant<int, T::BN>{});
-    }
+    for_mma_width<T::BN>(rows, mainloop);
     gemm_epilogue<T, GATE_UP>(a, ep, acc, rbc * MTILES + wg * T::MT, warp, lane, first, rows);
   }
 }
 
-// One kernel instance; one CTA per SM (the grid is computed once per instance and device).
 template <ExpertFormat F, class T, bool GATE_UP>
 void launch_moe_gemm_ws_instance(const GemmArgs& a, const LaunchCtx& c) {
-  auto kernel = moe_gemm_ws_kernel<F, T, GATE_UP>;
-  constexpr int smem = gemm_smem_bytes<F, T>();
-  static std::atomic<int> grids[kMaxDevices] = {};
-  const int dev = current_device();
-  int grid = grids[dev].load(std::memory_order_acquire);
-  if (grid == 0) {
-    DSV4_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    int per_sm = 0;
-    DSV4_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_sm, kernel, T::THREADS + kWsProducerThreads, smem));
-    DSV4_CHECK(per_sm > 0, "moe warp-specialised expert GEMM (tile_n ", T::BN,
-               "): no CTA fits on an SM (", smem, " bytes of shared memory)");
-    grid = per_sm * sm_count();
-    grids[dev].store(grid, std::memory_order_release);
-  }
-  if (a.max_ctas > 0) grid = std::min(grid, a.max_ctas);
-  launch_kernel(c, kernel, dim3(grid), dim3(T::THREADS + kWsProducerThreads), size_t(smem), a);
+  launch_persistent_gemm<moe_gemm_ws_kernel<F, T, GATE_UP>>(
+      T::THREADS + kWsProducerThreads, gemm_smem_bytes<F, T>(), "moe warp-specialised expert GEMM",
+      T::BN, a, c);
 }
 
 template <ExpertFormat F>
